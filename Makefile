@@ -1,0 +1,35 @@
+# Two commands do all set-up on a fresh machine with Python >= 3.11 and git:
+#   make demo   create .venv if missing, install sleuth, run the demo on the simulated node
+#   make test   same install, then run the whole test suite
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed
+
+.PHONY: demo test lint install bench-localize clean
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+
+$(STAMP): $(BIN)/python pyproject.toml
+	$(BIN)/python -m pip install -q -e '.[test]'
+	touch $(STAMP)
+
+install: $(STAMP)
+
+demo: $(STAMP)
+	$(BIN)/sleuth demo
+
+# pytest exits 5 when it collects nothing: that is a failure here, never a silent pass.
+test: $(STAMP)
+	$(BIN)/python -m pytest tests -q
+
+lint: $(STAMP)
+	$(BIN)/ruff check .
+
+bench-localize: $(STAMP)
+	$(BIN)/python -m experiments.bench_localize
+
+clean:
+	rm -rf $(VENV) build *.egg-info
