@@ -1,0 +1,29 @@
+"""Exceptions that carry an exit code, so every command maps failures the same way.
+
+The CLI contract (DESIGN.md): exit 0 done, 2 bad input (one clear line on stderr, nothing
+written), 1 failure, 3 finished but inconclusive. Raising one of these anywhere below the CLI is
+how a module says which of those it is, without knowing about stderr or sys.exit.
+"""
+
+from __future__ import annotations
+
+
+class SleuthError(Exception):
+    """Base class: `exit_code` says how the CLI ends."""
+
+    exit_code = 1
+
+
+class UserError(SleuthError):
+    """Bad input: unknown ref, wrong config key, patch that does not apply, ... (exit 2).
+
+    The message is one sentence a user can act on; it is printed as-is on one line.
+    """
+
+    exit_code = 2
+
+
+class Inconclusive(SleuthError):
+    """The run finished but could not name a cause with the requested confidence (exit 3)."""
+
+    exit_code = 3
