@@ -1,0 +1,1 @@
+"""Configuration: Hydra schemas (`schema`) and composition (`compose`)."""

@@ -1,0 +1,86 @@
+"""Compose a run's configuration with Hydra's compose API.
+
+Why the compose API and not `@hydra.main`: sleuth's CLI owns its own commands, exit codes and
+run directories. `@hydra.main` would change the working directory, own logging and invent an
+output directory; compose gives us only the merged, type-checked config.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from hydra import compose, initialize_config_dir
+from hydra.core.global_hydra import GlobalHydra
+from omegaconf import DictConfig, OmegaConf
+
+from orchestrator.config.schema import register
+from orchestrator.errors import UserError
+
+CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
+
+
+def _first_line(exc: BaseException) -> str:
+    """One line for the user: Hydra's message plus the first line of its cause, if any."""
+
+    def line(e: BaseException) -> str:
+        text = str(e).strip() or type(e).__name__
+        return text.splitlines()[0].strip()
+
+    msg = line(exc)
+    cause = exc.__cause__
+    if cause is not None and line(cause) not in msg:
+        msg = f"{msg.rstrip('.')}: {line(cause)}"
+    return msg
+
+
+# Keys under these dict nodes are open-ended (any environment variable name, any strategy knob):
+# the user writes `env.NCCL_PROTO=LL128`, and we turn it into Hydra's add-or-override form `++`.
+_OPEN_DICT_KEY = re.compile(r"^(?:(?:target|good|bad)\.)?(?:env|experiment\.params)\.[^=]+=")
+
+
+def _open_dict_overrides(overrides: list[str]) -> list[str]:
+    return ["++" + o if _OPEN_DICT_KEY.match(o) else o for o in overrides]
+
+
+def compose_config(
+    command: str,
+    overrides: list[str],
+    *,
+    config_dir: str | Path | None = None,
+) -> DictConfig:
+    """Return the composed config for `command` with the user's `key=value` overrides.
+
+    `config_dir` is a user's own directory of config groups (e.g. `target/mynode.yaml`), searched
+    before the built-in ones. Any composition error (unknown key, wrong type, unknown group
+    option, malformed override) becomes a `UserError` with one line.
+    """
+    if not CONF_DIR.is_dir():
+        raise UserError(f"sleuth's config directory is missing: {CONF_DIR}")
+    register()
+    extra: list[str] = []
+    if config_dir is not None:
+        user_dir = Path(config_dir).expanduser().resolve()
+        if not user_dir.is_dir():
+            raise UserError(f"--config-dir {config_dir}: not a directory")
+        extra.append(f"hydra.searchpath=[file://{user_dir}]")
+    GlobalHydra.instance().clear()
+    try:
+        with initialize_config_dir(config_dir=str(CONF_DIR), version_base=None):
+            cfg = compose(
+                config_name="config",
+                overrides=[*extra, *_open_dict_overrides(overrides), f"command={command}"],
+            )
+    except Exception as exc:  # Hydra/OmegaConf raise many types; all mean "bad input" here.
+        raise UserError(f"bad configuration: {_first_line(exc)}") from exc
+    finally:
+        GlobalHydra.instance().clear()
+    try:
+        OmegaConf.to_container(cfg, resolve=True, throw_on_missing=True)
+    except Exception as exc:
+        raise UserError(f"bad configuration: {_first_line(exc)}") from exc
+    return cfg
+
+
+def to_yaml(cfg: DictConfig) -> str:
+    return OmegaConf.to_yaml(cfg, resolve=True)

@@ -1,0 +1,140 @@
+"""Structured configuration: the dataclasses Hydra checks every composed config against.
+
+Registered in Hydra's ConfigStore (see `register`) so that a misspelt key or a value of the wrong
+type is rejected before anything runs. The YAML files under `conf/` only choose values; the
+shape of the configuration lives here, in one place.
+
+Groups (one YAML file per option under `conf/<group>/`):
+  target/      the system under test: `sim` (embedded simulated SGLang node); later `sglang`,
+               `command`.
+  bench/       the fixed, seeded request set each repetition sends.
+  cluster/     where trials run: `local` (a Ray instance started for the run).
+  experiment/  strategy tuning for the command (`trial`, `bisect`, ...).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from hydra.core.config_store import ConfigStore
+from omegaconf import MISSING
+
+
+@dataclass
+class TargetConf:
+    """Fields every target has; each target's schema extends it."""
+
+    name: str = MISSING
+    model_path: str = ""
+    host: str = "127.0.0.1"
+    # Extra server flags appended verbatim (as a list, never through a shell).
+    extra_args: list[str] = field(default_factory=list)
+    # Environment every trial's server gets on top of the node's (candidate env comes after).
+    env: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass
+class SimTargetConf(TargetConf):
+    """The embedded simulated SGLang node (`python -m orchestrator.targets.sim`)."""
+
+    name: str = "sim"
+    model_path: str = "moonshotai/Kimi-K2.5"
+    tp_size: int = 8
+    speculative_algorithm: str | None = "EAGLE3"
+    speculative_draft_model_path: str | None = "lightseekorg/kimi-k2.5-eagle3"
+    speculative_num_steps: int = 2
+    speculative_eagle_topk: int = 1
+    speculative_num_draft_tokens: int = 3
+    cuda_graph_max_bs: int | None = None
+    disable_cuda_graph: bool = False
+    # Wall-clock sleep = modeled time x time_scale. Client timings are divided by it again, so
+    # every number sleuth reports is in modeled (GPU) units.
+    time_scale: float = 0.05
+    noise_restart_cv: float = 0.02
+    noise_request_cv: float = 0.01
+    load_seconds: float = 20.0
+    # None: each launch draws its own noise (restarts are independent, as on real GPUs).
+    seed: int | None = None
+    # Fault injected at launch (see `python -m orchestrator.targets.sim --help`), for tests.
+    fault: str | None = None
+    # Simulated GPU state file of the node; empty = a file in the node's own state directory.
+    gpu_state: str = ""
+
+
+@dataclass
+class BenchConf:
+    """A fixed, seeded request set: the same prompts and output length in every repetition."""
+
+    repetitions: int = 3
+    warmup_requests: int = 2
+    requests: int = 4
+    concurrency: int = 1
+    input_len: int = 128
+    output_len: int = 64
+    seed: int = 0
+    request_timeout_s: float = 60.0
+
+
+@dataclass
+class ClusterConf:
+    """Where trials run. `local` starts a private Ray instance bound to loopback."""
+
+    kind: str = "local"
+    address: str | None = None
+    num_cpus: int | None = None
+
+
+@dataclass
+class TrialConf:
+    """Limits of one server lifetime."""
+
+    ready_timeout_s: float = 120.0
+    grace_s: float = 10.0
+    # Attempts per candidate before it is recorded as untestable (a failed launch is retried).
+    retries: int = 1
+
+
+@dataclass
+class ExperimentConf:
+    name: str = "trial"
+    params: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class Config:
+    """Top level. Candidate keys (repo, commit, patches, env, clock) describe what to run."""
+
+    command: str = "trial"
+    run_id: str | None = None
+    runs_dir: str = "runs"
+    repo: str | None = None
+    commit: str = "HEAD"
+    patches: list[str] = field(default_factory=list)
+    env: dict[str, str] = field(default_factory=dict)
+    clock: str = "default"
+    good: str | None = None
+    bad: str | None = None
+    metric: str = "verify_ms"
+    direction: str = "increase"
+    confidence: float = 0.99
+    nodes: int = 1
+    max_trials: int | None = None
+    first_parent: bool = True
+    paths: list[str] = field(default_factory=list)
+    seed: int = 0
+    target: Any = MISSING
+    bench: BenchConf = field(default_factory=BenchConf)
+    cluster: ClusterConf = field(default_factory=ClusterConf)
+    trial: TrialConf = field(default_factory=TrialConf)
+    experiment: ExperimentConf = field(default_factory=ExperimentConf)
+
+
+def register(cs: ConfigStore | None = None) -> None:
+    """Put the schemas where the YAML defaults lists (`- base_<name>`) find them."""
+    cs = cs or ConfigStore.instance()
+    cs.store(name="base_config", node=Config)
+    cs.store(group="target", name="base_sim", node=SimTargetConf)
+    cs.store(group="bench", name="base_bench", node=BenchConf)
+    cs.store(group="cluster", name="base_cluster", node=ClusterConf)
+    cs.store(group="experiment", name="base_experiment", node=ExperimentConf)
