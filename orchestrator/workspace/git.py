@@ -1,0 +1,311 @@
+"""The user's git repository as seen by the orchestrator: refs, commit ranges, checkouts.
+
+Every trial runs from its own git worktree under a cache directory, keyed by commit SHA and the
+hash of the applied patches, so trials never touch the user's working tree, index or HEAD and a
+commit measured twice is checked out once. All git calls go through GitPython with argument
+lists (never a shell), refs that look like options are refused before they reach git, and
+commit text is only ever parsed, never executed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import secrets
+import shutil
+from collections.abc import Sequence
+from pathlib import Path
+
+import git
+from git.exc import GitCommandError, InvalidGitRepositoryError, NoSuchPathError
+
+from orchestrator.errors import UserError
+from orchestrator.workspace.commits import LOG_OPTIONS, CommitInfo, parse_log, touches_paths
+from orchestrator.workspace.locking import (
+    LOCKS_DIRNAME,
+    STATE_DIRNAME,
+    TEMP_PREFIX,
+    exclusive_lock,
+    key_of_entry,
+    sha256_hex,
+    worktree_key,
+)
+
+# `git log --diff-merges=first-parent` (commits_between) arrived in git 2.31;
+# `git rev-parse --end-of-options` (resolve) in 2.30 ("rev-parse: handle --end-of-options").
+MIN_GIT_VERSION = (2, 31)
+
+_FULL_SHA = re.compile(r"[0-9a-f]{40}|[0-9a-f]{64}")
+
+# Read-only commands must not rewrite the user's index as a side effect (`git status` refreshes
+# it opportunistically otherwise).
+_READ_ONLY_ENV = {"GIT_OPTIONAL_LOCKS": "0"}
+
+# Checkouts are measured, so they must be exactly the commit: a user's post-checkout hook that
+# rewrites files (or is slow) must not run when a worktree is created.
+_NO_HOOKS_ENV = {
+    "GIT_CONFIG_COUNT": "1",
+    "GIT_CONFIG_KEY_0": "core.hooksPath",
+    "GIT_CONFIG_VALUE_0": os.devnull,
+}
+
+# Options that make `git diff` output depend on content only, not on the user's diff config.
+_STABLE_DIFF_OPTIONS = (
+    "--binary",
+    "--no-color",
+    "--no-ext-diff",
+    "--no-textconv",
+    "--no-renames",
+    "--src-prefix=a/",
+    "--dst-prefix=b/",
+)
+
+
+def _first_line(error: GitCommandError) -> str:
+    stderr = error.stderr if isinstance(error.stderr, str) else str(error.stderr or "")
+    for line in stderr.replace("stderr:", "").splitlines():
+        line = line.strip().strip("'").strip()
+        if line:
+            return line
+    return f"git exited with status {error.status}"
+
+
+class Workspace:
+    """One user repository plus the cache directory that holds its trial worktrees."""
+
+    def __init__(self, repo: Path | str, cache_dir: Path | str) -> None:
+        repo_path = Path(repo).expanduser()
+        try:
+            self._repo = git.Repo(repo_path)
+        except NoSuchPathError:
+            raise UserError(f"repository path {repo_path} does not exist") from None
+        except InvalidGitRepositoryError:
+            raise UserError(
+                f"{repo_path} is not a git repository (give the top level of a git checkout)"
+            ) from None
+        version = self._repo.git.version_info[:2]
+        if version < MIN_GIT_VERSION:
+            needed = ".".join(map(str, MIN_GIT_VERSION))
+            found = ".".join(map(str, version))
+            raise UserError(f"git {needed} or newer is required, found git {found}")
+        self.repo_path = Path(self._repo.working_tree_dir or self._repo.git_dir).resolve()
+        # Created lazily by checkout(): a Workspace that is only asked about refs (or fails
+        # validation) leaves nothing behind.
+        self.cache_dir = Path(cache_dir).expanduser().resolve()
+
+    # ----------------------------------------------------------------- refs and ranges
+
+    def resolve(self, ref: str) -> str:
+        """Full SHA of the commit `ref` names (branch, tag, short SHA, `HEAD~3`, ...)."""
+        if not isinstance(ref, str) or not ref.strip():
+            raise UserError(f"a git ref must be a non-empty string, got {ref!r}")
+        if ref.startswith("-") or any(char in ref for char in "\0\r\n"):
+            raise UserError(f"{ref!r} is not a valid git ref (refs may not start with '-')")
+        try:
+            out = self._repo.git.rev_parse(
+                "--verify", "--quiet", "--end-of-options", f"{ref}^{{commit}}"
+            )
+        except GitCommandError:
+            raise UserError(
+                f"unknown git ref {ref!r}: no such commit in {self.repo_path}"
+            ) from None
+        sha = out.strip()
+        if not _FULL_SHA.fullmatch(sha):
+            raise UserError(f"git ref {ref!r} does not name a single commit")
+        return sha
+
+    def commits_between(
+        self, good: str, bad: str, *, first_parent: bool = True
+    ) -> list[CommitInfo]:
+        """Commits from `good` to `bad`, both included, oldest first: the bisect range.
+
+        With `first_parent` the range follows the mainline (a merged branch is one step, its
+        files relative to the mainline parent), which is what a "which PR did it" bisect
+        wants; without it every commit reachable from `bad` but not `good` is listed in
+        topological order.
+        """
+        good_sha, bad_sha = self.resolve(good), self.resolve(bad)
+        if good_sha == bad_sha:
+            raise UserError(
+                f"good {good!r} and bad {bad!r} are the same commit {good_sha[:12]}; "
+                "give two different commits"
+            )
+        if not self._repo.is_ancestor(good_sha, bad_sha):
+            raise UserError(
+                f"good {good!r} is not an ancestor of bad {bad!r}, so there is no range to search"
+            )
+        walk = ["--topo-order", "--reverse"]
+        if first_parent:
+            walk.append("--first-parent")
+        between = self._log(*walk, f"{good_sha}..{bad_sha}")
+        if not between:
+            raise UserError(f"no commits between good {good!r} and bad {bad!r}")
+        if first_parent and between[0].parents[:1] != (good_sha,):
+            raise UserError(
+                f"good {good!r} is not on the first-parent history of bad {bad!r} "
+                "(it came in through a merge); turn off first-parent mode to search it"
+            )
+        return [*self._log("--no-walk", good_sha), *between]
+
+    def _log(self, *rev_args: str) -> list[CommitInfo]:
+        raw = self._repo.git.log(
+            *LOG_OPTIONS,
+            *rev_args,
+            stdout_as_string=False,
+            strip_newline_in_stdout=False,
+            env=_READ_ONLY_ENV,
+        )
+        return parse_log(raw)
+
+    def touches(self, commit: CommitInfo, paths: Sequence[str]) -> bool:
+        """True if `commit` changed any file under any of `paths` (dirs, files or globs)."""
+        return touches_paths(commit.files, paths)
+
+    # ----------------------------------------------------------------- checkouts
+
+    def checkout(self, sha: str, patches: Sequence[Path | str] = ()) -> Path:
+        """Path of a worktree at `sha` with `patches` applied in order, created if needed.
+
+        Safe to call from several processes at once: a per-worktree lock serialises them, the
+        worktree is built under a temporary name and moved into place only when complete, and
+        a worktree that is found damaged (other HEAD, edited files) is rebuilt.
+        """
+        full_sha = self.resolve(sha)
+        patch_files = [self._patch_file(patch) for patch in patches]
+        hashes = self.patch_hashes(patch_files)
+        key = worktree_key(full_sha, hashes)
+        final = self.cache_dir / key
+        self.cache_dir.mkdir(parents=True, exist_ok=True)
+        with exclusive_lock(self.cache_dir / LOCKS_DIRNAME / f"{key}.lock"):
+            if self._is_intact(final, full_sha, key):
+                return final
+            self._remove_worktree(final)
+            temp = self.cache_dir / f"{TEMP_PREFIX}{key}-{os.getpid()}-{secrets.token_hex(4)}"
+            try:
+                self._repo.git.worktree("add", "--detach", str(temp), full_sha, env=_NO_HOOKS_ENV)
+                for patch_file in patch_files:
+                    self._apply_patch(temp, patch_file, full_sha)
+                self._write_state(key, full_sha, self.dirty_diff_hash(temp))
+                self._repo.git.worktree("move", str(temp), str(final))
+            except BaseException:
+                self._remove_worktree(temp)
+                raise
+        return final
+
+    def patch_hashes(self, patches: Sequence[Path | str]) -> list[str]:
+        """sha256 of each patch file's content, in order: the patch part of a fingerprint."""
+        return [sha256_hex(self._patch_file(patch).read_bytes()) for patch in patches]
+
+    def dirty_diff_hash(self, path: Path | str) -> str | None:
+        """sha256 of `git diff HEAD` in the checkout at `path`, or None if it has no changes.
+
+        Staged and unstaged changes to tracked files count (patches are applied with `--index`,
+        so files they add count too); untracked files such as build outputs do not.
+        """
+        runner = git.Git(str(path))
+        try:
+            diff = runner.diff(
+                *_STABLE_DIFF_OPTIONS,
+                "HEAD",
+                stdout_as_string=False,
+                env=_READ_ONLY_ENV,
+            )
+        except GitCommandError:
+            raise UserError(f"{path} is not a git checkout with a commit checked out") from None
+        return sha256_hex(diff) if diff else None
+
+    def is_dirty(self) -> bool:
+        """True if the user's repo has uncommitted changes (staged or not) to tracked files."""
+        status = self._repo.git.status("--porcelain", "--untracked-files=no", env=_READ_ONLY_ENV)
+        return bool(status.strip())
+
+    def prune(self) -> None:
+        """Remove every worktree under the cache dir and let git forget stale worktrees."""
+        if self.cache_dir.is_dir():
+            keys = {key_of_entry(entry.name) for entry in self.cache_dir.iterdir()}
+            for path in self._registered_worktrees():
+                if path.parent == self.cache_dir:
+                    keys.add(key_of_entry(path.name))
+            for key in sorted(k for k in keys if k):
+                with exclusive_lock(self.cache_dir / LOCKS_DIRNAME / f"{key}.lock"):
+                    for entry in self.cache_dir.glob(f"{TEMP_PREFIX}{key}-*"):
+                        self._remove_worktree(entry)
+                    self._remove_worktree(self.cache_dir / key)
+                    (self.cache_dir / STATE_DIRNAME / f"{key}.json").unlink(missing_ok=True)
+        self._repo.git.worktree("prune")
+
+    # ----------------------------------------------------------------- internals
+
+    def _patch_file(self, patch: Path | str) -> Path:
+        path = Path(patch).expanduser().resolve()
+        if not path.is_file():
+            raise UserError(f"patch file {patch} does not exist")
+        return path
+
+    def _apply_patch(self, worktree: Path, patch_file: Path, sha: str) -> None:
+        """Apply one patch inside `worktree` only: check first, so a failure changes nothing."""
+        runner = git.Git(str(worktree))
+        try:
+            runner.apply("--check", "--index", str(patch_file))
+            runner.apply("--index", str(patch_file))
+        except GitCommandError as error:
+            raise UserError(
+                f"patch {patch_file} does not apply to commit {sha[:12]} ({_first_line(error)})"
+            ) from None
+
+    def _state_path(self, key: str) -> Path:
+        return self.cache_dir / STATE_DIRNAME / f"{key}.json"
+
+    def _write_state(self, key: str, sha: str, diff_hash: str | None) -> None:
+        """Record what an intact worktree looks like, atomically (temp file + rename)."""
+        state_path = self._state_path(key)
+        state_path.parent.mkdir(parents=True, exist_ok=True)
+        temp = state_path.with_name(f"{state_path.name}.{os.getpid()}.tmp")
+        temp.write_text(json.dumps({"sha": sha, "diff_hash": diff_hash}))
+        os.replace(temp, state_path)
+
+    def _is_intact(self, path: Path, sha: str, key: str) -> bool:
+        """A worktree may be reused only if it is exactly what checkout() would build."""
+        if not (path / ".git").is_file():
+            return False
+        try:
+            state = json.loads(self._state_path(key).read_text())
+        except (OSError, ValueError):
+            return False
+        runner = git.Git(str(path))
+        try:
+            # Without this check a worktree whose .git link broke would make git look upwards
+            # and report on whatever repository contains the cache dir.
+            toplevel = runner.rev_parse("--show-toplevel", env=_READ_ONLY_ENV).strip()
+            head = runner.rev_parse("--verify", "HEAD", env=_READ_ONLY_ENV).strip()
+        except GitCommandError:
+            return False
+        if Path(toplevel).resolve() != path.resolve() or head != sha or state.get("sha") != sha:
+            return False
+        try:
+            return self.dirty_diff_hash(path) == state.get("diff_hash")
+        except UserError:
+            return False
+
+    def _registered_worktrees(self) -> list[Path]:
+        listing = self._repo.git.worktree("list", "--porcelain", env=_READ_ONLY_ENV)
+        prefix = "worktree "
+        return [
+            Path(os.path.realpath(line[len(prefix) :]))
+            for line in listing.splitlines()
+            if line.startswith(prefix)
+        ]
+
+    def _remove_worktree(self, path: Path) -> None:
+        """Remove a (possibly half-made or already deleted) worktree and git's record of it."""
+        if Path(os.path.realpath(path)) in self._registered_worktrees():
+            try:
+                self._repo.git.worktree("remove", "--force", "--force", str(path))
+            except GitCommandError:
+                pass
+        if path.exists() or path.is_symlink():
+            if path.is_dir() and not path.is_symlink():
+                shutil.rmtree(path)
+            else:
+                path.unlink()
