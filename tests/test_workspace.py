@@ -1,0 +1,433 @@
+"""Workspace against real git repositories built in temporary directories."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from orchestrator.errors import UserError
+from orchestrator.workspace import CommitInfo, Workspace, path_matches
+
+GIT_ENV = {
+    "GIT_AUTHOR_NAME": "Ada Tester",
+    "GIT_AUTHOR_EMAIL": "ada@example.com",
+    "GIT_COMMITTER_NAME": "Ada Tester",
+    "GIT_COMMITTER_EMAIL": "ada@example.com",
+}
+
+
+def git(repo: Path, *args: str, stdin: bytes | None = None) -> str:
+    result = subprocess.run(
+        ["git", "-c", "commit.gpgsign=false", "-c", "tag.gpgsign=false", *args],
+        cwd=repo,
+        env={**os.environ, **GIT_ENV},
+        input=stdin,
+        capture_output=True,
+        check=True,
+    )
+    return result.stdout.decode().strip()
+
+
+def commit_files(repo: Path, message: str, files: dict[str, str]) -> str:
+    for name, content in files.items():
+        path = repo / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(content)
+        git(repo, "add", name)
+    git(repo, "commit", "-q", "-m", message)
+    return git(repo, "rev-parse", "HEAD")
+
+
+EAGLE = "python/sglang/srt/speculative/eagle_worker.py"
+ATTN = "python/sglang/srt/layers/attention.py"
+
+
+@pytest.fixture()
+def history(tmp_path: Path) -> dict[str, str]:
+    """main: root, eagle, attn (tag v1), docs, readme, merge(feature: k1, k2), pwned, tip."""
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    git(repo, "init", "-q", "-b", "main")
+    shas: dict[str, str] = {}
+    shas["root"] = commit_files(
+        repo, "root", {"README.md": "hello\n", EAGLE: "verify = 1\n", ATTN: "backend = 'fa3'\n"}
+    )
+    shas["eagle"] = commit_files(repo, "tune eagle verify", {EAGLE: "verify = 2\n"})
+    shas["attn"] = commit_files(repo, "switch attention backend", {ATTN: "backend = 'fi'\n"})
+    git(repo, "tag", "-a", "v1", "-m", "release v1")
+    shas["docs"] = commit_files(repo, "docs", {"docs/usage.md": "use it\n"})
+    git(repo, "checkout", "-q", "-b", "feature")
+    shas["k1"] = commit_files(repo, "kernel one", {"sgl-kernel/a.cu": "a\n"})
+    shas["k2"] = commit_files(repo, "kernel two", {"sgl-kernel/b.cu": "b\n"})
+    git(repo, "checkout", "-q", "main")
+    shas["readme"] = commit_files(repo, "readme", {"README.md": "hello again\n"})
+    git(repo, "merge", "-q", "--no-ff", "feature", "-m", "Merge feature")
+    shas["merge"] = git(repo, "rev-parse", "HEAD")
+    shas["pwned"] = commit_files(
+        repo, "tweak $(touch pwned) `touch pwned2`; touch pwned3", {"README.md": "x\n"}
+    )
+    shas["tip"] = commit_files(repo, "tip", {EAGLE: "verify = 3\n"})
+    return shas
+
+
+@pytest.fixture()
+def repo(tmp_path: Path, history: dict[str, str]) -> Path:
+    return tmp_path / "repo"
+
+
+@pytest.fixture()
+def workspace(repo: Path, tmp_path: Path) -> Workspace:
+    return Workspace(repo, tmp_path / "cache")
+
+
+def write_patch(path: Path, old: str, new: str, target: str = EAGLE) -> Path:
+    path.write_text(
+        f"diff --git a/{target} b/{target}\n--- a/{target}\n+++ b/{target}\n"
+        f"@@ -1 +1 @@\n-{old}\n+{new}\n"
+    )
+    return path
+
+
+def add_file_patch(path: Path, name: str, line: str) -> Path:
+    path.write_text(
+        f"diff --git a/{name} b/{name}\nnew file mode 100644\n--- /dev/null\n+++ b/{name}\n"
+        f"@@ -0,0 +1 @@\n+{line}\n"
+    )
+    return path
+
+
+def worktree_paths(repo: Path) -> list[str]:
+    listing = git(repo, "worktree", "list", "--porcelain")
+    return [line.split(" ", 1)[1] for line in listing.splitlines() if line.startswith("worktree ")]
+
+
+# ----------------------------------------------------------------------- construction
+
+
+def test_rejects_missing_and_non_git_paths_without_creating_cache(tmp_path: Path) -> None:
+    cache = tmp_path / "cache"
+    with pytest.raises(UserError, match="does not exist"):
+        Workspace(tmp_path / "nope", cache)
+    plain = tmp_path / "plain"
+    plain.mkdir()
+    with pytest.raises(UserError, match="not a git repository"):
+        Workspace(plain, cache)
+    assert not cache.exists()
+
+
+# ----------------------------------------------------------------------- resolve
+
+
+def test_resolve_branch_tag_short_sha_and_relative(
+    workspace: Workspace, history: dict[str, str]
+) -> None:
+    assert workspace.resolve("main") == history["tip"]
+    assert workspace.resolve("feature") == history["k2"]
+    assert workspace.resolve("v1") == history["attn"]  # annotated tag peeled to its commit
+    assert workspace.resolve(history["eagle"][:8]) == history["eagle"]
+    assert workspace.resolve("HEAD~3") == history["readme"]  # tip, pwned, merge, readme
+    assert workspace.resolve("HEAD~2^2") == history["k2"]
+
+
+def test_resolve_unknown_ref(workspace: Workspace) -> None:
+    with pytest.raises(UserError, match="unknown git ref 'no-such-branch'"):
+        workspace.resolve("no-such-branch")
+    with pytest.raises(UserError):
+        workspace.resolve("HEAD^{tree}")  # exists, but is not a commit
+
+
+def test_resolve_refuses_option_like_refs(workspace: Workspace, tmp_path: Path) -> None:
+    for ref in ("--upload-pack=touch x", "--output=" + str(tmp_path / "out"), "-h", ""):
+        with pytest.raises(UserError):
+            workspace.resolve(ref)
+    assert not (tmp_path / "out").exists()
+
+
+# ----------------------------------------------------------------------- ranges
+
+
+def test_commits_between_first_parent_over_a_merge(
+    workspace: Workspace, history: dict[str, str]
+) -> None:
+    commits = workspace.commits_between("v1", "main")
+    assert [c.sha for c in commits] == [
+        history[name] for name in ("attn", "docs", "readme", "merge", "pwned", "tip")
+    ]
+    merge = commits[3]
+    assert merge.parents == (history["readme"], history["k2"])
+    assert merge.files == ("sgl-kernel/a.cu", "sgl-kernel/b.cu")  # relative to first parent
+    assert commits[0].files == (ATTN,)  # good has its own files too
+    assert commits[0].subject == "switch attention backend"
+    assert commits[0].author == "Ada Tester <ada@example.com>"
+    assert commits[0].date[:4].isdigit() and "T" in commits[0].date
+
+
+def test_commits_between_all_parents_is_topological(
+    workspace: Workspace, history: dict[str, str]
+) -> None:
+    commits = workspace.commits_between(history["docs"], history["merge"], first_parent=False)
+    order = [c.sha for c in commits]
+    assert order[0] == history["docs"] and order[-1] == history["merge"]
+    assert set(order) == {history[n] for n in ("docs", "k1", "k2", "readme", "merge")}
+    assert order.index(history["k1"]) < order.index(history["k2"])
+
+
+def test_commits_between_good_from_a_side_branch_needs_all_parents(
+    workspace: Workspace, history: dict[str, str]
+) -> None:
+    with pytest.raises(UserError, match="first-parent"):
+        workspace.commits_between(history["k1"], "main")
+    commits = workspace.commits_between(history["k1"], "main", first_parent=False)
+    order = [c.sha for c in commits]
+    assert order[0] == history["k1"] and order[-1] == history["tip"]
+    assert history["k2"] in order and history["readme"] in order
+    assert history["attn"] not in order  # reachable from good, so not in the range
+
+
+def test_commits_between_rejects_same_commit_and_non_ancestor(
+    workspace: Workspace, history: dict[str, str]
+) -> None:
+    with pytest.raises(UserError, match="same commit"):
+        workspace.commits_between("main", history["tip"])
+    with pytest.raises(UserError, match="not an ancestor"):
+        workspace.commits_between("main", "v1")  # reversed
+    with pytest.raises(UserError, match="not an ancestor"):
+        workspace.commits_between("feature", history["readme"])  # diverged
+
+
+def test_commit_text_is_data_not_shell(
+    workspace: Workspace, history: dict[str, str], repo: Path, tmp_path: Path, monkeypatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    commits = workspace.commits_between(history["merge"], "main")
+    assert commits[1].subject == "tweak $(touch pwned) `touch pwned2`; touch pwned3"
+    workspace.checkout(history["pwned"])
+    for folder in (tmp_path, repo, workspace.cache_dir, workspace.cache_dir / history["pwned"]):
+        assert not any((folder / name).exists() for name in ("pwned", "pwned2", "pwned3"))
+
+
+def test_commits_between_large_range_is_one_fast_call(tmp_path: Path) -> None:
+    repo = tmp_path / "big"
+    repo.mkdir()
+    git(repo, "init", "-q", "-b", "main")
+    count = 2500
+    stream = []
+    for index in range(count):
+        body = f"change {index}\n".encode()
+        message = f"commit {index}\n".encode()
+        stream.append(b"commit refs/heads/main\n")
+        stream.append(b"committer Ada <ada@example.com> %d +0000\n" % (1_700_000_000 + index))
+        stream.append(b"data %d\n%s" % (len(message), message))
+        stream.append(b"M 644 inline src/file%d.py\ndata %d\n%s\n" % (index % 50, len(body), body))
+    git(repo, "fast-import", "--quiet", stdin=b"".join(stream))
+    workspace = Workspace(repo, tmp_path / "cache")
+    started = time.perf_counter()
+    commits = workspace.commits_between("main~2499", "main")
+    elapsed = time.perf_counter() - started
+    assert len(commits) == count
+    assert commits[0].subject == "commit 0" and commits[-1].subject == f"commit {count - 1}"
+    assert commits[-1].files == (f"src/file{(count - 1) % 50}.py",)
+    assert elapsed < 1.0, f"commits_between took {elapsed:.2f}s for {count} commits"
+
+
+# ----------------------------------------------------------------------- touches
+
+
+def test_touches_paths_dirs_files_and_globs(workspace: Workspace, history: dict[str, str]) -> None:
+    commits = {c.sha: c for c in workspace.commits_between(history["root"], "main")}
+    eagle, attn = commits[history["eagle"]], commits[history["attn"]]
+    merge = commits[history["merge"]]
+    assert workspace.touches(eagle, ["python/sglang/srt/speculative"])
+    assert workspace.touches(eagle, ["./python/sglang/srt/speculative/"])
+    assert workspace.touches(eagle, [EAGLE])
+    assert not workspace.touches(attn, ["python/sglang/srt/speculative"])
+    assert workspace.touches(attn, ["docs", "python/*/srt/layers"])
+    assert workspace.touches(merge, ["*.cu"])
+    assert workspace.touches(eagle, ["python/**/eagle_*.py"])
+    assert not workspace.touches(merge, ["python", "docs"])
+    assert not workspace.touches(eagle, [])
+    assert not path_matches("python/sglang-extra/x.py", "python/sglang")
+    assert path_matches("eagle3.py", "**/eagle*.py")
+
+
+def test_touches_counts_both_sides_of_a_rename(tmp_path: Path) -> None:
+    repo = tmp_path / "r"
+    repo.mkdir()
+    git(repo, "init", "-q", "-b", "main")
+    commit_files(repo, "root", {"old/module.py": "x = 1\n" * 20})
+    git(repo, "mv", "old", "new")
+    git(repo, "commit", "-q", "-m", "move")
+    workspace = Workspace(repo, tmp_path / "cache")
+    moved = workspace.commits_between("HEAD~1", "HEAD")[-1]
+    assert isinstance(moved, CommitInfo)
+    assert workspace.touches(moved, ["old"]) and workspace.touches(moved, ["new"])
+
+
+# ----------------------------------------------------------------------- checkouts
+
+
+def test_checkout_reuses_intact_worktree_and_rebuilds_damaged_one(
+    workspace: Workspace, history: dict[str, str]
+) -> None:
+    path = workspace.checkout("v1")
+    assert path == workspace.cache_dir / history["attn"]
+    assert (path / ATTN).read_text() == "backend = 'fi'\n"
+    (path / "build-artifact.so").write_text("built")  # untracked build output is kept
+    assert workspace.checkout(history["attn"]) == path
+    assert (path / "build-artifact.so").exists()  # same tree, not re-created
+
+    (path / ATTN).write_text("backend = 'tampered'\n")  # an edited tracked file is not intact
+    assert workspace.checkout("v1") == path
+    assert (path / ATTN).read_text() == "backend = 'fi'\n"
+    assert not (path / "build-artifact.so").exists()
+
+
+def test_checkout_leaves_user_tree_index_and_head_alone(
+    workspace: Workspace, repo: Path, history: dict[str, str], tmp_path: Path
+) -> None:
+    (repo / "README.md").write_text("local edit\n")
+    (repo / "docs/usage.md").write_text("staged edit\n")
+    git(repo, "add", "docs/usage.md")
+    before = (
+        git(repo, "symbolic-ref", "HEAD"),
+        git(repo, "rev-parse", "HEAD"),
+        git(repo, "status", "--porcelain"),
+        (repo / ".git" / "index").read_bytes(),
+    )
+    patch = write_patch(tmp_path / "fix.patch", "verify = 1", "verify = 9")
+    path = workspace.checkout(history["root"], [patch])
+    assert (path / EAGLE).read_text() == "verify = 9\n"
+    after = (
+        git(repo, "symbolic-ref", "HEAD"),
+        git(repo, "rev-parse", "HEAD"),
+        git(repo, "status", "--porcelain"),
+        (repo / ".git" / "index").read_bytes(),
+    )
+    assert after == before
+    assert (repo / "README.md").read_text() == "local edit\n"
+    assert (repo / EAGLE).read_text() == "verify = 3\n"
+
+
+def test_patches_apply_inside_the_worktree_only(
+    workspace: Workspace, repo: Path, history: dict[str, str], tmp_path: Path
+) -> None:
+    new_file = add_file_patch(tmp_path / "add.patch", "python/sglang/new_kernel.py", "fast = True")
+    tweak = write_patch(tmp_path / "tweak.patch", "verify = 3", "verify = 4")
+    plain = workspace.checkout("main")
+    patched = workspace.checkout("main", [new_file, tweak])
+    assert patched != plain and patched.name.startswith(history["tip"] + "-")
+    assert (patched / "python/sglang/new_kernel.py").read_text() == "fast = True\n"
+    assert (patched / EAGLE).read_text() == "verify = 4\n"
+    assert not (plain / "python/sglang/new_kernel.py").exists()
+    assert not (repo / "python/sglang/new_kernel.py").exists()
+    assert workspace.dirty_diff_hash(plain) is None
+    assert workspace.dirty_diff_hash(patched) is not None
+    assert workspace.patch_hashes([new_file, tweak]) == [
+        hashlib.sha256(p.read_bytes()).hexdigest() for p in (new_file, tweak)
+    ]
+    assert workspace.checkout("main", [new_file, tweak]) == patched  # reused with patches too
+
+
+def test_patch_that_does_not_apply_leaves_nothing(
+    workspace: Workspace, repo: Path, tmp_path: Path
+) -> None:
+    good = add_file_patch(tmp_path / "good.patch", "extra.py", "x = 1")
+    bad = write_patch(tmp_path / "stale.patch", "verify = 7", "verify = 8")
+    with pytest.raises(UserError, match="stale.patch") as raised:
+        workspace.checkout("main", [good, bad])
+    assert "\n" not in str(raised.value)
+    assert worktree_paths(repo) == [str(repo.resolve())]
+    leftovers = [p.name for p in workspace.cache_dir.iterdir() if p.name not in (".locks",)]
+    assert leftovers == []
+
+
+def test_missing_patch_file_is_a_user_error_before_anything_is_made(
+    workspace: Workspace, tmp_path: Path
+) -> None:
+    with pytest.raises(UserError, match="missing.patch"):
+        workspace.checkout("main", [tmp_path / "missing.patch"])
+    assert not workspace.cache_dir.exists()
+
+
+def test_concurrent_checkouts_of_one_commit_from_several_processes(
+    workspace: Workspace, repo: Path, history: dict[str, str], tmp_path: Path
+) -> None:
+    patch = write_patch(tmp_path / "p.patch", "verify = 2", "verify = 5")
+    go = tmp_path / "go"
+    script = textwrap.dedent(
+        f"""
+        import os, sys, time
+        from orchestrator.workspace import Workspace
+        go = {str(go)!r}
+        while not os.path.exists(go):
+            time.sleep(0.005)
+        ws = Workspace({str(repo)!r}, {str(workspace.cache_dir)!r})
+        print(ws.checkout({history["eagle"]!r}, [{str(patch)!r}]))
+        """
+    )
+    root = Path(__file__).resolve().parents[1]
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", script],
+            cwd=root,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for _ in range(3)
+    ]
+    time.sleep(0.5)  # let every process reach the start line
+    go.touch()
+    results = [proc.communicate(timeout=60) for proc in procs]
+    assert [proc.returncode for proc in procs] == [0, 0, 0], [err for _, err in results]
+    paths = {out.strip() for out, _ in results}
+    assert len(paths) == 1
+    path = Path(paths.pop())
+    assert (path / EAGLE).read_text() == "verify = 5\n"
+    assert sorted(worktree_paths(repo)) == sorted([str(repo.resolve()), str(path)])
+    assert not [p for p in workspace.cache_dir.iterdir() if p.name.startswith(".tmp-")]
+
+
+# ----------------------------------------------------------------------- state and cleanup
+
+
+def test_is_dirty_tracks_tracked_files_only(workspace: Workspace, repo: Path) -> None:
+    assert workspace.is_dirty() is False
+    (repo / "scratch.txt").write_text("untracked\n")
+    assert workspace.is_dirty() is False
+    (repo / "README.md").write_text("edited\n")
+    assert workspace.is_dirty() is True
+    git(repo, "add", "README.md")
+    assert workspace.is_dirty() is True  # staged counts too
+    git(repo, "reset", "-q", "--hard")
+    assert workspace.is_dirty() is False
+
+
+def test_dirty_diff_hash_follows_content(workspace: Workspace, repo: Path) -> None:
+    assert workspace.dirty_diff_hash(repo) is None
+    (repo / "README.md").write_text("edit one\n")
+    first = workspace.dirty_diff_hash(repo)
+    (repo / "README.md").write_text("edit two\n")
+    second = workspace.dirty_diff_hash(repo)
+    assert first and second and first != second
+
+
+def test_prune_removes_worktrees_but_not_foreign_files(
+    workspace: Workspace, repo: Path, tmp_path: Path
+) -> None:
+    path = workspace.checkout("v1")
+    patched = workspace.checkout("main", [write_patch(tmp_path / "p.patch", "verify = 3", "v")])
+    foreign = workspace.cache_dir / "notes.txt"
+    foreign.write_text("keep me\n")
+    workspace.prune()
+    assert not path.exists() and not patched.exists()
+    assert foreign.read_text() == "keep me\n"
+    assert worktree_paths(repo) == [str(repo.resolve())]
+    assert workspace.checkout("v1") == path  # the cache still works after pruning
