@@ -30,6 +30,8 @@ class TargetConf:
     host: str = "127.0.0.1"
     # Extra server flags appended verbatim (as a list, never through a shell).
     extra_args: list[str] = field(default_factory=list)
+    # Argv prefix for the server (numactl, taskset, a profiler ...).
+    launcher: list[str] = field(default_factory=list)
     # Environment every trial's server gets on top of the node's (candidate env comes after).
     env: dict[str, str] = field(default_factory=dict)
 

@@ -1,0 +1,1 @@
+"""Benchmark client and metric parsers (client side and server side)."""

@@ -1,0 +1,73 @@
+"""Parse SGLang's scheduler log lines (decode and prefill batches).
+
+Formats (from SGLang's scheduler source):
+- 0.5.9:  `Decode batch, #running-req: 1, #token: 310, token usage: 0.00, accept len: 2.10,
+  accept rate: 0.70, cuda graph: True, gen throughput (token/s): 94.12, #queue-req: 0`
+- older releases wrote `Decode batch.` and some add a DP rank `Decode batch [0],`.
+Fields are parsed by name, not position, because their order changed between releases.
+"""
+
+from __future__ import annotations
+
+import re
+import statistics
+from dataclasses import dataclass
+
+_DECODE = re.compile(r"Decode batch(?: \[\d+\])?[.,] (?P<fields>.*)$")
+_PREFILL = re.compile(r"Prefill batch(?: \[\d+\])?[.,] (?P<fields>.*)$")
+_FIELD = re.compile(r"(?P<key>[#A-Za-z][#A-Za-z _\-()/]*?): (?P<value>[^,]+)")
+
+
+def _fields(text: str) -> dict[str, str]:
+    return {m.group("key").strip(): m.group("value").strip() for m in _FIELD.finditer(text)}
+
+
+@dataclass(frozen=True)
+class DecodeLine:
+    running_req: int | None
+    accept_len: float | None
+    cuda_graph: bool | None
+    gen_throughput: float | None
+
+
+def _num(fields: dict[str, str], key: str) -> float | None:
+    try:
+        return float(fields[key])
+    except (KeyError, ValueError):
+        return None
+
+
+def parse_decode(line: str) -> DecodeLine | None:
+    m = _DECODE.search(line)
+    if not m:
+        return None
+    f = _fields(m.group("fields"))
+    graph = f.get("cuda graph")
+    running = _num(f, "#running-req")
+    return DecodeLine(
+        running_req=int(running) if running is not None else None,
+        accept_len=_num(f, "accept len"),
+        cuda_graph=None if graph is None else graph == "True",
+        gen_throughput=_num(f, "gen throughput (token/s)"),
+    )
+
+
+def is_prefill(line: str) -> bool:
+    return _PREFILL.search(line) is not None
+
+
+def log_metrics(text: str) -> dict[str, float]:
+    """Metrics from a slice of server log: share of decode batches in a CUDA graph, mean accept
+    length and generation throughput as the server logged them."""
+    lines = [d for d in map(parse_decode, text.splitlines()) if d is not None]
+    out: dict[str, float] = {}
+    graphs = [d.cuda_graph for d in lines if d.cuda_graph is not None]
+    if graphs:
+        out["cuda_graph_share"] = sum(graphs) / len(graphs)
+    accepts = [d.accept_len for d in lines if d.accept_len is not None]
+    if accepts:
+        out["log_accept_len"] = statistics.fmean(accepts)
+    gens = [d.gen_throughput for d in lines if d.gen_throughput is not None]
+    if gens:
+        out["log_gen_throughput"] = statistics.fmean(gens)
+    return out

@@ -1,0 +1,91 @@
+"""`sleuth <command> [--cfg] [--config-dir DIR] [key=value ...]`.
+
+Exit codes (DESIGN.md): 0 done, 1 failure, 2 bad input (one line on stderr, nothing written),
+3 finished but inconclusive, 130 interrupted.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+from collections.abc import Sequence
+
+from orchestrator.errors import SleuthError, UserError
+
+COMMANDS = {
+    "trial": "run one isolated, measured trial of a candidate",
+    "demo": "build a scenario repo and investigate it on the simulated node",
+    "scenario": "generate a scenario repo with planted causes (out=DIR commits=N seed=S preset=P)",
+    "doctor": "check this machine: git, Ray, NVML/GPUs, sglang, runs/ writable",
+}
+
+USAGE = "usage: sleuth <command> [--cfg] [--config-dir DIR] [key=value ...]"
+
+
+def _help() -> str:
+    lines = [USAGE, "", "commands:"]
+    lines += [f"  {name:<10} {text}" for name, text in COMMANDS.items()]
+    lines += ["", "examples:",
+              "  sleuth trial repo=PATH commit=HEAD env.NCCL_PROTO=LL128 bench.repetitions=3",
+              "  sleuth trial --cfg             print the resolved configuration and exit"]
+    return "\n".join(lines)
+
+
+def parse_args(argv: Sequence[str]) -> tuple[str, bool, str | None, list[str]]:
+    args = list(argv)
+    if not args or args[0] in ("-h", "--help", "help"):
+        return "help", False, None, []
+    command, rest = args[0], args[1:]
+    if command not in COMMANDS:
+        raise UserError(f"unknown command {command!r} (known: {', '.join(COMMANDS)})")
+    show_cfg, config_dir, overrides = False, None, []
+    i = 0
+    while i < len(rest):
+        a = rest[i]
+        if a == "--cfg":
+            show_cfg = True
+        elif a == "--config-dir":
+            if i + 1 >= len(rest):
+                raise UserError("--config-dir needs a directory")
+            config_dir = rest[i + 1]
+            i += 1
+        elif a.startswith("--config-dir="):
+            config_dir = a.split("=", 1)[1]
+        elif a.startswith("-"):
+            raise UserError(f"unknown option {a!r}")
+        else:
+            overrides.append(a)
+        i += 1
+    return command, show_cfg, config_dir, overrides
+
+
+def run(argv: Sequence[str]) -> int:
+    command, show_cfg, config_dir, overrides = parse_args(argv)
+    if command == "help":
+        print(_help())
+        return 0
+    from orchestrator.config.compose import compose_config, to_yaml
+
+    cfg = compose_config(command, overrides, config_dir=config_dir)
+    if show_cfg:
+        print(to_yaml(cfg), end="")
+        return 0
+    module = importlib.import_module(f"orchestrator.commands.{command}")
+    return int(module.run(cfg))
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    try:
+        code = run(sys.argv[1:] if argv is None else argv)
+    except SleuthError as exc:
+        msg = " ".join(str(exc).split())
+        print(f"sleuth: error: {msg}", file=sys.stderr)
+        code = exc.exit_code
+    except KeyboardInterrupt:
+        print("sleuth: interrupted", file=sys.stderr)
+        code = 130
+    sys.exit(code)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,1 @@
+"""One module per CLI command, each with a plain `run(cfg, ...) -> int` that tests call."""

@@ -1,0 +1,59 @@
+"""Validation shared by commands: everything is checked before a run directory exists."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from omegaconf import DictConfig
+
+from orchestrator.errors import UserError
+from orchestrator.records import Candidate
+from orchestrator.rundir import runs_root
+from orchestrator.targets.registry import target_class
+from orchestrator.workspace import Workspace
+
+_ENV_NAME_OK = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_")
+
+
+def workspace(cfg: DictConfig) -> Workspace:
+    if not cfg.repo:
+        raise UserError("no repository given: add repo=PATH (a git repository)")
+    repo = Path(str(cfg.repo)).expanduser().resolve()
+    cfg.repo = str(repo)
+    return Workspace(repo, runs_root(cfg) / ".cache" / "worktrees")
+
+
+def check_common(cfg: DictConfig) -> None:
+    """Checks every command shares: target known, budgets positive, env names valid."""
+    target_class(str(cfg.target.name))
+    if cfg.bench.repetitions < 1:
+        raise UserError(f"bench.repetitions must be at least 1 (got {cfg.bench.repetitions})")
+    if cfg.bench.requests < 1 or cfg.bench.output_len < 2 or cfg.bench.input_len < 1:
+        raise UserError("bench.requests, bench.input_len must be >= 1 and bench.output_len >= 2")
+    if cfg.bench.concurrency < 1:
+        raise UserError(f"bench.concurrency must be at least 1 (got {cfg.bench.concurrency})")
+    if cfg.nodes < 1:
+        raise UserError(f"nodes must be at least 1 (got {cfg.nodes})")
+    if cfg.trial.retries < 0:
+        raise UserError(f"trial.retries must be >= 0 (got {cfg.trial.retries})")
+    if cfg.trial.ready_timeout_s <= 0:
+        raise UserError("trial.ready_timeout_s must be positive")
+    for env in (cfg.env, cfg.target.env):
+        for key in env:
+            if not key or key[0].isdigit() or not set(key) <= _ENV_NAME_OK:
+                raise UserError(f"invalid environment variable name {key!r}")
+
+
+def candidate(cfg: DictConfig, ws: Workspace) -> Candidate:
+    """The candidate described by commit / patches / env / clock, with refs resolved to SHAs."""
+    sha = ws.resolve(str(cfg.commit))
+    patches = []
+    for p in cfg.patches:
+        path = Path(str(p)).expanduser().resolve()
+        if not path.is_file():
+            raise UserError(f"patch file not found: {p}")
+        patches.append(str(path))
+    cand = Candidate.make(sha, patches, {str(k): str(v) for k, v in cfg.env.items()}, cfg.clock)
+    if patches:
+        ws.checkout(sha, patches)  # proves the patches apply before anything is written
+    return cand

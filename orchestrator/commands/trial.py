@@ -1,0 +1,38 @@
+"""`sleuth trial`: exactly one isolated, measured trial of one candidate on one node."""
+
+from __future__ import annotations
+
+from omegaconf import DictConfig
+
+from orchestrator import render
+from orchestrator.commands import common
+from orchestrator.controller import Controller
+from orchestrator.rundir import create_run
+
+
+def run(cfg: DictConfig) -> int:
+    common.check_common(cfg)
+    ws = common.workspace(cfg)
+    cand = common.candidate(cfg, ws)
+    cfg.nodes = 1
+    run_dir, store = create_run(cfg)
+    out = render.console()
+    out.print(f"run directory: {run_dir}")
+    status = "failed"
+    try:
+        with Controller(cfg, store, run_dir, on_event=lambda m: out.print(f"  {m}")) as ctl:
+            row = ctl.run_one(cand, phase="trial")
+        out.print(render.trial_table(row))
+        if row.outcome is not None and row.outcome.measured:
+            status = "done"
+            return 0
+        out.print(f"[red]trial {row.id} {row.outcome.value if row.outcome else '?'}[/red]: {row.detail}")
+        out.print(f"server log: {row.log_path}")
+        return 1
+    except KeyboardInterrupt:
+        status = "interrupted"
+        raise
+    finally:
+        store.set_status(status)
+        store.close()
+        out.print(f"run directory: {run_dir}")

@@ -1,0 +1,203 @@
+"""The controller: the Ray driver. The only module that knows about Ray.
+
+It owns the node actors, keeps them busy with the trials an experiment asks for, persists every
+trial row *before* dispatching it and its result *before* anyone acts on it, and retries a
+failed launch up to `trial.retries` times (each attempt is its own recorded trial). Experiments
+talk to it through `submit` / `wait` / `idle_nodes` and never see Ray.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+import ray
+from omegaconf import DictConfig, OmegaConf
+
+from orchestrator.records import Candidate, Outcome, TrialResult
+from orchestrator.runner.node import NodeRunner
+from orchestrator.runner.trial import TrialSpec
+from orchestrator.store import RunStore, TrialRow
+
+# Outcomes worth another attempt: the server, not the candidate, may be at fault.
+RETRYABLE = {Outcome.LAUNCH_FAILED, Outcome.NOT_READY, Outcome.CRASHED, Outcome.HUNG,
+             Outcome.BENCH_FAILED, Outcome.TEARDOWN_FAILED, Outcome.ERROR}
+
+
+@dataclass
+class _InFlight:
+    trial_id: int
+    candidate: Candidate
+    candidate_id: int
+    node: str
+    phase: str
+    attempt: int
+    ref: object
+    started: float
+
+
+def start_ray(cluster: Mapping) -> bool:
+    """Connect to (or start) Ray. Returns True when this call started it (and must stop it)."""
+    if ray.is_initialized():
+        return False
+    if cluster.get("kind", "local") == "local":
+        ray.init(
+            num_cpus=cluster.get("num_cpus") or None,
+            include_dashboard=False,
+            _node_ip_address="127.0.0.1",  # nothing listens beyond loopback
+            log_to_driver=False,
+            namespace="sleuth",
+        )
+    else:
+        ray.init(address=cluster["address"], log_to_driver=False, namespace="sleuth")
+    return True
+
+
+class Controller:
+    def __init__(
+        self,
+        cfg: DictConfig,
+        store: RunStore,
+        run_dir: Path,
+        *,
+        on_event: Callable[[str], None] | None = None,
+    ):
+        self.cfg = cfg
+        self.store = store
+        self.run_dir = run_dir
+        self.runs_dir = Path(cfg.runs_dir)
+        self.on_event = on_event or (lambda _msg: None)
+        self._started_ray = False
+        self._actors: dict[str, object] = {}
+        self._busy: dict[str, _InFlight] = {}
+        self._by_ref: dict[object, _InFlight] = {}
+        self.retries = int(cfg.trial.retries)
+
+    # -- lifecycle -----------------------------------------------------------------------------
+    def __enter__(self) -> Controller:
+        self.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    def start(self) -> None:
+        self._started_ray = start_ray(OmegaConf.to_container(self.cfg.cluster, resolve=True))
+        target = OmegaConf.to_container(self.cfg.target, resolve=True)
+        bench = OmegaConf.to_container(self.cfg.bench, resolve=True)
+        actor_cls = ray.remote(NodeRunner)
+        for i in range(int(self.cfg.nodes)):
+            name = f"local-{i}"
+            state_dir = self.runs_dir / ".nodes" / name
+            self._actors[name] = actor_cls.options(
+                num_cpus=0, max_concurrency=4, max_restarts=0
+            ).remote(name, str(state_dir), target, bench)
+        ray.get([a.info.remote() for a in self._actors.values()])
+
+    def stop(self) -> None:
+        for inflight in list(self._busy.values()):
+            try:
+                ray.get(self._actors[inflight.node].abort.remote(), timeout=30)
+            except Exception:
+                pass
+        for actor in self._actors.values():
+            ray.kill(actor)
+        self._actors.clear()
+        if self._started_ray:
+            ray.shutdown()
+            self._started_ray = False
+
+    # -- scheduling ----------------------------------------------------------------------------
+    @property
+    def nodes(self) -> list[str]:
+        return list(self._actors)
+
+    def idle_nodes(self) -> list[str]:
+        return [n for n in self._actors if n not in self._busy]
+
+    def in_flight(self) -> list[_InFlight]:
+        return list(self._busy.values())
+
+    def submit(self, candidate: Candidate, *, phase: str = "", node: str | None = None,
+               attempt: int = 1) -> int:
+        """Persist a trial row, then dispatch it to an idle node. Returns the trial id."""
+        idle = self.idle_nodes()
+        if not idle:
+            raise RuntimeError("no idle node")
+        node = node if node in idle else idle[0]
+        cand_id = self.store.candidate_id(candidate)
+        trial_id = self.store.begin_trial(cand_id, node=node, phase=phase, attempt=attempt)
+        trial_dir = self.run_dir / "trials" / str(trial_id)
+        self.store.set_log_path(trial_id, str(trial_dir / "server.log"))
+        spec = TrialSpec(
+            trial_id=trial_id,
+            candidate=candidate,
+            repo=str(self.cfg.repo),
+            cache_dir=str(self.runs_dir / ".cache" / "worktrees"),
+            trial_dir=str(trial_dir),
+            ready_timeout_s=float(self.cfg.trial.ready_timeout_s),
+            grace_s=float(self.cfg.trial.grace_s),
+            repetitions=int(self.cfg.bench.repetitions),
+            warmup_requests=int(self.cfg.bench.warmup_requests),
+            phase=phase,
+        )
+        ref = self._actors[node].run.remote(spec)
+        inflight = _InFlight(trial_id, candidate, cand_id, node, phase, attempt, ref, time.time())
+        self._busy[node] = inflight
+        self._by_ref[ref] = inflight
+        self.on_event(f"trial {trial_id} started on {node}: {candidate.label} ({phase or 'trial'})")
+        return trial_id
+
+    def wait(self, timeout: float | None = None) -> list[TrialRow]:
+        """Block until at least one candidate evaluation is final; persist and return them.
+
+        A retryable failure is resubmitted on the same node (a new trial row); only the final
+        attempt is returned, so callers see each requested evaluation exactly once."""
+        done_rows: list[TrialRow] = []
+        while not done_rows and self._by_ref:
+            ready, _ = ray.wait(list(self._by_ref), num_returns=1, timeout=timeout)
+            if not ready:
+                return done_rows
+            for ref in ready:
+                inflight = self._by_ref.pop(ref)
+                del self._busy[inflight.node]
+                try:
+                    result: TrialResult = ray.get(ref)
+                except Exception as exc:  # the actor died: the trial is lost, never "slow"
+                    result = TrialResult(
+                        Outcome.ERROR, f"node {inflight.node} failed: {type(exc).__name__}: {exc}",
+                        node=inflight.node, started_at=inflight.started, ended_at=time.time(),
+                    )
+                self._persist_log(inflight, result)
+                self.store.finish_trial(inflight.trial_id, result)
+                self.on_event(self._describe(inflight, result))
+                if result.outcome in RETRYABLE and inflight.attempt <= self.retries:
+                    self.submit(inflight.candidate, phase=inflight.phase, node=inflight.node,
+                                attempt=inflight.attempt + 1)
+                    continue
+                done_rows.append(self.store.trial(inflight.trial_id))
+        return done_rows
+
+    def run_one(self, candidate: Candidate, *, phase: str = "") -> TrialRow:
+        """Submit one evaluation and wait for its final attempt."""
+        self.submit(candidate, phase=phase)
+        while True:
+            rows = self.wait()
+            if rows:
+                return rows[0]
+
+    def _persist_log(self, inflight: _InFlight, result: TrialResult) -> None:
+        """On a remote node the log lives there; keep its tail in the run directory."""
+        log = self.run_dir / "trials" / str(inflight.trial_id) / "server.log"
+        if not log.exists() and result.log_tail:
+            log.parent.mkdir(parents=True, exist_ok=True)
+            log.write_text(result.log_tail)
+
+    @staticmethod
+    def _describe(inflight: _InFlight, result: TrialResult) -> str:
+        took = result.ended_at - result.started_at if result.ended_at else 0.0
+        what = result.outcome.value if result.outcome is not Outcome.OK else "ok"
+        extra = f": {result.detail}" if result.detail else ""
+        return f"trial {inflight.trial_id} on {inflight.node} {what} in {took:.1f}s{extra}"

@@ -1,0 +1,71 @@
+"""Terminal rendering (rich). Computation lives elsewhere; this only lays numbers out."""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Sequence
+
+from rich.console import Console
+from rich.table import Table
+
+from orchestrator.store import TrialRow
+
+# (metric key, column title, format)
+TRIAL_COLUMNS = (
+    ("output_throughput", "tok/s", "{:.1f}"),
+    ("ttft_ms_p50", "TTFT p50 ms", "{:.1f}"),
+    ("ttft_ms_p90", "TTFT p90 ms", "{:.1f}"),
+    ("itl_ms_p50", "ITL p50 ms", "{:.2f}"),
+    ("itl_ms_p90", "ITL p90 ms", "{:.2f}"),
+    ("tpot_ms_p50", "TPOT p50 ms", "{:.2f}"),
+    ("tpot_ms_p90", "TPOT p90 ms", "{:.2f}"),
+    ("verify_ms", "verify ms", "{:.2f}"),
+    ("draft_ms", "draft ms", "{:.2f}"),
+    ("decode_ms", "decode ms", "{:.2f}"),
+    ("accept_len", "accept len", "{:.2f}"),
+    ("cuda_graph_share", "cuda graph", "{:.0%}"),
+)
+
+
+def _fmt(fmt: str, value: float | None) -> str:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "-"
+    return fmt.format(value)
+
+
+def trial_table(row: TrialRow) -> Table:
+    """One row per repetition plus the trial mean, for the metrics the trial measured."""
+    result = row.result
+    present = [c for c in TRIAL_COLUMNS if result and result.values(c[0])]
+    table = Table(title=f"trial {row.id} · {row.candidate.label} · {row.outcome.value if row.outcome else 'running'}")
+    table.add_column("rep", justify="right")
+    for _, title, _ in present:
+        table.add_column(title, justify="right")
+    if result:
+        for m in result.measurements:
+            table.add_row(str(m.repetition + 1), *[_fmt(f, m.metrics.get(k)) for k, _, f in present])
+        if len(result.measurements) > 1:
+            table.add_row("mean", *[_fmt(f, result.value(k)) for k, _, f in present], style="bold")
+    return table
+
+
+def trials_summary(rows: Sequence[TrialRow]) -> Table:
+    table = Table(title="trials")
+    for col in ("id", "node", "phase", "candidate", "outcome", "seconds", "detail"):
+        table.add_column(col)
+    for r in rows:
+        secs = (r.ended_at - r.started_at) if r.ended_at and r.started_at else None
+        table.add_row(str(r.id), r.node, r.phase, r.candidate.label,
+                      r.outcome.value if r.outcome else "running",
+                      _fmt("{:.1f}", secs), (r.detail or "")[:80])
+    return table
+
+
+def mean_of(rows: Sequence[TrialRow], metric: str) -> float | None:
+    vals = [v for r in rows if r.result and (v := r.result.value(metric)) is not None]
+    return statistics.fmean(vals) if vals else None
+
+
+def console() -> Console:
+    return Console(highlight=False, soft_wrap=False)

@@ -1,0 +1,1 @@
+"""Running trials: server processes (`process`), one trial (`trial`), the node actor (`node`)."""

@@ -1,0 +1,104 @@
+"""NodeRunner: owns one node's worth of GPUs and runs one server at a time on it.
+
+This is a plain class; the controller turns it into a Ray actor (only the controller knows about
+Ray). Run it as a threaded actor (max_concurrency >= 2) so `status` and `abort` answer while a
+trial runs; the lock guarantees that two trials never overlap on one node.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import threading
+import time
+from collections.abc import Mapping
+from pathlib import Path
+
+from orchestrator.records import Outcome, TrialResult, TrialState
+from orchestrator.runner.process import ServerProcess, group_members
+from orchestrator.runner.trial import TrialSpec, run_trial
+from orchestrator.targets.base import NodeContext
+from orchestrator.targets.registry import make_target
+
+
+class NodeRunner:
+    def __init__(self, name: str, state_dir: str, target_conf: Mapping, bench_conf: Mapping):
+        self.name = name
+        self.context = NodeContext(name=name, state_dir=Path(state_dir))
+        self.context.state_dir.mkdir(parents=True, exist_ok=True)
+        self.target = make_target(target_conf, bench_conf, self.context)
+        self._lock = threading.Lock()
+        self._current: dict = {}
+        self._proc: ServerProcess | None = None
+        self._leftover_pgid: int | None = None
+        self._aborted = False
+
+    def info(self) -> dict:
+        return {"name": self.name, "hostname": socket.gethostname(), "pid": os.getpid()}
+
+    def status(self) -> dict:
+        return dict(self._current)
+
+    def _node_clean(self) -> str:
+        """Empty if the previous server is gone; otherwise what is still there."""
+        if self._leftover_pgid is None:
+            return ""
+        pids = group_members(self._leftover_pgid)
+        if pids:
+            try:
+                os.killpg(self._leftover_pgid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            time.sleep(0.5)
+            pids = group_members(self._leftover_pgid)
+        if pids:
+            return f"processes {pids} of the previous server are still running"
+        self._leftover_pgid = None
+        return ""
+
+    def run(self, spec: TrialSpec) -> TrialResult:
+        if not self._lock.acquire(blocking=False):
+            # The controller never does this; refusing loudly beats overlapping two servers.
+            return TrialResult(Outcome.ERROR, f"node {self.name} is busy with another trial",
+                               node=self.name)
+        try:
+            dirty = self._node_clean()
+            if dirty:
+                return TrialResult(Outcome.ERROR, f"node {self.name} refused the trial: {dirty}",
+                                   node=self.name, started_at=time.time(), ended_at=time.time())
+            self._aborted = False
+            self._current = {"trial_id": spec.trial_id, "state": TrialState.PENDING.value,
+                             "since": time.time(), "started": time.time()}
+
+            def on_state(state: TrialState) -> None:
+                self._current.update(state=state.value, since=time.time())
+
+            def on_process(proc: ServerProcess | None) -> None:
+                self._proc = proc
+                if proc is not None and self._aborted:
+                    proc.teardown(grace_s=spec.grace_s)
+
+            result, report = run_trial(spec, self.target, node=self.name, on_state=on_state,
+                                       on_process=on_process)
+            if report is not None and report.leftover_pids:
+                self._leftover_pgid = report.pgid  # checked (and killed) before the next trial
+            if self._aborted and result.outcome is not Outcome.OK:
+                result = TrialResult(
+                    Outcome.INTERRUPTED, f"aborted: {result.detail}", states=result.states,
+                    started_at=result.started_at, ended_at=result.ended_at, node=self.name,
+                    fingerprint=result.fingerprint, log_tail=result.log_tail,
+                )
+            return result
+        finally:
+            self._current = {}
+            self._lock.release()
+
+    def abort(self) -> bool:
+        """Tear down the running server now (Ctrl-C): the trial ends as interrupted."""
+        self._aborted = True
+        proc = self._proc
+        if proc is None:
+            return False
+        proc.teardown(grace_s=5.0)
+        return True

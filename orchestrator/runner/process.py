@@ -1,0 +1,169 @@
+"""Server processes: launch in their own process group, tear down, and prove they are gone.
+
+Why process groups: a real SGLang server forks tensor-parallel workers; killing only the
+launcher would leave workers holding GPU memory and the port, and the next trial would measure
+a contended GPU. Every server is started as the leader of a new session (`start_new_session`),
+teardown signals the whole group, and `verify_gone` checks the process table and the port.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import signal
+import socket
+import subprocess
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A port that nothing listens on right now (the kernel picks it)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+def port_in_use(host: str, port: int) -> bool:
+    """True when something accepts connections or holds the port bound."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.settimeout(0.5)
+        if s.connect_ex((host, port)) == 0:
+            return True
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        try:
+            s.bind((host, port))
+        except OSError as exc:
+            return exc.errno == errno.EADDRINUSE
+    return False
+
+
+def group_members(pgid: int) -> list[int]:
+    """PIDs whose process group is `pgid` (from /proc; zombies excluded: they hold nothing)."""
+    members = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            stat = Path(f"/proc/{entry}/stat").read_text()
+        except OSError:
+            continue
+        # Fields after the parenthesised command name: state ppid pgrp ...
+        fields = stat[stat.rfind(")") + 2:].split()
+        if len(fields) >= 3 and int(fields[2]) == pgid and fields[0] != "Z":
+            members.append(int(entry))
+    return members
+
+
+def read_environ(pid: int) -> dict[str, str]:
+    """The environment a process was started with, from /proc/<pid>/environ."""
+    raw = Path(f"/proc/{pid}/environ").read_bytes()
+    env = {}
+    for item in raw.split(b"\0"):
+        if b"=" in item:
+            key, _, value = item.partition(b"=")
+            env[key.decode(errors="replace")] = value.decode(errors="replace")
+    return env
+
+
+@dataclass(frozen=True)
+class TeardownReport:
+    """What teardown found: `clean` only if no group member is left and the port is free."""
+
+    pgid: int
+    exit_code: int | None
+    signal_used: str  # "none" (already exited) | "SIGTERM" | "SIGKILL"
+    leftover_pids: tuple[int, ...]
+    port_free: bool
+
+    @property
+    def clean(self) -> bool:
+        return not self.leftover_pids and self.port_free
+
+
+class ServerProcess:
+    """A live server process group. Owned by exactly one trial."""
+
+    def __init__(self, popen: subprocess.Popen, host: str, port: int, log_path: Path):
+        self.popen = popen
+        self.host = host
+        self.port = port
+        self.log_path = log_path
+        self.pgid = popen.pid  # session leader: its pid is the group id
+
+    @property
+    def pid(self) -> int:
+        return self.popen.pid
+
+    @property
+    def base_url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    def poll(self) -> int | None:
+        return self.popen.poll()
+
+    def alive(self) -> bool:
+        return self.popen.poll() is None
+
+    def _signal_group(self, sig: int) -> bool:
+        try:
+            os.killpg(self.pgid, sig)
+            return True
+        except ProcessLookupError:
+            return False
+
+    def _wait_group(self, deadline: float) -> bool:
+        while time.monotonic() < deadline:
+            self.popen.poll()  # reap the leader so it does not linger as a zombie
+            if not group_members(self.pgid):
+                return True
+            time.sleep(0.05)
+        self.popen.poll()
+        return not group_members(self.pgid)
+
+    def teardown(self, grace_s: float = 10.0, port_wait_s: float = 5.0) -> TeardownReport:
+        """SIGTERM the group, SIGKILL what remains after `grace_s`, then verify it is gone."""
+        used = "none"
+        if group_members(self.pgid):
+            used = "SIGTERM"
+            self._signal_group(signal.SIGTERM)
+            if not self._wait_group(time.monotonic() + grace_s):
+                used = "SIGKILL"
+                self._signal_group(signal.SIGKILL)
+                self._wait_group(time.monotonic() + 5.0)
+        try:
+            code = self.popen.wait(timeout=1.0)
+        except subprocess.TimeoutExpired:
+            code = None
+        deadline = time.monotonic() + port_wait_s
+        port_free = not port_in_use(self.host, self.port)
+        while not port_free and time.monotonic() < deadline:
+            time.sleep(0.1)
+            port_free = not port_in_use(self.host, self.port)
+        return TeardownReport(self.pgid, code, used, tuple(group_members(self.pgid)), port_free)
+
+
+def launch(
+    argv: Sequence[str],
+    *,
+    cwd: Path,
+    env: Mapping[str, str],
+    log_path: Path,
+    host: str,
+    port: int,
+) -> ServerProcess:
+    """Start `argv` (a list: never a shell string) as a new process group, output to `log_path`."""
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    with open(log_path, "ab") as log:
+        popen = subprocess.Popen(
+            list(argv),
+            cwd=cwd,
+            env=dict(env),
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    return ServerProcess(popen, host, port, log_path)

@@ -1,0 +1,233 @@
+"""One trial: prepare -> launch -> ready -> warm-up -> k repetitions -> teardown -> verify clean.
+
+The trial (one server lifetime) is the statistical unit, so each step that can fail maps to a
+distinct `Outcome`. A failure is recorded with its evidence (exit code, last log lines) and the
+candidate counts as untestable for that trial, never as slow. Teardown always runs.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from orchestrator import fingerprint
+from orchestrator.bench.client import BenchError, run_repetition
+from orchestrator.records import Candidate, Measurement, Outcome, TrialResult, TrialState
+from orchestrator.runner.process import (
+    ServerProcess,
+    TeardownReport,
+    free_port,
+    group_members,
+    launch,
+    read_environ,
+)
+from orchestrator.targets.base import Target
+from orchestrator.workspace import Workspace
+
+LOG_TAIL_BYTES = 16_384
+
+
+@dataclass(frozen=True)
+class TrialSpec:
+    """Everything a node needs to run one trial; plain values so it crosses Ray."""
+
+    trial_id: int
+    candidate: Candidate
+    repo: str
+    cache_dir: str
+    trial_dir: str
+    ready_timeout_s: float = 120.0
+    grace_s: float = 10.0
+    repetitions: int = 3
+    warmup_requests: int = 2
+    phase: str = ""
+    extra: Mapping = field(default_factory=dict)
+
+
+class TrialFailure(Exception):
+    def __init__(self, outcome: Outcome, detail: str):
+        super().__init__(detail)
+        self.outcome = outcome
+        self.detail = detail
+
+
+def log_tail(path: Path, n_bytes: int = LOG_TAIL_BYTES) -> str:
+    if not path.exists():
+        return ""
+    with open(path, "rb") as f:
+        f.seek(0, 2)
+        size = f.tell()
+        f.seek(max(0, size - n_bytes))
+        return f.read().decode(errors="replace")
+
+
+def last_lines(path: Path, n: int = 3) -> str:
+    lines = [ln.strip() for ln in log_tail(path, 4096).splitlines() if ln.strip()]
+    return " | ".join(lines[-n:])
+
+
+def _env_mismatches(proc: ServerProcess, wanted: Mapping[str, str]) -> list[str]:
+    """Requested variables that are missing or different in any process of the server group."""
+    problems = []
+    for pid in [proc.pid, *[p for p in group_members(proc.pgid) if p != proc.pid]]:
+        try:
+            env = read_environ(pid)
+        except OSError:
+            continue  # exited meanwhile; the next step notices if it mattered
+        for key, value in wanted.items():
+            got = env.get(key)
+            if got != value:
+                shown = "missing" if got is None else f"{got!r}"
+                problems.append(f"{key}={value!r} requested but {shown} in pid {pid}")
+    return problems
+
+
+def _wait_ready(target: Target, proc: ServerProcess, timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    delay = 0.05
+    while True:
+        code = proc.poll()
+        if code is not None:
+            raise TrialFailure(
+                Outcome.LAUNCH_FAILED,
+                f"server exited with code {code} before it was ready: {last_lines(proc.log_path)}",
+            )
+        if target.is_ready(proc.base_url):
+            return
+        if time.monotonic() > deadline:
+            raise TrialFailure(
+                Outcome.NOT_READY, f"server alive but not ready after {timeout_s:g}s"
+            )
+        time.sleep(delay)
+        delay = min(delay * 1.5, 1.0)
+
+
+def _classify_bench_error(exc: BenchError, proc: ServerProcess, what: str) -> TrialFailure:
+    # Give a dying server a moment to be reaped, so a crash is not misread as a hang.
+    for _ in range(20):
+        if proc.poll() is not None:
+            break
+        time.sleep(0.05)
+    code = proc.poll()
+    if code is not None:
+        return TrialFailure(
+            Outcome.CRASHED,
+            f"server exited with code {code} during {what}: {last_lines(proc.log_path)}",
+        )
+    if exc.kind == "hung":
+        return TrialFailure(Outcome.HUNG, f"server alive but stalled during {what}: {exc}")
+    return TrialFailure(Outcome.BENCH_FAILED, f"{what} failed with the server alive: {exc}")
+
+
+def run_trial(
+    spec: TrialSpec,
+    target: Target,
+    *,
+    node: str = "",
+    on_state: Callable[[TrialState], None] | None = None,
+    on_process: Callable[[ServerProcess | None], None] | None = None,
+) -> tuple[TrialResult, TeardownReport | None]:
+    """Run one trial to completion. Never raises for server misbehaviour: it is the result."""
+    trial_dir = Path(spec.trial_dir)
+    trial_dir.mkdir(parents=True, exist_ok=True)
+    log_path = trial_dir / "server.log"
+    states: list[tuple[str, float]] = []
+    started = time.time()
+
+    def enter(state: TrialState) -> None:
+        states.append((state.value, time.time()))
+        if on_state:
+            on_state(state)
+
+    outcome, detail = Outcome.OK, ""
+    measurements: list[Measurement] = []
+    proc: ServerProcess | None = None
+    report: TeardownReport | None = None
+    fp: dict = {}
+    cand = spec.candidate
+    try:
+        enter(TrialState.PREPARING)
+        try:
+            ws = Workspace(spec.repo, spec.cache_dir)
+            worktree = ws.checkout(cand.commit, cand.patches)
+            target.prepare(worktree, trial_dir)
+        except Exception as exc:  # checkout, patch or build: the candidate cannot be tested
+            raise TrialFailure(Outcome.PREPARE_FAILED, f"{type(exc).__name__}: {exc}") from exc
+
+        enter(TrialState.LAUNCHING)
+        port = free_port(target.host)
+        env = target.environment(cand.env_dict)
+        argv = target.command(worktree, port)
+        (trial_dir / "command.txt").write_text(" ".join(argv) + "\n")
+        proc = launch(argv, cwd=worktree, env=env, log_path=log_path, host=target.host, port=port)
+        if on_process:
+            on_process(proc)
+        fp = fingerprint.basic(
+            commit=cand.commit, patches=cand.patches, requested_env=cand.env_dict,
+            server_env=env, node=node,
+        )
+
+        enter(TrialState.WAITING_READY)
+        _wait_ready(target, proc, spec.ready_timeout_s)
+        wanted = {**{str(k): str(v) for k, v in target.conf.get("env", {}).items()}, **cand.env_dict}
+        problems = _env_mismatches(proc, wanted)
+        if problems:
+            raise TrialFailure(Outcome.ENV_MISMATCH, "; ".join(problems[:5]))
+
+        enter(TrialState.WARMING_UP)
+        if spec.warmup_requests > 0:
+            try:
+                run_repetition(
+                    proc.base_url, target.requests(spec.warmup_requests, seed_offset=10_000),
+                    concurrency=int(target.bench["concurrency"]),
+                    timeout_s=float(target.bench["request_timeout_s"]),
+                    time_scale=target.time_scale,
+                )
+            except BenchError as exc:
+                raise _classify_bench_error(exc, proc, "warm-up") from exc
+
+        enter(TrialState.BENCHMARKING)
+        requests = target.requests()
+        for rep in range(spec.repetitions):
+            try:
+                metrics = target.measure(proc.base_url, requests, log_path)
+            except BenchError as exc:
+                raise _classify_bench_error(exc, proc, f"repetition {rep + 1}") from exc
+            measurements.append(Measurement(rep, metrics))
+        if proc.poll() is not None:
+            raise TrialFailure(
+                Outcome.CRASHED, f"server exited with code {proc.poll()} right after the benchmark"
+            )
+    except TrialFailure as failure:
+        outcome, detail = failure.outcome, failure.detail
+        measurements = []
+    except KeyboardInterrupt:
+        outcome, detail, measurements = Outcome.INTERRUPTED, "interrupted", []
+    except Exception as exc:  # our bug: recorded as such, never as a measurement
+        outcome, detail, measurements = Outcome.ERROR, f"{type(exc).__name__}: {exc}", []
+    finally:
+        enter(TrialState.TEARING_DOWN)
+        if proc is not None:
+            report = proc.teardown(grace_s=spec.grace_s)
+            if on_process:
+                on_process(None)
+            if not report.clean and outcome is Outcome.OK:
+                outcome = Outcome.TEARDOWN_FAILED
+                detail = (f"after {report.signal_used}: leftover pids {list(report.leftover_pids)},"
+                          f" port {'free' if report.port_free else 'still in use'}")
+            fp["teardown"] = {"signal": report.signal_used, "exit_code": report.exit_code,
+                              "clean": report.clean}
+        enter(TrialState.DONE)
+    return TrialResult(
+        outcome=outcome,
+        detail=detail,
+        measurements=tuple(measurements),
+        states=tuple(states),
+        started_at=started,
+        ended_at=time.time(),
+        node=node,
+        fingerprint=fp,
+        log_tail=log_tail(log_path),
+    ), report

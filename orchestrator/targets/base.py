@@ -1,0 +1,115 @@
+"""The target seam: how to build, launch, probe and benchmark one kind of server.
+
+A target is a small adapter selected by config (`target=sim|sglang|command`). The trial runner
+owns the sequence (prepare -> launch -> ready -> warm-up -> repetitions -> teardown); a target
+only answers the questions that differ between servers. Strategies never see targets, so adding
+another engine later touches nothing but a new module here.
+"""
+
+from __future__ import annotations
+
+import os
+from abc import ABC, abstractmethod
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+
+from orchestrator.bench import prometheus
+from orchestrator.bench.client import RequestSpec, make_requests, run_repetition
+from orchestrator.bench.sglang_log import log_metrics
+
+
+@dataclass(frozen=True)
+class NodeContext:
+    """What a target may know about the node it runs on."""
+
+    name: str
+    state_dir: Path  # persistent per-node state (e.g. the sim's GPU state file)
+
+
+class Target(ABC):
+    """One kind of server. Instances are created per node from the `target` config mapping."""
+
+    name: str = ""
+
+    def __init__(self, conf: Mapping, bench: Mapping, node: NodeContext):
+        self.conf = dict(conf)
+        self.bench = dict(bench)
+        self.node = node
+
+    # -- launch -----------------------------------------------------------------------------
+    @property
+    def host(self) -> str:
+        return str(self.conf.get("host") or "127.0.0.1")
+
+    @property
+    def time_scale(self) -> float:
+        """Wall seconds per server-time second (1.0 for real servers)."""
+        return 1.0
+
+    def prepare(self, worktree: Path, trial_dir: Path) -> None:  # noqa: B027 - optional hook
+        """Build step for the checkout (none by default). Raise to mark it untestable."""
+
+    @abstractmethod
+    def command(self, worktree: Path, port: int) -> list[str]:
+        """The server's argv (a list; it is never passed through a shell)."""
+
+    def environment(self, candidate_env: Mapping[str, str]) -> dict[str, str]:
+        """Full environment of the server: this node's, the target's, then the candidate's."""
+        env = dict(os.environ)
+        env.update({str(k): str(v) for k, v in self.conf.get("env", {}).items()})
+        env.update(candidate_env)
+        return env
+
+    def launcher(self) -> list[str]:
+        """Optional argv prefix (numactl, taskset, a profiler ...)."""
+        return [str(x) for x in self.conf.get("launcher", []) or []]
+
+    # -- probing ----------------------------------------------------------------------------
+    def is_ready(self, base_url: str) -> bool:
+        """SGLang answers /health_generate with 200 once a real generation works."""
+        try:
+            r = httpx.get(f"{base_url}/health_generate", timeout=5.0, trust_env=False)
+        except httpx.HTTPError:
+            return False
+        return r.status_code == 200
+
+    def scrape(self, base_url: str) -> dict | None:
+        """Prometheus counters, or None when the server exports none."""
+        try:
+            r = httpx.get(f"{base_url}/metrics", timeout=5.0, trust_env=False)
+        except httpx.HTTPError:
+            return None
+        return prometheus.parse(r.text) if r.status_code == 200 else None
+
+    # -- benchmark --------------------------------------------------------------------------
+    def requests(self, n: int | None = None, seed_offset: int = 0) -> list[RequestSpec]:
+        b = self.bench
+        return make_requests(
+            int(n if n is not None else b["requests"]),
+            int(b["input_len"]),
+            int(b["output_len"]),
+            int(b["seed"]) + seed_offset,
+        )
+
+    def measure(self, base_url: str, requests: list[RequestSpec], log_path: Path) -> dict[str, float]:
+        """One repetition: client metrics plus server phase metrics bracketing it."""
+        before = self.scrape(base_url)
+        log_start = log_path.stat().st_size if log_path.exists() else 0
+        metrics = run_repetition(
+            base_url,
+            requests,
+            concurrency=int(self.bench["concurrency"]),
+            timeout_s=float(self.bench["request_timeout_s"]),
+            time_scale=self.time_scale,
+        )
+        after = self.scrape(base_url)
+        if before is not None and after is not None:
+            metrics.update(prometheus.phase_metrics(before, after))
+        if log_path.exists():
+            with open(log_path, "rb") as f:
+                f.seek(log_start)
+                metrics.update(log_metrics(f.read().decode(errors="replace")))
+        return metrics
