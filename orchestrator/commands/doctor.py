@@ -1,0 +1,97 @@
+"""`sleuth doctor`: can this machine run trials, and which targets?
+
+Each check prints one line: ok / warn / FAIL. Only what stops every target is a failure (git,
+Ray, a writable runs directory); a missing GPU driver just means only the sim target can run.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import importlib.util
+import shutil
+import subprocess
+import tempfile
+from collections.abc import Callable
+
+from omegaconf import DictConfig
+
+from orchestrator.rundir import runs_root
+
+Check = tuple[str, str, str]  # (status, name, detail)
+
+
+def check_git() -> Check:
+    git = shutil.which("git")
+    if not git:
+        return "FAIL", "git", "git is not on PATH"
+    out = subprocess.run([git, "--version"], capture_output=True, text=True, check=False).stdout
+    version = out.strip().rsplit(" ", 1)[-1]
+    parts = tuple(int(p) for p in version.split(".")[:2] if p.isdigit())
+    if parts < (2, 25):
+        return "FAIL", "git", f"git {version} is too old (need >= 2.25 for worktrees)"
+    return "ok", "git", version
+
+
+def check_ray() -> Check:
+    import ray
+
+    if ray.is_initialized():
+        return "ok", "ray", f"{ray.__version__} (already running in this process)"
+    try:
+        ray.init(num_cpus=1, include_dashboard=False, _node_ip_address="127.0.0.1",
+                 log_to_driver=False, namespace="sleuth-doctor")
+
+        @ray.remote(num_cpus=0)
+        def ping() -> str:
+            return "pong"
+
+        answer = ray.get(ping.remote(), timeout=60)
+    except Exception as exc:
+        return "FAIL", "ray", f"a local Ray instance did not start: {type(exc).__name__}: {exc}"
+    finally:
+        ray.shutdown()
+    return ("ok" if answer == "pong" else "FAIL"), "ray", f"{ray.__version__}: local start/stop works"
+
+
+def check_nvml() -> Check:
+    try:
+        import pynvml
+    except ImportError:
+        return "warn", "nvml", "nvidia-ml-py is not installed"
+    try:
+        pynvml.nvmlInit()
+    except pynvml.NVMLError:
+        return "warn", "nvml", "no NVIDIA driver: only the sim target can run here"
+    try:
+        driver = pynvml.nvmlSystemGetDriverVersion()
+        count = pynvml.nvmlDeviceGetCount()
+        names = {pynvml.nvmlDeviceGetName(pynvml.nvmlDeviceGetHandleByIndex(i)) for i in range(count)}
+    finally:
+        pynvml.nvmlShutdown()
+    return "ok", "nvml", f"{count} GPU(s) {', '.join(sorted(map(str, names)))}; driver {driver}"
+
+
+def check_sglang() -> Check:
+    if importlib.util.find_spec("sglang") is None:
+        return "warn", "sglang", "not installed (install the `sglang` extra on GPU nodes)"
+    return "ok", "sglang", importlib.metadata.version("sglang")
+
+
+def check_runs(cfg: DictConfig) -> Check:
+    root = runs_root(cfg)
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=root, prefix=".doctor-"):
+            pass
+    except OSError as exc:
+        return "FAIL", "runs", f"{root} is not writable: {exc.strerror}"
+    free_gb = shutil.disk_usage(root).free / 1e9
+    status = "ok" if free_gb >= 1.0 else "warn"
+    return status, "runs", f"{root} writable, {free_gb:.1f} GB free"
+
+
+def run(cfg: DictConfig, *, emit: Callable[[str], None] = print) -> int:
+    checks: list[Check] = [check_git(), check_runs(cfg), check_ray(), check_nvml(), check_sglang()]
+    for status, name, detail in checks:
+        emit(f"{status:>4}  {name:<7} {detail}")
+    return 1 if any(status == "FAIL" for status, _, _ in checks) else 0

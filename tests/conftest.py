@@ -1,0 +1,86 @@
+"""Shared fixtures: one real local Ray instance per test session, real git repos in temp dirs,
+and a guard that fails any test leaving a server process behind."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def git(repo: Path, *args: str) -> str:
+    env = {**os.environ, "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@example.com",
+           "GIT_COMMITTER_NAME": "t", "GIT_COMMITTER_EMAIL": "t@example.com"}
+    return subprocess.run(["git", *args], cwd=repo, env=env, check=True, capture_output=True,
+                          text=True).stdout.strip()
+
+
+def make_sim_repo(path: Path, profiles: list[dict]) -> list[str]:
+    """A git repo whose commit i carries `sim_profile.json` = profiles[i]; returns SHAs."""
+    path.mkdir(parents=True, exist_ok=True)
+    git(path, "init", "-q", "-b", "main")
+    (path / "python").mkdir(exist_ok=True)
+    shas = []
+    for i, profile in enumerate(profiles):
+        (path / "sim_profile.json").write_text(json.dumps(profile, indent=2) + "\n")
+        (path / "python" / "worker.py").write_text(f"# revision {i}\n")
+        git(path, "add", "-A")
+        git(path, "commit", "-q", "-m", f"commit {i}")
+        shas.append(git(path, "rev-parse", "HEAD"))
+    return shas
+
+
+@pytest.fixture(scope="session")
+def ray_session():
+    """One real local Ray instance for the whole session; controllers reuse it."""
+    import ray
+
+    ray.init(num_cpus=2, include_dashboard=False, _node_ip_address="127.0.0.1",
+             log_to_driver=False, namespace="sleuth-tests")
+    yield ray
+    ray.shutdown()
+
+
+@pytest.fixture
+def sim_repo(tmp_path: Path) -> tuple[Path, list[str]]:
+    repo = tmp_path / "repo"
+    shas = make_sim_repo(repo, [{}, {"decode_mult": 1.0}, {"verify_mult": 1.5}])
+    return repo, shas
+
+
+def _our_processes(base: Path) -> list[str]:
+    """Processes whose working directory lies under this session's temp dirs."""
+    found = []
+    base_s = str(base)
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) == os.getpid():
+            continue
+        try:
+            cwd = os.readlink(f"/proc/{entry}/cwd")
+            stat = Path(f"/proc/{entry}/stat").read_text()
+        except OSError:
+            continue
+        state = stat[stat.rfind(")") + 2:].split()[0]
+        if cwd.startswith(base_s) and state != "Z":
+            cmd = Path(f"/proc/{entry}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+            found.append(f"{entry}: {cmd[:120]}")
+    return found
+
+
+@pytest.fixture(autouse=True)
+def no_orphans(tmp_path_factory):
+    """Every test must leave no process running from its temp dirs (servers, workers...)."""
+    yield
+    base = tmp_path_factory.getbasetemp()
+    leftovers = _our_processes(base)
+    if leftovers:
+        import time
+
+        time.sleep(1.0)  # allow a process that is already exiting to finish
+        leftovers = _our_processes(base)
+    assert not leftovers, f"processes left behind: {leftovers}"
