@@ -14,10 +14,21 @@ from orchestrator.errors import SleuthError, UserError
 
 COMMANDS = {
     "trial": "run one isolated, measured trial of a candidate",
+    "bisect": "find the commit(s) between good=REF and bad=REF that moved a metric",
+    "resume": "finish an interrupted run: sleuth resume RUN",
     "demo": "build a scenario repo and investigate it on the simulated node",
     "scenario": "generate a scenario repo with planted causes (out=DIR commits=N seed=S preset=P)",
     "doctor": "check this machine: git, Ray, NVML/GPUs, sglang, runs/ writable",
 }
+
+# Commands whose first plain argument names a run (id or directory).
+POSITIONAL_RUN = {"resume"}
+
+
+def _quote(value: str) -> str:
+    """Quote a value for Hydra's override grammar (paths hold characters it would parse)."""
+    return "'" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"
+
 
 USAGE = "usage: sleuth <command> [--cfg] [--config-dir DIR] [key=value ...]"
 
@@ -39,6 +50,7 @@ def parse_args(argv: Sequence[str]) -> tuple[str, bool, str | None, list[str]]:
     if command not in COMMANDS:
         raise UserError(f"unknown command {command!r} (known: {', '.join(COMMANDS)})")
     show_cfg, config_dir, overrides = False, None, []
+    positional_used = False
     i = 0
     while i < len(rest):
         a = rest[i]
@@ -53,6 +65,9 @@ def parse_args(argv: Sequence[str]) -> tuple[str, bool, str | None, list[str]]:
             config_dir = a.split("=", 1)[1]
         elif a.startswith("-"):
             raise UserError(f"unknown option {a!r}")
+        elif command in POSITIONAL_RUN and "=" not in a and not positional_used:
+            overrides.append(f"run_id={_quote(a)}")
+            positional_used = True
         else:
             overrides.append(a)
         i += 1

@@ -69,3 +69,19 @@ def mean_of(rows: Sequence[TrialRow], metric: str) -> float | None:
 
 def console() -> Console:
     return Console(highlight=False, soft_wrap=False)
+
+
+def findings_table(doc: dict) -> Table:
+    """Ranked findings with probability and the effect on the run's metric."""
+    metric = doc.get("metric", "")
+    table = Table(title=f"findings · {doc.get('experiment')} · {doc.get('verdict')}")
+    for col in ("rank", "kind", "id", "probability", f"{metric} effect", "phase", "summary"):
+        table.add_column(col)
+    for f in doc.get("findings", []):
+        e = f.get("effect", {}).get(metric)
+        eff = f"{e['pct']:+.1f}% [{e['ci'][0]:+.1f}, {e['ci'][1]:+.1f}]" if e else "-"
+        prob = f.get("probability")
+        table.add_row(str(f["rank"]), f["kind"], str(f["id"])[:12],
+                      "-" if prob is None else f"{prob:.3f}", eff, f.get("phase") or "-",
+                      f.get("summary", ""))
+    return table

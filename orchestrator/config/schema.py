@@ -118,13 +118,17 @@ class Config:
     good: str | None = None
     bad: str | None = None
     metric: str = "verify_ms"
-    direction: str = "increase"
+    direction: str = "auto"
     confidence: float = 0.99
     nodes: int = 1
     max_trials: int | None = None
     first_parent: bool = True
     paths: list[str] = field(default_factory=list)
     seed: int = 0
+    # `sleuth scenario`: where to write, how many commits, which planted causes.
+    out: str | None = None
+    commits: int = 200
+    preset: str = "one_culprit"
     target: Any = MISSING
     bench: BenchConf = field(default_factory=BenchConf)
     cluster: ClusterConf = field(default_factory=ClusterConf)

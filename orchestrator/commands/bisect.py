@@ -1,0 +1,149 @@
+"""`sleuth bisect`: find the commit(s) between good and bad that moved a metric.
+
+    sleuth bisect repo=PATH good=REF bad=REF metric=verify_ms [direction=auto] [confidence=0.99]
+                  [nodes=K] [max_trials=N] [first_parent=true] [paths=[python/sglang/srt]]
+
+Resuming: `sleuth bisect run_id=RUN` (or `sleuth resume RUN`) reopens the run's store and
+continues; every finished trial is reused.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+from omegaconf import DictConfig, OmegaConf
+
+from orchestrator import findings, render
+from orchestrator.commands import common
+from orchestrator.controller import Controller
+from orchestrator.drive import drive
+from orchestrator.errors import UserError
+from orchestrator.metrics import check_metric, regression_direction
+from orchestrator.records import Candidate
+from orchestrator.rundir import create_run, runs_root
+from orchestrator.store import RunStore
+from orchestrator.strategies.base import Verdict
+from orchestrator.strategies.bisect import BisectStrategy
+from orchestrator.workspace import CommitInfo
+
+EXIT_INCONCLUSIVE = 3
+
+
+def validate(cfg: DictConfig) -> None:
+    common.check_common(cfg)
+    check_metric(str(cfg.metric))
+    regression_direction(str(cfg.metric), str(cfg.direction))
+    if not cfg.good or not cfg.bad:
+        raise UserError("bisect needs both endpoints: good=REF bad=REF")
+    if not 0.5 < float(cfg.confidence) < 1.0:
+        raise UserError(f"confidence must be between 0.5 and 1 (exclusive), got {cfg.confidence}")
+    if cfg.max_trials is not None and int(cfg.max_trials) < 4:
+        raise UserError(f"max_trials must be at least 4 (got {cfg.max_trials})")
+
+
+def prior_weights(commits: list[CommitInfo], paths: list[str], ws, untouched: float) -> list[float] | None:
+    """Commits touching nothing under `paths` get a lower prior weight, never zero."""
+    if not paths:
+        return None
+    return [1.0 if ws.touches(c, paths) else untouched for c in commits]
+
+
+def _plan(cfg: DictConfig) -> tuple[list[CommitInfo], list[Candidate], list[float] | None]:
+    ws = common.workspace(cfg)
+    good, bad = ws.resolve(str(cfg.good)), ws.resolve(str(cfg.bad))
+    commits = ws.commits_between(good, bad, first_parent=bool(cfg.first_parent))
+    base = common.candidate(OmegaConf.merge(cfg, {"commit": good}), ws)
+    points = [dataclasses.replace(base, commit=c.sha) for c in commits]
+    untouched = float(cfg.experiment.params.get("untouched_weight", 0.25))
+    weights = prior_weights(commits, list(cfg.paths), ws, untouched)
+    return commits, points, weights
+
+
+def _strategy(cfg: DictConfig, n: int, weights: list[float] | None) -> BisectStrategy:
+    params = cfg.experiment.params
+    return BisectStrategy(
+        n,
+        direction=regression_direction(str(cfg.metric), str(cfg.direction)),
+        confidence=float(cfg.confidence),
+        max_trials=int(cfg.max_trials) if cfg.max_trials is not None else None,
+        prior_weights=weights,
+        min_effect_pct=float(params["min_effect_pct"]) if "min_effect_pct" in params else None,
+    )
+
+
+def _save_plan(run_dir: Path, commits: list[CommitInfo], points: list[Candidate],
+               weights: list[float] | None) -> None:
+    doc = {"commits": [dataclasses.asdict(c) for c in commits],
+           "candidates": [p.to_json() for p in points], "prior_weights": weights}
+    (run_dir / "commits.json").write_text(json.dumps(doc, indent=1) + "\n")
+
+
+def _load_plan(run_dir: Path) -> tuple[list[CommitInfo], list[Candidate], list[float] | None]:
+    doc = json.loads((run_dir / "commits.json").read_text())
+    commits = [CommitInfo(**{**c, "parents": tuple(c["parents"]), "files": tuple(c["files"])})
+               for c in doc["commits"]]
+    return commits, [Candidate.from_json(c) for c in doc["candidates"]], doc["prior_weights"]
+
+
+def run(cfg: DictConfig) -> int:
+    if cfg.run_id and (runs_root(cfg) / str(cfg.run_id)).exists():
+        return resume(runs_root(cfg) / str(cfg.run_id))
+    validate(cfg)
+    commits, points, weights = _plan(cfg)
+    _strategy(cfg, len(points), weights)  # constructor checks before anything is written
+    run_dir, store = create_run(cfg)
+    _save_plan(run_dir, commits, points, weights)
+    return _execute(cfg, run_dir, store, commits, points, weights)
+
+
+def resume(run_dir: Path) -> int:
+    store = RunStore.open(run_dir / "trials.db")
+    if store.command != "bisect":
+        store.close()
+        raise UserError(f"{run_dir.name} is a {store.command or 'unknown'} run, not a bisect")
+    cfg = OmegaConf.create(store.config_yaml())
+    lost = store.interrupt_unfinished()
+    commits, points, weights = _load_plan(run_dir)
+    out = render.console()
+    out.print(f"resuming {run_dir.name}: {len(store.trials()) - len(lost)} finished trials reused,"
+              f" {len(lost)} interrupted")
+    store.set_status("running")
+    return _execute(cfg, run_dir, store, commits, points, weights)
+
+
+def _progress_line(verdict: Verdict, commits: list[CommitInfo], n_obs: int) -> str:
+    top = verdict.top
+    best = (f"best {commits[top.point].sha[:10]} p={top.probability:.3f}" if top else
+            f"max posterior {max(verdict.posterior, default=0):.3f}")
+    return f"[{verdict.status}] {n_obs} trials; {best}"
+
+
+def _execute(cfg, run_dir: Path, store: RunStore, commits, points, weights) -> int:
+    out = render.console()
+    out.print(f"run directory: {run_dir}")
+    out.print(f"bisecting {len(commits)} commits {commits[0].sha[:10]}..{commits[-1].sha[:10]}"
+              f" on {cfg.metric} with {cfg.nodes} node(s)")
+    strategy = _strategy(cfg, len(points), weights)
+    status = "failed"
+    try:
+        with Controller(cfg, store, run_dir, on_event=lambda m: out.print(f"  {m}")) as ctl:
+            verdict = drive(ctl, strategy, points, metric=str(cfg.metric),
+                            on_verdict=lambda v, n: out.print(f"  {_progress_line(v, commits, n)}"))
+        rows = store.trials()
+        doc = findings.bisect_findings(run_id=store.run_id, metric=str(cfg.metric), verdict=verdict,
+                                       commits=commits, keys=[p.key for p in points], rows=rows)
+        path = findings.write(run_dir, doc)
+        out.print(render.findings_table(doc))
+        out.print(verdict.message)
+        out.print(f"findings: {path}")
+        status = "done" if verdict.status == "found" else "inconclusive"
+        return 0 if verdict.status == "found" else EXIT_INCONCLUSIVE
+    except KeyboardInterrupt:
+        status = "interrupted"
+        raise
+    finally:
+        store.set_status(status)
+        store.close()
+        out.print(f"run directory: {run_dir}")

@@ -1,0 +1,23 @@
+"""`sleuth resume RUN`: finish an interrupted run, reusing every trial it already finished."""
+
+from __future__ import annotations
+
+from omegaconf import DictConfig
+
+from orchestrator.errors import UserError
+from orchestrator.rundir import find_run
+from orchestrator.store import RunStore
+
+
+def run(cfg: DictConfig) -> int:
+    if not cfg.run_id:
+        raise UserError("which run? usage: sleuth resume RUN (a run id or run directory)")
+    run_dir = find_run(cfg, str(cfg.run_id))
+    store = RunStore.open(run_dir / "trials.db")
+    command = store.command
+    store.close()
+    if command == "bisect":
+        from orchestrator.commands import bisect
+
+        return bisect.resume(run_dir)
+    raise UserError(f"{run_dir.name} is a {command or 'unknown'} run: it cannot be resumed")

@@ -1,0 +1,79 @@
+"""The experiment loop: ask the strategy, keep every node busy, feed results back.
+
+Pure strategies on one side, the Ray controller on the other; this loop is the only place that
+translates between strategy points and stored trials. It rebuilds its observations from the
+store, so a resumed run continues exactly where the interrupted one stopped: every finished
+trial is reused, none is repeated.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+from orchestrator.controller import Controller
+from orchestrator.records import Candidate
+from orchestrator.store import RunStore, TrialRow
+from orchestrator.strategies.base import Observation, Strategy, Verdict
+
+
+def observation(row: TrialRow, point: int, metric: str, final_attempt: int) -> Observation | None:
+    """A stored trial as the strategy sees it, or None when it is not evidence.
+
+    Interrupted trials are not evidence (they are re-run); a failure that was retried is not
+    either (its retry is); the last failed attempt makes the point untestable (value None)."""
+    if row.outcome is None or row.outcome.value == "interrupted":
+        return None
+    if row.outcome.measured:
+        value = row.result.value(metric) if row.result else None
+        if value is None:
+            return Observation(point, None, row.suspect, row.id)
+        return Observation(point, value, row.suspect, row.id)
+    if row.attempt >= final_attempt:
+        return Observation(point, None, row.suspect, row.id)
+    return None
+
+
+def replay(store: RunStore, keys: Sequence[str], metric: str, retries: int) -> list[Observation]:
+    index = {key: i for i, key in enumerate(keys)}
+    obs = []
+    for row in store.trials():
+        point = index.get(row.candidate.key)
+        if point is None:
+            continue
+        o = observation(row, point, metric, retries + 1)
+        if o is not None:
+            obs.append(o)
+    return obs
+
+
+def drive(
+    controller: Controller,
+    strategy: Strategy,
+    points: Sequence[Candidate],
+    *,
+    metric: str,
+    on_verdict: Callable[[Verdict, int], None] | None = None,
+) -> Verdict:
+    """Run trials until the strategy is done (or proposes nothing while nothing runs)."""
+    keys = [p.key for p in points]
+    index = {k: i for i, k in enumerate(keys)}
+    observations = replay(controller.store, keys, metric, controller.retries)
+    final_attempt = controller.retries + 1
+    verdict = strategy.verdict(observations)
+    while True:
+        if not verdict.done:
+            idle = controller.idle_nodes()
+            if idle:
+                pending = [index[f.candidate.key] for f in controller.in_flight()]
+                for proposal in strategy.propose(observations, pending, len(idle))[: len(idle)]:
+                    controller.submit(points[proposal.point], phase=proposal.phase)
+        if not controller.in_flight():
+            break
+        for row in controller.wait():
+            o = observation(row, index[row.candidate.key], metric, final_attempt)
+            if o is not None:
+                observations.append(o)
+        verdict = strategy.verdict(observations)
+        if on_verdict:
+            on_verdict(verdict, len(observations))
+    return strategy.verdict(observations)

@@ -1,0 +1,130 @@
+"""Findings: causes with their evidence, ranked, in the `findings.json` contract of DESIGN.md.
+
+Every number here comes from stored trials: effects are computed from trial-level values
+(restarts are the unit) of the culprit against its parent, with intervals from
+`orchestrator.stats.effect`; probabilities are the strategy's posterior.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Sequence
+from pathlib import Path
+
+from orchestrator.metrics import EFFECT_METRICS, METRICS
+from orchestrator.stats.effect import effect
+from orchestrator.store import TrialRow
+from orchestrator.strategies.base import Verdict
+from orchestrator.workspace import CommitInfo
+
+
+def trial_values(rows: Sequence[TrialRow], key: str, metric: str, *, include_suspect: bool = False) -> list[float]:
+    """Trial-level values of `metric` for the candidate with `key` (measured trials only)."""
+    out = []
+    for r in rows:
+        if r.candidate.key != key or r.outcome is None or not r.outcome.measured:
+            continue
+        if r.suspect and not include_suspect:
+            continue
+        v = r.result.value(metric) if r.result else None
+        if v is not None and math.isfinite(v):
+            out.append(v)
+    return out
+
+
+def effects_between(rows: Sequence[TrialRow], before_key: str, after_key: str,
+                    metrics: Sequence[str] = EFFECT_METRICS, confidence: float = 0.95) -> dict:
+    """`{metric: {"pct", "ci", "p_value", "n"}}` for each metric both sides measured."""
+    out = {}
+    for metric in metrics:
+        a = trial_values(rows, before_key, metric)
+        b = trial_values(rows, after_key, metric)
+        if len(a) < 2 or len(b) < 2:
+            continue
+        try:
+            e = effect(a, b, confidence=confidence)
+        except ValueError:
+            continue
+        if not (math.isfinite(e.pct) and math.isfinite(e.ci[0]) and math.isfinite(e.ci[1])):
+            continue
+        out[metric] = {"pct": round(e.pct, 3), "ci": [round(e.ci[0], 3), round(e.ci[1], 3)],
+                       "p_value": e.p_value, "n": [e.n_before, e.n_after],
+                       "before": sum(a) / len(a), "after": sum(b) / len(b)}
+    return out
+
+
+def phase_moved(effects: dict) -> str | None:
+    """The server phase whose time moved most (verify vs draft vs decode), if any moved."""
+    best, best_abs = None, 0.0
+    for metric in ("verify_ms", "draft_ms", "decode_ms"):
+        e = effects.get(metric)
+        if e and (e["ci"][0] > 0 or e["ci"][1] < 0) and abs(e["pct"]) > best_abs:
+            best, best_abs = METRICS[metric].phase, abs(e["pct"])
+    return best
+
+
+def commit_summary(commit: CommitInfo, metric: str, effects: dict) -> str:
+    e = effects.get(metric)
+    moved = (f"{metric} {e['pct']:+.1f}% [{e['ci'][0]:+.1f}, {e['ci'][1]:+.1f}]" if e
+             else f"{metric} changed")
+    return f"commit {commit.sha[:12]} \"{commit.subject}\": {moved}"
+
+
+def bisect_findings(
+    *,
+    run_id: str,
+    metric: str,
+    verdict: Verdict,
+    commits: Sequence[CommitInfo],
+    keys: Sequence[str],
+    rows: Sequence[TrialRow],
+) -> dict:
+    findings = []
+    for culprit in sorted(verdict.culprits, key=lambda c: -c.probability):
+        commit = commits[culprit.point]
+        parent_point = culprit.range[0] if culprit.range else culprit.point - 1
+        effects = effects_between(rows, keys[parent_point], keys[culprit.point])
+        evidence = [r.id for r in rows if r.candidate.key in (keys[parent_point], keys[culprit.point])]
+        finding = {
+            "kind": "commit",
+            "id": commit.sha,
+            "summary": commit_summary(commit, metric, effects),
+            "probability": round(float(culprit.probability), 4),
+            "effect": {m: {"pct": e["pct"], "ci": e["ci"]} for m, e in effects.items()},
+            "phase": phase_moved(effects),
+            "subject": commit.subject,
+            "author": commit.author,
+            "parent": commits[parent_point].sha,
+            "evidence": evidence,
+            "effect_detail": effects,
+        }
+        if culprit.range:
+            lo, hi = culprit.range
+            finding["range"] = [commits[i].sha for i in range(lo + 1, hi + 1)]
+            finding["summary"] += f" (one of {hi - lo} commits: untestable neighbours)"
+        if culprit.explained is not None:
+            finding["explained"] = round(float(culprit.explained), 3)
+        findings.append(finding)
+    for rank, f in enumerate(findings, 1):
+        f["rank"] = rank
+    return {
+        "run": run_id,
+        "experiment": "bisect",
+        "metric": metric,
+        "verdict": verdict.status,
+        "message": verdict.message,
+        "confidence": verdict.confidence,
+        "n_trials": len(rows),
+        "total_effect": ({"pct": verdict.total_effect_pct, "ci": list(verdict.total_effect_ci)}
+                         if verdict.total_effect_pct is not None and verdict.total_effect_ci else None),
+        "findings": [{"rank": f.pop("rank"), **f} for f in findings],
+    }
+
+
+def write(run_dir: Path, doc: dict) -> Path:
+    path = run_dir / "findings.json"
+    tmp = path.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(doc, indent=2, default=float) + "\n")
+    tmp.replace(path)
+    return path
