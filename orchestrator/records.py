@@ -62,6 +62,9 @@ class Candidate:
     patches: tuple[str, ...] = ()
     env: tuple[tuple[str, str], ...] = ()
     clock: str = "default"
+    # Server settings that differ from the target config (e.g. speculative_num_steps=3), as
+    # sorted (key, JSON value) pairs: the "server settings" factor of sweeps and baselines.
+    server: tuple[tuple[str, str], ...] = ()
 
     @classmethod
     def make(
@@ -70,24 +73,34 @@ class Candidate:
         patches: Sequence[str] = (),
         env: Mapping[str, str] | None = None,
         clock: str = "default",
+        server: Mapping[str, object] | None = None,
     ) -> Candidate:
-        return cls(commit, tuple(patches), _canonical_env(env or {}), clock)
+        srv = tuple(sorted((str(k), json.dumps(v)) for k, v in (server or {}).items()))
+        return cls(commit, tuple(patches), _canonical_env(env or {}), clock, srv)
+
+    @property
+    def server_dict(self) -> dict[str, object]:
+        return {k: json.loads(v) for k, v in self.server}
 
     @property
     def env_dict(self) -> dict[str, str]:
         return dict(self.env)
 
     def to_json(self) -> dict:
-        return {
+        doc = {
             "commit": self.commit,
             "patches": list(self.patches),
             "env": self.env_dict,
             "clock": self.clock,
         }
+        if self.server:  # omitted when empty, so keys of plain candidates stay stable
+            doc["server"] = self.server_dict
+        return doc
 
     @classmethod
     def from_json(cls, data: Mapping) -> Candidate:
-        return cls.make(data["commit"], data.get("patches", ()), data.get("env"), data.get("clock", "default"))
+        return cls.make(data["commit"], data.get("patches", ()), data.get("env"),
+                        data.get("clock", "default"), data.get("server"))
 
     @property
     def key(self) -> str:
@@ -103,6 +116,7 @@ class Candidate:
         parts += [f"{k}={v}" for k, v in self.env]
         if self.clock != "default":
             parts.append(f"clock={self.clock}")
+        parts += [f"{k}={v}" for k, v in self.server]
         return " ".join(parts)
 
 

@@ -50,7 +50,7 @@ def prior_weights(commits: list[CommitInfo], paths: list[str], ws, untouched: fl
     return [1.0 if ws.touches(c, paths) else untouched for c in commits]
 
 
-def _plan(cfg: DictConfig) -> tuple[list[CommitInfo], list[Candidate], list[float] | None]:
+def plan(cfg: DictConfig) -> tuple[list[CommitInfo], list[Candidate], list[float] | None]:
     ws = common.workspace(cfg)
     good, bad = ws.resolve(str(cfg.good)), ws.resolve(str(cfg.bad))
     commits = ws.commits_between(good, bad, first_parent=bool(cfg.first_parent))
@@ -91,7 +91,7 @@ def run(cfg: DictConfig) -> int:
     if cfg.run_id and (runs_root(cfg) / str(cfg.run_id)).exists():
         return resume(runs_root(cfg) / str(cfg.run_id))
     validate(cfg)
-    commits, points, weights = _plan(cfg)
+    commits, points, weights = plan(cfg)
     _strategy(cfg, len(points), weights)  # constructor checks before anything is written
     run_dir, store = create_run(cfg)
     _save_plan(run_dir, commits, points, weights)
@@ -120,24 +120,30 @@ def _progress_line(verdict: Verdict, commits: list[CommitInfo], n_obs: int) -> s
     return f"[{verdict.status}] {n_obs} trials; {best}"
 
 
+def execute(cfg, ctl: Controller, run_dir: Path, commits, points, weights, out) -> tuple[Verdict, dict]:
+    """Bisect on a running controller; writes findings.json and returns the verdict and it."""
+    out.print(f"bisecting {len(commits)} commits {commits[0].sha[:10]}..{commits[-1].sha[:10]}"
+              f" on {cfg.metric} with {len(ctl.nodes)} node(s)")
+    strategy = _strategy(cfg, len(points), weights)
+    verdict = drive(ctl, strategy, points, metric=str(cfg.metric),
+                    on_verdict=lambda v, n: out.print(f"  {_progress_line(v, commits, n)}"))
+    rows = ctl.store.trials()
+    doc = findings.bisect_findings(run_id=ctl.store.run_id, metric=str(cfg.metric), verdict=verdict,
+                                   commits=commits, keys=[p.key for p in points], rows=rows)
+    path = findings.write(run_dir, doc)
+    out.print(render.findings_table(doc))
+    out.print(verdict.message)
+    out.print(f"findings: {path}")
+    return verdict, doc
+
+
 def _execute(cfg, run_dir: Path, store: RunStore, commits, points, weights) -> int:
     out = render.console()
     out.print(f"run directory: {run_dir}")
-    out.print(f"bisecting {len(commits)} commits {commits[0].sha[:10]}..{commits[-1].sha[:10]}"
-              f" on {cfg.metric} with {cfg.nodes} node(s)")
-    strategy = _strategy(cfg, len(points), weights)
     status = "failed"
     try:
         with Controller(cfg, store, run_dir, on_event=lambda m: out.print(f"  {m}")) as ctl:
-            verdict = drive(ctl, strategy, points, metric=str(cfg.metric),
-                            on_verdict=lambda v, n: out.print(f"  {_progress_line(v, commits, n)}"))
-        rows = store.trials()
-        doc = findings.bisect_findings(run_id=store.run_id, metric=str(cfg.metric), verdict=verdict,
-                                       commits=commits, keys=[p.key for p in points], rows=rows)
-        path = findings.write(run_dir, doc)
-        out.print(render.findings_table(doc))
-        out.print(verdict.message)
-        out.print(f"findings: {path}")
+            verdict, _ = execute(cfg, ctl, run_dir, commits, points, weights, out)
         status = "done" if verdict.status == "found" else "inconclusive"
         return 0 if verdict.status == "found" else EXIT_INCONCLUSIVE
     except KeyboardInterrupt:

@@ -127,7 +127,7 @@ class Config:
     seed: int = 0
     # `sleuth scenario`: where to write, how many commits, which planted causes.
     out: str | None = None
-    commits: int = 200
+    commits: int = 100
     preset: str = "one_culprit"
     target: Any = MISSING
     bench: BenchConf = field(default_factory=BenchConf)

@@ -7,6 +7,7 @@ trial runs; the lock guarantees that two trials never overlap on one node.
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
@@ -27,15 +28,63 @@ class NodeRunner:
         self.name = name
         self.context = NodeContext(name=name, state_dir=Path(state_dir))
         self.context.state_dir.mkdir(parents=True, exist_ok=True)
-        self.target = make_target(target_conf, bench_conf, self.context)
+        self.target_conf = dict(target_conf)
+        self.bench_conf = dict(bench_conf)
+        self.target = make_target(self.target_conf, self.bench_conf, self.context)
         self._lock = threading.Lock()
         self._current: dict = {}
         self._proc: ServerProcess | None = None
         self._leftover_pgid: int | None = None
         self._aborted = False
+        self.reaped = self._reap_leftover()
+
+    # A server outlives its node actor only if the actor was killed hard; the pidfile lets the
+    # next actor on this node find and stop it before anything is measured.
+    @property
+    def _pidfile(self) -> Path:
+        return self.context.state_dir / "server.json"
+
+    @staticmethod
+    def _start_time(pid: int) -> str | None:
+        try:
+            stat = Path(f"/proc/{pid}/stat").read_text()
+        except OSError:
+            return None
+        return stat[stat.rfind(")") + 2:].split()[19]
+
+    def _record_server(self, proc: ServerProcess | None) -> None:
+        if proc is None:
+            self._pidfile.unlink(missing_ok=True)
+            return
+        doc = {"pgid": proc.pgid, "port": proc.port, "start_time": self._start_time(proc.pid)}
+        tmp = self._pidfile.with_suffix(".tmp")
+        tmp.write_text(json.dumps(doc))
+        tmp.replace(self._pidfile)
+
+    def _reap_leftover(self) -> list[int]:
+        """Kill the server group a previous actor left running on this node; return its pids."""
+        try:
+            doc = json.loads(self._pidfile.read_text())
+        except (OSError, ValueError):
+            return []
+        pgid = int(doc.get("pgid", 0))
+        pids = group_members(pgid) if pgid > 0 else []
+        if pids and self._start_time(pgid) not in (None, doc.get("start_time")):
+            pids = []  # the pid was reused by an unrelated process: not ours to kill
+        if pids:
+            try:
+                os.killpg(pgid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            deadline = time.monotonic() + 5
+            while group_members(pgid) and time.monotonic() < deadline:
+                time.sleep(0.05)
+        self._pidfile.unlink(missing_ok=True)
+        return pids
 
     def info(self) -> dict:
-        return {"name": self.name, "hostname": socket.gethostname(), "pid": os.getpid()}
+        return {"name": self.name, "hostname": socket.gethostname(), "pid": os.getpid(),
+                "reaped": self.reaped}
 
     def status(self) -> dict:
         return dict(self._current)
@@ -76,10 +125,15 @@ class NodeRunner:
 
             def on_process(proc: ServerProcess | None) -> None:
                 self._proc = proc
+                self._record_server(proc)
                 if proc is not None and self._aborted:
                     proc.teardown(grace_s=spec.grace_s)
 
-            result, report = run_trial(spec, self.target, node=self.name, on_state=on_state,
+            target = self.target
+            if spec.candidate.server:  # server-settings factor: this trial's own target config
+                conf = {**self.target_conf, **spec.candidate.server_dict}
+                target = make_target(conf, self.bench_conf, self.context)
+            result, report = run_trial(spec, target, node=self.name, on_state=on_state,
                                        on_process=on_process)
             if report is not None and report.leftover_pids:
                 self._leftover_pgid = report.pgid  # checked (and killed) before the next trial

@@ -8,6 +8,7 @@ teardown signals the whole group, and `verify_gone` checks the process table and
 
 from __future__ import annotations
 
+import ctypes
 import errno
 import os
 import signal
@@ -145,6 +146,20 @@ class ServerProcess:
         return TeardownReport(self.pgid, code, used, tuple(group_members(self.pgid)), port_free)
 
 
+_PR_SET_PDEATHSIG = 1
+try:  # resolved once in the parent: the child must not load libraries between fork and exec
+    _LIBC = ctypes.CDLL(None, use_errno=True)
+except OSError:  # pragma: no cover
+    _LIBC = None
+
+
+def _die_with_parent() -> None:  # pragma: no cover - runs in the child between fork and exec
+    """Ask the kernel to SIGKILL the server when the process that launched it dies, so a
+    SIGKILLed controller or node actor cannot leave a server holding the GPUs."""
+    if _LIBC is not None:
+        _LIBC.prctl(_PR_SET_PDEATHSIG, int(signal.SIGKILL))
+
+
 def launch(
     argv: Sequence[str],
     *,
@@ -165,5 +180,6 @@ def launch(
             stdout=log,
             stderr=subprocess.STDOUT,
             start_new_session=True,
+            preexec_fn=_die_with_parent,
         )
     return ServerProcess(popen, host, port, log_path)

@@ -1,0 +1,109 @@
+"""`sleuth bisect` end to end on generated scenarios: real repos, real sim servers, real Ray."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from orchestrator.commands import bisect
+from orchestrator.config.compose import compose_config
+from orchestrator.store import RunStore
+from orchestrator.targets.sim.scenario import generate_scenario
+
+pytestmark = pytest.mark.slow
+
+FAST = ["target.time_scale=0.02", "target.load_seconds=5", "bench.requests=2",
+        "bench.output_len=32", "bench.input_len=32", "bench.warmup_requests=1",
+        "bench.repetitions=2", "trial.ready_timeout_s=30"]
+
+
+def _bisect(tmp_path: Path, scenario, *extra: str) -> tuple[int, dict, Path]:
+    truth = scenario.truth
+    cfg = compose_config("bisect", [f"repo={scenario.repo}", f"runs_dir={tmp_path / 'runs'}",
+                                    f"good={truth['good']}", f"bad={truth['bad']}",
+                                    "metric=verify_ms", "nodes=2", *FAST, *extra])
+    code = bisect.run(cfg)
+    (run_dir,) = [p for p in (tmp_path / "runs").iterdir() if not p.name.startswith(".")]
+    return code, json.loads((run_dir / "findings.json").read_text()), run_dir
+
+
+def test_one_culprit_in_200_commits(tmp_path, ray_session):
+    scenario = generate_scenario(tmp_path / "sc", 200, 11, "one_culprit")
+    code, doc, run_dir = _bisect(tmp_path, scenario)
+    assert code == 0, doc["message"]
+    (planted,) = scenario.truth["culprits"]
+    top = doc["findings"][0]
+    assert top["id"] == planted["sha"]
+    assert top["probability"] >= 0.99
+    assert top["effect"]["verify_ms"]["ci"][0] > 0  # the interval excludes "no change"
+    assert top["phase"] == "verify"
+    store = RunStore.open(run_dir / "trials.db")
+    assert len({r.node for r in store.trials()}) == 2  # both nodes were used
+
+
+def test_two_culprits_both_found(tmp_path, ray_session):
+    scenario = generate_scenario(tmp_path / "sc", 120, 5, "two_culprits")
+    code, doc, _ = _bisect(tmp_path, scenario)
+    planted = {c["sha"] for c in scenario.truth["culprits"]}
+    assert code == 0, doc["message"]
+    assert planted <= {f["id"] for f in doc["findings"]}
+
+
+def test_unbuildable_commits_are_skipped_not_slow(tmp_path, ray_session):
+    scenario = generate_scenario(tmp_path / "sc", 120, 7, "unbuildable")
+    code, doc, run_dir = _bisect(tmp_path, scenario)
+    (planted,) = scenario.truth["culprits"]
+    assert code == 0, doc["message"]
+    assert doc["findings"][0]["id"] == planted["sha"]
+    store = RunStore.open(run_dir / "trials.db")
+    broken = set(scenario.truth["unbuildable"])
+    for row in store.trials():
+        if row.candidate.commit in broken:
+            assert row.outcome.value == "launch_failed" and not row.result.measurements
+
+
+def test_kill_controller_then_resume_reuses_finished_trials(tmp_path):
+    scenario = generate_scenario(tmp_path / "sc", 100, 3, "one_culprit")
+    truth = scenario.truth
+    runs = tmp_path / "runs"
+    args = [sys.executable, "-m", "orchestrator", "bisect", f"repo={scenario.repo}",
+            f"runs_dir={runs}", f"good={truth['good']}", f"bad={truth['bad']}", "nodes=2",
+            "run_id=killme", *FAST]
+    proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            start_new_session=True)
+    db = runs / "killme" / "trials.db"
+    deadline = time.monotonic() + 120
+    finished = 0
+    while time.monotonic() < deadline and finished < 7:
+        time.sleep(0.5)
+        if db.exists():
+            store = RunStore.open(db)
+            finished = sum(1 for r in store.trials() if r.finished)
+            store.close()
+        assert proc.poll() is None, "bisect ended before it could be killed"
+    os.killpg(proc.pid, signal.SIGKILL)  # the controller and everything it started
+    proc.wait()
+    store = RunStore.open(db)
+    before = {r.id: (r.outcome, r.candidate.key) for r in store.trials() if r.finished}
+    store.close()
+    assert len(before) >= 7
+    from orchestrator.cli import run as cli_run
+
+    code = cli_run(["resume", str(runs / "killme")] + [])
+    assert code == 0
+    store = RunStore.open(db)
+    after = {r.id: (r.outcome, r.candidate.key) for r in store.trials()}
+    for tid, (outcome, key) in before.items():
+        assert after[tid] == (outcome, key)  # untouched and still there
+    doc = json.loads((runs / "killme" / "findings.json").read_text())
+    assert doc["findings"][0]["id"] == truth["culprits"][0]["sha"]
+    ok_before = {t for t, (o, _) in before.items() if o.value == "ok"}
+    assert ok_before <= set(doc["findings"][0]["evidence"]) | {
+        r.id for r in store.trials() if r.outcome and r.outcome.value == "ok"}
