@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.commands.scenario import run
+from orchestrator.commands.scenario import generate as run
 from orchestrator.errors import UserError
 from orchestrator.targets.sim import gpu_state, model, profile
 from orchestrator.targets.sim.scenario import PRESETS, ScenarioInputError, generate_scenario
@@ -334,3 +334,14 @@ def test_non_empty_output_is_refused(tmp_path: Path) -> None:
     empty = tmp_path / "empty"
     empty.mkdir()
     assert run(empty, 20, 1, "one_culprit") == empty / "repo"
+
+
+def test_cli_scenario_command(tmp_path, capsys):
+    from orchestrator.cli import run as cli_run
+
+    assert cli_run(["scenario", f"out={tmp_path / 'sc'}", "commits=30", "seed=2"]) == 0
+    assert (tmp_path / "sc" / "truth.json").is_file()
+    assert "planted culprit" in capsys.readouterr().out
+    with pytest.raises(ScenarioInputError):
+        cli_run(["scenario", f"out={tmp_path / 'sc2'}", "commits=5"])
+    assert not (tmp_path / "sc2").exists()
