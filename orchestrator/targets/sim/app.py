@@ -1,0 +1,296 @@
+"""Start-up of the simulated server, in SGLang's order and with SGLang's log lines.
+
+Order: parse flags -> import the code (the repo's profile; a broken one fails here, exit 1)
+-> bind the port (uvicorn's error and exit 1 if taken) -> serve 503 while "loading" (init
+distributed / NCCL, weights, KV cache, CUDA graph capture; modeled time x time scale) -> warm-up
+request -> "The server is fired up and ready to roll!" -> 200.
+
+Binding before loading is a deliberate difference from SGLang (which binds after loading): it
+lets health probes see 503 during the load, and a port collision fails fast.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+
+from orchestrator.targets.sim import gpu_state as gpu_state_mod
+from orchestrator.targets.sim import model
+from orchestrator.targets.sim.args import ConfigError, SimConfig, parse
+from orchestrator.targets.sim.endpoints import ServerState, SimHTTPServer
+from orchestrator.targets.sim.faults import FaultPlan, FaultSpecError, parse_faults
+from orchestrator.targets.sim.logs import SimLog, traceback_text
+from orchestrator.targets.sim.metrics import SGLangMetrics
+from orchestrator.targets.sim.noise import Noise
+from orchestrator.targets.sim.profile import Effects, ProfileError, load_fragments, resolve_effects
+from orchestrator.targets.sim.requests import FINISHED, SimRequest
+from orchestrator.targets.sim.scheduler import MAX_TOTAL_NUM_TOKENS, Scheduler
+from orchestrator.targets.sim.tokens import tokenize
+
+MODEL_ARCH = "DeepseekV3ForCausalLM"
+DRAFT_ARCH = "LlamaForCausalLMEagle3"
+WEIGHT_GB_PER_GPU = 70.12
+LOAD_SHARES = {"dist": 0.05, "weights": 0.6, "kv": 0.05, "graphs": 0.3}
+
+
+def _die(log: SimLog, text: str, code: int = 1) -> None:
+    log.raw(text)
+    sys.stderr.flush()
+    os._exit(code)
+
+
+def _fail_traceback(log: SimLog, exc_type: str, message: str, where: str, code: str) -> None:
+    _die(log, traceback_text(exc_type, message, [
+        ("<frozen runpy>", 198, "_run_module_as_main", "return _run_code(code, main_globals, None,"),
+        ("python/sglang/launch_server.py", 11, "<module>", "from sglang.srt.entrypoints.http_server import launch_server"),
+        (where, 42, "<module>", code),
+    ]))  # fmt: skip
+
+
+def load_effects_or_die(config: SimConfig, log: SimLog, env: Mapping[str, str]) -> Effects:
+    """The repo's profile is its code: malformed or import_error -> traceback, exit 1."""
+    try:
+        fragments = load_fragments(config.profile_path)
+    except (ProfileError, OSError) as exc:
+        _fail_traceback(log, "json.decoder.JSONDecodeError" if isinstance(exc, ProfileError) else
+                        type(exc).__name__, str(exc), "python/sglang/srt/sim_profile.py",
+                        "PROFILE = json.load(f)")  # fmt: skip
+    for frag in fragments:
+        if frag.unknown_keys:
+            log.main(
+                f"sim profile {frag.source}: ignoring unknown keys {list(frag.unknown_keys)}",
+                "warning",
+            )
+    effects = resolve_effects(fragments, env)
+    if effects.import_error:
+        message = effects.import_error
+        exc_type = "ImportError"
+        head, sep, rest = message.partition(": ")
+        if (
+            sep
+            and head.replace(".", "").replace("_", "").isalnum()
+            and head.endswith(("Error", "Exception"))
+        ):
+            exc_type, message = head, rest
+        _fail_traceback(log, exc_type, message, "python/sglang/srt/entrypoints/http_server.py",
+                        "from sglang.srt.managers.tokenizer_manager import TokenizerManager")  # fmt: skip
+    return effects
+
+
+def _state_loader(path: str | None) -> Callable[[], gpu_state_mod.GpuState]:
+    def load() -> gpu_state_mod.GpuState:
+        return gpu_state_mod.load(path) if path else gpu_state_mod.default_state()
+
+    return load
+
+
+def _cost_factory(config: SimConfig, env: Mapping[str, str], effects: Effects, path: str | None):
+    """Rebuilds the cost model when the GPU state file's mtime changes (None: unchanged)."""
+    if not path:
+        return None
+    last = [_mtime(path)]
+
+    def rebuild() -> model.PassCostModel | None:
+        mtime = _mtime(path)
+        if mtime == last[0]:
+            return None
+        last[0] = mtime
+        try:
+            state = gpu_state_mod.load(path)
+        except (OSError, ValueError):
+            return None  # mid-write or removed: keep the previous state
+        return model.PassCostModel(config.launch, env, state, effects, os.getpid())
+
+    return rebuild
+
+
+def _mtime(path: str) -> float:
+    try:
+        return os.stat(path).st_mtime_ns
+    except OSError:
+        return -1
+
+
+def _bind(config: SimConfig, state: ServerState, faults: FaultPlan, log: SimLog) -> SimHTTPServer:
+    host, port = config.server_args["host"], config.server_args["port"]
+    message = f"[Errno 98] error while attempting to bind on address ('{host}', {port}): address already in use"
+    if faults.refuse_bind:
+        log.main(f"ERROR:    {message}", "error")
+        _die(log, "")
+    server = SimHTTPServer((host, port), state)
+    try:
+        server.server_bind()
+        server.server_activate()
+    except OSError as exc:
+        server.server_close()
+        if exc.errno in (98, 48):  # EADDRINUSE on Linux / macOS
+            log.main(f"ERROR:    {message}", "error")
+        else:
+            log.main(f"ERROR:    [Errno {exc.errno}] error while attempting to bind on address "
+                     f"('{host}', {port}): {exc.strerror}", "error")  # fmt: skip
+        _die(log, "")
+    return server
+
+
+def _sleep_modeled(seconds: float, scale: float) -> None:
+    if seconds > 0:
+        time.sleep(seconds * scale)
+
+
+def _load(
+    config: SimConfig,
+    env: Mapping[str, str],
+    gpu: gpu_state_mod.GpuState,
+    effects: Effects,
+    faults: FaultPlan,
+    log: SimLog,
+) -> model.PassCostModel:
+    """The loading phase: log lines, modeled sleeps, and the failures a real launch can hit."""
+    scale, launch = config.time_scale, config.launch
+    used = model.visible_gpus(gpu, env)[: launch.tp_size]
+    slow_init = any(not g.persistence_mode for g in used)
+    total = config.load_seconds * (1.15 if slow_init else 1.0)
+    graphs = not launch.disable_cuda_graph
+    shares = dict(LOAD_SHARES)
+    if not graphs:
+        shares["weights"] += shares.pop("graphs")
+    log.tp("Init torch distributed begin.")
+    _sleep_modeled(total * shares["dist"], scale)
+    try:
+        costs = model.PassCostModel(launch, env, gpu, effects, os.getpid())
+    except model.LaunchError as exc:
+        if exc.kind == "nccl":
+            log.tp(f"NCCL WARN {exc}", "warning")
+            _die(log, traceback_text(
+                "torch.distributed.DistBackendError",
+                "NCCL error in: ../torch/csrc/distributed/c10d/ProcessGroupNCCL.cpp:3356, invalid "
+                f"usage (run with NCCL_DEBUG=WARN for details), NCCL version {gpu.nccl_version}\n"
+                f"ncclInvalidUsage: This usually reflects invalid usage of NCCL library.\nLast error:\n{exc}",
+                [("python/sglang/srt/distributed/parallel_state.py", 1420, "init_distributed_environment",
+                  "torch.distributed.init_process_group(")],
+            ))  # fmt: skip
+        _die(log, traceback_text("RuntimeError", str(exc), [
+            ("python/sglang/srt/model_executor/model_runner.py", 512, "init_torch_distributed",
+             "torch.get_device_module(self.device).set_device(self.gpu_id)")]))  # fmt: skip
+    avail = used[0].memory_total_mib / 1024 - 0.4
+    log.tp("Init torch distributed ends. mem usage=0.40 GB")
+    log.tp(f"Load weight begin. avail mem={avail:.2f} GB")
+    _sleep_modeled(total * shares["weights"], scale)
+    if faults.exit_at_start:
+        log.tp("Scheduler hit an exception: " + traceback_text(
+            "RuntimeError", "CUDA error: uncorrectable ECC error encountered (injected fault)",
+            [("python/sglang/srt/model_executor/model_runner.py", 731, "load_model",
+              "self.model = get_model(")]), "error")  # fmt: skip
+        _die(log, "")
+    avail -= WEIGHT_GB_PER_GPU
+    log.tp(f"Load weight end. type={MODEL_ARCH}, dtype=torch.bfloat16, avail mem={avail:.2f} GB, "
+           f"mem usage={WEIGHT_GB_PER_GPU:.2f} GB.")  # fmt: skip
+    if launch.speculative:
+        log.tp(f"Load weight begin. avail mem={avail:.2f} GB")
+        avail -= 1.21
+        log.tp(f"Load weight end. type={DRAFT_ARCH}, dtype=torch.bfloat16, avail mem={avail:.2f} GB, "
+               "mem usage=1.21 GB.")  # fmt: skip
+    kv_gb = avail - 4.0
+    log.tp(f"KV Cache is allocated. #tokens: {MAX_TOTAL_NUM_TOKENS}, KV size: {kv_gb:.2f} GB")
+    avail -= kv_gb
+    log.tp(f"Memory pool end. avail mem={avail:.2f} GB")
+    _sleep_modeled(total * shares["kv"], scale)
+    if graphs:
+        bs_list = [b for b in (1, 2, 4, 8, 12, 16, 24, 32, 40, 48, 56, 64, 80, 96, 112, 128, 144, 160)
+                   if b <= launch.cuda_graph_max_bs]  # fmt: skip
+        parts = ["", " draft", " draft extend"] if launch.speculative else [""]
+        for part in parts:
+            log.tp(
+                f"Capture{part} cuda graph begin. This can take up to several minutes. avail mem={avail:.2f} GB"
+            )
+            if not part:
+                log.tp(f"Capture cuda graph bs {bs_list}")
+            elapsed = total * shares["graphs"] / len(parts)
+            _sleep_modeled(elapsed, scale)
+            log.tp(f"Capture{part} cuda graph end. Time elapsed: {elapsed:.2f} s. mem usage=0.62 GB. "
+                   f"avail mem={avail - 0.62:.2f} GB.")  # fmt: skip
+            avail -= 0.62
+    args = config.server_args
+    log.tp(f"max_total_num_tokens={MAX_TOTAL_NUM_TOKENS}, chunked_prefill_size={args['chunked_prefill_size']}, "
+           f"max_prefill_tokens={args['max_prefill_tokens']}, max_running_requests={args['max_running_requests']}, "
+           f"context_len=262144, available_gpu_mem={avail:.2f} GB")  # fmt: skip
+    return costs
+
+
+def _warmup(scheduler: Scheduler) -> None:
+    req = SimRequest(rid="warmup", input_ids=tokenize("The capital city of France is"), max_new_tokens=8,
+                     stream=False, created=scheduler.modeled_clock(), index=None)  # fmt: skip
+    scheduler.submit(req)
+    while req.updates.get() != FINISHED:
+        pass
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    env = dict(os.environ)
+    try:
+        config = parse(argv, env)
+        faults = parse_faults(config.fault)
+    except (ConfigError, FaultSpecError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    log = SimLog(str(config.server_args["log_level"]))
+    effects = load_effects_or_die(config, log, env)
+    args = config.server_args
+    log.main("server_args=ServerArgs(" + ", ".join(f"{k}={v!r}" for k, v in args.items()) + ")")
+    for note in config.notes:
+        log.main(note, "warning")
+    try:
+        gpu = _state_loader(config.gpu_state_path)()
+    except (OSError, ValueError) as exc:
+        _die(log, traceback_text("RuntimeError", f"cannot read GPU state: {exc}", [
+            ("python/sglang/srt/utils/common.py", 1801, "get_device_core_count", "torch.cuda.get_device_properties(device_id)")]))  # fmt: skip
+    metrics = SGLangMetrics(str(args["served_model_name"]))
+    state = ServerState(config, log, metrics)
+    server = _bind(config, state, faults, log)
+    threading.Thread(target=server.serve_forever, name="http", daemon=True).start()
+    noise = Noise(
+        config.seed, config.noise_restart_cv, config.noise_request_cv, config.drift_pct_per_hour
+    )
+    costs = _load(config, env, gpu, effects, faults, log)
+    log.tp(f"sim: restart noise factor {noise.restart_factor:.4f} (seed {noise.seed}), "
+           f"time scale {config.time_scale}", "debug")  # fmt: skip
+    state.scheduler_info = {
+        "max_total_num_tokens": MAX_TOTAL_NUM_TOKENS,
+        "max_req_input_len": 262144 - 5,
+    }
+    forever = threading.Event()
+    if faults.never_ready:
+        forever.wait()
+    scheduler = Scheduler(
+        costs=costs,
+        cost_factory=_cost_factory(config, env, effects, config.gpu_state_path),
+        noise=noise, faults=faults, metrics=metrics, log=log, time_scale=config.time_scale,
+        max_running_requests=int(args["max_running_requests"]),
+        chunked_prefill_size=int(args["chunked_prefill_size"]),
+        decode_log_interval=int(args["decode_log_interval"]),
+        radix_cache=not args["disable_radix_cache"],
+    )  # fmt: skip
+    state.scheduler = scheduler
+    with metrics.lock:
+        metrics.set_gauge("max_total_num_tokens", MAX_TOTAL_NUM_TOKENS)
+    scheduler.start()
+    log.main(f"INFO:     Started server process [{os.getpid()}]")
+    log.main("INFO:     Waiting for application startup.")
+    log.main("INFO:     Application startup complete.")
+    log.main(
+        f"INFO:     Uvicorn running on http://{args['host']}:{args['port']} (Press CTRL+C to quit)"
+    )
+    if not args["skip_server_warmup"]:
+        _warmup(scheduler)
+        log.main('INFO:     127.0.0.1:0 - "POST /generate HTTP/1.1" 200 OK')
+    state.status = "up"
+    scheduler.ready = True
+    log.main("The server is fired up and ready to roll!")
+    try:
+        forever.wait()
+    except KeyboardInterrupt:
+        pass
+    return 0

@@ -1,0 +1,126 @@
+"""Run a sim server process for tests and tools: free port, readiness wait, guaranteed kill.
+
+The process runs in its own session (process group) and is killed with SIGKILL to the whole
+group on exit from the context, whatever happened inside it, so no test leaves a server
+behind. Stdlib only (urllib), like the server.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass
+class SimProcess:
+    process: subprocess.Popen
+    port: int
+    log_path: Path
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def log(self) -> str:
+        try:
+            return self.log_path.read_text(errors="replace")
+        except FileNotFoundError:
+            return ""
+
+    def status(self, path: str, timeout: float = 2.0) -> int | None:
+        """HTTP status of GET `path`, or None if nothing answers."""
+        try:
+            with urllib.request.urlopen(self.base_url + path, timeout=timeout) as resp:
+                return int(resp.status)
+        except urllib.error.HTTPError as exc:
+            return int(exc.code)
+        except (urllib.error.URLError, OSError):
+            return None
+
+    def get_json(self, path: str, timeout: float = 5.0) -> object:
+        with urllib.request.urlopen(self.base_url + path, timeout=timeout) as resp:
+            return json.loads(resp.read())
+
+    def post_json(self, path: str, doc: object, timeout: float = 30.0) -> object:
+        req = urllib.request.Request(
+            self.base_url + path, json.dumps(doc).encode(), {"Content-Type": "application/json"}
+        )
+        with urllib.request.urlopen(req, timeout=timeout) as resp:
+            return json.loads(resp.read())
+
+    def wait_ready(self, timeout: float = 30.0) -> None:
+        """Until /health is 200; raises RuntimeError (with the log) if it exits or times out."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(
+                    f"sim exited {self.process.returncode} before ready:\n{self.log()}"
+                )
+            if self.status("/health", timeout=1.0) == 200:
+                return
+            time.sleep(0.02)
+        raise RuntimeError(f"sim not ready after {timeout}s:\n{self.log()}")
+
+    def wait_exit(self, timeout: float = 30.0) -> int:
+        return self.process.wait(timeout=timeout)
+
+    def kill(self) -> None:
+        if self.process.poll() is None:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(self.process.pid, signal.SIGKILL)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.process.wait(timeout=10)
+
+
+@contextlib.contextmanager
+def run_sim(
+    args: Sequence[str],
+    *,
+    cwd: str | os.PathLike[str],
+    log_path: str | os.PathLike[str],
+    env: Mapping[str, str] | None = None,
+    port: int | None = None,
+    wait_ready: bool = True,
+    ready_timeout: float = 30.0,
+) -> Iterator[SimProcess]:
+    """`python -m orchestrator.targets.sim --port P *args` in `cwd`; killed on exit."""
+    port = port or free_port()
+    argv = [sys.executable, "-m", "orchestrator.targets.sim", "--port", str(port), *args]
+    if "--model-path" not in args:
+        argv += ["--model-path", "sim/kimi-k2.5"]
+    full_env = dict(os.environ if env is None else env)
+    # The server imports sleuth from wherever this process does, even with cwd = another repo.
+    root = str(Path(__file__).resolve().parents[3])
+    full_env["PYTHONPATH"] = os.pathsep.join(p for p in (root, full_env.get("PYTHONPATH")) if p)
+    log_file = open(log_path, "wb")  # noqa: SIM115 - closed in finally
+    try:
+        proc = subprocess.Popen(
+            argv, cwd=cwd, env=full_env, stdout=log_file, stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL, start_new_session=True,
+        )  # fmt: skip
+        sim = SimProcess(proc, port, Path(log_path))
+        try:
+            if wait_ready:
+                sim.wait_ready(ready_timeout)
+            yield sim
+        finally:
+            sim.kill()
+    finally:
+        log_file.close()

@@ -1,0 +1,428 @@
+"""The scheduler thread: lockstep forward passes over all running requests, as SGLang runs them.
+
+Each loop iteration is one batch: a prefill of waiting requests if any can be admitted, else
+one decode step (baseline) or one EAGLE-3 cycle (draft steps, verify, draft-extend) for every
+running request. A pass costs modeled milliseconds from `PassCostModel`, times noise; the
+thread sleeps to an absolute deadline `t0 + modeled_time * time_scale`, so Python overhead does
+not accumulate as long as the host keeps up, and only then makes the pass's tokens visible.
+When the server goes idle, modeled time re-anchors to the wall clock.
+
+Log lines and metrics follow SGLang's scheduler (`scheduler_metrics_mixin.py`, v0.5.9 log
+formats): a `Prefill batch` line per prefill, a `Decode batch` line every
+`decode_log_interval` decode passes, with accept len = tokens / (requests x cycles) and
+accept rate = accept len / num_draft_tokens over the interval.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+
+from orchestrator.targets.sim import model
+from orchestrator.targets.sim.faults import FaultPlan
+from orchestrator.targets.sim.logs import SimLog, traceback_text
+from orchestrator.targets.sim.metrics import SGLangMetrics
+from orchestrator.targets.sim.noise import Noise
+from orchestrator.targets.sim.requests import FINISHED, SimRequest
+from orchestrator.targets.sim.tokens import PrefixCache
+
+MAX_TOTAL_NUM_TOKENS = 393216
+CRASH_GRACE_S = 0.05  # let the N-th response reach its client before the process dies
+
+
+class Scheduler:
+    def __init__(
+        self,
+        *,
+        costs: model.PassCostModel,
+        cost_factory: Callable[[], model.PassCostModel] | None,
+        noise: Noise,
+        faults: FaultPlan,
+        metrics: SGLangMetrics,
+        log: SimLog,
+        time_scale: float,
+        max_running_requests: int,
+        chunked_prefill_size: int,
+        decode_log_interval: int,
+        radix_cache: bool,
+    ):
+        self.costs = costs
+        self.cost_factory = cost_factory  # rebuilds costs when the GPU state file changes
+        self.noise = noise
+        self.faults = faults
+        self.metrics = metrics
+        self.log = log
+        self.scale = time_scale
+        self.max_running = max_running_requests
+        self.chunk_budget = chunked_prefill_size
+        self.log_interval = decode_log_interval
+        self.cache = PrefixCache() if radix_cache else None
+        self.launch = costs.launch
+        self.cond = threading.Condition()
+        self.waiting: deque[SimRequest] = deque()
+        self.running: list[SimRequest] = []
+        self.t0 = time.perf_counter()
+        self.modeled_now = 0.0
+        self.hung = False
+        self.ready = False  # set once the server is up: crash_after:0 counts from there
+        self.completed_client_requests = 0
+        self.next_index = 0
+        self._crash_at: float | None = None
+        self._state_checked = 0.0
+        self._probs = model.scaled_position_probabilities(
+            self.launch.speculative_num_steps, self.launch.speculative_eagle_topk,
+            self.launch.speculative_num_draft_tokens, costs.effects.accept_len_mult,
+        )  # fmt: skip
+        self._accept_len = costs.accept_len()
+        self.reset_metrics()
+        self.last_gen_throughput = 0.0
+        self._last_prefill_tokens = 0
+        self._last_prefill_time = 0.0
+
+    # -- public, called from HTTP threads -------------------------------------------------------
+    def modeled_clock(self) -> float:
+        return (time.perf_counter() - self.t0) / self.scale
+
+    def submit(self, req: SimRequest) -> None:
+        with self.cond:
+            if not req.is_warmup:
+                req.index = self.next_index
+                self.next_index += 1
+            self.waiting.append(req)
+            self.cond.notify()
+
+    def busy(self) -> bool:
+        with self.cond:
+            return bool(self.waiting or self.running)
+
+    def reset_metrics(self) -> None:
+        """What SGLang's flush_cache resets: interval and lifetime accept counters."""
+        self.forward_ct_decode = 0
+        self.num_generated_tokens = 0
+        self.spec_num_accepted_tokens = 0
+        self.spec_num_forward_ct = 0
+        self.spec_total_accepted_tokens = 0
+        self.spec_total_forward_ct = 0
+        self._last_decode_log = self.modeled_now
+
+    def flush_cache(self) -> bool:
+        with self.cond:
+            if self.waiting or self.running:
+                return False
+            if self.cache is not None:
+                self.cache.flush()
+            self.reset_metrics()
+        self.log.tp("Cache flushed successfully!")
+        return True
+
+    def internal_state(self) -> dict:
+        state = {"last_gen_throughput": self.last_gen_throughput}
+        if self.launch.speculative and self.spec_total_forward_ct > 0:
+            state["avg_spec_accept_length"] = (
+                self.spec_total_accepted_tokens / self.spec_total_forward_ct
+            )
+        return state
+
+    def start(self) -> threading.Thread:
+        thread = threading.Thread(target=self._loop, name="scheduler", daemon=True)
+        thread.start()
+        return thread
+
+    # -- the loop ----------------------------------------------------------------------------
+    def _loop(self) -> None:
+        idle = True
+        while True:
+            with self.cond:
+                while not self.waiting and not self.running:
+                    idle = True
+                    self._check_crash()
+                    self.cond.wait(timeout=0.02 if self.faults.crash_after is not None else 0.5)
+                self.running = [r for r in self.running if not r.aborted]
+                self.waiting = deque(r for r in self.waiting if not r.aborted)
+                admit = self._take_prefill_batch()
+                batch = list(self.running)
+            self._check_crash()
+            self._maybe_reload_costs()
+            if idle:
+                # Re-anchor to when the work arrived, not to when this thread woke up: a thread
+                # wake-up of 0.2 ms would otherwise cost 10 modeled ms at time scale 0.02.
+                arrived = min((r.created for r in admit), default=self.modeled_clock())
+                self.modeled_now = max(self.modeled_now, arrived)
+                idle = False
+            if admit:
+                self._prefill(admit)
+            elif batch:
+                self._decode(batch)
+
+    def _take_prefill_batch(self) -> list[SimRequest]:
+        admit: list[SimRequest] = []
+        budget = self.chunk_budget
+        while self.waiting and len(self.running) + len(admit) < self.max_running:
+            req = self.waiting[0]
+            if admit and len(req.input_ids) > budget:
+                break
+            admit.append(self.waiting.popleft())
+            budget -= len(req.input_ids)
+        return admit
+
+    def _factor(self) -> float:
+        return self.noise.pass_factor(self.modeled_now) * self.faults.degrade_factor(
+            self.completed_client_requests
+        )
+
+    def _advance(self, ms: float) -> None:
+        """Move modeled time on by `ms` and sleep until the matching wall-clock deadline."""
+        self.modeled_now += ms / 1000.0
+        delay = self.t0 + self.modeled_now * self.scale - time.perf_counter()
+        if delay > 0:
+            time.sleep(delay)
+
+    def _prefill(self, admit: list[SimRequest]) -> None:
+        new_tokens = cached = 0
+        for req in admit:
+            if self.cache is not None:
+                req.cached_tokens = self.cache.match_and_insert(req.input_ids)
+            cached += req.cached_tokens
+            new_tokens += len(req.input_ids) - req.cached_tokens
+        ms = self.costs.prefill(new_tokens) * self._factor()
+        with self.metrics.lock:
+            self.metrics.forward("extend", ms / 1000.0)
+            self.metrics.graph_pass("prefill_none")
+            self.metrics.realtime("prefill_compute", new_tokens)
+            self.metrics.realtime("prefill_cache", cached)
+        self._log_prefill(admit, new_tokens, cached)
+        self._advance(ms)
+        done = []
+        for req in admit:
+            req.first_token_time = req.last_token_time = self.modeled_now
+            if req.max_new_tokens > 0:
+                req.append_tokens(1)
+            with self.metrics.lock:
+                self.metrics.ttft.observe(
+                    {**self.metrics.tokenizer_labels, "is_streaming": _tf(req.stream)},
+                    req.first_token_time - req.created,
+                )
+            if req.remaining <= 0:
+                done.append(req)
+        with self.cond:
+            self.running.extend(r for r in admit if r.remaining > 0)
+        self._publish(admit, done)
+
+    def _decode(self, batch: list[SimRequest]) -> None:
+        bs = len(batch)
+        launch = self.launch
+        if launch.speculative:
+            steps = launch.speculative_num_steps
+            draft_ms = sum(self.costs.draft_step(bs) * self._factor() for _ in range(steps))
+            verify_ms, graph = self.costs.verify(bs)
+            verify_ms *= self._factor()
+            extend_ms = self.costs.draft_extend(bs) * self._factor()
+            gained = [self._accept(req) for req in batch]
+            with self.metrics.lock:
+                self.metrics.forward("eagle_draft", draft_ms / 1000.0)
+                self.metrics.forward("target_verify", verify_ms / 1000.0)
+                self.metrics.forward("eagle_draft_extend", extend_ms / 1000.0)
+            total_ms = draft_ms + verify_ms + extend_ms
+            self.spec_num_accepted_tokens += sum(gained)
+            self.spec_num_forward_ct += bs
+            self.spec_total_accepted_tokens += sum(gained)
+            self.spec_total_forward_ct += bs
+        else:
+            total_ms, graph = self.costs.decode(bs)
+            total_ms *= self._factor()
+            gained = [min(1, req.remaining) for req in batch]
+            with self.metrics.lock:
+                self.metrics.forward("decode", total_ms / 1000.0)
+        with self.metrics.lock:
+            self.metrics.graph_pass("decode_cuda_graph" if graph else "decode_none")
+            self.metrics.realtime("decode", sum(gained))
+        self._advance(total_ms)
+        self.forward_ct_decode += 1
+        self.num_generated_tokens += sum(gained)
+        done = []
+        for req, n in zip(batch, gained, strict=True):
+            interval = self.modeled_now - (req.last_token_time or self.modeled_now)
+            req.append_tokens(n)
+            req.last_token_time = self.modeled_now
+            if n > 0:
+                with self.metrics.lock:
+                    self.metrics.itl.observe(
+                        self.metrics.tokenizer_labels, interval / n, n, interval
+                    )
+            if req.remaining <= 0:
+                done.append(req)
+        if done:
+            with self.cond:
+                self.running = [r for r in self.running if r not in done]
+        if self.forward_ct_decode % self.log_interval == 0:
+            self._log_decode(batch, graph)
+        self._publish(batch, done)
+
+    def _accept(self, req: SimRequest) -> int:
+        """Tokens this cycle gives `req` (accepted drafts + the bonus token), capped."""
+        req.cycles += 1
+        req.verify_ct += 1
+        if self.noise.stochastic:
+            drafts = 0
+            for p in self._probs:
+                if self.noise.rng.random() >= p:
+                    break
+                drafts += 1
+            tokens = drafts + 1
+        else:
+            a = self._accept_len
+            tokens = model.tokens_after_cycles(req.cycles, a) - model.tokens_after_cycles(
+                req.cycles - 1, a
+            )
+        tokens = max(0, min(tokens, req.remaining))
+        accepted = max(0, tokens - 1)
+        req.accepted_drafts += accepted
+        if len(req.accept_histogram) <= accepted:
+            req.accept_histogram.extend([0] * (accepted + 1 - len(req.accept_histogram)))
+        req.accept_histogram[accepted] += 1
+        return tokens
+
+    def _publish(self, batch: list[SimRequest], done: list[SimRequest]) -> None:
+        """Make this pass's tokens visible to the HTTP threads; account finished requests."""
+        for req in batch:
+            if req in done:
+                req.finished_time = self.modeled_now
+                self._observe_finished(req)
+                req.updates.put(FINISHED)
+            else:
+                req.updates.put(len(req.output_ids))
+            self._maybe_hang(req)
+
+    def _observe_finished(self, req: SimRequest) -> None:
+        m = self.metrics
+        labels = {**m.tokenizer_labels, "is_streaming": _tf(req.stream)}
+        with m.lock:
+            m.prompt_tokens.inc(labels, len(req.input_ids))
+            m.generation_tokens.inc(labels, len(req.output_ids))
+            m.num_requests.inc(labels)
+            if req.verify_ct > 0:
+                m.spec_verify_calls.inc(m.tokenizer_labels, req.verify_ct)
+            if req.cached_tokens > 0:
+                m.cached_tokens.inc(
+                    {**m.tokenizer_labels, "cache_source": "total"}, req.cached_tokens
+                )
+            m.e2e.observe(labels, req.e2e_latency() or 0.0)
+        if req.is_warmup:
+            return
+        self.completed_client_requests += 1
+        crash_after = self.faults.crash_after
+        if crash_after is not None and self.completed_client_requests >= crash_after:
+            self._crash_at = self._crash_at or time.perf_counter() + CRASH_GRACE_S
+
+    # -- faults ------------------------------------------------------------------------------
+    def _check_crash(self) -> None:
+        if self.faults.crash_after == 0 and self.ready and self._crash_at is None:
+            self._crash_at = time.perf_counter() + CRASH_GRACE_S
+        if self._crash_at is not None and time.perf_counter() >= self._crash_at:
+            self.log.tp(
+                "Scheduler hit an exception: "
+                + traceback_text(
+                    "RuntimeError",
+                    "CUDA error: an illegal memory access was encountered",
+                    [("python/sglang/srt/managers/scheduler.py", 2637, "run_scheduler_process",
+                      "scheduler.event_loop_normal()"),
+                     ("python/sglang/srt/speculative/eagle_worker.py", 312, "verify",
+                      "logits_output, can_run_cuda_graph = self.target_worker.forward_batch_generation(")],
+                ),
+                level="error",
+            )  # fmt: skip
+            try:
+                import resource
+
+                resource.setrlimit(resource.RLIMIT_CORE, (0, 0))  # no core file in the worktree
+            except (ImportError, ValueError, OSError):
+                pass
+            os.kill(os.getpid(), signal.SIGABRT)
+            time.sleep(1.0)
+            os._exit(134)
+
+    def _maybe_hang(self, req: SimRequest) -> None:
+        at = self.faults.hang_at_request
+        if at is None or req.index != at or req.finished:
+            return
+        if len(req.output_ids) >= max(1, req.max_new_tokens // 2):
+            self.hung = True
+            self.log.tp("Scheduler stopped making progress (injected hang).", level="warning")
+            threading.Event().wait()  # never returns: connections stay open, nothing moves
+
+    def _maybe_reload_costs(self) -> None:
+        if self.cost_factory is None:
+            return
+        now = time.perf_counter()
+        if now - self._state_checked < 0.25:
+            return
+        self._state_checked = now
+        try:
+            costs = self.cost_factory()
+        except model.LaunchError as exc:
+            self.log.tp(f"GPU state changed but cannot be applied: {exc}", level="warning")
+            return
+        if costs is not None:
+            self.costs = costs
+
+    # -- logs --------------------------------------------------------------------------------
+    def _used_tokens(self) -> int:
+        return sum(len(r.input_ids) + len(r.output_ids) for r in self.running)
+
+    def _log_prefill(self, admit: list[SimRequest], new_tokens: int, cached: int) -> None:
+        gap = self.modeled_now - self._last_prefill_time
+        throughput = self._last_prefill_tokens / gap if gap > 0 else 0.0
+        self._last_prefill_time, self._last_prefill_tokens = self.modeled_now, new_tokens
+        usage = (self._used_tokens() + new_tokens + cached) / MAX_TOTAL_NUM_TOKENS
+        self.log.tp(
+            f"Prefill batch, #new-seq: {len(admit)}, #new-token: {new_tokens}, "
+            f"#cached-token: {cached}, token usage: {usage:.2f}, #running-req: {len(self.running)}, "
+            f"#queue-req: {len(self.waiting)}, input throughput (token/s): {throughput:.2f}, "
+            f"cuda graph: False"
+        )
+        total = new_tokens + cached
+        with self.metrics.lock:
+            self.metrics.set_gauge("num_running_reqs", len(self.running))
+            self.metrics.set_gauge("num_queue_reqs", len(self.waiting))
+            self.metrics.set_gauge("token_usage", usage)
+            self.metrics.set_gauge("cache_hit_rate", cached / total if total else 0.0)
+
+    def _log_decode(self, batch: list[SimRequest], graph: bool) -> None:
+        gap = self.modeled_now - self._last_decode_log
+        self._last_decode_log = self.modeled_now
+        self.last_gen_throughput = self.num_generated_tokens / gap if gap > 0 else 0.0
+        self.num_generated_tokens = 0
+        used = self._used_tokens()
+        usage = used / MAX_TOTAL_NUM_TOKENS
+        msg = (
+            f"Decode batch, #running-req: {len(batch)}, #token: {used}, token usage: {usage:.2f}, "
+        )
+        accept_len = accept_rate = 0.0
+        if self.launch.speculative and self.spec_num_forward_ct > 0:
+            accept_len = self.spec_num_accepted_tokens / self.spec_num_forward_ct
+            accept_rate = accept_len / self.launch.speculative_num_draft_tokens
+            self.spec_num_accepted_tokens = self.spec_num_forward_ct = 0
+            msg += f"accept len: {accept_len:.2f}, accept rate: {accept_rate:.2f}, "
+        msg += (
+            f"cuda graph: {graph}, gen throughput (token/s): {self.last_gen_throughput:.2f}, "
+            f"#queue-req: {len(self.waiting)}"
+        )
+        self.log.tp(msg)
+        with self.metrics.lock:
+            m = self.metrics
+            m.set_gauge("num_running_reqs", len(batch))
+            m.set_gauge("num_queue_reqs", len(self.waiting))
+            m.set_gauge("gen_throughput", self.last_gen_throughput)
+            m.set_gauge("token_usage", usage)
+            m.set_gauge("num_used_tokens", used)
+            m.set_gauge("spec_accept_length", accept_len)
+            m.set_gauge("spec_accept_rate", accept_rate)
+            m.set_gauge("is_cuda_graph", 1.0 if graph else 0.0)
+
+
+def _tf(flag: bool) -> str:
+    return "true" if flag else "false"
