@@ -25,7 +25,13 @@ from orchestrator.targets.sim.faults import FaultPlan, FaultSpecError, parse_fau
 from orchestrator.targets.sim.logs import SimLog, traceback_text
 from orchestrator.targets.sim.metrics import SGLangMetrics
 from orchestrator.targets.sim.noise import Noise
-from orchestrator.targets.sim.profile import Effects, ProfileError, load_fragments, resolve_effects
+from orchestrator.targets.sim.profile import (
+    Effects,
+    ProfileError,
+    ProfileJSONError,
+    load_fragments,
+    resolve_effects,
+)
 from orchestrator.targets.sim.requests import FINISHED, SimRequest
 from orchestrator.targets.sim.scheduler import MAX_TOTAL_NUM_TOKENS, Scheduler
 from orchestrator.targets.sim.tokens import tokenize
@@ -55,9 +61,12 @@ def load_effects_or_die(config: SimConfig, log: SimLog, env: Mapping[str, str]) 
     try:
         fragments = load_fragments(config.profile_path)
     except (ProfileError, OSError) as exc:
-        _fail_traceback(log, "json.decoder.JSONDecodeError" if isinstance(exc, ProfileError) else
-                        type(exc).__name__, str(exc), "python/sglang/srt/sim_profile.py",
-                        "PROFILE = json.load(f)")  # fmt: skip
+        if isinstance(exc, ProfileJSONError):
+            exc_type = "json.decoder.JSONDecodeError"
+        else:
+            exc_type = "ValueError" if isinstance(exc, ProfileError) else type(exc).__name__
+        where = "python/sglang/srt/sim_profile.py"
+        _fail_traceback(log, exc_type, str(exc), where, "PROFILE = json.load(f)")
     for frag in fragments:
         if frag.unknown_keys:
             log.main(
@@ -222,7 +231,7 @@ def _load(
 
 def _warmup(scheduler: Scheduler) -> None:
     req = SimRequest(rid="warmup", input_ids=tokenize("The capital city of France is"), max_new_tokens=8,
-                     stream=False, created=scheduler.modeled_clock(), index=None)  # fmt: skip
+                     stream=False, created=scheduler.modeled_clock(), warmup=True)  # fmt: skip
     scheduler.submit(req)
     while req.updates.get() != FINISHED:
         pass

@@ -249,7 +249,7 @@ class Handler(BaseHTTPRequestHandler):
         sched = self.state.scheduler
         assert sched is not None
         return SimRequest(rid=rid or os.urandom(16).hex(), input_ids=prompt_ids, max_new_tokens=max_new,
-                          stream=stream, created=sched.modeled_clock(), index=-1)  # fmt: skip
+                          stream=stream, created=sched.modeled_clock())  # fmt: skip
 
     def _prompts(self, text: Any, input_ids: Any) -> tuple[list[list[int]], bool]:
         """Prompt token lists and whether the request was a batch."""

@@ -8,6 +8,7 @@ behind. Stdlib only (urllib), like the server.
 from __future__ import annotations
 
 import contextlib
+import http.client
 import json
 import os
 import signal
@@ -64,6 +65,32 @@ class SimProcess:
         )
         with urllib.request.urlopen(req, timeout=timeout) as resp:
             return json.loads(resp.read())
+
+    def iter_stream(
+        self, path: str, doc: object, timeout: float = 30.0
+    ) -> Iterator[tuple[float, dict]]:
+        """POST a streaming request; yield (perf_counter at arrival, chunk JSON) until [DONE].
+
+        A read that stalls longer than `timeout` raises TimeoutError; a dropped connection
+        raises ConnectionError / http.client.IncompleteRead.
+        """
+        conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=timeout)
+        try:
+            conn.request("POST", path, json.dumps(doc), {"Content-Type": "application/json"})
+            resp = conn.getresponse()
+            if resp.status != 200:
+                raise RuntimeError(f"{path} returned {resp.status}: {resp.read()[:200]!r}")
+            for raw in resp:
+                line = raw.strip()
+                if not line.startswith(b"data:"):
+                    continue
+                data = line[5:].strip()
+                if data == b"[DONE]":
+                    resp.read()  # consume the terminating chunk so the connection closes cleanly
+                    return
+                yield time.perf_counter(), json.loads(data)
+        finally:
+            conn.close()
 
     def wait_ready(self, timeout: float = 30.0) -> None:
         """Until /health is 200; raises RuntimeError (with the log) if it exits or times out."""

@@ -46,6 +46,10 @@ class ProfileError(ValueError):
     """A profile file is not valid JSON or holds a value of the wrong type."""
 
 
+class ProfileJSONError(ProfileError):
+    """A profile file is not valid JSON at all."""
+
+
 @dataclass(frozen=True)
 class Effects:
     """The merged effect of every applicable fragment: what the performance model consumes."""
@@ -129,7 +133,7 @@ def _read_fragment(path: Path) -> Fragment:
     try:
         doc = json.loads(path.read_text())
     except json.JSONDecodeError as exc:
-        raise ProfileError(f"{path}: malformed JSON: {exc}") from exc
+        raise ProfileJSONError(f"{path}: malformed JSON: {exc}") from exc
     return parse_fragment(path.stem, str(path), doc)
 
 

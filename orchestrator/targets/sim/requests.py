@@ -25,7 +25,8 @@ class SimRequest:
     max_new_tokens: int
     stream: bool
     created: float  # modeled seconds since server start
-    index: int | None = None  # client request number; None for the server's own warm-up
+    warmup: bool = False  # the server's own warm-up request: not counted by faults
+    index: int | None = None  # client request number, assigned on submission
     output_ids: list[int] = field(default_factory=list)
     cached_tokens: int = 0
     verify_ct: int = 0
@@ -40,10 +41,6 @@ class SimRequest:
 
     def __post_init__(self) -> None:
         self.seed = tokens.prompt_seed(self.input_ids)
-
-    @property
-    def is_warmup(self) -> bool:
-        return self.index is None
 
     @property
     def remaining(self) -> int:

@@ -89,7 +89,7 @@ class Scheduler:
 
     def submit(self, req: SimRequest) -> None:
         with self.cond:
-            if not req.is_warmup:
+            if not req.warmup:
                 req.index = self.next_index
                 self.next_index += 1
             self.waiting.append(req)
@@ -311,7 +311,7 @@ class Scheduler:
                     {**m.tokenizer_labels, "cache_source": "total"}, req.cached_tokens
                 )
             m.e2e.observe(labels, req.e2e_latency() or 0.0)
-        if req.is_warmup:
+        if req.warmup:
             return
         self.completed_client_requests += 1
         crash_after = self.faults.crash_after
