@@ -25,6 +25,13 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+# Acceptance helpers are re-exported so callers can treat the model as one module.
+from orchestrator.targets.sim.acceptance import cycles_for_tokens as cycles_for_tokens
+from orchestrator.targets.sim.acceptance import expected_accept_len as expected_accept_len
+from orchestrator.targets.sim.acceptance import (
+    scaled_position_probabilities as scaled_position_probabilities,
+)
+from orchestrator.targets.sim.acceptance import tokens_after_cycles as tokens_after_cycles
 from orchestrator.targets.sim.comm import NcclConfigError, allreduce_factors, parse_comm_env
 from orchestrator.targets.sim.gpu_state import GpuInfo, GpuState
 from orchestrator.targets.sim.profile import NEUTRAL, Effects
@@ -38,10 +45,6 @@ MOE_TOKENS_SCALE = 16.0  # more tokens per pass touch more experts: more weight 
 MIN_CUDA_DRIVER = 12080  # Blackwell needs CUDA 12.8+
 FOREIGN_MEMORY_OOM_SHARE = 0.5
 CONTENTION_PER_PROCESS = 0.12
-# Acceptance of EAGLE-3 drafts: position k (1-based) is accepted, given all earlier ones
-# were, with probability P0 * DECAY**(k-1). Tree drafting (topk > 1) raises each position.
-ACCEPT_P0 = 0.81
-ACCEPT_DECAY = 0.9
 SPEC_ALGORITHMS = ("EAGLE", "EAGLE3", "NEXTN", "STANDALONE", "NGRAM")
 
 
@@ -339,82 +342,6 @@ class PassCostModel:
             launch.speculative_num_draft_tokens,
             self.effects.accept_len_mult,
         )
-
-
-# -- acceptance ------------------------------------------------------------------------------
-
-
-def max_accepted_drafts(steps: int, draft_tokens: int) -> int:
-    return max(0, min(steps, draft_tokens - 1))
-
-
-def position_probabilities(steps: int, topk: int, draft_tokens: int) -> tuple[float, ...]:
-    """P(draft position k accepted | all earlier accepted), k = 1..max accepted drafts."""
-    widen = max(1, topk) ** 0.6
-    out = []
-    for k in range(1, max_accepted_drafts(steps, draft_tokens) + 1):
-        p = ACCEPT_P0 * ACCEPT_DECAY ** (k - 1)
-        out.append(1.0 - (1.0 - p) ** widen)
-    return tuple(out)
-
-
-def _expected_drafts(probs: tuple[float, ...], scale: float = 1.0) -> float:
-    total, chain = 0.0, 1.0
-    for p in probs:
-        chain *= min(1.0, p * scale)
-        total += chain
-    return total
-
-
-def scaled_position_probabilities(
-    steps: int, topk: int, draft_tokens: int, accept_len_mult: float
-) -> tuple[float, ...]:
-    """Per-position probabilities whose expected accepted drafts is scaled by the multiplier.
-
-    `accept_len_mult` multiplies the expected number of accepted draft tokens (the part of the
-    accept length above the bonus token), clamped to what the draft can deliver.
-    """
-    probs = position_probabilities(steps, topk, draft_tokens)
-    if not probs or accept_len_mult == 1.0:
-        return probs
-    target = min(len(probs), max(0.0, _expected_drafts(probs) * accept_len_mult))
-    lo, hi = 0.0, 1.0 / min(probs)
-    for _ in range(60):  # bisection on a common scale of the per-position probabilities
-        mid = (lo + hi) / 2
-        if _expected_drafts(probs, mid) < target:
-            lo = mid
-        else:
-            hi = mid
-    return tuple(min(1.0, p * hi) for p in probs)
-
-
-def expected_accept_len(
-    steps: int, topk: int, draft_tokens: int, accept_len_mult: float = 1.0
-) -> float:
-    """Expected tokens per verify per request, bonus token included (SGLang's accept len)."""
-    probs = scaled_position_probabilities(steps, topk, draft_tokens, accept_len_mult)
-    return 1.0 + _expected_drafts(probs)
-
-
-_EPS = 1e-9
-
-
-def tokens_after_cycles(cycles: int, accept_len: float) -> int:
-    """Tokens a request has after `cycles` cycles with deterministic (noise-free) acceptance.
-
-    The scheduler hands out floor(k * a) - floor((k-1) * a) tokens on cycle k, so the running
-    mean equals the expected accept length exactly and predictions can count cycles.
-    """
-    return int(math.floor(cycles * accept_len + _EPS))
-
-
-def cycles_for_tokens(tokens: int, accept_len: float) -> int:
-    if tokens <= 0:
-        return 0
-    k = max(1, math.ceil((tokens - _EPS) / accept_len) - 1)
-    while tokens_after_cycles(k, accept_len) < tokens:
-        k += 1
-    return k
 
 
 # -- prediction ------------------------------------------------------------------------------
