@@ -15,11 +15,11 @@ from orchestrator.store import TrialRow
 TRIAL_COLUMNS = (
     ("output_throughput", "tok/s", "{:.1f}"),
     ("ttft_ms_p50", "TTFT p50 ms", "{:.1f}"),
-    ("ttft_ms_p90", "TTFT p90 ms", "{:.1f}"),
+    ("ttft_ms_p90", "TTFT p90", "{:.1f}"),
     ("itl_ms_p50", "ITL p50 ms", "{:.2f}"),
-    ("itl_ms_p90", "ITL p90 ms", "{:.2f}"),
+    ("itl_ms_p90", "ITL p90", "{:.2f}"),
     ("tpot_ms_p50", "TPOT p50 ms", "{:.2f}"),
-    ("tpot_ms_p90", "TPOT p90 ms", "{:.2f}"),
+    ("tpot_ms_p90", "TPOT p90", "{:.2f}"),
     ("verify_ms", "verify ms", "{:.2f}"),
     ("draft_ms", "draft ms", "{:.2f}"),
     ("decode_ms", "decode ms", "{:.2f}"),
@@ -68,7 +68,10 @@ def mean_of(rows: Sequence[TrialRow], metric: str) -> float | None:
 
 
 def console() -> Console:
-    return Console(highlight=False, soft_wrap=False)
+    """Rich on a terminal; wide plain tables when output goes to a file or pipe."""
+    import sys
+
+    return Console(highlight=False, soft_wrap=False, width=None if sys.stdout.isatty() else 160)
 
 
 def findings_table(doc: dict) -> Table:

@@ -30,7 +30,10 @@ def _only_run(tmp_path: Path) -> Path:
 
 def test_trial_end_to_end(tmp_path, sim_repo, ray_session, capsys):
     repo, shas = sim_repo
-    cfg = _cfg(tmp_path, repo, f"commit={shas[0]}", "env.NCCL_PROTO=LL128", "bench.repetitions=3")
+    # A gentler time scale than the other tests: absolute numbers are checked here, and Python's
+    # per-step overhead must stay well inside each modeled step even on a busy 2-core machine.
+    cfg = _cfg(tmp_path, repo, f"commit={shas[0]}", "bench.repetitions=3", "target.time_scale=0.1",
+               "bench.output_len=64", "env.NCCL_PROTO=Simple")
     assert trial_cmd.run(cfg) == 0
     run_dir = _only_run(tmp_path)
     assert (run_dir / "config.yaml").is_file()
@@ -42,12 +45,14 @@ def test_trial_end_to_end(tmp_path, sim_repo, ray_session, capsys):
     for metric in ("output_throughput", "ttft_ms_p50", "itl_ms_p50", "tpot_ms_p90", "verify_ms",
                    "draft_ms", "accept_len"):
         assert row.result.value(metric) is not None, metric
-    # Modeled units: EAGLE-3 on the default node runs near the seed's 94 tok/s and 19 ms verify.
-    assert 60 < row.result.value("output_throughput") < 130
-    assert 12 < row.result.value("verify_ms") < 28
+    # Modeled units: EAGLE-3 on the default node decodes near the seed's 94 tok/s (per-token
+    # time) with a verify near 19 ms; short outputs make end-to-end tok/s lower (TTFT counts).
+    assert 80 < 1000 / row.result.value("tpot_ms_p50") < 110
+    assert 15 < row.result.value("verify_ms") < 23
+    assert 0 < row.result.value("output_throughput") < 1000 / row.result.value("tpot_ms_p50")
     states = [s for s, _ in row.result.states]
     assert states[:3] == ["pending", "preparing", "launching"] and states[-1] == "done"
-    assert row.result.fingerprint["env"]["requested"] == {"NCCL_PROTO": "LL128"}
+    assert row.result.fingerprint["env"]["requested"] == {"NCCL_PROTO": "Simple"}
     assert row.result.fingerprint["teardown"]["clean"] is True
     log = Path(row.log_path)
     assert log.is_file() and "Decode batch" in log.read_text()
@@ -90,7 +95,8 @@ def test_unbuildable_commit_is_launch_failed_never_slow(tmp_path, ray_session):
 @pytest.mark.parametrize("args, needle", [
     (["trial", "repo=."], "not a git"),
     (["trial", "commit=no-such-ref"], "no-such-ref"),
-    (["trial", "commit=--upload-pack=x"], "upload-pack"),
+    (["trial", "commit='--upload-pack=x'"], "upload-pack"),
+    (["trial", "commit=--upload-pack=x"], "quote"),
     (["trial", "patches=[missing.patch]"], "missing.patch"),
     (["trial", "bench.repetitions=0"], "repetitions"),
     (["trial", "target=nope"], "target"),

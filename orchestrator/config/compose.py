@@ -43,6 +43,23 @@ def _open_dict_overrides(overrides: list[str]) -> list[str]:
     return ["++" + o if _OPEN_DICT_KEY.match(o) else o for o in overrides]
 
 
+def _check_syntax(overrides: list[str]) -> None:
+    """Name the override Hydra cannot parse (its own message does not say which one)."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    parser = OverridesParser.create()
+    for o in overrides:
+        try:
+            parser.parse_override(o)
+        except Exception as exc:
+            why = str(exc).strip().splitlines()
+            detail = next((ln for ln in why if not ln.startswith(("Error parsing", "See "))), "")
+            raise UserError(
+                f"cannot parse {o!r}{f' ({detail})' if detail else ''}: write key=value, and quote"
+                " values holding '=', spaces or brackets, e.g. key='a=b'"
+            ) from exc
+
+
 def compose_config(
     command: str,
     overrides: list[str],
@@ -58,6 +75,7 @@ def compose_config(
     if not CONF_DIR.is_dir():
         raise UserError(f"sleuth's config directory is missing: {CONF_DIR}")
     register()
+    _check_syntax(overrides)
     extra: list[str] = []
     if config_dir is not None:
         user_dir = Path(config_dir).expanduser().resolve()
