@@ -63,6 +63,9 @@ def test_lower_power_limit_throttles_compute_bound_verify_not_decode():
     assert model.predict(EAGLE, {}, capped).verify_ms > 1.2 * model.predict(EAGLE, {}, NODE).verify_ms
     clock, reasons = model.effective_sm_clock_mhz(capped.gpus[0], "verify")
     assert clock < 0.8 * model.REFERENCE_SM_CLOCK_MHZ and "sw_power_cap" in reasons
+    assert model.busy_power_w(capped.gpus[0], "verify") == pytest.approx(450)
+    assert model.busy_power_w(NODE.gpus[0], "decode") < model.busy_power_w(NODE.gpus[0], "verify")
+    assert model.effective_sm_clock_mhz(NODE.gpus[0], "verify") == (model.REFERENCE_SM_CLOCK_MHZ, ())
     # The slowest GPU paces the whole tensor-parallel group.
     one_slow = NODE.with_gpu(5, sm_clock_locked_mhz=1200)
     assert model.predict(EAGLE, {}, one_slow).verify_ms > 1.3 * model.predict(EAGLE, {}, NODE).verify_ms

@@ -185,6 +185,13 @@ def effective_sm_clock_mhz(gpu: GpuInfo, phase: str = "verify") -> tuple[float, 
     return clock, tuple(reasons)
 
 
+def busy_power_w(gpu: GpuInfo, phase: str = "verify") -> float:
+    """Board power a GPU draws while running a phase (never above its power limit)."""
+    ratio = clock_ratio(gpu, PHASES[phase].power_demand_w)
+    demand = STATIC_POWER_W + (PHASES[phase].power_demand_w - STATIC_POWER_W) * ratio
+    return min(float(gpu.power_limit_w), demand)
+
+
 def _foreign(gpu: GpuInfo, own_pid: int | None) -> list:
     return [p for p in gpu.processes if p.pid != own_pid]
 

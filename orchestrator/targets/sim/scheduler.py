@@ -95,10 +95,6 @@ class Scheduler:
             self.waiting.append(req)
             self.cond.notify()
 
-    def busy(self) -> bool:
-        with self.cond:
-            return bool(self.waiting or self.running)
-
     def reset_metrics(self) -> None:
         """What SGLang's flush_cache resets: interval and lifetime accept counters."""
         self.forward_ct_decode = 0
@@ -147,12 +143,14 @@ class Scheduler:
                 batch = list(self.running)
             self._check_crash()
             self._maybe_reload_costs()
-            if idle:
-                # Re-anchor to when the work arrived, not to when this thread woke up: a thread
-                # wake-up of 0.2 ms would otherwise cost 10 modeled ms at time scale 0.02.
-                arrived = min((r.created for r in admit), default=self.modeled_clock())
-                self.modeled_now = max(self.modeled_now, arrived)
-                idle = False
+            # A batch cannot start before its last request arrived. Anchor to the arrival time
+            # it recorded, not to when this thread woke up: a 0.2 ms wake-up would otherwise
+            # cost 10 modeled ms at time scale 0.02.
+            if admit:
+                self.modeled_now = max(self.modeled_now, max(r.created for r in admit))
+            elif idle:
+                self.modeled_now = max(self.modeled_now, self.modeled_clock())
+            idle = False
             if admit:
                 self._prefill(admit)
             elif batch:
