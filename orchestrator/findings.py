@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from orchestrator.metrics import EFFECT_METRICS, METRICS
-from orchestrator.stats.effect import effect
+from orchestrator.stats.effect import effect, log_effect
 from orchestrator.store import TrialRow
 from orchestrator.strategies.base import Verdict
 from orchestrator.workspace import CommitInfo
@@ -33,17 +33,44 @@ def trial_values(rows: Sequence[TrialRow], key: str, metric: str, *, include_sus
     return out
 
 
+def pooled_log_ss(rows: Sequence[TrialRow], metric: str, exclude: Sequence[str]) -> tuple[float, int]:
+    """Within-candidate sum of squares (log scale) and its degrees of freedom over the other
+    candidates of the run: restart-to-restart noise is a property of the node and server, so
+    every candidate measured more than once informs it."""
+    groups: dict[str, list[float]] = {}
+    for r in rows:
+        if r.candidate.key in exclude or r.outcome is None or not r.outcome.measured or r.suspect:
+            continue
+        v = r.result.value(metric) if r.result else None
+        if v is not None and v > 0 and math.isfinite(v):
+            groups.setdefault(r.candidate.key, []).append(math.log(v))
+    ss, df = 0.0, 0
+    for vals in groups.values():
+        if len(vals) > 1:
+            m = sum(vals) / len(vals)
+            ss += sum((x - m) ** 2 for x in vals)
+            df += len(vals) - 1
+    return ss, df
+
+
 def effects_between(rows: Sequence[TrialRow], before_key: str, after_key: str,
                     metrics: Sequence[str] = EFFECT_METRICS, confidence: float = 0.95) -> dict:
-    """`{metric: {"pct", "ci", "p_value", "n"}}` for each metric both sides measured."""
+    """`{metric: {"pct", "ci", "p_value", "n"}}` for each metric both sides measured.
+
+    Positive metrics use the same estimator as the bisect strategy (t-interval on log values
+    with the run's pooled restart variance); others fall back to Fieller's interval on means."""
     out = {}
     for metric in metrics:
         a = trial_values(rows, before_key, metric)
         b = trial_values(rows, after_key, metric)
-        if len(a) < 2 or len(b) < 2:
+        if not a or not b or len(a) + len(b) < 3:
             continue
         try:
-            e = effect(a, b, confidence=confidence)
+            if min(a + b) > 0:
+                ss, df = pooled_log_ss(rows, metric, (before_key, after_key))
+                e = log_effect(a, b, confidence=confidence, extra_ss=ss, extra_df=df)
+            else:
+                e = effect(a, b, confidence=confidence)
         except ValueError:
             continue
         if not (math.isfinite(e.pct) and math.isfinite(e.ci[0]) and math.isfinite(e.ci[1])):

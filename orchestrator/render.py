@@ -28,6 +28,11 @@ TRIAL_COLUMNS = (
 )
 
 
+def probability(p: float) -> str:
+    """Three decimals, but never a rounded-up certainty: 0.99996 shows as >0.999."""
+    return ">0.999" if p > 0.999 else f"{p:.3f}"
+
+
 def _fmt(fmt: str, value: float | None) -> str:
     if value is None or (isinstance(value, float) and math.isnan(value)):
         return "-"
@@ -71,7 +76,9 @@ def console() -> Console:
     """Rich on a terminal; wide plain tables when output goes to a file or pipe."""
     import sys
 
-    return Console(highlight=False, soft_wrap=False, width=None if sys.stdout.isatty() else 160)
+    # markup=False: commit subjects and server output are printed as text, never interpreted.
+    return Console(highlight=False, soft_wrap=False, markup=False,
+                   width=None if sys.stdout.isatty() else 160)
 
 
 def findings_table(doc: dict) -> Table:
@@ -85,6 +92,6 @@ def findings_table(doc: dict) -> Table:
         eff = f"{e['pct']:+.1f}% [{e['ci'][0]:+.1f}, {e['ci'][1]:+.1f}]" if e else "-"
         prob = f.get("probability")
         table.add_row(str(f["rank"]), f["kind"], str(f["id"])[:12],
-                      "-" if prob is None else f"{prob:.3f}", eff, f.get("phase") or "-",
+                      "-" if prob is None else probability(prob), eff, f.get("phase") or "-",
                       f.get("summary", ""))
     return table

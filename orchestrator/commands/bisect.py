@@ -115,8 +115,13 @@ def resume(run_dir: Path) -> int:
 
 def _progress_line(verdict: Verdict, commits: list[CommitInfo], n_obs: int) -> str:
     top = verdict.top
-    best = (f"best {commits[top.point].sha[:10]} p={top.probability:.3f}" if top else
-            f"max posterior {max(verdict.posterior, default=0):.3f}")
+    if top:
+        best = f"best {commits[top.point].sha[:10]} p={render.probability(top.probability)}"
+    elif verdict.posterior:
+        i = max(range(len(verdict.posterior)), key=verdict.posterior.__getitem__)
+        best = f"best {commits[i].sha[:10]} p={render.probability(verdict.posterior[i])}"
+    else:
+        best = "endpoints first"
     return f"[{verdict.status}] {n_obs} trials; {best}"
 
 

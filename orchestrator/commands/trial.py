@@ -26,7 +26,8 @@ def run(cfg: DictConfig) -> int:
         if row.outcome is not None and row.outcome.measured:
             status = "done"
             return 0
-        out.print(f"[red]trial {row.id} {row.outcome.value if row.outcome else '?'}[/red]: {row.detail}")
+        out.print(f"trial {row.id} {row.outcome.value if row.outcome else '?'}: {row.detail}",
+                  style="red")
         out.print(f"server log: {row.log_path}")
         return 1
     except KeyboardInterrupt:
