@@ -87,7 +87,6 @@ def test_measurements_match_the_model(name, tmp_path):
         log = sim.log()
 
     tok_s = max(measured)
-    print(f"{name}: measured {measured} expected {expected:.3f}")
     assert tok_s == pytest.approx(expected, rel=0.02), f"{name}: {measured} vs {expected:.2f}"
     forward = "sglang:forward_execution_seconds_total"
     if launch.speculative:
