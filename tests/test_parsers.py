@@ -37,11 +37,14 @@ sglang:spec_verify_calls_total{model_name="m"} 100.0
 sglang:forward_execution_seconds_total{category="target_verify",model_name="m"} 1.9
 sglang:forward_execution_seconds_total{category="eagle_draft",model_name="m"} 0.3
 sglang:forward_execution_seconds_total{category="decode",model_name="m"} 0.0
+sglang:cuda_graph_passes_total{mode="decode_cuda_graph",model_name="m"} 10.0
 """
 AFTER = """sglang:spec_verify_calls_total{model_name="m"} 300.0
 sglang:forward_execution_seconds_total{category="target_verify",model_name="m"} 7.7
 sglang:forward_execution_seconds_total{category="eagle_draft",model_name="m"} 0.96
-sglang:forward_execution_seconds_total{category="decode",model_name="m"} 0.0
+sglang:forward_execution_seconds_total{category="decode",model_name="m"} 1.12
+sglang:cuda_graph_passes_total{mode="decode_cuda_graph",model_name="m"} 90.0
+sglang:cuda_graph_passes_total{mode="decode_none",model_name="m"} 20.0
 """
 
 
@@ -49,7 +52,7 @@ def test_phase_metrics_from_counter_deltas():
     m = prometheus.phase_metrics(prometheus.parse(BEFORE), prometheus.parse(AFTER))
     assert m["verify_ms"] == pytest.approx(29.0)
     assert m["draft_ms"] == pytest.approx(3.3)
-    assert "decode_ms" not in m
+    assert m["decode_ms"] == pytest.approx(1000 * 1.12 / 100)
 
 
 def test_phase_metrics_absent_without_counters():

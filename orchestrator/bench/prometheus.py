@@ -56,6 +56,7 @@ def _delta(before: Mapping[Sample, float], after: Mapping[Sample, float], name: 
 FORWARD = "sglang:forward_execution_seconds_total"
 VERIFY_CALLS = "sglang:spec_verify_calls_total"
 GEN_TOKENS = "sglang:generation_tokens_total"
+GRAPH_PASSES = "sglang:cuda_graph_passes_total"
 
 
 def phase_metrics(before: Mapping[Sample, float], after: Mapping[Sample, float]) -> dict[str, float]:
@@ -75,7 +76,12 @@ def phase_metrics(before: Mapping[Sample, float], after: Mapping[Sample, float])
         )
         if draft_s:
             out["draft_ms"] = 1000.0 * draft_s / calls
-    decode_calls = _delta(before, after, "sglang:forward_calls_total", category="decode")
+    # SGLang has no per-category call counter; it counts one pass per decode batch in
+    # `sglang:cuda_graph_passes_total{mode="decode_cuda_graph"|"decode_none"}`.
+    decode_calls = sum(
+        d for mode in ("decode_cuda_graph", "decode_none")
+        if (d := _delta(before, after, GRAPH_PASSES, mode=mode)) is not None
+    )
     decode_s = _delta(before, after, FORWARD, category="decode")
     if decode_calls and decode_calls > 0 and decode_s is not None:
         out["decode_ms"] = 1000.0 * decode_s / decode_calls
