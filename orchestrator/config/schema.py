@@ -10,6 +10,7 @@ Groups (one YAML file per option under `conf/<group>/`):
   bench/       the fixed, seeded request set each repetition sends.
   cluster/     where trials run: `local` (a Ray instance started for the run).
   experiment/  strategy tuning for the command (`trial`, `bisect`, ...).
+  space/       search spaces for `sleuth sweep` (`nccl_pcie`, `spec_decode`); none by default.
 """
 
 from __future__ import annotations
@@ -104,6 +105,37 @@ class ExperimentConf:
 
 
 @dataclass
+class SpaceParamConf:
+    """One dimension of a sweep's search space (see `orchestrator/sweep/space.py`).
+
+    `kind` says which candidate factor the value sets: an environment variable (`env`), a
+    server setting applied over the target config (`server`), or the clock policy (`clock`).
+    Levels are either `values` (categorical; null = leave unset) or a `low`..`high` range.
+    `when` makes the parameter conditional: it exists only while every named parameter takes
+    one of the listed values.
+    """
+
+    kind: str = "env"
+    values: list[Any] = field(default_factory=list)
+    low: float | None = None
+    high: float | None = None
+    step: float | None = None
+    log: bool = False
+    integer: bool = False
+    baseline: Any = None
+    when: dict[str, list[Any]] = field(default_factory=dict)
+
+
+@dataclass
+class SpaceConf:
+    """A named search space for `sleuth sweep` (`conf/space/<name>.yaml`)."""
+
+    name: str = MISSING
+    description: str = ""
+    params: dict[str, SpaceParamConf] = field(default_factory=dict)
+
+
+@dataclass
 class Config:
     """Top level. Candidate keys (repo, commit, patches, env, clock) describe what to run."""
 
@@ -125,6 +157,10 @@ class Config:
     first_parent: bool = True
     paths: list[str] = field(default_factory=list)
     seed: int = 0
+    # `sleuth sweep`: trial budget (server restarts, confirmation included), sampler, space.
+    trials: int = 40
+    sampler: str = "tpe"
+    space: SpaceConf | None = None
     # `sleuth scenario`: where to write, how many commits, which planted causes.
     out: str | None = None
     commits: int = 100
@@ -144,3 +180,4 @@ def register(cs: ConfigStore | None = None) -> None:
     cs.store(group="bench", name="base_bench", node=BenchConf)
     cs.store(group="cluster", name="base_cluster", node=ClusterConf)
     cs.store(group="experiment", name="base_experiment", node=ExperimentConf)
+    cs.store(group="space", name="base_space", node=SpaceConf)
