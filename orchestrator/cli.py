@@ -16,6 +16,7 @@ COMMANDS = {
     "trial": "run one isolated, measured trial of a candidate",
     "bisect": "find the commit(s) between good=REF and bad=REF that moved a metric",
     "resume": "finish an interrupted run: sleuth resume RUN",
+    "compare": "re-measure a reference run's candidate now; if it no longer reproduces, diff the system",
     "demo": "build a scenario repo and investigate it on the simulated node",
     "scenario": "generate a scenario repo with planted causes (out=DIR commits=N seed=S preset=P)",
     "doctor": "check this machine: git, Ray, NVML/GPUs, sglang, runs/ writable",

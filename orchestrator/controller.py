@@ -139,6 +139,7 @@ class Controller:
             trial_dir=str(trial_dir),
             ready_timeout_s=float(self.cfg.trial.ready_timeout_s),
             grace_s=float(self.cfg.trial.grace_s),
+            telemetry_interval_s=float(self.cfg.trial.telemetry_interval_s),
             repetitions=int(self.cfg.bench.repetitions),
             warmup_requests=int(self.cfg.bench.warmup_requests),
             phase=phase,

@@ -23,7 +23,7 @@ PACKAGES = ("sglang", "torch", "flashinfer-python", "sgl-kernel", "triton", "nvi
             "nvidia-nccl-cu13", "transformers", "ray", "sleuth")
 
 # Environment variables worth recording even when the candidate did not set them.
-_RELEVANT_ENV = re.compile(r"^(NCCL_|CUDA_|SGLANG_|TORCH_|NVIDIA_|OMP_|PYTORCH_|HF_|FLASHINFER_)")
+RELEVANT_ENV = re.compile(r"^(NCCL_|CUDA_|SGLANG_|TORCH_|NVIDIA_|OMP_|PYTORCH_|HF_|FLASHINFER_)")
 
 
 def is_secret(name: str) -> bool:
@@ -35,7 +35,18 @@ def redact_env(env: Mapping[str, str]) -> dict[str, str]:
 
 
 def relevant_env(env: Mapping[str, str]) -> dict[str, str]:
-    return redact_env({k: v for k, v in env.items() if _RELEVANT_ENV.match(k)})
+    return redact_env({k: v for k, v in env.items() if RELEVANT_ENV.match(k)})
+
+
+# Variables that describe sleuth's own process tree rather than the node: never a cause.
+_OWN_ENV = re.compile(r"^(RAY_|_$|PYTHONPATH$|VIRTUAL_ENV$|OMP_NUM_THREADS$|PYTEST_|"
+                      r"COV_CORE_|SLEUTH_SIM_)")
+
+
+def whole_env(env: Mapping[str, str]) -> dict[str, str]:
+    """The server's whole environment (redacted), minus sleuth's own bookkeeping variables:
+    a changed shell profile on the node shows up here, even for names no list anticipated."""
+    return redact_env({k: v for k, v in env.items() if not _OWN_ENV.match(k)})
 
 
 def package_versions(names: Sequence[str] = PACKAGES) -> dict[str, str]:
@@ -66,6 +77,7 @@ def basic(
         "env": {
             "requested": redact_env(requested_env),
             "relevant": relevant_env(server_env),
+            "server": whole_env(server_env),
         },
         "python": sys.version.split()[0],
         "packages": package_versions(),
@@ -75,3 +87,58 @@ def basic(
             "kernel": platform.release(),
         },
     }
+
+
+def all_packages() -> dict[str, str]:
+    """Every installed distribution, `name -> version` (what `pip freeze` would list)."""
+    out = {}
+    for dist in importlib.metadata.distributions():
+        name = dist.metadata["Name"]
+        if name:
+            out[name.lower()] = dist.version
+    return dict(sorted(out.items()))
+
+
+def _read(path: str) -> str | None:
+    try:
+        return Path(path).read_text().strip()
+    except OSError:
+        return None
+
+
+def system_info() -> dict:
+    uptime = _read("/proc/uptime")
+    return {
+        "kernel": platform.release(),
+        "os": platform.platform(),
+        "boot_id": _read("/proc/sys/kernel/random/boot_id"),
+        "uptime_s": float(uptime.split()[0]) if uptime else None,
+        "nvidia_driver_module": (_read("/proc/driver/nvidia/version") or "").splitlines()[:1],
+    }
+
+
+def collect(
+    *,
+    commit: str,
+    patches: Sequence[str],
+    requested_env: Mapping[str, str],
+    server_env: Mapping[str, str],
+    node: str,
+    gpu: Mapping | None = None,
+    clock: str = "default",
+    dirty_diff: str | None = None,
+    packages: Mapping[str, str] | None = None,
+) -> dict:
+    """The full fingerprint of a trial: code, env, interpreter, packages, host, GPUs."""
+    fp = basic(commit=commit, patches=patches, requested_env=requested_env,
+               server_env=server_env, node=node)
+    fp["git"]["dirty_diff"] = dirty_diff
+    pkgs = dict(packages) if packages is not None else all_packages()
+    freeze = "\n".join(f"{k}=={v}" for k, v in sorted(pkgs.items()))
+    fp["packages"] = {k: pkgs[k] for k in sorted(pkgs)}
+    fp["pip_freeze_sha256"] = hashlib.sha256(freeze.encode()).hexdigest()
+    fp["key_versions"] = {k: pkgs.get(k) for k in PACKAGES if pkgs.get(k)}
+    fp["host"].update(system_info())
+    fp["clock_policy"] = clock
+    fp["gpu"] = dict(gpu or {})
+    return fp

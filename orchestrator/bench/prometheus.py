@@ -83,6 +83,6 @@ def phase_metrics(before: Mapping[Sample, float], after: Mapping[Sample, float])
         if (d := _delta(before, after, GRAPH_PASSES, mode=mode)) is not None
     )
     decode_s = _delta(before, after, FORWARD, category="decode")
-    if decode_calls and decode_calls > 0 and decode_s is not None:
+    if decode_calls and decode_calls > 0 and decode_s:  # no decode time: speculative mode
         out["decode_ms"] = 1000.0 * decode_s / decode_calls
     return {k: v for k, v in out.items() if math.isfinite(v)}

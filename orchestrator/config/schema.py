@@ -96,6 +96,8 @@ class TrialConf:
     grace_s: float = 10.0
     # Attempts per candidate before it is recorded as untestable (a failed launch is retried).
     retries: int = 1
+    # GPU telemetry sampling period (wall seconds) while the server runs.
+    telemetry_interval_s: float = 0.5
 
 
 @dataclass
@@ -161,6 +163,8 @@ class Config:
     trials: int = 40
     sampler: str = "tpe"
     space: SpaceConf | None = None
+    # `sleuth compare` / `sleuth isolate`: an earlier run (or fingerprint file) to compare with.
+    reference: str | None = None
     # `sleuth scenario`: where to write, how many commits, which planted causes.
     out: str | None = None
     commits: int = 100

@@ -7,6 +7,7 @@ candidate counts as untestable for that trial, never as slow. Teardown always ru
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -14,6 +15,7 @@ from pathlib import Path
 
 from orchestrator import fingerprint
 from orchestrator.bench.client import BenchError, run_repetition
+from orchestrator.gpu.base import ClockPolicy
 from orchestrator.records import Candidate, Measurement, Outcome, TrialResult, TrialState
 from orchestrator.runner.process import (
     ServerProcess,
@@ -23,7 +25,8 @@ from orchestrator.runner.process import (
     launch,
     read_environ,
 )
-from orchestrator.targets.base import Target
+from orchestrator.runner.telemetry import TelemetrySampler
+from orchestrator.targets.base import UNSET, Target
 from orchestrator.workspace import Workspace
 
 LOG_TAIL_BYTES = 16_384
@@ -40,6 +43,7 @@ class TrialSpec:
     trial_dir: str
     ready_timeout_s: float = 120.0
     grace_s: float = 10.0
+    telemetry_interval_s: float = 0.5
     repetitions: int = 3
     warmup_requests: int = 2
     phase: str = ""
@@ -78,7 +82,10 @@ def _env_mismatches(proc: ServerProcess, wanted: Mapping[str, str]) -> list[str]
             continue  # exited meanwhile; the next step notices if it mattered
         for key, value in wanted.items():
             got = env.get(key)
-            if got != value:
+            if value == UNSET:
+                if got is not None:
+                    problems.append(f"{key} requested unset but {got!r} in pid {pid}")
+            elif got != value:
                 shown = "missing" if got is None else f"{got!r}"
                 problems.append(f"{key}={value!r} requested but {shown} in pid {pid}")
     return problems
@@ -147,13 +154,20 @@ def run_trial(
     report: TeardownReport | None = None
     fp: dict = {}
     cand = spec.candidate
+    gpu = None
+    clock_token = None
+    sampler: TelemetrySampler | None = None
+    telemetry: dict = {}
     try:
         enter(TrialState.PREPARING)
         try:
             ws = Workspace(spec.repo, spec.cache_dir)
             worktree = ws.checkout(cand.commit, cand.patches)
             target.prepare(worktree, trial_dir)
-        except Exception as exc:  # checkout, patch or build: the candidate cannot be tested
+            gpu = target.gpu_control()
+            clock_token = gpu.apply(ClockPolicy.parse(cand.clock))
+            gpu_snapshot = gpu.snapshot()
+        except Exception as exc:  # checkout, patch, build or clocks: cannot be tested
             raise TrialFailure(Outcome.PREPARE_FAILED, f"{type(exc).__name__}: {exc}") from exc
 
         enter(TrialState.LAUNCHING)
@@ -164,9 +178,13 @@ def run_trial(
         proc = launch(argv, cwd=worktree, env=env, log_path=log_path, host=target.host, port=port)
         if on_process:
             on_process(proc)
-        fp = fingerprint.basic(
+        server = proc
+        sampler = TelemetrySampler(gpu, spec.telemetry_interval_s,
+                                   lambda: group_members(server.pgid)).start()
+        fp = fingerprint.collect(
             commit=cand.commit, patches=cand.patches, requested_env=cand.env_dict,
-            server_env=env, node=node,
+            server_env=env, node=node, gpu=gpu_snapshot, clock=cand.clock,
+            dirty_diff=ws.dirty_diff_hash(worktree), packages=target.node_packages(),
         )
 
         enter(TrialState.WAITING_READY)
@@ -209,6 +227,10 @@ def run_trial(
         outcome, detail, measurements = Outcome.ERROR, f"{type(exc).__name__}: {exc}", []
     finally:
         enter(TrialState.TEARING_DOWN)
+        if sampler is not None:
+            telemetry = sampler.stop()
+            fp["telemetry"] = {k: v for k, v in telemetry.items() if k != "samples"}
+            (trial_dir / "telemetry.json").write_text(json.dumps(telemetry, indent=1))
         if proc is not None:
             report = proc.teardown(grace_s=spec.grace_s)
             if on_process:
@@ -219,6 +241,12 @@ def run_trial(
                           f" port {'free' if report.port_free else 'still in use'}")
             fp["teardown"] = {"signal": report.signal_used, "exit_code": report.exit_code,
                               "clean": report.clean}
+        if gpu is not None:
+            try:
+                gpu.restore(clock_token)  # always, also after a crash or an interrupt
+            except Exception as exc:
+                detail = f"{detail}; clock policy NOT restored: {exc}".lstrip("; ")
+                outcome = Outcome.ERROR if outcome is Outcome.OK else outcome
         enter(TrialState.DONE)
     return TrialResult(
         outcome=outcome,
@@ -230,4 +258,6 @@ def run_trial(
         node=node,
         fingerprint=fp,
         log_tail=log_tail(log_path),
+        suspect=bool(telemetry.get("suspect")),
+        suspect_reason=str(telemetry.get("suspect_reason", "")),
     ), report

@@ -20,6 +20,14 @@ from orchestrator.bench import prometheus
 from orchestrator.bench.client import RequestSpec, make_requests, run_repetition
 from orchestrator.bench.sglang_log import log_metrics
 
+# A candidate's env value that means "this variable must NOT be set" (a difference like
+# "NCCL_PROTO was dropped from the environment" must be expressible as a factor level).
+UNSET = "<unset>"
+
+
+def apply_unset(env: dict[str, str]) -> dict[str, str]:
+    return {k: v for k, v in env.items() if v != UNSET}
+
 
 @dataclass(frozen=True)
 class NodeContext:
@@ -49,6 +57,17 @@ class Target(ABC):
         """Wall seconds per server-time second (1.0 for real servers)."""
         return 1.0
 
+    def gpu_control(self):
+        """The node's GPU control backend (NVML on a real node, nothing without a driver)."""
+        from orchestrator.gpu.base import NoGpuControl
+        from orchestrator.gpu.nvml import NvmlGpuControl, nvml_available
+
+        return NvmlGpuControl() if nvml_available() else NoGpuControl()
+
+    def node_packages(self) -> dict[str, str] | None:
+        """Installed packages as the server sees them; None = this Python environment's."""
+        return None
+
     def prepare(self, worktree: Path, trial_dir: Path) -> None:  # noqa: B027 - optional hook
         """Build step for the checkout (none by default). Raise to mark it untestable."""
 
@@ -61,7 +80,7 @@ class Target(ABC):
         env = dict(os.environ)
         env.update({str(k): str(v) for k, v in self.conf.get("env", {}).items()})
         env.update(candidate_env)
-        return env
+        return apply_unset(env)
 
     def launcher(self) -> list[str]:
         """Optional argv prefix (numactl, taskset, a profiler ...)."""

@@ -8,10 +8,11 @@ and write the same file.
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
-from orchestrator.targets.base import Target
+from orchestrator.targets.base import Target, apply_unset
 
 
 class SimTarget(Target):
@@ -25,6 +26,11 @@ class SimTarget(Target):
     def gpu_state_path(self) -> Path:
         configured = self.conf.get("gpu_state") or ""
         return Path(configured) if configured else self.node.state_dir / "gpu_state.json"
+
+    def gpu_control(self):
+        from orchestrator.gpu.sim import SimGpuControl
+
+        return SimGpuControl(self.gpu_state_path)
 
     def command(self, worktree: Path, port: int) -> list[str]:
         c = self.conf
@@ -54,11 +60,39 @@ class SimTarget(Target):
             argv += ["--sim-fault", str(c["fault"])]
         return self.launcher() + argv + [str(a) for a in c.get("extra_args", [])]
 
-    def prepare(self, worktree: Path, trial_dir: Path) -> None:
-        """Make sure the node has a GPU state file (a fresh node starts at the defaults)."""
-        path = self.gpu_state_path
-        if not path.exists():
-            from orchestrator.targets.sim import gpu_state
+    def node_packages(self) -> dict[str, str] | None:
+        """The simulated node's installed packages (`<node state>/packages.json`), if set."""
+        import json
 
-            path.parent.mkdir(parents=True, exist_ok=True)
-            gpu_state.save(path, gpu_state.default_state())
+        path = self.node.state_dir / "packages.json"
+        return json.loads(path.read_text()) if path.exists() else None
+
+    @property
+    def node_env_path(self) -> Path:
+        return self.node.state_dir / "env.json"
+
+    def environment(self, candidate_env):
+        """The simulated node's login environment (`<node state>/env.json`, if any) sits
+        between this process's environment and the target's and candidate's settings: it is
+        what a changed shell profile or systemd unit would change on a real node."""
+        import json
+
+        env = dict(os.environ)
+        if self.node_env_path.exists():
+            env.update({str(k): str(v) for k, v in json.loads(self.node_env_path.read_text()).items()})
+        env.update({str(k): str(v) for k, v in self.conf.get("env", {}).items()})
+        env.update(candidate_env)
+        return apply_unset(env)
+
+
+def set_node_state(state_dir: Path, *, gpu_state_file: Path | None = None,
+                   env_file: Path | None = None, packages_file: Path | None = None) -> None:
+    """Put a simulated node into a recorded system state (GPU state, login env, packages):
+    how scenarios replay "the node as it was then" and "the node as it is now"."""
+    import shutil
+
+    state_dir.mkdir(parents=True, exist_ok=True)
+    for src, name in ((gpu_state_file, "gpu_state.json"), (env_file, "env.json"),
+                      (packages_file, "packages.json")):
+        if src is not None:
+            shutil.copyfile(src, state_dir / name)

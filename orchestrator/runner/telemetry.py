@@ -1,0 +1,82 @@
+"""Telemetry during a trial: a sampler thread reading the node's GPUs while the server runs.
+
+A trial measured on a disturbed GPU (thermal or hardware slowdown, a foreign process on its
+GPUs, clocks or power limit changed under it) is marked *suspect*: its numbers are kept and
+shown, but strategies may leave them out, so one bad restart cannot flip a decision.
+"""
+
+from __future__ import annotations
+
+import statistics
+import threading
+from collections.abc import Callable, Collection
+
+from orchestrator.gpu.base import SUSPECT_REASONS, GpuControl, GpuSample
+
+MAX_KEPT_SAMPLES = 400
+
+
+class TelemetrySampler:
+    def __init__(self, gpu: GpuControl, interval_s: float, own_pids: Callable[[], Collection[int]]):
+        self.gpu = gpu
+        self.interval_s = max(0.05, float(interval_s))
+        self.own_pids = own_pids
+        self.samples: list[GpuSample] = []
+        self.errors: list[str] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="sleuth-telemetry", daemon=True)
+
+    def start(self) -> TelemetrySampler:
+        self._thread.start()
+        return self
+
+    def _loop(self) -> None:
+        while True:
+            self.sample_once()
+            if self._stop.wait(self.interval_s):
+                return
+
+    def sample_once(self) -> None:
+        try:
+            self.samples.extend(self.gpu.sample(set(self.own_pids())))
+        except Exception as exc:  # telemetry must never break the trial; say it was missing
+            if len(self.errors) < 5:
+                self.errors.append(f"{type(exc).__name__}: {exc}")
+
+    def stop(self) -> dict:
+        self._stop.set()
+        self._thread.join(timeout=10)
+        self.sample_once()  # one last look, so a short trial still has a sample at its end
+        return summarize(self.samples, self.errors)
+
+
+def summarize(samples: list[GpuSample], errors: list[str] | None = None) -> dict:
+    """Trial-level telemetry and the suspect verdict (with the reason a person can check)."""
+    if not samples:
+        return {"n_samples": 0, "suspect": False, "suspect_reason": "", "errors": errors or []}
+    clocks = [s.sm_clock_mhz for s in samples]
+    power = [s.power_w for s in samples]
+    reasons = sorted({r for s in samples for r in s.throttle_reasons})
+    foreign = sorted({p for s in samples for p in s.foreign_pids})
+    why = []
+    bad = sorted(set(reasons) & SUSPECT_REASONS)
+    if bad:
+        why.append("GPU throttled: " + ", ".join(bad))
+    if foreign:
+        why.append(f"foreign process(es) on the GPUs: pids {foreign[:8]}")
+    per_gpu_clock = {}
+    for s in samples:
+        per_gpu_clock.setdefault(s.index, set()).add(round(s.sm_clock_mhz))
+    return {
+        "n_samples": len(samples),
+        "sm_clock_mhz": {"min": min(clocks), "mean": round(statistics.fmean(clocks), 1),
+                         "max": max(clocks)},
+        "power_w": {"mean": round(statistics.fmean(power), 1), "max": max(power)},
+        "temperature_c_max": max(s.temperature_c for s in samples),
+        "throttle_reasons": reasons,
+        "foreign_pids": foreign,
+        "suspect": bool(why),
+        "suspect_reason": "; ".join(why),
+        "errors": errors or [],
+        "samples": [s.__dict__ for s in samples[-MAX_KEPT_SAMPLES:]],
+    }

@@ -1,0 +1,124 @@
+"""System level on the sim: clock policy restored, suspect trials, fingerprints, compare."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from orchestrator.commands import compare as compare_cmd
+from orchestrator.commands import trial as trial_cmd
+from orchestrator.config.compose import compose_config
+from orchestrator.gpu.base import ClockPolicy
+from orchestrator.gpu.sim import SimGpuControl
+from orchestrator.records import Outcome
+from orchestrator.store import RunStore
+from orchestrator.targets.sim import gpu_state
+from orchestrator.targets.sim.scenario import generate_scenario
+from orchestrator.targets.simnode import set_node_state
+
+FAST = ["target.time_scale=0.02", "target.load_seconds=5", "bench.requests=2",
+        "bench.output_len=32", "bench.input_len=32", "bench.warmup_requests=1",
+        "bench.repetitions=2", "trial.ready_timeout_s=30", "trial.retries=0",
+        "trial.telemetry_interval_s=0.1"]
+
+
+def _runs(tmp_path: Path) -> list[Path]:
+    root = tmp_path / "runs"
+    return sorted((p for p in root.iterdir() if not p.name.startswith(".")), key=lambda p: p.stat().st_mtime)
+
+
+def _node_state(tmp_path: Path) -> Path:
+    return tmp_path / "runs" / ".nodes" / "local-0" / "gpu_state.json"
+
+
+def test_clock_policy_parse():
+    assert ClockPolicy.parse("default").is_default
+    assert ClockPolicy.parse("locked:1980,power:450") == ClockPolicy(1980, 450)
+    from orchestrator.errors import UserError
+
+    for bad in ("locked", "power:-3", "turbo:1", "locked:abc"):
+        with pytest.raises(UserError):
+            ClockPolicy.parse(bad)
+
+
+def test_sim_gpu_control_apply_restore(tmp_path):
+    ctl = SimGpuControl(tmp_path / "gpu.json")
+    before = gpu_state.load(tmp_path / "gpu.json")
+    token = ctl.apply(ClockPolicy.parse("locked:1500,power:400"))
+    mid = gpu_state.load(tmp_path / "gpu.json")
+    assert {g.sm_clock_locked_mhz for g in mid.gpus} == {1500}
+    assert {g.power_limit_w for g in mid.gpus} == {400}
+    (s0, *_) = ctl.sample(own_pids={1})
+    assert s0.sm_clock_mhz <= 1500 and "applications_clocks_setting" in s0.throttle_reasons
+    ctl.restore(token)
+    assert gpu_state.load(tmp_path / "gpu.json") == before
+    assert ctl.apply(ClockPolicy.parse("default")) is None
+
+
+def test_clock_restored_after_server_crash(tmp_path, sim_repo, ray_session):
+    repo, _ = sim_repo
+    cfg = compose_config("trial", [f"repo={repo}", f"runs_dir={tmp_path / 'runs'}", *FAST,
+                                   "clock=power:350", "target.fault=crash_after:1"])
+    assert trial_cmd.run(cfg) == 1
+    (row,) = RunStore.open(_runs(tmp_path)[0] / "trials.db").trials()
+    assert row.outcome is Outcome.CRASHED
+    state = gpu_state.load(_node_state(tmp_path))
+    assert {g.power_limit_w for g in state.gpus} == {600}  # restored to the node's own limit
+
+
+def test_clock_policy_changes_the_measurement(tmp_path, sim_repo, ray_session):
+    repo, _ = sim_repo
+    values = {}
+    for clock in ("default", "locked:1200"):
+        cfg = compose_config("trial", [f"repo={repo}", f"runs_dir={tmp_path / 'runs'}", *FAST,
+                                       f"clock={clock}"])
+        assert trial_cmd.run(cfg) == 0
+        (row,) = RunStore.open(_runs(tmp_path)[-1] / "trials.db").trials()
+        values[clock] = row.result.value("verify_ms")
+        fp = row.result.fingerprint
+        assert fp["clock_policy"] == clock
+        assert fp["telemetry"]["n_samples"] > 0
+        assert fp["gpu"]["driver_version"] and len(fp["gpu"]["gpus"]) == 8
+    assert values["locked:1200"] > 1.3 * values["default"]
+
+
+def test_foreign_process_marks_trial_suspect(tmp_path, sim_repo, ray_session):
+    repo, _ = sim_repo
+    path = _node_state(tmp_path)
+    path.parent.mkdir(parents=True)
+    st = gpu_state.default_state().with_gpu(
+        3, processes=(gpu_state.GpuProcess(pid=4242, name="python3", used_memory_mib=2048),))
+    gpu_state.save(path, st)
+    cfg = compose_config("trial", [f"repo={repo}", f"runs_dir={tmp_path / 'runs'}", *FAST])
+    assert trial_cmd.run(cfg) == 0
+    (row,) = RunStore.open(_runs(tmp_path)[0] / "trials.db").trials()
+    assert row.suspect and "4242" in row.result.suspect_reason
+    assert row.result.fingerprint["telemetry"]["foreign_pids"] == [4242]
+
+
+def test_compare_reference_does_not_reproduce_lists_differences(tmp_path, ray_session):
+    sc = generate_scenario(tmp_path / "sc", 30, 4, "system_change")
+    node = tmp_path / "runs" / ".nodes" / "local-0"
+    set_node_state(node, gpu_state_file=sc.out / "reference_gpu_state.json",
+                   env_file=sc.out / "reference_env.json",
+                   packages_file=sc.out / "reference_packages.json")
+    base = [f"repo={sc.repo}", f"runs_dir={tmp_path / 'runs'}", *FAST, "bench.repetitions=2"]
+    cfg = compose_config("trial", [*base, f"commit={sc.truth['bad']}", "bench.repetitions=3"])
+    assert trial_cmd.run(cfg) == 0
+    ref_cfg = compose_config("trial", [*base, f"commit={sc.truth['bad']}", "run_id=reference"])
+    assert trial_cmd.run(ref_cfg) == 0
+    set_node_state(node, gpu_state_file=sc.out / "now_gpu_state.json",
+                   env_file=sc.out / "now_env.json", packages_file=sc.out / "now_packages.json")
+    cfg = compose_config("compare", [*base, "reference=reference", "metric=verify_ms"])
+    assert compare_cmd.run(cfg) == 0
+    doc = json.loads((_runs(tmp_path)[-1] / "findings.json").read_text())
+    assert doc["verdict"] == "not_reproduced", doc["message"]
+    assert doc["total_effect"]["verify_ms"]["ci"][0] > 10
+    keys = [f["id"] for f in doc["findings"]]
+    assert "power_limit_w" in keys and "NCCL_PROTO" in keys and "rich" in keys
+    assert keys.index("power_limit_w") < keys.index("rich")  # clocks rank before packages
+    by_key = {f["id"]: f for f in doc["findings"]}
+    assert by_key["power_limit_w"]["difference"]["controllable"]
+    assert by_key["NCCL_PROTO"]["difference"]["factor"][1] == ["NCCL_PROTO", "LL128"]
