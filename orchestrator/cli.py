@@ -16,6 +16,7 @@ COMMANDS = {
     "trial": "run one isolated, measured trial of a candidate",
     "bisect": "find the commit(s) between good=REF and bad=REF that moved a metric",
     "resume": "finish an interrupted run: sleuth resume RUN",
+    "report": "ranked findings of a run: terminal tables, report.md, report.html (sleuth report RUN)",
     "compare": "re-measure a reference run's candidate now; if it no longer reproduces, diff the system",
     "demo": "build a scenario repo and investigate it on the simulated node",
     "scenario": "generate a scenario repo with planted causes (out=DIR commits=N seed=S preset=P)",
@@ -23,7 +24,7 @@ COMMANDS = {
 }
 
 # Commands whose first plain argument names a run (id or directory).
-POSITIONAL_RUN = {"resume"}
+POSITIONAL_RUN = {"resume", "report"}
 
 
 def _quote(value: str) -> str:

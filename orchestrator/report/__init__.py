@@ -1,0 +1,57 @@
+"""Reviewing a run: one ranking across its experiments, and the report files built from it.
+
+`write_report(run_dir)` is what `sleuth report RUN` (and the demo) call: it reads the run, ranks
+its findings, draws the plots and writes `report.md`, `report.html` and `plots/*.png` into the
+run directory. When the run holds more than one experiment's findings, `findings.json` is
+rewritten as the combined ranking (it keeps every source document, so this is repeatable).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from orchestrator.report.collect import RunData, load_run
+
+
+@dataclass(frozen=True)
+class ReportFiles:
+    markdown: Path
+    html: Path
+    plots: tuple[Path, ...]
+    findings: Path | None  # rewritten combined ranking, when there was more than one experiment
+
+
+def _write_text(path: Path, text: str) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text)
+    tmp.replace(path)
+
+
+def write_report(run_dir: Path) -> tuple[RunData, ReportFiles]:
+    from orchestrator.report.html import render_html
+    from orchestrator.report.markdown import render_markdown
+    from orchestrator.report.plots import make_plots
+
+    data = load_run(Path(run_dir))
+    plots = make_plots(data)
+    plot_dir = data.run_dir / "plots"
+    plot_dir.mkdir(exist_ok=True)
+    plot_paths = []
+    for p in plots:
+        path = plot_dir / f"{p.name}.png"
+        path.write_bytes(p.png)
+        plot_paths.append(path)
+    md = data.run_dir / "report.md"
+    page = data.run_dir / "report.html"
+    _write_text(md, render_markdown(data, plots, plot_dir="plots"))
+    _write_text(page, render_html(data, plots))
+    findings = None
+    if len(data.docs) > 1:
+        findings = data.run_dir / "findings.json"
+        _write_text(findings, json.dumps(data.ranked, indent=2, default=float) + "\n")
+    return data, ReportFiles(md, page, tuple(plot_paths), findings)
+
+
+__all__ = ["ReportFiles", "RunData", "load_run", "write_report"]

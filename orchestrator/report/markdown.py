@@ -1,0 +1,68 @@
+"""`report.md`: the ranked findings, per-finding effects, plots (as files) and tables.
+
+Every cell is untrusted text (a commit subject may hold `|`, `*`, `<script>` or a newline), so
+each is escaped: HTML-significant characters as entities, Markdown punctuation with a
+backslash, line breaks folded to spaces. A table cell can therefore neither split the table,
+nor format text, nor become HTML in a renderer that passes HTML through.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+
+from orchestrator.report import tables as T
+from orchestrator.report.collect import RunData
+from orchestrator.report.plots import Plot
+
+_MD_PUNCT = re.compile(r"([\\`*_{}\[\]()#+!|~])")
+
+
+def md_escape(text: object) -> str:
+    s = " ".join(str(text).split())
+    s = s.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+    return _MD_PUNCT.sub(r"\\\1", s)
+
+
+def md_table(table: T.TextTable) -> str:
+    if not table.rows:
+        return f"_{md_escape(table.title)}: none._\n"
+    lines = ["| " + " | ".join(md_escape(h) for h in table.headers) + " |",
+             "|" + "|".join("---" for _ in table.headers) + "|"]
+    lines += ["| " + " | ".join(md_escape(c) or " " for c in row) + " |" for row in table.rows]
+    if table.note:
+        lines += ["", f"_{md_escape(table.note)}_"]
+    return "\n".join(lines) + "\n"
+
+
+def render_markdown(data: RunData, plots: Sequence[Plot], plot_dir: str = "plots") -> str:
+    ranked = data.ranked
+    out = [f"# sleuth report: {md_escape(data.run_id)}", "",
+           md_table(T.run_table(data)), "## Experiments", "", md_table(T.experiments_table(ranked)),
+           "## Ranked findings", "", md_table(T.findings_table(ranked))]
+    for f in ranked.get("findings", []):
+        out += [f"### #{f['rank']} {md_escape(f.get('kind', ''))} {md_escape(f.get('id', ''))}", "",
+                md_escape(f.get("summary", "")), ""]
+        if f.get("subject"):
+            out += [f"Commit subject: {md_escape(f['subject'])}"
+                    + (f" (author {md_escape(f['author'])})" if f.get("author") else ""), ""]
+        out.append(md_table(T.effects_table(f)))
+        evidence = ", ".join(str(t) for t in f.get("evidence", []))
+        out += [f"Evidence trials: {md_escape(evidence or 'none')}", ""]
+        for name in ("suspect_trials", "failed_trials"):
+            if f.get(name):
+                what = "excluded from effects" if name == "suspect_trials" else "never measured"
+                out += [f"{name.replace('_', ' ').capitalize()} ({what}):"
+                        f" {md_escape(', '.join(map(str, f[name])))}", ""]
+    if not ranked.get("findings"):
+        out += ["No findings.", ""]
+    out += ["## Plots", ""]
+    for p in plots:
+        out += [f"### {md_escape(p.title)}", "", f"![{md_escape(p.title)}]({plot_dir}/{p.name}.png)",
+                "", md_escape(p.caption), ""]
+    fp = T.fingerprint_table(data)
+    out += ["## Fingerprint differences", "",
+            md_table(fp) if fp else "No fingerprint differences recorded.\n"]
+    out += ["## Candidates", "", md_table(T.candidates_table(data)),
+            "## Trials", "", md_table(T.trials_table(data.rows))]
+    return "\n".join(out)

@@ -1,0 +1,393 @@
+"""The numbers behind each plot and table, computed from stored trials (no drawing here).
+
+Kept apart from `plots.py` so that what a figure shows can be tested as data: every trial of a
+candidate is one point, the bisect posterior is the strategy's own, replayed trial by trial.
+All values are trial-level (the mean over a trial's repetitions): the restart is the unit.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from scipy.stats import t as student_t
+
+from orchestrator.metrics import METRICS
+from orchestrator.records import Candidate
+from orchestrator.report.collect import RunData
+from orchestrator.store import TrialRow
+
+PHASE_MS_METRICS = ("verify_ms", "draft_ms", "decode_ms")
+PHASE_OTHER_METRICS = ("accept_len", "cuda_graph_share")
+# Fingerprint fields that describe how the trial ended, not the environment it ran in.
+_NOT_ENVIRONMENT = ("teardown.",)
+
+
+def _value(row: TrialRow, metric: str) -> float | None:
+    if row.outcome is None or not row.outcome.measured or row.result is None:
+        return None
+    v = row.result.value(metric)
+    return v if v is not None and math.isfinite(v) else None
+
+
+# -- per-candidate distributions ----------------------------------------------------------------
+
+@dataclass(frozen=True)
+class TrialPoint:
+    trial_id: int
+    value: float
+    repetitions: tuple[float, ...]
+    suspect: bool
+
+
+@dataclass(frozen=True)
+class CandidateSeries:
+    key: str
+    label: str
+    points: tuple[TrialPoint, ...]
+    failed: tuple[int, ...]  # trial ids that produced no measurement
+
+
+def candidate_order(data: RunData) -> list[tuple[str, str]]:
+    """`(key, label)` of every candidate: bisect points in commit order, then by first trial."""
+    seen: dict[str, str] = {}
+    if data.plan:
+        tested = {r.candidate.key for r in data.rows}
+        for i, cand in enumerate(data.plan.candidates):
+            if cand.key in tested:
+                seen[cand.key] = f"#{i} {cand.label}"
+    for row in data.rows:
+        seen.setdefault(row.candidate.key, row.candidate.label)
+    return list(seen.items())
+
+
+def distributions(data: RunData, metric: str) -> list[CandidateSeries]:
+    """One series per candidate with every trial of it: measured points and failed trial ids."""
+    out = []
+    for key, label in candidate_order(data):
+        rows = [r for r in data.rows if r.candidate.key == key and r.finished]
+        points = []
+        for r in rows:
+            v = _value(r, metric)
+            if v is not None:
+                points.append(TrialPoint(r.id, v, tuple(r.result.values(metric)), r.suspect))
+        failed = tuple(r.id for r in rows if not r.outcome.measured)
+        if points or failed:
+            out.append(CandidateSeries(key, label, tuple(points), failed))
+    return out
+
+
+# -- bisect posterior, replayed -----------------------------------------------------------------
+
+@dataclass(frozen=True)
+class PosteriorStep:
+    trial_id: int
+    status: str
+    posterior: tuple[float, ...]
+    best_point: int | None
+    best_probability: float
+
+
+@dataclass(frozen=True)
+class PosteriorHistory:
+    labels: tuple[str, ...]  # short SHA per point
+    steps: tuple[PosteriorStep, ...]
+    confidence: float
+    culprits: tuple[int, ...]  # points of the final verdict's culprits
+
+
+def posterior_history(data: RunData) -> PosteriorHistory | None:
+    """Replay the stored observations through the bisect strategy in trial order.
+
+    The strategy is built exactly as the bisect command builds it (same config, same prior
+    weights), so each step's posterior is the one the run acted on at that point, up to the
+    order in which concurrent trials finished (the store orders them by trial id).
+    """
+    if data.plan is None:
+        return None
+    from orchestrator.commands import bisect as bisect_command
+    from orchestrator.drive import observation
+
+    cfg = data.config
+    n = len(data.plan.candidates)
+    weights = list(data.plan.prior_weights) if data.plan.prior_weights else None
+    try:
+        strategy = bisect_command._strategy(cfg, n, weights)
+    except Exception:  # a config the strategy no longer accepts: no replay, not a crash
+        return None
+    index = {c.key: i for i, c in enumerate(data.plan.candidates)}
+    metric = str(cfg.get("metric", data.metric))
+    final_attempt = int(cfg.get("trial", {}).get("retries", 1)) + 1
+    observations, steps = [], []
+    for row in data.rows:
+        point = index.get(row.candidate.key)
+        if point is None:
+            continue
+        obs = observation(row, point, metric, final_attempt)
+        if obs is None:
+            continue
+        observations.append(obs)
+        verdict = strategy.verdict(observations)
+        top = verdict.top
+        if top is not None:
+            best, prob = top.point, float(top.probability)
+        elif verdict.posterior and max(verdict.posterior) > 0:
+            best = max(range(n), key=verdict.posterior.__getitem__)
+            prob = float(verdict.posterior[best])
+        else:
+            best, prob = None, 0.0
+        steps.append(PosteriorStep(row.id, verdict.status, tuple(verdict.posterior), best, prob))
+    if not steps:
+        return None
+    final = strategy.verdict(observations)
+    return PosteriorHistory(
+        labels=tuple(c.sha[:10] for c in data.plan.commits),
+        steps=tuple(steps),
+        confidence=float(strategy.settings.confidence),
+        culprits=tuple(c.point for c in final.culprits),
+    )
+
+
+# -- before / after phase breakdown -------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Interval:
+    mean: float
+    lo: float
+    hi: float
+    n: int
+
+
+def mean_interval(values: Sequence[float], confidence: float = 0.95) -> Interval | None:
+    """Mean with a t-interval over trial-level values (the bounds equal the mean when n = 1)."""
+    if not values:
+        return None
+    mean = statistics.fmean(values)
+    if len(values) < 2:
+        return Interval(mean, mean, mean, 1)
+    half = float(student_t.ppf(0.5 + confidence / 2, len(values) - 1)) * statistics.stdev(
+        values) / math.sqrt(len(values))
+    return Interval(mean, mean - half, mean + half, len(values))
+
+
+@dataclass(frozen=True)
+class PhasePair:
+    title: str
+    before_label: str
+    after_label: str
+    metrics: tuple[tuple[str, Interval | None, Interval | None], ...]
+
+
+def _measured(rows: Sequence[TrialRow], key: str, metric: str) -> list[float]:
+    return [v for r in rows if r.candidate.key == key and not r.suspect
+            and (v := _value(r, metric)) is not None]
+
+
+def phase_pair(rows: Sequence[TrialRow], before: Candidate, after: Candidate, title: str,
+               metrics: Sequence[str] = PHASE_MS_METRICS + PHASE_OTHER_METRICS) -> PhasePair:
+    found = []
+    for m in metrics:
+        a = mean_interval(_measured(rows, before.key, m))
+        b = mean_interval(_measured(rows, after.key, m))
+        if a or b:
+            found.append((m, a, b))
+    return PhasePair(title, before.label, after.label, tuple(found))
+
+
+def finding_candidates(data: RunData, finding: Mapping) -> tuple[Candidate, Candidate] | None:
+    """The (before, after) candidates a finding compares, from its evidence trials."""
+    by_key: dict[str, Candidate] = {}
+    evidence = set(finding.get("evidence") or ())
+    for r in data.rows:
+        if r.id in evidence:
+            by_key.setdefault(r.candidate.key, r.candidate)
+    for r in data.rows:  # explicit keys, when an experiment names them
+        if r.candidate.key in (finding.get("before_key"), finding.get("after_key")):
+            by_key.setdefault(r.candidate.key, r.candidate)
+    if finding.get("before_key") in by_key and finding.get("after_key") in by_key:
+        return by_key[finding["before_key"]], by_key[finding["after_key"]]
+    cands = list(by_key.values())
+    if finding.get("kind") == "commit" and finding.get("parent"):
+        before = [c for c in cands if c.commit == finding["parent"]]
+        after = [c for c in cands if c.commit == finding.get("id")]
+        if before and after:
+            return before[0], after[0]
+    if len(cands) == 2:
+        return cands[0], cands[1]
+    return None
+
+
+def phase_pairs(data: RunData, max_findings: int = 3) -> list[PhasePair]:
+    """Before/after phase timings for the top findings and, for a bisect, its endpoints."""
+    pairs = []
+    for f in data.ranked.get("findings", [])[:max_findings]:
+        cands = finding_candidates(data, f)
+        if cands:
+            pairs.append(phase_pair(data.rows, *cands, f"#{f['rank']} {f['kind']} {str(f['id'])[:12]}"))
+    if data.plan:
+        good, bad = data.plan.candidates[0], data.plan.candidates[-1]
+        pairs.append(phase_pair(data.rows, good, bad, "bisect endpoints (good vs bad)"))
+    return [p for p in pairs if p.metrics]
+
+
+# -- sweep --------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class SweepSeries:
+    metric: str
+    higher_is_better: bool
+    history: tuple[tuple[int, float, float], ...]  # (trial id, value, best so far)
+    importance: tuple[tuple[str, float], ...]  # (parameter, share of variance), largest first
+    importance_source: str
+
+
+def candidate_params(cand: Candidate) -> dict[str, str]:
+    """A candidate's factor levels other than the commit, as flat parameter names."""
+    params = {f"env.{k}": v for k, v in cand.env}
+    params.update({f"server.{k}": v for k, v in cand.server})
+    params["clock"] = cand.clock
+    params["patches"] = ",".join(p.rsplit("/", 1)[-1] for p in cand.patches) or "(none)"
+    return params
+
+
+def eta_squared(groups: Mapping[str, Sequence[float]]) -> float:
+    """Share of the variance of all values explained by the grouping (one-way ANOVA's eta^2)."""
+    values = [v for vs in groups.values() for v in vs]
+    if len(values) < 3:
+        return 0.0
+    grand = statistics.fmean(values)
+    total = sum((v - grand) ** 2 for v in values)
+    if total <= 0:
+        return 0.0
+    between = sum(len(vs) * (statistics.fmean(vs) - grand) ** 2 for vs in groups.values() if vs)
+    return between / total
+
+
+def sweep_series(data: RunData) -> SweepSeries | None:
+    """Trial history and parameter importance of the sweep trials of a run, if any ran."""
+    doc = next((d for d in data.docs if d.get("experiment") == "sweep"), None)
+    rows = [r for r in data.rows if "sweep" in (r.phase or "") or data.command == "sweep"]
+    if not rows:
+        return None
+    metric = str(doc.get("metric")) if doc and doc.get("metric") else data.metric
+    info = METRICS.get(metric)
+    direction = str(data.config.get("direction", "auto"))
+    higher = info.higher_is_better if info and direction == "auto" else direction == "decrease"
+    history, best = [], None
+    for r in rows:
+        v = _value(r, metric)
+        if v is None or r.suspect:
+            continue
+        best = v if best is None else (max(best, v) if higher else min(best, v))
+        history.append((r.id, v, best))
+    if doc and isinstance(doc.get("importance"), Mapping):
+        importance = {str(k): float(v) for k, v in doc["importance"].items()}
+        source = "reported by the sweep"
+    else:
+        params: dict[str, dict[str, list[float]]] = {}
+        for r in rows:
+            v = _value(r, metric)
+            if v is None or r.suspect:
+                continue
+            for name, level in candidate_params(r.candidate).items():
+                params.setdefault(name, {}).setdefault(level, []).append(v)
+        importance = {k: eta_squared(g) for k, g in params.items() if len(g) > 1}
+        source = "share of trial-to-trial variance explained by each parameter alone (eta squared)"
+    ranked = tuple(sorted(importance.items(), key=lambda kv: -kv[1]))
+    if not history and not ranked:
+        return None
+    return SweepSeries(metric, higher, tuple(history), ranked, source)
+
+
+# -- per-node timeline --------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Span:
+    node: str
+    trial_id: int
+    start: float  # seconds since the run's first trial started
+    end: float
+    outcome: str
+    suspect: bool
+    phase: str
+
+
+def timeline(rows: Sequence[TrialRow]) -> list[Span]:
+    timed = [r for r in rows if r.started_at and r.ended_at and r.ended_at >= r.started_at]
+    if not timed:
+        return []
+    t0 = min(r.started_at for r in timed)
+    return [Span(r.node or "?", r.id, r.started_at - t0, r.ended_at - t0,
+                 r.outcome.value if r.outcome else "running", r.suspect, r.phase)
+            for r in timed]
+
+
+# -- fingerprint diff ---------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class FieldDiff:
+    field: str
+    before: tuple[str, ...]  # distinct values seen on the before side
+    after: tuple[str, ...]
+    drift: bool  # the value changed between trials of the same candidate
+
+
+def flatten(doc: object, prefix: str = "") -> dict[str, str]:
+    if isinstance(doc, Mapping):
+        out: dict[str, str] = {}
+        for k, v in doc.items():
+            out.update(flatten(v, f"{prefix}{k}."))
+        return out
+    if isinstance(doc, list | tuple):
+        return {prefix[:-1]: ", ".join(map(str, doc))}
+    return {prefix[:-1]: "" if doc is None else str(doc)}
+
+
+def _side_values(rows: Sequence[TrialRow], key: str) -> list[dict[str, str]]:
+    return [
+        {k: v for k, v in flatten(r.result.fingerprint).items() if not k.startswith(_NOT_ENVIRONMENT)}
+        for r in rows if r.candidate.key == key and r.result and r.result.fingerprint
+    ]
+
+
+def fingerprint_diff(rows: Sequence[TrialRow], before: Candidate, after: Candidate) -> list[FieldDiff]:
+    """Fields whose values differ between the two candidates' trials, or drift within one."""
+    a, b = _side_values(rows, before.key), _side_values(rows, after.key)
+    if not a or not b:
+        return []
+    fields = sorted({k for fp in a + b for k in fp})
+    out = []
+    for name in fields:
+        va = tuple(dict.fromkeys(fp.get(name, "(absent)") for fp in a))
+        vb = tuple(dict.fromkeys(fp.get(name, "(absent)") for fp in b))
+        drift = len(va) > 1 or len(vb) > 1
+        if set(va) != set(vb) or drift:
+            out.append(FieldDiff(name, va, vb, drift))
+    return out
+
+
+def fingerprint_sides(data: RunData) -> tuple[Candidate, Candidate] | None:
+    """Which two candidates to diff: a bisect's endpoints, else the top finding's pair, else the
+    first and the last candidate the run measured."""
+    if data.plan:
+        return data.plan.candidates[0], data.plan.candidates[-1]
+    for f in data.ranked.get("findings", [])[:1]:
+        cands = finding_candidates(data, f)
+        if cands:
+            return cands
+    seen = list({r.candidate.key: r.candidate for r in data.rows if r.result and r.result.fingerprint}.values())
+    return (seen[0], seen[-1]) if len(seen) >= 2 else None
+
+
+def reported_fingerprint_diffs(data: RunData) -> list[FieldDiff]:
+    """Diffs an experiment wrote itself (e.g. against a reference run): `fingerprint_diff` lists of
+    `{"field", "before", "after"}` in its findings document."""
+    out = []
+    for doc in data.docs:
+        for item in doc.get("fingerprint_diff") or ():
+            if isinstance(item, Mapping) and "field" in item:
+                out.append(FieldDiff(str(item["field"]), (str(item.get("before", "")),),
+                                     (str(item.get("after", "")),), False))
+    return out

@@ -1,0 +1,179 @@
+"""The report's tables as plain strings, shared by the terminal, Markdown and HTML renderers.
+
+One place decides what each table says (columns, number formats, flags); the renderers only
+lay the cells out and escape them for their medium. Cells are untrusted text (commit subjects,
+environment values, server messages) and are never pre-escaped here.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from orchestrator.render import probability as fmt_probability
+from orchestrator.report import series as S
+from orchestrator.report.collect import RunData
+from orchestrator.report.ranking import excludes_zero
+
+
+@dataclass(frozen=True)
+class TextTable:
+    key: str  # stable id (HTML anchors, tests)
+    title: str
+    headers: tuple[str, ...]
+    rows: tuple[tuple[str, ...], ...]
+    note: str = ""
+
+
+def fmt_effect(effect: Mapping | None) -> str:
+    if not effect or "pct" not in effect:
+        return "-"
+    text = f"{effect['pct']:+.1f}%"
+    ci = effect.get("ci")
+    if ci and all(isinstance(v, int | float) and math.isfinite(v) for v in ci):
+        text += f" [{ci[0]:+.1f}, {ci[1]:+.1f}]"
+    return text
+
+
+def _fmt_number(value: float | None) -> str:
+    if value is None or not math.isfinite(value):
+        return "-"
+    return f"{value:.4g}"
+
+
+def _flags(f: Mapping) -> str:
+    parts = []
+    if f.get("suspect_trials"):
+        parts.append(f"{len(f['suspect_trials'])} suspect excluded")
+    if f.get("failed_trials"):
+        parts.append(f"{len(f['failed_trials'])} failed")
+    if f.get("range"):
+        parts.append(f"one of {len(f['range'])} commits")
+    if f.get("explained") is not None:
+        parts.append(f"explains {100 * float(f['explained']):.0f}%")
+    return "; ".join(parts)
+
+
+def findings_table(ranked: Mapping) -> TextTable:
+    rows = []
+    for f in ranked.get("findings", []):
+        effect = f.get("effect") or {}
+        metric = f.get("metric") or ranked.get("metric") or ""
+        prob = f.get("probability")
+        evidence = f.get("evidence") or []
+        n_measured = f.get("measured_trials")
+        trials = f"{len(evidence)}" + (f" ({n_measured} used)" if n_measured is not None else "")
+        rows.append((
+            str(f.get("rank", "")),
+            str(f.get("kind", "")),
+            str(f.get("id", ""))[:12],
+            ", ".join(f.get("experiments") or [str(f.get("experiment", ""))]),
+            "-" if prob is None else fmt_probability(float(prob)),
+            f"{metric} {fmt_effect(effect.get(metric))}" if metric else "-",
+            str(f.get("phase") or "-"),
+            fmt_effect(effect.get("accept_len")),
+            fmt_effect(effect.get("cuda_graph_share")),
+            trials,
+            _flags(f),
+            str(f.get("summary", "")),
+        ))
+    return TextTable(
+        "findings", f"Ranked findings ({ranked.get('experiment')}, verdict {ranked.get('verdict')})",
+        ("rank", "kind", "id", "experiment", "P(cause)", "effect [95% CI]", "phase",
+         "accept len", "cuda graph share", "trials", "flags", "summary"),
+        tuple(rows),
+        "P(cause): the experiment's posterior probability. Effects compare trial-level values"
+        " (restarts) of the cause against its parent or reference; suspect trials are excluded.",
+    )
+
+
+def effects_table(finding: Mapping) -> TextTable:
+    detail = finding.get("effect_detail") or {}
+    rows = []
+    for metric, e in (finding.get("effect") or {}).items():
+        d = detail.get(metric, {})
+        n = d.get("n")
+        rows.append((
+            metric, fmt_effect(e), "yes" if excludes_zero(e) else "no",
+            _fmt_number(d.get("before")), _fmt_number(d.get("after")),
+            f"{n[0]} vs {n[1]}" if isinstance(n, list | tuple) and len(n) == 2 else "-",
+        ))
+    return TextTable(
+        f"effects-{finding.get('rank')}",
+        f"#{finding.get('rank')} {finding.get('kind')} {str(finding.get('id', ''))[:12]}: effect per metric",
+        ("metric", "change [95% CI]", "interval excludes 0", "before", "after", "trials"),
+        tuple(rows),
+    )
+
+
+def experiments_table(ranked: Mapping) -> TextTable:
+    rows = []
+    for e in ranked.get("experiments", []):
+        total = e.get("total_effect")
+        rows.append((str(e.get("experiment", "")), str(e.get("metric") or "-"),
+                     str(e.get("verdict") or "-"), str(e.get("n_findings", 0)),
+                     fmt_effect(total) if total else "-", str(e.get("message") or "")))
+    return TextTable("experiments", "Experiments",
+                     ("experiment", "metric", "verdict", "findings", "total change", "message"),
+                     tuple(rows))
+
+
+def run_table(data: RunData) -> TextTable:
+    outcomes = Counter(r.outcome.value if r.outcome else "running" for r in data.rows)
+    nodes = sorted({r.node for r in data.rows if r.node})
+    timed = [r.ended_at - r.started_at for r in data.rows if r.started_at and r.ended_at]
+    rows = [
+        ("run", data.run_id), ("command", data.command), ("status", data.status),
+        ("metric", data.metric),
+        ("trials", f"{len(data.rows)} ({', '.join(f'{k} {v}' for k, v in sorted(outcomes.items()))})"),
+        ("suspect trials", str(sum(1 for r in data.rows if r.suspect))),
+        ("nodes", ", ".join(nodes) or "-"),
+        ("trial duration", f"median {statistics.median(timed):.1f} s" if timed else "-"),
+    ]
+    return TextTable("run", "Run", ("field", "value"), tuple(rows))
+
+
+def candidates_table(data: RunData) -> TextTable:
+    rows = []
+    for s in S.distributions(data, data.metric):
+        vals = [p.value for p in s.points if not p.suspect]
+        mean = statistics.fmean(vals) if vals else None
+        sd = statistics.stdev(vals) if len(vals) > 1 else None
+        rows.append((s.label, str(len(vals)), str(sum(p.suspect for p in s.points)),
+                     str(len(s.failed)), _fmt_number(mean), _fmt_number(sd),
+                     ", ".join(str(p.trial_id) for p in s.points)))
+    return TextTable("candidates", f"Candidates on {data.metric} (trial-level)",
+                     ("candidate", "measured", "suspect", "failed", "mean", "sd", "trials"),
+                     tuple(rows))
+
+
+def trials_table(rows: Sequence) -> TextTable:
+    out = []
+    for r in rows:
+        secs = (r.ended_at - r.started_at) if r.started_at and r.ended_at else None
+        out.append((str(r.id), r.node, r.phase, r.candidate.label,
+                    r.outcome.value if r.outcome else "running", str(r.attempt),
+                    "-" if secs is None else f"{secs:.1f}",
+                    "suspect" if r.suspect else "", (r.detail or "")[:160]))
+    return TextTable("trials", "All trials",
+                     ("id", "node", "phase", "candidate", "outcome", "attempt", "seconds",
+                      "flag", "detail"), tuple(out))
+
+
+def fingerprint_table(data: RunData) -> TextTable | None:
+    diffs = S.reported_fingerprint_diffs(data)
+    sides = S.fingerprint_sides(data)
+    title = "Fingerprint differences"
+    if sides:
+        diffs += S.fingerprint_diff(data.rows, *sides)
+        title += f" ({sides[0].label} vs {sides[1].label})"
+    if not diffs:
+        return None
+    rows = tuple((d.field, " | ".join(d.before), " | ".join(d.after),
+                  "drifted between trials" if d.drift else "") for d in diffs)
+    return TextTable("fingerprint", title, ("field", "before", "after", "note"), rows,
+                     "Fields of the trial environment that differ between the two sides, or that"
+                     " changed between trials of the same candidate.")
