@@ -9,6 +9,7 @@ trial is reused, none is repeated.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from typing import Protocol
 
 from orchestrator.controller import Controller
 from orchestrator.records import Candidate
@@ -33,11 +34,31 @@ def observation(row: TrialRow, point: int, metric: str, final_attempt: int) -> O
     return None
 
 
-def replay(store: RunStore, keys: Sequence[str], metric: str, retries: int) -> list[Observation]:
-    index = {key: i for i, key in enumerate(keys)}
+class PointMap(Protocol):
+    """Strategy points <-> candidates. A list of candidates is the fixed case (bisect); an
+    isolating strategy grows its points (subsets of differences) as it goes."""
+
+    def candidate(self, point: int) -> Candidate: ...
+
+    def point(self, candidate: Candidate) -> int | None: ...
+
+
+class FixedPoints:
+    def __init__(self, candidates: Sequence[Candidate]):
+        self.candidates = list(candidates)
+        self._index = {c.key: i for i, c in enumerate(self.candidates)}
+
+    def candidate(self, point: int) -> Candidate:
+        return self.candidates[point]
+
+    def point(self, candidate: Candidate) -> int | None:
+        return self._index.get(candidate.key)
+
+
+def replay(store: RunStore, points: PointMap, metric: str, retries: int) -> list[Observation]:
     obs = []
     for row in store.trials():
-        point = index.get(row.candidate.key)
+        point = points.point(row.candidate)
         if point is None:
             continue
         o = observation(row, point, metric, retries + 1)
@@ -49,28 +70,27 @@ def replay(store: RunStore, keys: Sequence[str], metric: str, retries: int) -> l
 def drive(
     controller: Controller,
     strategy: Strategy,
-    points: Sequence[Candidate],
+    points: Sequence[Candidate] | PointMap,
     *,
     metric: str,
     on_verdict: Callable[[Verdict, int], None] | None = None,
 ) -> Verdict:
     """Run trials until the strategy is done (or proposes nothing while nothing runs)."""
-    keys = [p.key for p in points]
-    index = {k: i for i, k in enumerate(keys)}
-    observations = replay(controller.store, keys, metric, controller.retries)
+    pmap: PointMap = FixedPoints(points) if isinstance(points, Sequence) else points
+    observations = replay(controller.store, pmap, metric, controller.retries)
     final_attempt = controller.retries + 1
     verdict = strategy.verdict(observations)
     while True:
         if not verdict.done:
             idle = controller.idle_nodes()
             if idle:
-                pending = [index[f.candidate.key] for f in controller.in_flight()]
+                pending = [pmap.point(f.candidate) for f in controller.in_flight()]
                 for proposal in strategy.propose(observations, pending, len(idle))[: len(idle)]:
-                    controller.submit(points[proposal.point], phase=proposal.phase)
+                    controller.submit(pmap.candidate(proposal.point), phase=proposal.phase)
         if not controller.in_flight():
             break
         for row in controller.wait():
-            o = observation(row, index[row.candidate.key], metric, final_attempt)
+            o = observation(row, pmap.point(row.candidate), metric, final_attempt)
             if o is not None:
                 observations.append(o)
         verdict = strategy.verdict(observations)
