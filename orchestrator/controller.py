@@ -85,23 +85,37 @@ class Controller:
 
     def start(self) -> None:
         self._started_ray = start_ray(OmegaConf.to_container(self.cfg.cluster, resolve=True))
+        for i in range(int(self.cfg.nodes)):
+            self._actors[f"local-{i}"] = self._new_actor(f"local-{i}")
+        infos = ray.get([a.info.remote() for a in self._actors.values()])
+        for info in infos:
+            if info.get("reaped"):
+                self.on_event(f"node {info['name']}: stopped a server left running by an earlier"
+                              f" controller (pids {info['reaped']})")
+
+    def _new_actor(self, name: str):
         target = OmegaConf.to_container(self.cfg.target, resolve=True)
         bench = OmegaConf.to_container(self.cfg.bench, resolve=True)
-        actor_cls = ray.remote(NodeRunner)
-        for i in range(int(self.cfg.nodes)):
-            name = f"local-{i}"
-            state_dir = self.runs_dir / ".nodes" / name
-            self._actors[name] = actor_cls.options(
-                num_cpus=0, max_concurrency=4, max_restarts=0
-            ).remote(name, str(state_dir), target, bench)
-        ray.get([a.info.remote() for a in self._actors.values()])
+        state_dir = self.runs_dir / ".nodes" / name
+        return ray.remote(NodeRunner).options(
+            num_cpus=0, max_concurrency=4, max_restarts=0
+        ).remote(name, str(state_dir), target, bench)
 
     def stop(self) -> None:
+        """Tear down running servers and record their trials as interrupted (resumable)."""
         for inflight in list(self._busy.values()):
             try:
                 ray.get(self._actors[inflight.node].abort.remote(), timeout=30)
             except Exception:
                 pass
+            try:
+                self.store.finish_trial(inflight.trial_id, TrialResult(
+                    Outcome.INTERRUPTED, "the controller stopped while the trial ran",
+                    node=inflight.node, started_at=inflight.started, ended_at=time.time()))
+            except (KeyError, ValueError):
+                pass
+        self._busy.clear()
+        self._by_ref.clear()
         for actor in self._actors.values():
             ray.kill(actor)
         self._actors.clear()
@@ -168,9 +182,14 @@ class Controller:
                     result: TrialResult = ray.get(ref)
                 except Exception as exc:  # the actor died: the trial is lost, never "slow"
                     result = TrialResult(
-                        Outcome.ERROR, f"node {inflight.node} failed: {type(exc).__name__}: {exc}",
+                        Outcome.ERROR,
+                        f"node {inflight.node} failed: {type(exc).__name__}: {str(exc)[:300]}",
                         node=inflight.node, started_at=inflight.started, ended_at=time.time(),
                     )
+                    if isinstance(exc, ray.exceptions.RayActorError):
+                        # A fresh actor for the node; it reaps any server the dead one left.
+                        self._actors[inflight.node] = self._new_actor(inflight.node)
+                        ray.get(self._actors[inflight.node].info.remote())
                 self._persist_log(inflight, result)
                 self.store.finish_trial(inflight.trial_id, result)
                 self.on_event(self._describe(inflight, result))

@@ -147,6 +147,7 @@ class NvmlGpuControl(GpuControl):
         for i, h in self.handles.items():
             if token["unlock"]:  # type: ignore[index]
                 _try(nv.nvmlDeviceResetGpuLockedClocks, h)
-            mw = token["power_mw"].get(i)  # type: ignore[index]
+            saved = token["power_mw"]  # type: ignore[index]
+            mw = saved.get(i, saved.get(str(i)))  # JSON round trips turn keys into strings
             if mw:
                 _try(nv.nvmlDeviceSetPowerManagementLimit, h, mw)

@@ -37,6 +37,7 @@ class NodeRunner:
         self._leftover_pgid: int | None = None
         self._aborted = False
         self.reaped = self._reap_leftover()
+        self.clock_restored = self._restore_leftover_clock()
 
     # A server outlives its node actor only if the actor was killed hard; the pidfile lets the
     # next actor on this node find and stop it before anything is measured.
@@ -61,6 +62,28 @@ class NodeRunner:
         tmp.write_text(json.dumps(doc))
         tmp.replace(self._pidfile)
 
+    @property
+    def _clockfile(self) -> Path:
+        return self.context.state_dir / "clock_restore.json"
+
+    def _record_clock(self, token: object) -> None:
+        if token is None:
+            self._clockfile.unlink(missing_ok=True)
+            return
+        tmp = self._clockfile.with_suffix(".tmp")
+        tmp.write_text(json.dumps(token))
+        tmp.replace(self._clockfile)
+
+    def _restore_leftover_clock(self) -> bool:
+        """Undo a clock/power policy a killed actor applied and could not restore."""
+        try:
+            token = json.loads(self._clockfile.read_text())
+        except (OSError, ValueError):
+            return False
+        self.target.gpu_control().restore(token)
+        self._clockfile.unlink(missing_ok=True)
+        return True
+
     def _reap_leftover(self) -> list[int]:
         """Kill the server group a previous actor left running on this node; return its pids."""
         try:
@@ -84,7 +107,7 @@ class NodeRunner:
 
     def info(self) -> dict:
         return {"name": self.name, "hostname": socket.gethostname(), "pid": os.getpid(),
-                "reaped": self.reaped}
+                "reaped": self.reaped, "clock_restored": self.clock_restored}
 
     def status(self) -> dict:
         return dict(self._current)
@@ -134,7 +157,7 @@ class NodeRunner:
                 conf = {**self.target_conf, **spec.candidate.server_dict}
                 target = make_target(conf, self.bench_conf, self.context)
             result, report = run_trial(spec, target, node=self.name, on_state=on_state,
-                                       on_process=on_process)
+                                       on_process=on_process, on_clock=self._record_clock)
             if report is not None and report.leftover_pids:
                 self._leftover_pgid = report.pgid  # checked (and killed) before the next trial
             if self._aborted and result.outcome is not Outcome.OK:

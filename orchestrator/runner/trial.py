@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from orchestrator import fingerprint
-from orchestrator.bench.client import BenchError, run_repetition
+from orchestrator.bench.client import BenchError
 from orchestrator.gpu.base import ClockPolicy
 from orchestrator.records import Candidate, Measurement, Outcome, TrialResult, TrialState
 from orchestrator.runner.process import (
@@ -111,7 +111,11 @@ def _wait_ready(target: Target, proc: ServerProcess, timeout_s: float) -> None:
         delay = min(delay * 1.5, 1.0)
 
 
-def _classify_bench_error(exc: BenchError, proc: ServerProcess, what: str) -> TrialFailure:
+def _classify_bench_error(exc: BenchError, proc: ServerProcess | None, what: str) -> TrialFailure:
+    if proc is None:  # a benchmark command without a server: nothing else can have died
+        if exc.kind == "hung":
+            return TrialFailure(Outcome.HUNG, f"benchmark stalled during {what}: {exc}")
+        return TrialFailure(Outcome.BENCH_FAILED, f"{what} failed: {exc}")
     # Give a dying server a moment to be reaped, so a crash is not misread as a hang.
     for _ in range(20):
         if proc.poll() is not None:
@@ -135,6 +139,7 @@ def run_trial(
     node: str = "",
     on_state: Callable[[TrialState], None] | None = None,
     on_process: Callable[[ServerProcess | None], None] | None = None,
+    on_clock: Callable[[object], None] | None = None,
 ) -> tuple[TrialResult, TeardownReport | None]:
     """Run one trial to completion. Never raises for server misbehaviour: it is the result."""
     trial_dir = Path(spec.trial_dir)
@@ -166,43 +171,48 @@ def run_trial(
             target.prepare(worktree, trial_dir)
             gpu = target.gpu_control()
             clock_token = gpu.apply(ClockPolicy.parse(cand.clock))
+            if on_clock and clock_token is not None:
+                on_clock(clock_token)  # persisted, so a killed node still gets it restored
             gpu_snapshot = gpu.snapshot()
         except Exception as exc:  # checkout, patch, build or clocks: cannot be tested
             raise TrialFailure(Outcome.PREPARE_FAILED, f"{type(exc).__name__}: {exc}") from exc
 
-        enter(TrialState.LAUNCHING)
-        port = free_port(target.host)
         env = target.environment(cand.env_dict)
-        argv = target.command(worktree, port)
-        (trial_dir / "command.txt").write_text(" ".join(argv) + "\n")
-        proc = launch(argv, cwd=worktree, env=env, log_path=log_path, host=target.host, port=port)
-        if on_process:
-            on_process(proc)
+        if target.has_server:
+            enter(TrialState.LAUNCHING)
+            port = free_port(target.host)
+            argv = target.command(worktree, port)
+            (trial_dir / "command.txt").write_text(" ".join(argv) + "\n")
+            proc = launch(argv, cwd=worktree, env=env, log_path=log_path, host=target.host,
+                          port=port)
+            if on_process:
+                on_process(proc)
+        else:  # only a benchmark command: no process to launch, probe or tear down
+            (trial_dir / "command.txt").write_text(" ".join(target.command(worktree, 0)) + "\n")
         server = proc
-        sampler = TelemetrySampler(gpu, spec.telemetry_interval_s,
-                                   lambda: group_members(server.pgid)).start()
+        sampler = TelemetrySampler(gpu, spec.telemetry_interval_s, lambda: [
+            *(group_members(server.pgid) if server is not None else []), *target.own_pids()
+        ]).start()
         fp = fingerprint.collect(
             commit=cand.commit, patches=cand.patches, requested_env=cand.env_dict,
             server_env=env, node=node, gpu=gpu_snapshot, clock=cand.clock,
             dirty_diff=ws.dirty_diff_hash(worktree), packages=target.node_packages(),
         )
 
-        enter(TrialState.WAITING_READY)
-        _wait_ready(target, proc, spec.ready_timeout_s)
-        wanted = {**{str(k): str(v) for k, v in target.conf.get("env", {}).items()}, **cand.env_dict}
-        problems = _env_mismatches(proc, wanted)
-        if problems:
-            raise TrialFailure(Outcome.ENV_MISMATCH, "; ".join(problems[:5]))
+        if proc is not None:
+            enter(TrialState.WAITING_READY)
+            _wait_ready(target, proc, spec.ready_timeout_s)
+            wanted = {**{str(k): str(v) for k, v in target.conf.get("env", {}).items()},
+                      **cand.env_dict}
+            problems = _env_mismatches(proc, wanted)
+            if problems:
+                raise TrialFailure(Outcome.ENV_MISMATCH, "; ".join(problems[:5]))
+        base_url = proc.base_url if proc is not None else ""
 
         enter(TrialState.WARMING_UP)
         if spec.warmup_requests > 0:
             try:
-                run_repetition(
-                    proc.base_url, target.requests(spec.warmup_requests, seed_offset=10_000),
-                    concurrency=int(target.bench["concurrency"]),
-                    timeout_s=float(target.bench["request_timeout_s"]),
-                    time_scale=target.time_scale,
-                )
+                target.warm_up(base_url, spec.warmup_requests)
             except BenchError as exc:
                 raise _classify_bench_error(exc, proc, "warm-up") from exc
 
@@ -210,11 +220,11 @@ def run_trial(
         requests = target.requests()
         for rep in range(spec.repetitions):
             try:
-                metrics = target.measure(proc.base_url, requests, log_path)
+                metrics = target.measure(base_url, requests, log_path)
             except BenchError as exc:
                 raise _classify_bench_error(exc, proc, f"repetition {rep + 1}") from exc
             measurements.append(Measurement(rep, metrics))
-        if proc.poll() is not None:
+        if proc is not None and proc.poll() is not None:
             raise TrialFailure(
                 Outcome.CRASHED, f"server exited with code {proc.poll()} right after the benchmark"
             )
@@ -244,6 +254,8 @@ def run_trial(
         if gpu is not None:
             try:
                 gpu.restore(clock_token)  # always, also after a crash or an interrupt
+                if on_clock and clock_token is not None:
+                    on_clock(None)
             except Exception as exc:
                 detail = f"{detail}; clock policy NOT restored: {exc}".lstrip("; ")
                 outcome = Outcome.ERROR if outcome is Outcome.OK else outcome

@@ -49,6 +49,22 @@ class Target(ABC):
 
     # -- launch -----------------------------------------------------------------------------
     @property
+    def has_server(self) -> bool:
+        """False for a target that is only a benchmark command: the trial then has no process to
+        launch, probe or tear down, and `measure` gets an empty base URL."""
+        return True
+
+    def own_pids(self) -> list[int]:
+        """Processes this target runs besides the server (a benchmark command) that may use the
+        GPUs; telemetry must not count them as foreign."""
+        return []
+
+    def preflight(self) -> str | None:
+        """Checked once per node before its first trial (e.g. the installed server accepts every
+        flag sleuth will pass). Returns one line saying why no trial can run here, or None."""
+        return None
+
+    @property
     def host(self) -> str:
         return str(self.conf.get("host") or "127.0.0.1")
 
@@ -113,17 +129,30 @@ class Target(ABC):
             int(b["seed"]) + seed_offset,
         )
 
-    def measure(self, base_url: str, requests: list[RequestSpec], log_path: Path) -> dict[str, float]:
-        """One repetition: client metrics plus server phase metrics bracketing it."""
-        before = self.scrape(base_url)
-        log_start = log_path.stat().st_size if log_path.exists() else 0
-        metrics = run_repetition(
+    def warm_up(self, base_url: str, n_requests: int) -> None:
+        """Unmeasured requests after ready (compilation, caches); a BenchError fails the trial."""
+        run_repetition(
+            base_url, self.requests(n_requests, seed_offset=10_000),
+            concurrency=int(self.bench["concurrency"]),
+            timeout_s=float(self.bench["request_timeout_s"]),
+            time_scale=self.time_scale,
+        )
+
+    def benchmark(self, base_url: str, requests: list[RequestSpec], log_path: Path) -> dict[str, float]:
+        """Client-side metrics of one repetition (the built-in client by default)."""
+        return run_repetition(
             base_url,
             requests,
             concurrency=int(self.bench["concurrency"]),
             timeout_s=float(self.bench["request_timeout_s"]),
             time_scale=self.time_scale,
         )
+
+    def measure(self, base_url: str, requests: list[RequestSpec], log_path: Path) -> dict[str, float]:
+        """One repetition: client metrics plus server phase metrics bracketing it."""
+        before = self.scrape(base_url)
+        log_start = log_path.stat().st_size if log_path.exists() else 0
+        metrics = self.benchmark(base_url, requests, log_path)
         after = self.scrape(base_url)
         if before is not None and after is not None:
             metrics.update(prometheus.phase_metrics(before, after))

@@ -1,0 +1,225 @@
+"""Live progress of a long run: trials done and running per node, the current best hypothesis,
+trial durations and an ETA computed from the durations measured so far.
+
+On a terminal it is a rich `Live` panel that redraws in place, with the controller's event lines
+scrolling above it; anywhere else (a pipe, a CI log, a file) it prints plain lines, one per
+event and one progress line per verdict, so a log stays readable and greppable.
+
+Commands feed it through three calls and never format progress themselves:
+
+    with Progress(console, total_hint=expected_bisect_trials(len(commits))) as progress:
+        with Controller(cfg, store, run_dir, on_event=progress.on_event) as ctl:
+            drive(..., on_verdict=lambda v, n: progress.on_verdict(v.status, label, p))
+
+`on_event` understands the controller's "trial N started on NODE: ..." and "trial N on NODE
+<outcome> in S s" lines; `on_trial(row)` does the same from a stored row, for loops that do not
+go through the controller's events. Both may be used together: trials are keyed by id.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from rich.console import Console, Group
+from rich.live import Live
+from rich.table import Table
+from rich.text import Text
+
+from orchestrator.store import TrialRow
+
+_STARTED = re.compile(r"^trial (\d+) started on (\S+): (.*?)(?: \(([^()]*)\))?$")
+_FINISHED = re.compile(r"^trial (\d+) on (\S+) (\S+) in ([0-9.]+)s")
+
+
+def expected_bisect_trials(n_commits: int) -> int:
+    """A rough trial count for an ETA: reproduce both endpoints (about 2 each), one search trial
+    per halving plus a few for noise, and about 2 per side to verify the culprit."""
+    return 4 + math.ceil(math.log2(max(n_commits, 2))) + 2 + 4
+
+
+def format_duration(seconds: float | None) -> str:
+    if seconds is None or not math.isfinite(seconds):
+        return "?"
+    seconds = max(0, round(seconds))
+    if seconds < 60:
+        return f"{seconds}s"
+    minutes, secs = divmod(seconds, 60)
+    if minutes < 60:
+        return f"{minutes}m{secs:02d}s"
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours}h{minutes:02d}m"
+
+
+@dataclass(frozen=True)
+class Running:
+    trial_id: int
+    node: str
+    label: str
+    phase: str
+    since: float
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """Progress at one moment; what both the live panel and the plain line show."""
+
+    done: int
+    ok: int
+    failed: int
+    running: tuple[Running, ...]
+    nodes: tuple[str, ...]
+    done_per_node: dict[str, int]
+    mean_duration: float | None
+    last_duration: float | None
+    total_hint: int | None
+    eta_s: float | None
+    status: str
+    best_label: str | None
+    probability: float | None
+
+
+class Progress:
+    """Collects trial events and shows them (rich Live on a terminal, plain lines otherwise)."""
+
+    def __init__(self, console: Console, total_hint: int | None = None, *,
+                 live: bool | None = None, clock: Callable[[], float] = time.monotonic) -> None:
+        self.console = console
+        self.total_hint = total_hint
+        self.live_mode = console.is_terminal if live is None else live
+        self._clock = clock
+        self._running: dict[int, Running] = {}
+        self._finished: dict[int, tuple[str, str, float | None]] = {}  # id -> node, outcome, s
+        self._nodes: dict[str, None] = {}
+        self._status, self._best, self._probability = "starting", None, None
+        self._live: Live | None = None
+
+    # -- lifecycle ---------------------------------------------------------------------------
+    def __enter__(self) -> Progress:
+        if self.live_mode:
+            self._live = Live(self.render(), console=self.console, refresh_per_second=4,
+                              transient=False, get_renderable=self.render)
+            self._live.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self._live is not None:
+            self._live.stop()
+            self._live = None
+
+    def set_total(self, total_hint: int | None) -> None:
+        self.total_hint = total_hint
+
+    # -- inputs ------------------------------------------------------------------------------
+    def on_event(self, message: str) -> None:
+        """A controller event line: recorded when it is a trial start or end, always shown."""
+        started = _STARTED.match(message)
+        finished = _FINISHED.match(message)
+        if started:
+            tid, node = int(started[1]), started[2]
+            self._nodes.setdefault(node)
+            self._running[tid] = Running(tid, node, started[3], started[4] or "", self._clock())
+        elif finished:
+            self._finish(int(finished[1]), finished[2], finished[3], float(finished[4]))
+        self._print(message)
+        if finished and not self.live_mode:
+            self._print(self.line())
+
+    def on_trial(self, row: TrialRow) -> None:
+        """A finished trial from the store (same effect as its 'finished' event)."""
+        if row.outcome is None:
+            return
+        took = (row.ended_at - row.started_at) if row.started_at and row.ended_at else None
+        known = row.id in self._finished
+        self._finish(row.id, row.node, row.outcome.value, took)
+        if not known and not self.live_mode:
+            self._print(f"trial {row.id} on {row.node} {row.outcome.value}"
+                        + (f" in {took:.1f}s" if took is not None else ""))
+            self._print(self.line())
+
+    def on_verdict(self, status: str, best_label: str | None, probability: float | None) -> None:
+        changed = (status, best_label, probability) != (self._status, self._best,
+                                                         self._probability)
+        self._status, self._best, self._probability = status, best_label, probability
+        if changed and not self.live_mode:
+            self._print(self.line())
+        elif self._live is not None:
+            self._live.refresh()
+
+    def _finish(self, tid: int, node: str, outcome: str, took: float | None) -> None:
+        if node:
+            self._nodes.setdefault(node)
+        self._running.pop(tid, None)
+        self._finished[tid] = (node, outcome, took)
+
+    def _print(self, text: str) -> None:
+        self.console.print(Text(text))
+
+    # -- outputs -----------------------------------------------------------------------------
+    def snapshot(self) -> Snapshot:
+        durations = [d for _, _, d in self._finished.values() if d is not None]
+        mean = statistics.fmean(durations) if durations else None
+        last = next((d for _, _, d in reversed(self._finished.values()) if d is not None), None)
+        done = len(self._finished)
+        ok = sum(1 for _, outcome, _ in self._finished.values() if outcome == "ok")
+        per_node = {n: 0 for n in self._nodes}
+        for node, _, _ in self._finished.values():
+            per_node[node] = per_node.get(node, 0) + 1
+        return Snapshot(
+            done=done, ok=ok, failed=done - ok, running=tuple(self._running.values()),
+            nodes=tuple(self._nodes), done_per_node=per_node, mean_duration=mean,
+            last_duration=last, total_hint=self.total_hint, eta_s=self._eta(mean, done),
+            status=self._status, best_label=self._best, probability=self._probability,
+        )
+
+    def _eta(self, mean: float | None, done: int) -> float | None:
+        """Remaining work / nodes: unstarted trials cost a mean trial, running ones what is left
+        of it (at least nothing); None until a duration was measured or without a total."""
+        if mean is None or self.total_hint is None:
+            return None
+        now = self._clock()
+        not_started = max(self.total_hint - done - len(self._running), 0)
+        left = sum(max(mean - (now - r.since), 0.0) for r in self._running.values())
+        return (not_started * mean + left) / max(len(self._nodes), 1)
+
+    def line(self) -> str:
+        s = self.snapshot()
+        total = f"/~{s.total_hint}" if s.total_hint else ""
+        parts = [f"progress: {s.done}{total} trials done ({s.ok} ok, {s.failed} failed)"]
+        if s.running:
+            parts.append("running " + ", ".join(f"{r.node} #{r.trial_id}" for r in s.running))
+        if s.mean_duration is not None:
+            parts.append(f"trial {s.mean_duration:.1f}s avg")
+        if s.best_label:
+            prob = "" if s.probability is None else f" p={s.probability:.3f}"
+            parts.append(f"best {s.best_label}{prob}")
+        parts.append(f"[{s.status}]")
+        if s.eta_s is not None:
+            parts.append(f"ETA ~{format_duration(s.eta_s)}")
+        return " · ".join(parts)
+
+    def render(self) -> Group:
+        s = self.snapshot()
+        now = self._clock()
+        table = Table(title=Text("trials per node"), title_justify="left")
+        for col in ("node", "done", "running", "for", "candidate"):
+            table.add_column(col)
+        running = {r.node: r for r in s.running}
+        for node in s.nodes:
+            r = running.get(node)
+            table.add_row(Text(node), Text(str(s.done_per_node.get(node, 0))),
+                          Text(f"#{r.trial_id} {r.phase}" if r else "idle"),
+                          Text(format_duration(now - r.since) if r else ""),
+                          Text(r.label if r else ""))
+        best = "none yet" if not s.best_label else (
+            s.best_label + ("" if s.probability is None else f"  P = {s.probability:.3f}"))
+        total = f" of ~{s.total_hint}" if s.total_hint else ""
+        summary = Text(
+            f"{s.done}{total} trials done ({s.failed} failed) · status {s.status} · best: {best}\n"
+            f"trial duration: last {format_duration(s.last_duration)},"
+            f" mean {format_duration(s.mean_duration)} · ETA ~{format_duration(s.eta_s)}")
+        return Group(table, summary)
