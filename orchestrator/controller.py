@@ -8,6 +8,8 @@ talk to it through `submit` / `wait` / `idle_nodes` and never see Ray.
 
 from __future__ import annotations
 
+import signal
+import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -74,6 +76,8 @@ class Controller:
         self._busy: dict[str, _InFlight] = {}
         self._by_ref: dict[object, _InFlight] = {}
         self.retries = int(cfg.trial.retries)
+        self._interrupted = False
+        self._old_handlers: dict[int, object] = {}
 
     # -- lifecycle -----------------------------------------------------------------------------
     def __enter__(self) -> Controller:
@@ -83,7 +87,29 @@ class Controller:
     def __exit__(self, *exc) -> None:
         self.stop()
 
+    def _on_signal(self, signum: int, _frame) -> None:
+        """First Ctrl-C (or SIGTERM): stop scheduling and tear down. A second one: abort now.
+
+        Ray's blocking calls do not let Python see SIGINT, so `wait` polls this flag."""
+        if self._interrupted:
+            raise KeyboardInterrupt
+        self._interrupted = True
+        self.on_event(f"{signal.Signals(signum).name}: stopping; running servers are torn down"
+                      " and the run stays resumable")
+
+    def _install_signals(self) -> None:
+        if threading.current_thread() is not threading.main_thread():
+            return
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            self._old_handlers[sig] = signal.signal(sig, self._on_signal)
+
+    def _restore_signals(self) -> None:
+        for sig, handler in self._old_handlers.items():
+            signal.signal(sig, handler)
+        self._old_handlers.clear()
+
     def start(self) -> None:
+        self._install_signals()
         self._started_ray = start_ray(OmegaConf.to_container(self.cfg.cluster, resolve=True))
         for i in range(int(self.cfg.nodes)):
             self._actors[f"local-{i}"] = self._new_actor(f"local-{i}")
@@ -116,6 +142,7 @@ class Controller:
                 pass
         self._busy.clear()
         self._by_ref.clear()
+        self._restore_signals()
         for actor in self._actors.values():
             ray.kill(actor)
         self._actors.clear()
@@ -137,6 +164,8 @@ class Controller:
     def submit(self, candidate: Candidate, *, phase: str = "", node: str | None = None,
                attempt: int = 1) -> int:
         """Persist a trial row, then dispatch it to an idle node. Returns the trial id."""
+        if self._interrupted:
+            raise KeyboardInterrupt
         idle = self.idle_nodes()
         if not idle:
             raise RuntimeError("no idle node")
@@ -171,10 +200,15 @@ class Controller:
         A retryable failure is resubmitted on the same node (a new trial row); only the final
         attempt is returned, so callers see each requested evaluation exactly once."""
         done_rows: list[TrialRow] = []
+        deadline = None if timeout is None else time.monotonic() + timeout
         while not done_rows and self._by_ref:
-            ready, _ = ray.wait(list(self._by_ref), num_returns=1, timeout=timeout)
+            if self._interrupted:
+                raise KeyboardInterrupt
+            ready, _ = ray.wait(list(self._by_ref), num_returns=1, timeout=0.25)
             if not ready:
-                return done_rows
+                if deadline is not None and time.monotonic() > deadline:
+                    return done_rows
+                continue
             for ref in ready:
                 inflight = self._by_ref.pop(ref)
                 del self._busy[inflight.node]

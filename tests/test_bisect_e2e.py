@@ -107,3 +107,37 @@ def test_kill_controller_then_resume_reuses_finished_trials(tmp_path):
     ok_before = {t for t, (o, _) in before.items() if o.value == "ok"}
     assert ok_before <= set(doc["findings"][0]["evidence"]) | {
         r.id for r in store.trials() if r.outcome and r.outcome.value == "ok"}
+
+
+def test_ctrl_c_tears_down_and_leaves_a_resumable_run(tmp_path):
+    scenario = generate_scenario(tmp_path / "sc", 60, 3, "one_culprit")
+    truth = scenario.truth
+    runs = tmp_path / "runs"
+    args = [sys.executable, "-m", "orchestrator", "bisect", f"repo={scenario.repo}",
+            f"runs_dir={runs}", f"good={truth['good']}", f"bad={truth['bad']}", "nodes=2",
+            "run_id=ctrlc", *FAST]
+    proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            start_new_session=True)
+    db = runs / "ctrlc" / "trials.db"
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        time.sleep(0.3)
+        if db.exists():
+            store = RunStore.open(db)
+            rows = store.trials()
+            store.close()
+            if sum(r.finished for r in rows) >= 3 and any(not r.finished for r in rows):
+                break
+    os.killpg(proc.pid, signal.SIGINT)  # what a terminal's Ctrl-C does: the whole group
+    assert proc.wait(timeout=90) == 130
+    store = RunStore.open(db)
+    assert store.status() == "interrupted"
+    rows = store.trials()
+    assert all(r.finished for r in rows)  # nothing left half-recorded
+    assert any(r.outcome.value == "interrupted" for r in rows)
+    store.close()
+    from orchestrator.cli import run as cli_run
+
+    assert cli_run(["resume", str(runs / "ctrlc")]) == 0
+    doc = json.loads((runs / "ctrlc" / "findings.json").read_text())
+    assert doc["findings"][0]["id"] == truth["culprits"][0]["sha"]
