@@ -101,8 +101,9 @@ def run(cfg: DictConfig) -> int:
 def resume(run_dir: Path) -> int:
     store = RunStore.open(run_dir / "trials.db")
     if store.command != "bisect":
+        command = store.command
         store.close()
-        raise UserError(f"{run_dir.name} is a {store.command or 'unknown'} run, not a bisect")
+        raise UserError(f"{run_dir.name} is a {command or 'unknown'} run, not a bisect")
     cfg = OmegaConf.create(store.config_yaml())
     lost = store.interrupt_unfinished()
     commits, points, weights = _load_plan(run_dir)

@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 from omegaconf import DictConfig
 
+from orchestrator.envcheck import check_env
 from orchestrator.errors import UserError
+from orchestrator.gpu.base import ClockPolicy
+from orchestrator.metrics import regression_direction
 from orchestrator.records import Candidate
 from orchestrator.rundir import runs_root
 from orchestrator.targets.registry import target_class
@@ -42,6 +46,13 @@ def check_common(cfg: DictConfig) -> None:
         for key in env:
             if not key or key[0].isdigit() or not set(key) <= _ENV_NAME_OK:
                 raise UserError(f"invalid environment variable name {key!r}")
+        check_env(env)
+    ClockPolicy.parse(str(cfg.clock))
+    regression_direction(str(cfg.metric), str(cfg.direction))
+    root = runs_root(cfg)
+    probe = root if root.exists() else next((p for p in root.parents if p.exists()), root)
+    if not os.access(probe, os.W_OK):
+        raise UserError(f"runs_dir {root} is not writable")
 
 
 def candidate(cfg: DictConfig, ws: Workspace) -> Candidate:
