@@ -5,8 +5,9 @@ type is rejected before anything runs. The YAML files under `conf/` only choose 
 shape of the configuration lives here, in one place.
 
 Groups (one YAML file per option under `conf/<group>/`):
-  target/      the system under test: `sim` (embedded simulated SGLang node); later `sglang`,
-               `command`.
+  target/      the system under test: `sim` (embedded simulated SGLang node), `sglang` (a real
+               SGLang server; `launcher=sim` puts the sim behind the same adapter), `command`
+               (any repository with a benchmark command).
   bench/       the fixed, seeded request set each repetition sends.
   cluster/     where trials run: `local` (a Ray instance started for the run).
   experiment/  strategy tuning for the command (`trial`, `bisect`, ...).
@@ -63,6 +64,66 @@ class SimTargetConf(TargetConf):
     fault: str | None = None
     # Simulated GPU state file of the node; empty = a file in the node's own state directory.
     gpu_state: str = ""
+
+
+@dataclass
+class SglangTargetConf(TargetConf):
+    """A real SGLang server (`python -m sglang.launch_server`), or the sim behind the same
+    adapter with `engine: sim` (`launcher=sim` on the command line)."""
+
+    name: str = "sglang"
+    engine: str | None = None  # sglang (None) | sim
+    # Interpreter with SGLang installed on the nodes; empty = the node actor's own.
+    python: str = ""
+    # Worktree directories put first on PYTHONPATH, so a bisected commit's own code runs.
+    pythonpath: list[str] = field(default_factory=lambda: ["python"])
+    tp_size: int = 1
+    trust_remote_code: bool = False
+    speculative_algorithm: str | None = None
+    speculative_draft_model_path: str | None = None
+    speculative_num_steps: int | None = None
+    speculative_eagle_topk: int | None = None
+    speculative_num_draft_tokens: int | None = None
+    cuda_graph_max_bs: int | None = None
+    disable_cuda_graph: bool = False
+    mem_fraction_static: float | None = None
+    context_length: int | None = None
+    attention_backend: str | None = None
+    decode_log_interval: int | None = None
+    # SGLANG_ENABLE_METRICS_DEVICE_TIMER=1: per-phase seconds in /metrics (verify_ms).
+    device_timer: bool = True
+    # Empty = ask the installed package; set it when the nodes run an unreleased checkout.
+    sglang_version: str = ""
+    # Run `launch_server --help` before the first trial and refuse unknown flags.
+    check_flags: bool = True
+    help_timeout_s: float = 300.0
+    bench_client: str = "builtin"  # builtin | bench_serving
+    # bench_serving's argv prefix; empty = `<python> -m sglang.bench_serving` (or its new home).
+    bench_serving_command: list[str] = field(default_factory=list)
+    bench_serving_args: list[str] = field(default_factory=list)
+    # engine=sim only (passed as SLEUTH_SIM_* variables): see SimTargetConf.
+    time_scale: float = 0.05
+    noise_restart_cv: float = 0.02
+    noise_request_cv: float = 0.01
+    load_seconds: float = 20.0
+    seed: int | None = None
+    fault: str | None = None
+    gpu_state: str = ""
+
+
+@dataclass
+class CommandTargetConf(TargetConf):
+    """Any repository with a benchmark command (see orchestrator/targets/command.py)."""
+
+    name: str = "command"
+    # One repetition; its last stdout line is a JSON object of metrics or a bare number.
+    bench: str = MISSING
+    build: str = ""  # once per worktree (commit + patches), cached
+    server: str = ""  # optional; `{port}` is replaced by the trial's port
+    ready_url: str = ""  # optional; default: ready when the port accepts connections
+    shell: bool = False  # run the strings with /bin/sh -c instead of splitting them
+    bench_timeout_s: float = 600.0
+    build_timeout_s: float = 3600.0
 
 
 @dataclass
@@ -169,6 +230,9 @@ class Config:
     out: str | None = None
     commits: int = 100
     preset: str = "one_culprit"
+    # What serves target=sglang: `sglang` (default) or `sim`, the embedded simulator behind the
+    # same adapter (`sleuth bisect target=sglang launcher=sim ...`); sets target.engine.
+    launcher: str | None = None
     target: Any = MISSING
     bench: BenchConf = field(default_factory=BenchConf)
     cluster: ClusterConf = field(default_factory=ClusterConf)
@@ -181,6 +245,8 @@ def register(cs: ConfigStore | None = None) -> None:
     cs = cs or ConfigStore.instance()
     cs.store(name="base_config", node=Config)
     cs.store(group="target", name="base_sim", node=SimTargetConf)
+    cs.store(group="target", name="base_sglang", node=SglangTargetConf)
+    cs.store(group="target", name="base_command", node=CommandTargetConf)
     cs.store(group="bench", name="base_bench", node=BenchConf)
     cs.store(group="cluster", name="base_cluster", node=ClusterConf)
     cs.store(group="experiment", name="base_experiment", node=ExperimentConf)

@@ -13,7 +13,15 @@ def target_class(name: str) -> type[Target]:
         from orchestrator.targets.simnode import SimTarget
 
         return SimTarget
-    raise UserError(f"unknown target {name!r} (known: sim)")
+    if name == "sglang":
+        from orchestrator.targets.sglang import SglangTarget
+
+        return SglangTarget
+    if name == "command":
+        from orchestrator.targets.command import CommandTarget
+
+        return CommandTarget
+    raise UserError(f"unknown target {name!r} (known: sim, sglang, command)")
 
 
 def make_target(conf: Mapping, bench: Mapping, node: NodeContext) -> Target:
