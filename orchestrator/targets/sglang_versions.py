@@ -73,7 +73,8 @@ class SglangFeatures:
     cuda_graph_per_phase: bool
     # `/server_info` first, then the deprecated `/get_server_info` (tried in this order).
     server_info_paths: tuple[str, ...]
-    # Where the server exports per-phase seconds and verify calls (both needed for verify_ms).
+    # The release exports per-phase seconds and verify calls (both needed for verify_ms);
+    # informational: the adapter computes verify_ms whenever the counters are there.
     verify_ms_from_metrics: bool
     bench_serving_module: str
     source: str  # "help", "version" or "default": what these facts were derived from

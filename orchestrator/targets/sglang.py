@@ -1,0 +1,331 @@
+"""Adapter for a real SGLang server (`target=sglang`).
+
+It builds `python -m sglang.launch_server ...` from the target config, with the flag spelling the
+installed release accepts (see `sglang_versions`), and measures what SGLang itself reports:
+
+- `/metrics` counters bracketing each repetition (per-phase device seconds divided by verify
+  calls gives verify ms per call). SGLang attaches its device timer only with
+  `SGLANG_ENABLE_METRICS_DEVICE_TIMER=1`, so the adapter sets it (and `--enable-metrics`).
+- `/server_info` (or `/get_server_info` on releases before it existed) accept length. It is
+  cumulative, so the cache is flushed before every repetition (`/flush_cache` resets it, and
+  makes every repetition start from the same cold prefix cache).
+- the scheduler's `Decode batch` log lines written during the repetition.
+
+The client is sleuth's own (default) or, with `target.bench_client=bench_serving`, SGLang's
+`bench_serving`, whose `--output-file` is parsed (it appends, so each repetition gets a fresh
+file).
+
+Bisecting SGLang itself means running each commit's own Python code: `target.pythonpath`
+(default `python`, SGLang's package directory) is put first on PYTHONPATH inside the worktree,
+while compiled kernels come from what is installed on the node.
+
+`target.engine=sim` (or `launcher=sim` on the command line) launches the embedded simulator
+instead of `sglang.launch_server`: it accepts SGLang's flags and takes its own settings from
+`SLEUTH_SIM_*` variables, so this whole adapter runs end to end without a GPU.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Mapping
+from pathlib import Path
+
+import httpx
+
+from orchestrator.bench.client import BenchError, RequestSpec
+from orchestrator.targets import sglang_versions as versions
+from orchestrator.targets.base import Target, apply_unset
+from orchestrator.targets.command import run_command
+
+DEVICE_TIMER_ENV = "SGLANG_ENABLE_METRICS_DEVICE_TIMER"
+SIM_MODULE = "orchestrator.targets.sim"
+SIM_PLACEHOLDER_MODEL = "sim/kimi-k2.5"
+
+# bench_serving's result keys (0.5.9 `bench_serving.py`, 0.5.23 `benchmark/serving.py`) -> ours.
+BENCH_SERVING_KEYS = {
+    "output_throughput": "output_throughput",
+    "request_throughput": "request_throughput",
+    "completed": "completed",
+    "total_output_tokens": "output_tokens",
+    "median_ttft_ms": "ttft_ms_p50",
+    "p99_ttft_ms": "ttft_ms_p99",
+    "median_itl_ms": "itl_ms_p50",
+    "p95_itl_ms": "itl_ms_p95",
+    "p99_itl_ms": "itl_ms_p99",
+    "median_tpot_ms": "tpot_ms_p50",
+    "p99_tpot_ms": "tpot_ms_p99",
+    "median_e2e_latency_ms": "e2e_ms_p50",
+    "p90_e2e_latency_ms": "e2e_ms_p90",
+    "accept_length": "accept_len",
+    "duration": "duration_s",
+}
+
+
+def parse_bench_serving(path: Path) -> dict[str, float]:
+    """Our metrics from the last JSON line bench_serving appended to `path`."""
+    lines = [ln for ln in path.read_text().splitlines() if ln.strip()] if path.exists() else []
+    if not lines:
+        raise BenchError("http", f"bench_serving wrote no result to {path.name}")
+    try:
+        doc = json.loads(lines[-1])
+    except json.JSONDecodeError as exc:
+        raise BenchError("http", f"bench_serving result is not JSON: {exc}") from exc
+    out = {}
+    for key, name in BENCH_SERVING_KEYS.items():
+        value = doc.get(key)
+        if isinstance(value, int | float) and not isinstance(value, bool):
+            out[name] = float(value)
+    return out
+
+
+def server_accept_length(info: Mapping) -> float | None:
+    """Mean accept length over the server's data-parallel ranks (`internal_states`)."""
+    states = info.get("internal_states") or []
+    values = [float(s["avg_spec_accept_length"]) for s in states
+              if isinstance(s, Mapping) and s.get("avg_spec_accept_length") is not None]
+    return sum(values) / len(values) if values else None
+
+
+class SglangTarget(Target):
+    name = "sglang"
+
+    def __init__(self, conf: Mapping, bench: Mapping, node):
+        super().__init__(conf, bench, node)
+        self._features: versions.SglangFeatures | None = None
+        self._worktree: Path | None = None
+        self._repetition = 0
+        self._packages: dict[str, str] | None = None
+
+    # -- what runs ---------------------------------------------------------------------------
+    @property
+    def engine(self) -> str:
+        return str(self.conf.get("engine") or "sglang")
+
+    @property
+    def simulated(self) -> bool:
+        return self.engine == "sim"
+
+    @property
+    def python(self) -> str:
+        """The interpreter that has SGLang installed (default: the node actor's own)."""
+        return str(self.conf.get("python") or sys.executable)
+
+    @property
+    def time_scale(self) -> float:
+        return float(self.conf.get("time_scale") or 1.0) if self.simulated else 1.0
+
+    @property
+    def features(self) -> versions.SglangFeatures:
+        """Interface facts: from `launch_server --help` once preflight ran, else the version."""
+        if self._features is None:
+            self._features = versions.features_for_version(
+                versions.parse_version(self.conf.get("sglang_version")))
+        return self._features
+
+    def module_argv(self) -> list[str]:
+        if self.simulated:
+            # -P: the worktree must not shadow sleuth's own modules.
+            return [sys.executable, "-P", "-m", SIM_MODULE]
+        return [self.python, "-m", "sglang.launch_server"]
+
+    def server_args(self, port: int) -> list[str]:
+        """SGLang flags for this config, spelled for this build (no launcher, no module)."""
+        c = self.conf
+        model = str(c.get("model_path") or (SIM_PLACEHOLDER_MODEL if self.simulated else ""))
+        args = ["--model-path", model, "--host", self.host, "--port", str(port),
+                "--tp-size", str(int(c.get("tp_size") or 1)), "--enable-metrics"]
+        if c.get("trust_remote_code"):
+            args.append("--trust-remote-code")
+        if c.get("speculative_algorithm"):
+            args += ["--speculative-algorithm", str(c["speculative_algorithm"])]
+            for key in ("speculative_draft_model_path", "speculative_num_steps",
+                        "speculative_eagle_topk", "speculative_num_draft_tokens"):
+                if c.get(key) is not None:
+                    args += ["--" + key.replace("_", "-"), str(c[key])]
+        for key in ("mem_fraction_static", "context_length", "attention_backend",
+                    "decode_log_interval"):
+            if c.get(key) is not None:
+                args += ["--" + key.replace("_", "-"), str(c[key])]
+        if c.get("cuda_graph_max_bs") is not None:
+            args += self.features.cuda_graph_max_bs_args(int(c["cuda_graph_max_bs"]))
+        if c.get("disable_cuda_graph"):
+            args += self.features.disable_cuda_graph_args()
+        return args + [str(a) for a in c.get("extra_args", []) or []]
+
+    def command(self, worktree: Path, port: int) -> list[str]:
+        return self.launcher() + self.module_argv() + self.server_args(port)
+
+    def _sim_env(self) -> dict[str, str]:
+        """The sim's own settings, through the `SLEUTH_SIM_*` fallbacks of its flags."""
+        from orchestrator.targets.sim.args import sim_env_name
+
+        c = self.conf
+        values = {"time-scale": self.time_scale, "load-seconds": c.get("load_seconds"),
+                  "noise-restart-cv": c.get("noise_restart_cv"),
+                  "noise-request-cv": c.get("noise_request_cv"), "seed": c.get("seed"),
+                  "fault": c.get("fault"), "gpu-state": self.gpu_state_path}
+        return {sim_env_name(k): str(v) for k, v in values.items() if v not in (None, "")}
+
+    def environment(self, candidate_env: Mapping[str, str]) -> dict[str, str]:
+        """Node env, the device timer (per-phase seconds), the worktree's code first on
+        PYTHONPATH, the target's env, then the candidate's."""
+        env = dict(os.environ)
+        if self.conf.get("device_timer", True):
+            env[DEVICE_TIMER_ENV] = "1"
+        if self.simulated:
+            env.update(self._sim_env())
+        if self._worktree is not None and not self.simulated:
+            own = [str(self._worktree / p) for p in self.conf.get("pythonpath", []) or []]
+            env["PYTHONPATH"] = os.pathsep.join([*own, *filter(None, [env.get("PYTHONPATH")])])
+        env.update({str(k): str(v) for k, v in self.conf.get("env", {}).items()})
+        env.update(candidate_env)
+        return apply_unset(env)
+
+    # -- node state --------------------------------------------------------------------------
+    @property
+    def gpu_state_path(self) -> Path:
+        configured = self.conf.get("gpu_state") or ""
+        return Path(configured) if configured else self.node.state_dir / "gpu_state.json"
+
+    def gpu_control(self):
+        if self.simulated:
+            from orchestrator.gpu.sim import SimGpuControl
+
+            return SimGpuControl(self.gpu_state_path)
+        return super().gpu_control()
+
+    def node_packages(self) -> dict[str, str] | None:
+        """Packages of the interpreter that runs SGLang, when it is not this one."""
+        if self.simulated or self.python == sys.executable:
+            return None
+        if self._packages is None:
+            code = ("import importlib.metadata as m, json; print(json.dumps({(d.metadata['Name']"
+                    " or '').lower(): d.version for d in m.distributions()}))")
+            out = subprocess.run([self.python, "-c", code], capture_output=True, text=True,
+                                 timeout=120, check=False)
+            self._packages = json.loads(out.stdout) if out.returncode == 0 else {}
+        return self._packages
+
+    def prepare(self, worktree: Path, trial_dir: Path) -> None:
+        self._worktree = worktree  # environment() puts its code first on PYTHONPATH
+        if self.simulated and not self.gpu_state_path.exists():
+            from orchestrator.targets.sim import gpu_state
+
+            self.gpu_state_path.parent.mkdir(parents=True, exist_ok=True)
+            gpu_state.save(self.gpu_state_path, gpu_state.default_state())
+
+    # -- before the first trial --------------------------------------------------------------
+    def installed_version(self) -> tuple[int, int, int] | None:
+        if self.conf.get("sglang_version"):
+            return versions.parse_version(self.conf["sglang_version"])
+        if self.simulated:
+            from orchestrator.targets.sim.endpoints import SGLANG_VERSION
+
+            return versions.parse_version(SGLANG_VERSION)
+        code = "import importlib.metadata as m; print(m.version('sglang'))"
+        try:
+            out = subprocess.run([self.python, "-c", code], capture_output=True, text=True,
+                                 timeout=120, check=False)
+        except (OSError, subprocess.TimeoutExpired):
+            return None
+        return versions.parse_version(out.stdout.strip()) if out.returncode == 0 else None
+
+    def preflight(self) -> str | None:
+        """Run the installed `launch_server --help` and refuse a flag it does not list."""
+        if not self.simulated and not self.conf.get("model_path"):
+            return "target.model_path is not set (the model SGLang should serve)"
+        if not self.conf.get("check_flags", True):
+            return None
+        argv = [*self.module_argv(), "--help"]
+        try:
+            done = subprocess.run(argv, capture_output=True, text=True, check=False,
+                                  timeout=float(self.conf.get("help_timeout_s") or 300),
+                                  env=self.environment({}), cwd=self.node.state_dir,
+                                  stdin=subprocess.DEVNULL)
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            return f"cannot run `{' '.join(argv)}` on node {self.node.name}: {exc}"
+        if done.returncode != 0:
+            last = (done.stderr.strip().splitlines() or ["no output"])[-1]
+            return (f"`{' '.join(argv)}` failed on node {self.node.name} (exit {done.returncode}):"
+                    f" {last}")
+        accepted = versions.help_flags(done.stdout)
+        version = self.installed_version()
+        self._features = versions.features_from_help(accepted, version)
+        bad = versions.unknown_flag(self.server_args(0), accepted)
+        if bad:
+            shown = ".".join(map(str, version)) if version else "the installed version"
+            return (f"SGLang {shown} on node {self.node.name} does not accept {bad}; fix"
+                    " target.extra_args or the target config")
+        return None
+
+    # -- measuring ---------------------------------------------------------------------------
+    def _flush_cache(self, base_url: str) -> bool:
+        try:
+            r = httpx.post(f"{base_url}/flush_cache", timeout=30.0, trust_env=False)
+        except httpx.HTTPError:
+            return False
+        return r.status_code == 200
+
+    def server_info(self, base_url: str) -> dict | None:
+        for path in self.features.server_info_paths:
+            try:
+                r = httpx.get(f"{base_url}{path}", timeout=10.0, trust_env=False)
+            except httpx.HTTPError:
+                return None
+            if r.status_code == 200:
+                return r.json()
+            if r.status_code != 404:
+                return None
+        return None
+
+    def benchmark(self, base_url: str, requests: list[RequestSpec], log_path: Path) -> dict[str, float]:
+        if str(self.conf.get("bench_client") or "builtin") == "bench_serving":
+            return self._bench_serving(base_url, log_path.parent)
+        return super().benchmark(base_url, requests, log_path)
+
+    def bench_serving_argv(self, base_url: str, output_file: Path) -> list[str]:
+        b, c = self.bench, self.conf
+        prefix = [str(a) for a in c.get("bench_serving_command", []) or []]
+        argv = prefix or [self.python, "-m", self.features.bench_serving_module]
+        argv += ["--backend", "sglang", "--base-url", base_url, "--dataset-name", "random-ids",
+                 "--num-prompts", str(b["requests"]), "--random-input-len", str(b["input_len"]),
+                 "--random-output-len", str(b["output_len"]), "--random-range-ratio", "1.0",
+                 "--max-concurrency", str(b["concurrency"]), "--seed", str(b["seed"]),
+                 "--warmup-requests", "0", "--disable-tqdm", "--output-file", str(output_file)]
+        if c.get("model_path"):
+            argv += ["--model", str(c["model_path"])]
+        return argv + [str(a) for a in c.get("bench_serving_args", []) or []]
+
+    def _bench_serving(self, base_url: str, out_dir: Path) -> dict[str, float]:
+        """One bench_serving run into a fresh output file (bench_serving appends to it)."""
+        self._repetition += 1
+        output = out_dir / f"bench_serving.{self._repetition}.jsonl"
+        output.unlink(missing_ok=True)
+        timeout = float(self.bench["request_timeout_s"]) * max(1, int(self.bench["requests"])) + 120
+        run = run_command(self.bench_serving_argv(base_url, output), cwd=out_dir,
+                          env=self.environment({}), timeout_s=timeout,
+                          log_path=out_dir / "bench_serving.log")
+        if run.timed_out:
+            raise BenchError("hung", f"bench_serving did not finish within {timeout:g}s")
+        if run.exit_code != 0:
+            raise BenchError("http", f"bench_serving exited with code {run.exit_code}:"
+                                     f" {run.tail}")
+        metrics = parse_bench_serving(output)
+        wanted = int(self.bench["requests"])
+        if metrics.get("completed", wanted) < wanted:
+            raise BenchError("http", f"bench_serving completed {metrics['completed']:g} of"
+                                     f" {wanted} requests")
+        return metrics
+
+    def measure(self, base_url: str, requests: list[RequestSpec], log_path: Path) -> dict[str, float]:
+        flushed = self._flush_cache(base_url)
+        metrics = super().measure(base_url, requests, log_path)
+        info = self.server_info(base_url) if flushed else None
+        accept = server_accept_length(info) if info else None
+        if accept is not None:  # only meaningful when the flush scoped it to this repetition
+            metrics["server_accept_len"] = accept
+            metrics.setdefault("accept_len", accept)
+        return metrics
