@@ -40,11 +40,24 @@ class _InFlight:
     started: float
 
 
+def loopback_only() -> None:
+    """Make a local Ray instance bind every service to 127.0.0.1.
+
+    On Linux Ray turns "127.0.0.1" into the host's routable address and listens on all
+    interfaces, which would expose an unauthenticated-by-default cluster to the network. Ray
+    keeps loopback only when its cluster mode is off, which it reads from this constant at
+    call time (it is the switch behind RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER)."""
+    import ray._private.ray_constants as ray_constants
+
+    ray_constants.ENABLE_RAY_CLUSTER = False
+
+
 def start_ray(cluster: Mapping) -> bool:
     """Connect to (or start) Ray. Returns True when this call started it (and must stop it)."""
     if ray.is_initialized():
         return False
     if cluster.get("kind", "local") == "local":
+        loopback_only()
         ray.init(
             num_cpus=cluster.get("num_cpus") or None,
             include_dashboard=False,

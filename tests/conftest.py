@@ -40,6 +40,9 @@ def ray_session():
     """One real local Ray instance for the whole session; controllers reuse it."""
     import ray
 
+    from orchestrator.controller import loopback_only
+
+    loopback_only()
     ray.init(num_cpus=2, include_dashboard=False, _node_ip_address="127.0.0.1",
              log_to_driver=False, namespace="sleuth-tests")
     yield ray

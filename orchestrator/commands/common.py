@@ -9,6 +9,7 @@ from omegaconf import DictConfig
 
 from orchestrator.envcheck import check_env
 from orchestrator.errors import UserError
+from orchestrator.fingerprint import is_secret
 from orchestrator.gpu.base import ClockPolicy
 from orchestrator.metrics import regression_direction
 from orchestrator.records import Candidate
@@ -46,6 +47,11 @@ def check_common(cfg: DictConfig) -> None:
         for key in env:
             if not key or key[0].isdigit() or not set(key) <= _ENV_NAME_OK:
                 raise UserError(f"invalid environment variable name {key!r}")
+            if is_secret(key):
+                # Config is stored in the run directory; secrets must come from the node's
+                # environment, which servers inherit and sleuth never writes down.
+                raise UserError(f"{key} looks like a secret: export it in the environment instead"
+                                " of passing it in the configuration (sleuth stores configs)")
         check_env(env)
     ClockPolicy.parse(str(cfg.clock))
     regression_direction(str(cfg.metric), str(cfg.direction))

@@ -37,6 +37,9 @@ def check_ray() -> Check:
 
     if ray.is_initialized():
         return "ok", "ray", f"{ray.__version__} (already running in this process)"
+    from orchestrator.controller import loopback_only
+
+    loopback_only()
     try:
         ray.init(num_cpus=1, include_dashboard=False, _node_ip_address="127.0.0.1",
                  log_to_driver=False, namespace="sleuth-doctor")
