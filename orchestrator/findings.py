@@ -149,8 +149,10 @@ def bisect_findings(
     }
 
 
-def write(run_dir: Path, doc: dict) -> Path:
-    path = run_dir / "findings.json"
+def write(run_dir: Path, doc: dict, name: str | None = None) -> Path:
+    """`findings.json`, or `findings-<name>.json` when a run holds several experiments (the
+    report ranks them together)."""
+    path = run_dir / (f"findings-{name}.json" if name else "findings.json")
     tmp = path.with_suffix(".json.tmp")
     tmp.write_text(json.dumps(doc, indent=2, default=float) + "\n")
     tmp.replace(path)

@@ -126,7 +126,8 @@ def _progress_line(verdict: Verdict, commits: list[CommitInfo], n_obs: int) -> s
     return f"[{verdict.status}] {n_obs} trials; {best}"
 
 
-def execute(cfg, ctl: Controller, run_dir: Path, commits, points, weights, out) -> tuple[Verdict, dict]:
+def execute(cfg, ctl: Controller, run_dir: Path, commits, points, weights, out,
+            findings_name: str | None = None) -> tuple[Verdict, dict]:
     """Bisect on a running controller; writes findings.json and returns the verdict and it."""
     out.print(f"bisecting {len(commits)} commits {commits[0].sha[:10]}..{commits[-1].sha[:10]}"
               f" on {cfg.metric} with {len(ctl.nodes)} node(s)")
@@ -136,7 +137,7 @@ def execute(cfg, ctl: Controller, run_dir: Path, commits, points, weights, out) 
     rows = ctl.store.trials()
     doc = findings.bisect_findings(run_id=ctl.store.run_id, metric=str(cfg.metric), verdict=verdict,
                                    commits=commits, keys=[p.key for p in points], rows=rows)
-    path = findings.write(run_dir, doc)
+    path = findings.write(run_dir, doc, findings_name)
     out.print(render.findings_table(doc))
     out.print(verdict.message)
     out.print(f"findings: {path}")

@@ -94,46 +94,15 @@ def run(cfg: DictConfig) -> int:
     ref_values = ref["values"].get(metric, [])
     if not ref_values:
         raise UserError(f"the reference has no measured {metric} value")
-    batch = int(params.get("batch", 3))
-    max_trials = int(cfg.max_trials or params.get("max_trials", 9))
-    min_effect = float(params.get("min_effect_pct", 3.0))
     run_dir, store = create_run(cfg)
     out = render.console()
     out.print(f"run directory: {run_dir}")
-    out.print(f"re-measuring the reference candidate of {ref['name']}: {cand.label}")
     status = "failed"
     try:
-        now_rows: list = []
-        verdict, eff = "unresolved", {}
         with Controller(cfg, store, run_dir, on_event=lambda m: out.print(f"  {m}")) as ctl:
-            while verdict == "unresolved" and len(now_rows) < max_trials:
-                for _ in range(min(batch, max_trials - len(now_rows))):
-                    while not ctl.idle_nodes():
-                        now_rows += ctl.wait()
-                    ctl.submit(cand, phase="compare")
-                while ctl.in_flight():
-                    now_rows += ctl.wait()
-                now_vals = [v for r in now_rows if r.outcome.measured and not r.suspect
-                            and (v := r.result.value(metric)) is not None]
-                if len(now_vals) >= 2:
-                    verdict, eff = decide(ref_values, now_vals, min_effect, 0.95)
-        rows = store.trials()
-        measured = [r for r in rows if r.outcome and r.outcome.measured and not r.suspect]
-        effects = {}
-        for m in EFFECT_METRICS:
-            a = ref["values"].get(m, [])
-            b = [v for r in measured if (v := r.result.value(m)) is not None]
-            if a and len(b) >= 2 and min(a + b) > 0:
-                effects[m] = decide(a, b, min_effect, 0.95)[1]
-        diffs: list[Difference] = []
-        if measured:
-            diffs = diff(ref["fingerprint"], measured[-1].result.fingerprint)
-        doc = _findings(store.run_id, metric, verdict, eff, effects, diffs, ref, [r.id for r in rows])
-        path = findings.write(run_dir, doc)
-        _print(out, doc, diffs)
-        out.print(f"findings: {path}")
-        status = "done" if verdict != "unresolved" else "inconclusive"
-        return 0 if verdict != "unresolved" else 3
+            doc = execute(cfg, ctl, run_dir, ref, out)
+        status = "done" if doc["verdict"] != "unresolved" else "inconclusive"
+        return 0 if doc["verdict"] != "unresolved" else 3
     except KeyboardInterrupt:
         status = "interrupted"
         raise
@@ -141,6 +110,49 @@ def run(cfg: DictConfig) -> int:
         store.set_status(status)
         store.close()
         out.print(f"run directory: {run_dir}")
+
+
+def execute(cfg: DictConfig, ctl: Controller, run_dir: Path, ref: dict, out,
+            findings_name: str | None = None) -> dict:
+    """Re-measure `ref["candidate"]` in batches until the decision is made; write findings."""
+    params = cfg.experiment.params
+    metric = str(cfg.metric)
+    cand: Candidate = ref["candidate"]
+    ref_values = ref["values"].get(metric, [])
+    batch = int(params.get("batch", 3))
+    max_trials = int(cfg.max_trials or params.get("max_trials", 9))
+    min_effect = float(params.get("min_effect_pct", 3.0))
+    out.print(f"re-measuring the reference candidate of {ref['name']}: {cand.label}")
+    now_rows: list = []
+    verdict, eff = "unresolved", {}
+    while verdict == "unresolved" and len(now_rows) < max_trials:
+        for _ in range(min(batch, max_trials - len(now_rows))):
+            while not ctl.idle_nodes():
+                now_rows += ctl.wait()
+            ctl.submit(cand, phase="compare")
+        while ctl.in_flight():
+            now_rows += ctl.wait()
+        now_vals = [v for r in now_rows if r.outcome.measured and not r.suspect
+                    and (v := r.result.value(metric)) is not None]
+        if len(now_vals) >= 2:
+            verdict, eff = decide(ref_values, now_vals, min_effect, 0.95)
+    measured = [r for r in now_rows if r.outcome and r.outcome.measured and not r.suspect]
+    effects = {}
+    for m in EFFECT_METRICS:
+        a = ref["values"].get(m, [])
+        b = [v for r in measured if (v := r.result.value(m)) is not None]
+        if a and len(b) >= 2 and min(a + b) > 0:
+            effects[m] = decide(a, b, min_effect, 0.95)[1]
+    diffs: list[Difference] = []
+    if measured:
+        diffs = diff(ref["fingerprint"], measured[-1].result.fingerprint)
+    doc = _findings(ctl.store.run_id, metric, verdict, eff, effects, diffs, ref,
+                    [r.id for r in now_rows])
+    doc["differences"] = [d.to_json() for d in diffs]
+    path = findings.write(run_dir, doc, findings_name)
+    _print(out, doc, diffs)
+    out.print(f"findings: {path}")
+    return doc
 
 
 def _findings(run_id, metric, verdict, eff, effects, diffs, ref, trial_ids) -> dict:
