@@ -85,7 +85,7 @@ def render_html(data: RunData, plots: Sequence[Plot]) -> str:
     ranked = data.ranked
     verdict = str(ranked.get("verdict", ""))
     vclass = "verdict-found" if verdict == "found" else "verdict-other"
-    fp = T.fingerprint_table(data)
+    fps = T.fingerprint_tables(data)
     body = [
         f"<h1>sleuth report: {esc(data.run_id)}</h1>",
         f'<p>Verdict: <strong class="{vclass}">{esc(verdict)}</strong> &middot; generated '
@@ -97,7 +97,8 @@ def render_html(data: RunData, plots: Sequence[Plot]) -> str:
         "<h2>Plots</h2>",
         *([_figure(p) for p in plots] or ['<p class="note">No measured trials to plot.</p>']),
         "<h2>Fingerprint differences</h2>",
-        html_table(fp) if fp else '<p class="note">No fingerprint differences recorded.</p>',
+        *([html_table(t) for t in fps]
+          or ['<p class="note">No fingerprint differences recorded.</p>']),
         "<h2>Candidates</h2>", html_table(T.candidates_table(data)),
         "<h2>Trials</h2>", html_table(T.trials_table(data.rows)),
         "<h2>Configuration</h2>", f"<pre>{esc(data.config_yaml)}</pre>",

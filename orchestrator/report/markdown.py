@@ -60,9 +60,9 @@ def render_markdown(data: RunData, plots: Sequence[Plot], plot_dir: str = "plots
     for p in plots:
         out += [f"### {md_escape(p.title)}", "", f"![{md_escape(p.title)}]({plot_dir}/{p.name}.png)",
                 "", md_escape(p.caption), ""]
-    fp = T.fingerprint_table(data)
-    out += ["## Fingerprint differences", "",
-            md_table(fp) if fp else "No fingerprint differences recorded.\n"]
+    fps = T.fingerprint_tables(data)
+    out += ["## Fingerprint differences", ""]
+    out += [md_table(t) for t in fps] or ["No fingerprint differences recorded.\n"]
     out += ["## Candidates", "", md_table(T.candidates_table(data)),
             "## Trials", "", md_table(T.trials_table(data.rows))]
     return "\n".join(out)

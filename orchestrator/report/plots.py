@@ -41,7 +41,8 @@ class Plot:
 def _png(fig: Figure) -> bytes:
     FigureCanvasAgg(fig)
     buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=100, bbox_inches="tight")
+    # The constrained layout already fits labels; "tight" bbox would draw everything twice.
+    fig.savefig(buf, format="png", dpi=100)
     return buf.getvalue()
 
 
@@ -67,24 +68,22 @@ def distributions_plot(data: RunData) -> Plot | None:
     if not labels:
         return None
     height = min(2.0 + 0.32 * len(labels), 40.0)
-    fig = Figure(figsize=(4.2 * len(metrics) + 2.5, height))
+    fig = Figure(layout="constrained", figsize=(4.2 * len(metrics) + 2.5, height))
     axes = fig.subplots(1, len(metrics), sharey=True, squeeze=False)[0]
     rng = np.random.default_rng(0)  # fixed jitter: the same run draws the same figure
     n_trials = 0
     for ax, metric in zip(axes, metrics, strict=True):
         by_label = {s.label: s for s in per_metric[metric]}
+        reps_x, reps_y, filled, hollow = [], [], [], []
         for y, label in enumerate(labels):
             s = by_label.get(label)
             if s is None:
                 continue
             for p in s.points:
-                jitter = rng.uniform(-0.18, 0.18)
-                if p.repetitions:
-                    ax.scatter(p.repetitions, [y + jitter] * len(p.repetitions), s=6,
-                               color="#bdbdbd", zorder=1)
-                ax.scatter([p.value], [y + jitter], s=28, zorder=3,
-                           facecolors="none" if p.suspect else "#1565c0",
-                           edgecolors=SUSPECT_COLOR if p.suspect else "#1565c0")
+                jitter = y + rng.uniform(-0.18, 0.18)
+                reps_x += p.repetitions
+                reps_y += [jitter] * len(p.repetitions)
+                (hollow if p.suspect else filled).append((p.value, jitter))
             good = [p.value for p in s.points if not p.suspect]
             if good:
                 ax.plot([np.mean(good)] * 2, [y - 0.35, y + 0.35], color="black", lw=1.2, zorder=2)
@@ -93,6 +92,13 @@ def distributions_plot(data: RunData) -> Plot | None:
                             xytext=(4, 0), textcoords="offset points", va="center",
                             color=FAILED_COLOR, fontsize=8)
             n_trials += len(s.points) if metric == metrics[0] else 0
+        # One collection per kind of mark (not one per trial): a long run stays quick to draw.
+        ax.scatter(reps_x, reps_y, s=6, color="#bdbdbd", zorder=1)
+        if filled:
+            ax.scatter(*zip(*filled, strict=True), s=28, color="#1565c0", zorder=3)
+        if hollow:
+            ax.scatter(*zip(*hollow, strict=True), s=28, facecolors="none",
+                       edgecolors=SUSPECT_COLOR, zorder=3)
         ax.set_xlabel(_unit(metric))
         ax.grid(axis="x", alpha=0.3)
     axes[0].set_yticks(range(len(labels)), labels)
@@ -108,7 +114,7 @@ def distributions_plot(data: RunData) -> Plot | None:
 def posterior_plot(history: S.PosteriorHistory) -> Plot:
     n = len(history.labels)
     matrix = np.array([s.posterior for s in history.steps])
-    fig = Figure(figsize=(min(4 + 0.12 * n, 16), 6.5))
+    fig = Figure(layout="constrained", figsize=(min(max(7.0, 4 + 0.12 * n), 16), 6.5))
     top, bottom = fig.subplots(2, 1, height_ratios=[3, 1.3])
     im = top.imshow(matrix, aspect="auto", cmap="magma_r", vmin=0, vmax=1, interpolation="nearest",
                     extent=(-0.5, n - 0.5, len(history.steps) + 0.5, 0.5))
@@ -154,7 +160,7 @@ def _bars(ax, pair: S.PhasePair, metrics: Sequence[str]) -> None:
 
 
 def phase_plot(pairs: Sequence[S.PhasePair]) -> Plot:
-    fig = Figure(figsize=(10, 3.2 * len(pairs)))
+    fig = Figure(layout="constrained", figsize=(10, 3.2 * len(pairs)))
     axes = fig.subplots(len(pairs), 2, squeeze=False, width_ratios=[3, 2])
     for (ms_ax, other_ax), pair in zip(axes, pairs, strict=True):
         _bars(ms_ax, pair, S.PHASE_MS_METRICS)
@@ -171,7 +177,7 @@ def phase_plot(pairs: Sequence[S.PhasePair]) -> Plot:
 
 
 def sweep_plot(sweep: S.SweepSeries) -> Plot:
-    fig = Figure(figsize=(11, max(3.0, 1.0 + 0.35 * len(sweep.importance))))
+    fig = Figure(layout="constrained", figsize=(11, max(3.0, 1.0 + 0.35 * len(sweep.importance))))
     imp_ax, hist_ax = fig.subplots(1, 2, width_ratios=[2, 3])
     names = [k for k, _ in sweep.importance][::-1]
     imp_ax.barh(names, [v for _, v in sweep.importance][::-1], color="#00838f")
@@ -196,7 +202,7 @@ def sweep_plot(sweep: S.SweepSeries) -> Plot:
 
 def timeline_plot(spans: Sequence[S.Span]) -> Plot:
     nodes = sorted({s.node for s in spans})
-    fig = Figure(figsize=(11, 1.2 + 0.55 * len(nodes)))
+    fig = Figure(layout="constrained", figsize=(11, 1.2 + 0.55 * len(nodes)))
     ax = fig.subplots()
     end = max(s.end for s in spans) or 1.0
     for s in spans:

@@ -14,6 +14,8 @@ from dataclasses import dataclass
 
 from scipy.stats import t as student_t
 
+from orchestrator import fingerprint_diff
+from orchestrator.fingerprint_diff import Difference
 from orchestrator.metrics import METRICS
 from orchestrator.records import Candidate
 from orchestrator.report.collect import RunData
@@ -21,8 +23,6 @@ from orchestrator.store import TrialRow
 
 PHASE_MS_METRICS = ("verify_ms", "draft_ms", "decode_ms")
 PHASE_OTHER_METRICS = ("accept_len", "cuda_graph_share")
-# Fingerprint fields that describe how the trial ended, not the environment it ran in.
-_NOT_ENVIRONMENT = ("teardown.",)
 
 
 def _value(row: TrialRow, metric: str) -> float | None:
@@ -327,67 +327,68 @@ def timeline(rows: Sequence[TrialRow]) -> list[Span]:
 # -- fingerprint diff ---------------------------------------------------------------------------
 
 @dataclass(frozen=True)
-class FieldDiff:
-    field: str
-    before: tuple[str, ...]  # distinct values seen on the before side
-    after: tuple[str, ...]
-    drift: bool  # the value changed between trials of the same candidate
+class FingerprintDiff:
+    """Ranked differences (most plausible cause first) between two trial environments."""
+
+    title: str
+    differences: tuple[Difference, ...]
 
 
-def flatten(doc: object, prefix: str = "") -> dict[str, str]:
-    if isinstance(doc, Mapping):
-        out: dict[str, str] = {}
-        for k, v in doc.items():
-            out.update(flatten(v, f"{prefix}{k}."))
-        return out
-    if isinstance(doc, list | tuple):
-        return {prefix[:-1]: ", ".join(map(str, doc))}
-    return {prefix[:-1]: "" if doc is None else str(doc)}
-
-
-def _side_values(rows: Sequence[TrialRow], key: str) -> list[dict[str, str]]:
-    return [
-        {k: v for k, v in flatten(r.result.fingerprint).items() if not k.startswith(_NOT_ENVIRONMENT)}
-        for r in rows if r.candidate.key == key and r.result and r.result.fingerprint
-    ]
-
-
-def fingerprint_diff(rows: Sequence[TrialRow], before: Candidate, after: Candidate) -> list[FieldDiff]:
-    """Fields whose values differ between the two candidates' trials, or drift within one."""
-    a, b = _side_values(rows, before.key), _side_values(rows, after.key)
-    if not a or not b:
-        return []
-    fields = sorted({k for fp in a + b for k in fp})
-    out = []
-    for name in fields:
-        va = tuple(dict.fromkeys(fp.get(name, "(absent)") for fp in a))
-        vb = tuple(dict.fromkeys(fp.get(name, "(absent)") for fp in b))
-        drift = len(va) > 1 or len(vb) > 1
-        if set(va) != set(vb) or drift:
-            out.append(FieldDiff(name, va, vb, drift))
-    return out
+def _fingerprinted(rows: Sequence[TrialRow], key: str | None = None) -> list[TrialRow]:
+    return [r for r in rows if r.result and r.result.fingerprint
+            and (key is None or r.candidate.key == key)]
 
 
 def fingerprint_sides(data: RunData) -> tuple[Candidate, Candidate] | None:
     """Which two candidates to diff: a bisect's endpoints, else the top finding's pair, else the
-    first and the last candidate the run measured."""
+    first and the last candidate the run fingerprinted."""
     if data.plan:
         return data.plan.candidates[0], data.plan.candidates[-1]
     for f in data.ranked.get("findings", [])[:1]:
         cands = finding_candidates(data, f)
         if cands:
             return cands
-    seen = list({r.candidate.key: r.candidate for r in data.rows if r.result and r.result.fingerprint}.values())
+    seen = list({r.candidate.key: r.candidate for r in _fingerprinted(data.rows)}.values())
     return (seen[0], seen[-1]) if len(seen) >= 2 else None
 
 
-def reported_fingerprint_diffs(data: RunData) -> list[FieldDiff]:
-    """Diffs an experiment wrote itself (e.g. against a reference run): `fingerprint_diff` lists of
-    `{"field", "before", "after"}` in its findings document."""
+def _reported(data: RunData) -> list[FingerprintDiff]:
+    """Differences an experiment already listed (e.g. compare: reference run vs now)."""
     out = []
     for doc in data.docs:
-        for item in doc.get("fingerprint_diff") or ():
-            if isinstance(item, Mapping) and "field" in item:
-                out.append(FieldDiff(str(item["field"]), (str(item.get("before", "")),),
-                                     (str(item.get("after", "")),), False))
+        diffs = [Difference(**{k: v for k, v in f["difference"].items()
+                               if k in ("category", "key", "reference", "now", "detail",
+                                        "controllable")})
+                 for f in doc.get("findings", []) if isinstance(f.get("difference"), Mapping)]
+        if diffs:
+            name = (doc.get("reference") or {}).get("name", "reference")
+            out.append(FingerprintDiff(f"{doc.get('experiment')}: {name} vs now", tuple(diffs)))
+    return out
+
+
+def fingerprint_diffs(data: RunData) -> list[FingerprintDiff]:
+    """What differed between the environments the report compares.
+
+    Three views, each only when it has something to say: what an experiment listed itself, the
+    two sides of the run (bisect endpoints or the top finding's pair), and what changed on the
+    node between the run's first and last fingerprinted trial (code left out): the drift that
+    turns "same code" into a different result, the seed's situation.
+    """
+    out = _reported(data)
+    sides = fingerprint_sides(data)
+    if sides:
+        before, after = (_fingerprinted(data.rows, c.key) for c in sides)
+        if before and after:
+            diffs = fingerprint_diff.diff(before[0].result.fingerprint,
+                                          after[-1].result.fingerprint)
+            if diffs:
+                out.append(FingerprintDiff(f"{sides[0].label} vs {sides[1].label}", tuple(diffs)))
+    every = _fingerprinted(data.rows)
+    if len(every) >= 2:
+        drift = [d for d in fingerprint_diff.diff(every[0].result.fingerprint,
+                                                  every[-1].result.fingerprint)
+                 if d.category != "code"]
+        if drift:
+            out.append(FingerprintDiff(f"during the run: trial {every[0].id} vs trial"
+                                       f" {every[-1].id}", tuple(drift)))
     return out

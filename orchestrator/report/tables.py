@@ -109,13 +109,24 @@ def effects_table(finding: Mapping) -> TextTable:
     )
 
 
+def headline_total(summary: Mapping) -> Mapping | None:
+    """An experiment's total change on its metric: bisect writes one `{pct, ci}`, compare one
+    per metric."""
+    total = summary.get("total_effect")
+    if not isinstance(total, Mapping):
+        return None
+    if "pct" in total:
+        return total
+    metric_total = total.get(summary.get("metric"))
+    return metric_total if isinstance(metric_total, Mapping) else None
+
+
 def experiments_table(ranked: Mapping) -> TextTable:
     rows = []
     for e in ranked.get("experiments", []):
-        total = e.get("total_effect")
         rows.append((str(e.get("experiment", "")), str(e.get("metric") or "-"),
                      str(e.get("verdict") or "-"), str(e.get("n_findings", 0)),
-                     fmt_effect(total) if total else "-", str(e.get("message") or "")))
+                     fmt_effect(headline_total(e)), str(e.get("message") or "")))
     return TextTable("experiments", "Experiments",
                      ("experiment", "metric", "verdict", "findings", "total change", "message"),
                      tuple(rows))
@@ -163,17 +174,14 @@ def trials_table(rows: Sequence) -> TextTable:
                       "flag", "detail"), tuple(out))
 
 
-def fingerprint_table(data: RunData) -> TextTable | None:
-    diffs = S.reported_fingerprint_diffs(data)
-    sides = S.fingerprint_sides(data)
-    title = "Fingerprint differences"
-    if sides:
-        diffs += S.fingerprint_diff(data.rows, *sides)
-        title += f" ({sides[0].label} vs {sides[1].label})"
-    if not diffs:
-        return None
-    rows = tuple((d.field, " | ".join(d.before), " | ".join(d.after),
-                  "drifted between trials" if d.drift else "") for d in diffs)
-    return TextTable("fingerprint", title, ("field", "before", "after", "note"), rows,
-                     "Fields of the trial environment that differ between the two sides, or that"
-                     " changed between trials of the same candidate.")
+def fingerprint_tables(data: RunData) -> list[TextTable]:
+    out = []
+    for i, fd in enumerate(S.fingerprint_diffs(data)):
+        rows = tuple((d.category, d.key, "unset" if d.reference is None else str(d.reference),
+                      "unset" if d.now is None else str(d.now), d.detail,
+                      "yes" if d.controllable else "no") for d in fd.differences)
+        out.append(TextTable(f"fingerprint-{i}", f"Fingerprint differences: {fd.title}",
+                             ("category", "field", "before", "after", "where", "controllable"),
+                             rows, "Most plausible cause of a performance change first;"
+                             " controllable differences can be tested per trial (isolate)."))
+    return out

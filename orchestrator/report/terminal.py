@@ -43,8 +43,7 @@ def print_report(console: Console, data: RunData, paths: Sequence[Path] = ()) ->
     top = data.ranked.get("findings", [])[:1]
     for f in top:
         console.print(rich_table(T.effects_table(f)))
-    fp = T.fingerprint_table(data)
-    if fp:
+    for fp in T.fingerprint_tables(data):
         console.print(rich_table(fp, max_rows=MAX_TERMINAL_ROWS))
     console.print(rich_table(T.candidates_table(data), max_rows=MAX_TERMINAL_ROWS))
     for path in paths:

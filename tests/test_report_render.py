@@ -1,0 +1,304 @@
+"""Report rendering on synthetic stores: fast, and every number known in advance.
+
+The synthetic run is a real `RunStore` filled the way the bisect command fills it: the real
+`BisectStrategy` proposes points, a virtual oracle (19 ms before the culprit, 29 ms from it,
+2% restart noise) answers, rows are written with `begin_trial`/`finish_trial`, and the findings
+come from `orchestrator.findings.bisect_findings`. One trial is suspect, one commit cannot be
+built, and the node's power limit changes half-way (drift a fingerprint diff must show).
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import html.parser
+import json
+import math
+import random
+from pathlib import Path
+
+import pytest
+from omegaconf import OmegaConf
+
+from orchestrator import findings
+from orchestrator.cli import main as cli_main
+from orchestrator.commands import bisect
+from orchestrator.config.compose import compose_config
+from orchestrator.drive import observation
+from orchestrator.records import Candidate, Measurement, Outcome, TrialResult
+from orchestrator.report import load_run, write_report
+from orchestrator.report import series as S
+from orchestrator.report.html import render_html
+from orchestrator.report.markdown import md_escape, render_markdown
+from orchestrator.report.plots import make_plots
+from orchestrator.store import RunStore
+from orchestrator.workspace import CommitInfo
+
+N, CULPRIT, BROKEN = 16, 9, 4
+EVIL = "fix <script>alert(1)</script> | *bold* `code` [x](y) $a$ & more"
+
+
+def _sha(i: int) -> str:
+    return hashlib.sha1(f"commit {i}".encode()).hexdigest()
+
+
+def _fingerprint(sha: str, power: int) -> dict:
+    return {"git": {"sha": sha, "patches": {}}, "packages": {"torch": "2.9.1"},
+            "gpu": {"driver_version": "590.48.01",
+                    "gpus": [{"index": 0, "name": "RTX PRO 6000", "power_limit_w": power}]},
+            "host": {"kernel": "6.1.0", "boot_id": "b1", "hostname": "node"},
+            "env": {"server": {"NCCL_PROTO": "LL128"}}}
+
+
+def _metrics(verify: float, rng: random.Random) -> dict:
+    return {"verify_ms": verify, "draft_ms": 6.5 * math.exp(rng.gauss(0, 0.02)),
+            "decode_ms": 11.2 * math.exp(rng.gauss(0, 0.02)), "accept_len": 2.4,
+            "output_throughput": 3000.0 / (verify + 12), "cuda_graph_share": 1.0}
+
+
+def build_bisect_run(root: Path, run_id: str = "syn") -> dict:
+    """A finished synthetic bisect run directory (see the module docstring)."""
+    cfg = compose_config("bisect", [f"runs_dir={root}", "metric=verify_ms", "nodes=2",
+                                    "trial.retries=0", f"run_id={run_id}"])
+    run_dir = root / run_id
+    run_dir.mkdir(parents=True)
+    store = RunStore.create(run_dir / "trials.db", run_id=run_id, command="bisect",
+                            config_yaml=OmegaConf.to_yaml(cfg))
+    commits = [CommitInfo(_sha(i), (_sha(i - 1),) if i else (), EVIL if i == CULPRIT else
+                          f"commit {i}", "Dev <dev@example.com>", "2026-01-01", ("python/x.py",))
+               for i in range(N)]
+    points = [Candidate.make(c.sha) for c in commits]
+    bisect._save_plan(run_dir, commits, points, None)
+    strategy = bisect._strategy(cfg, N, None)
+    rng = random.Random(7)
+    obs, clock, suspect_id = [], 1000.0, None
+    while not strategy.verdict(obs).done:
+        proposals = strategy.propose(obs, [], 2)
+        assert proposals
+        for k, p in enumerate(proposals):
+            node = f"local-{k}"
+            tid = store.begin_trial(store.candidate_id(points[p.point]), node=node, phase=p.phase)
+            fp = _fingerprint(commits[p.point].sha, 600 if tid < 8 else 450)
+            if p.point == BROKEN:
+                result = TrialResult(Outcome.LAUNCH_FAILED, "exit 1", started_at=clock,
+                                     ended_at=clock + 1, node=node, fingerprint=fp)
+            else:
+                level = 29.0 if p.point >= CULPRIT else 19.0
+                suspect = suspect_id is None and tid >= 3
+                reps = tuple(Measurement(r, _metrics(level * math.exp(rng.gauss(0, 0.02)) *
+                                                     (1.6 if suspect else 1.0), rng))
+                             for r in range(2))
+                result = TrialResult(Outcome.OK, measurements=reps, started_at=clock,
+                                     ended_at=clock + 5 + k, node=node, fingerprint=fp,
+                                     suspect=suspect, suspect_reason="GPU throttled" if suspect else "")
+                suspect_id = tid if suspect else suspect_id
+            store.finish_trial(tid, result)
+            o = observation(store.trial(tid), p.point, "verify_ms", 1)
+            obs.append(o)
+        clock += 7
+    verdict = strategy.verdict(obs)
+    rows = store.trials()
+    doc = findings.bisect_findings(run_id=run_id, metric="verify_ms", verdict=verdict,
+                                   commits=commits, keys=[p.key for p in points], rows=rows)
+    findings.write(run_dir, doc)
+    store.set_status("done")
+    store.close()
+    return {"run_dir": run_dir, "commits": commits, "points": points, "verdict": verdict,
+            "n_obs": len(obs), "suspect_id": suspect_id, "store_path": run_dir / "trials.db"}
+
+
+def add_sweep(run: dict) -> None:
+    """Sweep trials on the bad commit over NCCL_PROTO (which matters) and a neutral setting."""
+    store = RunStore.open(run["store_path"])
+    bad = run["commits"][-1].sha
+    rng = random.Random(3)
+    clock = 5000.0
+    for i in range(12):
+        proto = ("LL", "LL128", "Simple")[i % 3]
+        cand = Candidate.make(bad, env={"NCCL_PROTO": proto, "NCCL_MIN_NCHANNELS": str(4 + i % 2)})
+        tid = store.begin_trial(store.candidate_id(cand), node=f"local-{i % 2}", phase="sweep")
+        level = {"LL": 27.0, "LL128": 29.0, "Simple": 33.0}[proto]
+        reps = tuple(Measurement(r, _metrics(level * math.exp(rng.gauss(0, 0.01)), rng))
+                     for r in range(2))
+        store.finish_trial(tid, TrialResult(Outcome.OK, measurements=reps, started_at=clock,
+                                            ended_at=clock + 4, node=f"local-{i % 2}"))
+        clock += 4
+    store.close()
+    doc = {"run": "syn", "experiment": "sweep", "metric": "verify_ms", "verdict": "found",
+           "message": "NCCL_PROTO=LL is best", "findings": [
+               {"rank": 1, "kind": "env", "id": "NCCL_PROTO=LL", "summary": "best setting",
+                "probability": None, "effect": {"verify_ms": {"pct": -6.9, "ci": [-8.0, -5.8]}},
+                "evidence": []}]}
+    (run["run_dir"] / "findings-sweep.json").write_text(json.dumps(doc))
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory) -> dict:
+    return build_bisect_run(tmp_path_factory.mktemp("report_syn"))
+
+
+@pytest.fixture(scope="module")
+def data(run):
+    return load_run(run["run_dir"])
+
+
+@pytest.fixture(scope="module")
+def plots(data):
+    return make_plots(data)
+
+
+def test_synthetic_bisect_found_the_culprit(run, data):
+    """Guards the fixture: everything below relies on a found culprit at CULPRIT."""
+    assert run["verdict"].status == "found"
+    top = data.ranked["findings"][0]
+    assert top["id"] == _sha(CULPRIT) and top["rank"] == 1
+    assert top["moved"].keys() == {"verify_ms"} and top["moved"]["verify_ms"] > 30
+
+
+def test_every_trial_is_in_the_distributions(run, data):
+    measured = [r for r in data.rows if r.outcome.measured]
+    series = S.distributions(data, "verify_ms")
+    assert sorted(p.trial_id for s in series for p in s.points) == sorted(r.id for r in measured)
+    assert sum(len(s.failed) for s in series) == sum(1 for r in data.rows if not r.outcome.measured)
+    (suspect,) = [p for s in series for p in s.points if p.suspect]
+    assert suspect.trial_id == run["suspect_id"]
+    assert all(len(p.repetitions) == 2 for s in series for p in s.points)
+    # Bisect points come in commit order, labelled with their position.
+    positions = [int(s.label.split()[0][1:]) for s in series]
+    assert positions == sorted(positions) and positions[0] == 0 and positions[-1] == N - 1
+
+
+def test_posterior_replay_matches_the_run(run, data):
+    history = S.posterior_history(data)
+    assert len(history.steps) == run["n_obs"]
+    assert history.steps[0].status == "reproducing" and history.steps[-1].status == "found"
+    assert history.culprits == (CULPRIT,)
+    assert history.steps[-1].best_point == CULPRIT
+    assert history.steps[-1].best_probability >= 0.99
+    assert history.steps[-1].posterior[CULPRIT] >= 0.99
+    # Point masses never exceed one (the rest is the "no change in this range" hypothesis).
+    assert all(0 <= sum(s.posterior) <= 1 + 1e-9 for s in history.steps)
+
+
+def test_phase_pairs_and_timeline(run, data):
+    pairs = S.phase_pairs(data)
+    top = pairs[0]
+    assert top.before_label == _sha(CULPRIT - 1)[:10] and top.after_label == _sha(CULPRIT)[:10]
+    verify = {m: (a, b) for m, a, b in top.metrics}["verify_ms"]
+    assert 18 < verify[0].mean < 20 and 28 < verify[1].mean < 30
+    assert verify[0].lo < verify[0].mean < verify[0].hi
+    assert pairs[-1].title.startswith("bisect endpoints")
+    spans = S.timeline(data.rows)
+    assert len(spans) == len(data.rows) and {s.node for s in spans} == {"local-0", "local-1"}
+    assert min(s.start for s in spans) == 0
+
+
+def test_fingerprint_diff_shows_the_power_limit_drift(data):
+    views = S.fingerprint_diffs(data)
+    titles = [v.title for v in views]
+    drift = next(v for v in views if v.title.startswith("during the run"))
+    assert [d.key for d in drift.differences] == ["power_limit_w"], titles
+    assert (drift.differences[0].reference, drift.differences[0].now) == (600, 450)
+    endpoints = views[0]
+    assert endpoints.title == f"{_sha(0)[:10]} vs {_sha(N - 1)[:10]}"
+    assert "git" in {d.key for d in endpoints.differences}
+
+
+def test_html_is_self_contained_and_escaped(data, plots):
+    assert [p.name for p in plots] == ["distributions", "posterior", "phases", "timeline"]
+    page = render_html(data, plots)
+
+    class Collect(html.parser.HTMLParser):
+        def __init__(self):
+            super().__init__()
+            self.tags, self.urls, self.text = [], [], []
+
+        def handle_starttag(self, tag, attrs):
+            self.tags.append(tag)
+            self.urls += [v for k, v in attrs if k in ("src", "href")]
+
+        def handle_data(self, d):
+            self.text.append(d)
+
+    parsed = Collect()
+    parsed.feed(page)
+    assert "script" not in parsed.tags
+    assert EVIL in "".join(parsed.text)  # shown as text, character for character
+    assert "<script>alert" not in page
+    images = [u for u in parsed.urls if u.startswith("data:image/png;base64,")]
+    assert len(images) == len(plots)
+    assert all(base64.b64decode(u.split(",", 1)[1]).startswith(b"\x89PNG") for u in images)
+    assert set(parsed.urls) - set(images) == {"data:,"}  # nothing else is loaded
+    assert "Content-Security-Policy" in page and "default-src 'none'" in page
+
+
+def test_markdown_escapes_every_cell(data, plots):
+    assert md_escape("a|b") == "a\\|b" and md_escape("<s>") == "&lt;s&gt;"
+    assert md_escape("line\nbreak") == "line break"
+    md = render_markdown(data, plots)
+    assert "<script>" not in md
+    findings_rows = [ln for ln in md.splitlines() if ln.startswith("| 1 | commit |")]
+    (row,) = findings_rows
+    # An escaped pipe does not split a cell: the row has exactly the table's 12 cells.
+    assert len([c for c in row.replace("\\|", "").split("|")[1:-1]]) == 12
+    assert "![Per-candidate metric distributions](plots/distributions.png)" in md
+
+
+def test_report_command_prints_tables_and_paths(run, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        cli_main(["report", str(run["run_dir"])])
+    assert exit_info.value.code == 0
+    out = capsys.readouterr().out
+    assert f"report: {run['run_dir'] / 'report.html'}" in out
+    assert _sha(CULPRIT)[:12] in out and "Ranked findings" in out
+    for name in ("report.md", "report.html", "plots/posterior.png"):
+        assert (run["run_dir"] / name).stat().st_size > 1000
+
+
+def test_missing_run_is_bad_input_and_writes_nothing(tmp_path, capsys):
+    runs = tmp_path / "runs"
+    with pytest.raises(SystemExit) as exit_info:
+        cli_main(["report", "no-such-run", f"runs_dir={runs}"])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("sleuth: error: no run 'no-such-run'") and "\n" not in err
+    assert not runs.exists()
+    with pytest.raises(SystemExit) as exit_info:
+        cli_main(["report"])
+    assert exit_info.value.code == 2
+
+
+def test_second_experiment_is_ranked_in_and_findings_rewritten(tmp_path):
+    run = build_bisect_run(tmp_path / "runs", run_id="two")
+    add_sweep(run)
+    data, files = write_report(run["run_dir"])
+    assert files.findings == run["run_dir"] / "findings.json"
+    doc = json.loads(files.findings.read_text())
+    assert doc["experiment"] == "bisect+sweep"
+    assert [(f["rank"], f["kind"]) for f in doc["findings"]] == [(1, "commit"), (2, "env")]
+    assert [s["experiment"] for s in doc["sources"]] == ["bisect", "sweep"]
+    sweep = S.sweep_series(data)
+    assert len(sweep.history) == 12
+    assert sweep.importance[0][0] == "env.NCCL_PROTO" and sweep.importance[0][1] > 0.9
+    assert dict(sweep.importance)["env.NCCL_MIN_NCHANNELS"] < 0.2
+    assert sweep.history[-1][2] == min(v for _, v, _ in sweep.history)  # lower verify is better
+    assert "plot-sweep" in files.html.read_text()
+    # Reading the rewritten file back gives the same ranking, nothing duplicated.
+    again = json.loads(json.dumps(load_run(run["run_dir"]).ranked, default=float))
+    assert again["findings"] == doc["findings"] and len(again["sources"]) == 2
+
+
+def test_a_run_without_measurements_still_reports(tmp_path):
+    cfg = compose_config("trial", [f"runs_dir={tmp_path}"])
+    run_dir = tmp_path / "empty"
+    run_dir.mkdir()
+    store = RunStore.create(run_dir / "trials.db", run_id="empty", command="trial",
+                            config_yaml=OmegaConf.to_yaml(cfg))
+    tid = store.begin_trial(store.candidate_id(Candidate.make("a" * 40)), node="local-0")
+    store.finish_trial(tid, TrialResult(Outcome.LAUNCH_FAILED, "exit 1", started_at=1.0,
+                                        ended_at=2.0, node="local-0"))
+    store.close()
+    data, files = write_report(run_dir)
+    assert data.ranked["findings"] == [] and data.ranked["verdict"] == "empty"
+    assert "No findings." in files.markdown.read_text()
+    assert [p.name for p in files.plots] == ["timeline.png"]
