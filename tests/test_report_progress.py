@@ -1,0 +1,110 @@
+"""Live progress: counters, durations and ETA from events, plain lines off a terminal, a rich
+panel on one. A fake clock makes every number exact."""
+
+from __future__ import annotations
+
+import io
+
+import pytest
+from rich.console import Console
+
+from orchestrator.progress import Progress, expected_bisect_trials, format_duration
+from orchestrator.records import Candidate, Outcome, TrialResult
+from orchestrator.store import TrialRow
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def _plain(total: int | None = 6) -> tuple[Progress, io.StringIO, Clock]:
+    buf, clock = io.StringIO(), Clock()
+    console = Console(file=buf, width=300, force_terminal=False)
+    return Progress(console, total_hint=total, clock=clock), buf, clock
+
+
+def _row(tid: int, node: str, outcome: Outcome, started: float, ended: float) -> TrialRow:
+    return TrialRow(id=tid, candidate_id=1, candidate=Candidate.make("b" * 40), node=node,
+                    phase="search", attempt=1, state="done", outcome=outcome, detail="",
+                    started_at=started, ended_at=ended, log_path="", suspect=False,
+                    result=TrialResult(outcome))
+
+
+def test_events_give_counts_durations_and_eta():
+    progress, buf, clock = _plain(total=6)
+    assert not progress.live_mode  # a StringIO is not a terminal
+    progress.on_event("trial 1 started on local-0: abc123 NCCL_PROTO=LL (reproduce)")
+    progress.on_event("trial 2 started on local-1: def456 (reproduce)")
+    clock.now += 4
+    progress.on_event("trial 1 on local-0 ok in 10.0s")
+    progress.on_event("trial 3 started on local-0: abc123 NCCL_PROTO=LL (reproduce)")
+    clock.now += 2
+    progress.on_event("trial 2 on local-1 launch_failed in 6.0s: exit 1")
+    s = progress.snapshot()
+    assert (s.done, s.ok, s.failed) == (2, 1, 1)
+    assert [r.trial_id for r in s.running] == [3] and s.running[0].label == "abc123 NCCL_PROTO=LL"
+    assert s.running[0].phase == "reproduce"
+    assert s.nodes == ("local-0", "local-1") and s.done_per_node == {"local-0": 1, "local-1": 1}
+    assert s.mean_duration == 8.0 and s.last_duration == 6.0
+    # 3 trials not started x 8 s + (8 - 2) s left of trial 3, over 2 nodes.
+    assert s.eta_s == pytest.approx((3 * 8 + 6) / 2)
+    lines = buf.getvalue().splitlines()
+    assert lines[0] == "trial 1 started on local-0: abc123 NCCL_PROTO=LL (reproduce)"
+    assert "progress: 1/~6 trials done (1 ok, 0 failed)" in lines[3]
+    assert lines[-1].startswith("progress: 2/~6 trials done (1 ok, 1 failed) · running local-0 #3")
+    assert lines[-1].endswith("ETA ~15s")
+
+
+def test_verdicts_print_only_when_they_change():
+    progress, buf, _ = _plain()
+    progress.on_verdict("searching", "abc123", 0.42)
+    progress.on_verdict("searching", "abc123", 0.42)
+    progress.on_verdict("verifying", "abc123", 0.995)
+    lines = buf.getvalue().splitlines()
+    assert len(lines) == 2
+    assert "best abc123 p=0.420 · [searching]" in lines[0]
+    assert "best abc123 p=0.995 · [verifying]" in lines[1]
+
+
+def test_rows_count_once_even_with_their_events():
+    progress, buf, _ = _plain(total=None)
+    progress.on_event("trial 7 on local-2 ok in 3.0s")
+    progress.on_trial(_row(7, "local-2", Outcome.OK, 10.0, 13.0))  # same trial: no new line
+    progress.on_trial(_row(8, "local-2", Outcome.CRASHED, 13.0, 18.0))
+    progress.on_trial(TrialRow(**{**_row(9, "local-2", Outcome.OK, 0, 0).__dict__,
+                                  "outcome": None}))  # unfinished: ignored
+    s = progress.snapshot()
+    assert (s.done, s.ok, s.failed, s.mean_duration) == (2, 1, 1, 4.0)
+    assert s.eta_s is None  # no total: no ETA is invented
+    text = buf.getvalue()
+    assert text.count("trial 7") == 1 and "trial 8 on local-2 crashed in 5.0s" in text
+    assert "ETA" not in text
+
+
+def test_live_panel_on_a_terminal():
+    buf, clock = io.StringIO(), Clock()
+    console = Console(file=buf, width=140, force_terminal=True, color_system=None)
+    with Progress(console, total_hint=4, clock=clock) as progress:
+        assert progress.live_mode
+        progress.on_event("trial 1 started on local-0: abc123 (search)")
+        clock.now += 65
+        progress.on_verdict("searching", "abc123", 0.5)
+        panel = Console(file=io.StringIO(), width=140, color_system=None)
+        panel.print(progress.render())
+        text = panel.file.getvalue()
+        progress.on_event("trial 1 on local-0 ok in 65.0s")
+    assert "local-0" in text and "#1 search" in text and "1m05s" in text
+    assert "best: abc123  P = 0.500" in text and "ETA ~?" in text
+    out = buf.getvalue()
+    assert "trial 1 on local-0 ok in 65.0s" in out and "trials per node" in out
+    assert "ETA ~3m15s" in out  # after the trial: 3 x 65 s on one node
+
+
+def test_helpers():
+    assert expected_bisect_trials(100) == 4 + 7 + 2 + 4
+    assert expected_bisect_trials(1) == expected_bisect_trials(2)
+    assert [format_duration(s) for s in (None, 9.4, 75, 3725)] == ["?", "9s", "1m15s", "1h02m"]
