@@ -8,6 +8,7 @@ talk to it through `submit` / `wait` / `idle_nodes` and never see Ray.
 
 from __future__ import annotations
 
+import dataclasses
 import signal
 import threading
 import time
@@ -18,10 +19,15 @@ from pathlib import Path
 import ray
 from omegaconf import DictConfig, OmegaConf
 
+from orchestrator.errors import UserError
 from orchestrator.records import Candidate, Outcome, TrialResult
 from orchestrator.runner.node import NodeRunner
 from orchestrator.runner.trial import TrialSpec
 from orchestrator.store import RunStore, TrialRow
+
+# A Ray node runs trials only if it offers this custom resource (one unit: one trial at a time):
+#   ray start --address HEAD:6379 --resources '{"sleuth_node": 1}'
+NODE_RESOURCE = "sleuth_node"
 
 # Outcomes worth another attempt: the server, not the candidate, may be at fault.
 RETRYABLE = {Outcome.LAUNCH_FAILED, Outcome.NOT_READY, Outcome.CRASHED, Outcome.HUNG,
@@ -65,9 +71,27 @@ def start_ray(cluster: Mapping) -> bool:
             log_to_driver=False,
             namespace="sleuth",
         )
+    elif cluster.get("kind") == "ray":
+        # No address: Ray's own discovery (RAY_ADDRESS, or a head started on this machine).
+        ray.init(address=cluster.get("address") or "auto", log_to_driver=False,
+                 namespace="sleuth")
     else:
-        ray.init(address=cluster["address"], log_to_driver=False, namespace="sleuth")
+        raise UserError(f"unknown cluster.kind {cluster.get('kind')!r} (known: local, ray)")
     return True
+
+
+def sleuth_nodes() -> list[dict]:
+    """Alive Ray nodes offering the `sleuth_node` resource, in a stable order."""
+    nodes = [n for n in ray.nodes()
+             if n.get("Alive") and n.get("Resources", {}).get(NODE_RESOURCE, 0) >= 1]
+    return sorted(nodes, key=lambda n: (n.get("NodeManagerHostname", ""), n["NodeID"]))
+
+
+def node_name(node: Mapping) -> str:
+    """`<hostname>-<first 8 of the Ray node id>`: readable, and unique even when two Ray nodes
+    share a host (several GPU groups on one machine, or a test cluster)."""
+    host = str(node.get("NodeManagerHostname") or node.get("NodeManagerAddress") or "node")
+    return f"{host.split('.')[0]}-{node['NodeID'][:8]}"
 
 
 class Controller:
@@ -91,6 +115,8 @@ class Controller:
         self.retries = int(cfg.trial.retries)
         self._interrupted = False
         self._old_handlers: dict[int, object] = {}
+        # cluster=ray: node name -> (Ray node id, address) the node's actor is pinned to.
+        self._placement: dict[str, tuple[str, str]] = {}
 
     # -- lifecycle -----------------------------------------------------------------------------
     def __enter__(self) -> Controller:
@@ -124,21 +150,52 @@ class Controller:
     def start(self) -> None:
         self._install_signals()
         self._started_ray = start_ray(OmegaConf.to_container(self.cfg.cluster, resolve=True))
-        for i in range(int(self.cfg.nodes)):
-            self._actors[f"local-{i}"] = self._new_actor(f"local-{i}")
-        infos = ray.get([a.info.remote() for a in self._actors.values()])
-        for info in infos:
-            if info.get("reaped"):
-                self.on_event(f"node {info['name']}: stopped a server left running by an earlier"
-                              f" controller (pids {info['reaped']})")
+        try:
+            for name in self._node_names():
+                self._actors[name] = self._new_actor(name)
+            infos = ray.get([a.info.remote() for a in self._actors.values()])
+            for info in infos:
+                if info.get("reaped"):
+                    self.on_event(f"node {info['name']}: stopped a server left running by an"
+                                  f" earlier controller (pids {info['reaped']})")
+            problems = ray.get([a.preflight.remote() for a in self._actors.values()])
+        except BaseException:
+            self.stop()
+            raise
+        for problem in problems:
+            if problem:
+                self.stop()
+                raise UserError(problem)
+
+    def _node_names(self) -> list[str]:
+        """`local-<i>` actors on the local Ray; on a cluster, one per `sleuth_node` Ray node."""
+        want = int(self.cfg.nodes)
+        if self.cfg.cluster.kind != "ray":
+            return [f"local-{i}" for i in range(want)]
+        offered = sleuth_nodes()
+        if not offered:
+            raise UserError(f"no Ray node offers the {NODE_RESOURCE!r} resource: start each GPU"
+                            " node with ray start --address HEAD:PORT --resources"
+                            f" '{{\"{NODE_RESOURCE}\": 1}}'")
+        if len(offered) < want:
+            self.on_event(f"nodes={want} but the cluster offers {len(offered)} sleuth node(s):"
+                          f" using {len(offered)}")
+        for node in offered[:want]:
+            self._placement[node_name(node)] = (node["NodeID"], node.get("NodeManagerAddress", ""))
+        return list(self._placement)
 
     def _new_actor(self, name: str):
         target = OmegaConf.to_container(self.cfg.target, resolve=True)
         bench = OmegaConf.to_container(self.cfg.bench, resolve=True)
         state_dir = self.runs_dir / ".nodes" / name
-        return ray.remote(NodeRunner).options(
-            num_cpus=0, max_concurrency=4, max_restarts=0
-        ).remote(name, str(state_dir), target, bench)
+        options: dict = {"num_cpus": 0, "max_concurrency": 4, "max_restarts": 0}
+        if name in self._placement:  # pinned to its Ray node; the resource admits one actor
+            from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+            options["resources"] = {NODE_RESOURCE: 1}
+            options["scheduling_strategy"] = NodeAffinitySchedulingStrategy(
+                self._placement[name][0], soft=False)
+        return ray.remote(NodeRunner).options(**options).remote(name, str(state_dir), target, bench)
 
     def stop(self) -> None:
         """Tear down running servers and record their trials as interrupted (resumable)."""
@@ -237,6 +294,7 @@ class Controller:
                         # A fresh actor for the node; it reaps any server the dead one left.
                         self._actors[inflight.node] = self._new_actor(inflight.node)
                         ray.get(self._actors[inflight.node].info.remote())
+                result = self._with_node_identity(inflight.node, result)
                 self._persist_log(inflight, result)
                 self.store.finish_trial(inflight.trial_id, result)
                 self.on_event(self._describe(inflight, result))
@@ -254,6 +312,15 @@ class Controller:
             rows = self.wait()
             if rows:
                 return rows[0]
+
+    def _with_node_identity(self, node: str, result: TrialResult) -> TrialResult:
+        """On a cluster the Ray node a trial ran on is part of its fingerprint."""
+        if node not in self._placement or not result.fingerprint:
+            return result
+        node_id, address = self._placement[node]
+        fp = dict(result.fingerprint)
+        fp["host"] = {**fp.get("host", {}), "ray_node_id": node_id, "ray_node_address": address}
+        return dataclasses.replace(result, fingerprint=fp)
 
     def _persist_log(self, inflight: _InFlight, result: TrialResult) -> None:
         """On a remote node the log lives there; keep its tail in the run directory."""

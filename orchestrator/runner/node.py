@@ -112,6 +112,10 @@ class NodeRunner:
     def status(self) -> dict:
         return dict(self._current)
 
+    def preflight(self) -> str:
+        """Empty if this node can run the target; else one line saying why not."""
+        return self.target.preflight() or ""
+
     def _node_clean(self) -> str:
         """Empty if the previous server is gone; otherwise what is still there."""
         if self._leftover_pgid is None:
