@@ -242,6 +242,7 @@ def test_markdown_escapes_every_cell(data, plots):
     # An escaped pipe does not split a cell: the row has exactly the table's 12 cells.
     assert len([c for c in row.replace("\\|", "").split("|")[1:-1]]) == 12
     assert "![Per-candidate metric distributions](plots/distributions.png)" in md
+    assert "suspect: GPU throttled" in md  # the trials table says why a trial was set aside
 
 
 def test_report_command_prints_tables_and_paths(run, capsys):

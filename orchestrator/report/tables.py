@@ -161,6 +161,13 @@ def candidates_table(data: RunData) -> TextTable:
                      tuple(rows))
 
 
+def _suspect_flag(row) -> str:
+    if not row.suspect:
+        return ""
+    reason = row.result.suspect_reason if row.result else ""
+    return f"suspect: {reason}" if reason else "suspect"
+
+
 def trials_table(rows: Sequence) -> TextTable:
     out = []
     for r in rows:
@@ -168,7 +175,7 @@ def trials_table(rows: Sequence) -> TextTable:
         out.append((str(r.id), r.node, r.phase, r.candidate.label,
                     r.outcome.value if r.outcome else "running", str(r.attempt),
                     "-" if secs is None else f"{secs:.1f}",
-                    "suspect" if r.suspect else "", (r.detail or "")[:160]))
+                    _suspect_flag(r), (r.detail or "")[:160]))
     return TextTable("trials", "All trials",
                      ("id", "node", "phase", "candidate", "outcome", "attempt", "seconds",
                       "flag", "detail"), tuple(out))
