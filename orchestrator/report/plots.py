@@ -151,11 +151,16 @@ def _bars(ax, pair: S.PhasePair, metrics: Sequence[str]) -> None:
                         else [0, 0] for r in rows]).T.reshape(2, len(rows))
         ax.bar(x + offset, means, width=0.4, color=color, alpha=0.8, label=label,
                yerr=err, capsize=3)
-        for xi, mean in zip(x + offset, means, strict=True):
-            if np.isfinite(mean):
-                ax.annotate(f"{mean:.3g}", (xi, mean), ha="center", va="bottom", fontsize=7,
+        for xi, mean, r in zip(x + offset, means, rows, strict=True):
+            if np.isfinite(mean):  # the label sits above the interval, clear of the dots
+                top = max(r[side].hi, *r[side].values) if r[side] else mean
+                ax.annotate(f"{mean:.3g}", (xi, top), ha="center", va="bottom", fontsize=7,
                             xytext=(0, 2), textcoords="offset points")
+            if r[side] and r[side].values:  # every trial, not only its mean
+                ax.scatter([xi] * len(r[side].values), r[side].values, s=9, color="black",
+                           zorder=3)
     ax.set_xticks(x, [r[0] for r in rows])
+    ax.margins(y=0.15)  # room for the labels above the tallest interval
     ax.grid(axis="y", alpha=0.3)
 
 
@@ -171,8 +176,9 @@ def phase_plot(pairs: Sequence[S.PhasePair]) -> Plot:
         _bars(other_ax, pair, S.PHASE_OTHER_METRICS)
         other_ax.set_title("accept length, CUDA-graph share", loc="left")
     return Plot("phases", "Phase breakdown before/after",
-                "Mean per trial with 95% t-intervals over restarts: verify, draft and decode"
-                " time, draft accept length and the share of passes run inside a CUDA graph.",
+                "Mean over trials (dots: each trial) with 95% t-intervals over restarts:"
+                " verify, draft and decode time, draft accept length and the share of passes"
+                " run inside a CUDA graph.",
                 _png(fig))
 
 

@@ -158,6 +158,7 @@ class Interval:
     lo: float
     hi: float
     n: int
+    values: tuple[float, ...] = ()  # the trial-level values behind it
 
 
 def mean_interval(values: Sequence[float], confidence: float = 0.95) -> Interval | None:
@@ -166,10 +167,10 @@ def mean_interval(values: Sequence[float], confidence: float = 0.95) -> Interval
         return None
     mean = statistics.fmean(values)
     if len(values) < 2:
-        return Interval(mean, mean, mean, 1)
+        return Interval(mean, mean, mean, 1, tuple(values))
     half = float(student_t.ppf(0.5 + confidence / 2, len(values) - 1)) * statistics.stdev(
         values) / math.sqrt(len(values))
-    return Interval(mean, mean - half, mean + half, len(values))
+    return Interval(mean, mean - half, mean + half, len(values), tuple(values))
 
 
 @dataclass(frozen=True)
