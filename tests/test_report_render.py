@@ -252,6 +252,7 @@ def test_report_command_prints_tables_and_paths(run, capsys):
     out = capsys.readouterr().out
     assert f"report: {run['run_dir'] / 'report.html'}" in out
     assert _sha(CULPRIT)[:12] in out and "Ranked findings" in out
+    assert f'#1 commit {_sha(CULPRIT)[:12]} "{EVIL}"' in out  # printed as typed, no markup
     for name in ("report.md", "report.html", "plots/posterior.png"):
         assert (run["run_dir"] / name).stat().st_size > 1000
 

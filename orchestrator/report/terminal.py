@@ -17,8 +17,9 @@ from orchestrator.report import tables as T
 from orchestrator.report.collect import RunData
 
 # Columns of the findings table worth their terminal width (the rest is in the files).
+# Summaries follow the table as lines of their own: in a column they wrap into a narrow tower.
 _TERMINAL_FINDING_COLUMNS = ("rank", "kind", "id", "experiment", "P(cause)", "effect [95% CI]",
-                             "phase", "accept len", "trials", "flags", "summary")
+                             "phase", "accept len", "cuda graph share", "trials", "flags")
 MAX_TERMINAL_ROWS = 40
 
 
@@ -39,7 +40,10 @@ def rich_table(table: T.TextTable, columns: Sequence[str] | None = None,
 def print_report(console: Console, data: RunData, paths: Sequence[Path] = ()) -> None:
     console.print(rich_table(T.run_table(data)))
     console.print(rich_table(T.experiments_table(data.ranked)))
-    console.print(rich_table(T.findings_table(data.ranked), _TERMINAL_FINDING_COLUMNS))
+    console.print(rich_table(T.findings_table(data.ranked), _TERMINAL_FINDING_COLUMNS,
+                             max_rows=MAX_TERMINAL_ROWS))
+    for f in data.ranked.get("findings", [])[:MAX_TERMINAL_ROWS]:
+        console.print(Text(f"  #{f.get('rank')} {f.get('summary', '')}"))
     top = data.ranked.get("findings", [])[:1]
     for f in top:
         console.print(rich_table(T.effects_table(f)))
