@@ -7,9 +7,11 @@ event and one progress line per verdict, so a log stays readable and greppable.
 
 Commands feed it through three calls and never format progress themselves:
 
+    labels = [c.sha[:10] for c in commits]
     with Progress(console, total_hint=expected_bisect_trials(len(commits))) as progress:
         with Controller(cfg, store, run_dir, on_event=progress.on_event) as ctl:
-            drive(..., on_verdict=lambda v, n: progress.on_verdict(v.status, label, p))
+            drive(..., on_verdict=lambda v, n: progress.on_verdict(v.status,
+                                                                   *verdict_best(v, labels)))
 
 `on_event` understands the controller's "trial N started on NODE: ..." and "trial N on NODE
 <outcome> in S s" lines; `on_trial(row)` does the same from a stored row, for loops that do not
@@ -22,7 +24,7 @@ import math
 import re
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from rich.console import Console, Group
@@ -31,6 +33,7 @@ from rich.table import Table
 from rich.text import Text
 
 from orchestrator.store import TrialRow
+from orchestrator.strategies.base import Verdict
 
 _STARTED = re.compile(r"^trial (\d+) started on (\S+): (.*?)(?: \(([^()]*)\))?$")
 _FINISHED = re.compile(r"^trial (\d+) on (\S+) (\S+) in ([0-9.]+)s")
@@ -40,6 +43,18 @@ def expected_bisect_trials(n_commits: int) -> int:
     """A rough trial count for an ETA: reproduce both endpoints (about 2 each), one search trial
     per halving plus a few for noise, and about 2 per side to verify the culprit."""
     return 4 + math.ceil(math.log2(max(n_commits, 2))) + 2 + 4
+
+
+def verdict_best(verdict: Verdict, labels: Sequence[str]) -> tuple[str | None, float | None]:
+    """A strategy verdict's best hypothesis as `(label, probability)` for :meth:`on_verdict`:
+    its top culprit, else the posterior's mode, else nothing yet (still reproducing)."""
+    top = verdict.top
+    if top is not None:
+        return labels[top.point], float(top.probability)
+    if verdict.posterior and max(verdict.posterior) > 0:
+        best = max(range(len(verdict.posterior)), key=verdict.posterior.__getitem__)
+        return labels[best], float(verdict.posterior[best])
+    return None, None
 
 
 def format_duration(seconds: float | None) -> str:

@@ -8,9 +8,15 @@ import io
 import pytest
 from rich.console import Console
 
-from orchestrator.progress import Progress, expected_bisect_trials, format_duration
+from orchestrator.progress import (
+    Progress,
+    expected_bisect_trials,
+    format_duration,
+    verdict_best,
+)
 from orchestrator.records import Candidate, Outcome, TrialResult
 from orchestrator.store import TrialRow
+from orchestrator.strategies.base import Culprit, Verdict
 
 
 class Clock:
@@ -108,3 +114,13 @@ def test_helpers():
     assert expected_bisect_trials(100) == 4 + 7 + 2 + 4
     assert expected_bisect_trials(1) == expected_bisect_trials(2)
     assert [format_duration(s) for s in (None, 9.4, 75, 3725)] == ["?", "9s", "1m15s", "1h02m"]
+
+
+def test_verdict_best():
+    labels = ["good", "c1", "c2", "bad"]
+    assert verdict_best(Verdict(False, "reproducing", posterior=[0.0] * 4), labels) == (None, None)
+    searching = Verdict(False, "searching", posterior=[0.0, 0.2, 0.7, 0.1])
+    assert verdict_best(searching, labels) == ("c2", 0.7)
+    found = Verdict(True, "found", culprits=[Culprit(1, 0.6), Culprit(2, 0.995)],
+                    posterior=[0.0, 0.9, 0.05, 0.05])
+    assert verdict_best(found, labels) == ("c2", 0.995)
