@@ -240,6 +240,7 @@ class SglangTarget(Target):
         if not self.conf.get("check_flags", True):
             return None
         argv = [*self.module_argv(), "--help"]
+        self.node.state_dir.mkdir(parents=True, exist_ok=True)  # cwd: anywhere but a repo
         try:
             done = subprocess.run(argv, capture_output=True, text=True, check=False,
                                   timeout=float(self.conf.get("help_timeout_s") or 300),
