@@ -17,6 +17,7 @@ COMMANDS = {
     "bisect": "find the commit(s) between good=REF and bad=REF that moved a metric",
     "resume": "finish an interrupted run: sleuth resume RUN",
     "report": "ranked findings of a run: terminal tables, report.md, report.html (sleuth report RUN)",
+    "isolate": "which differences between good.* and bad.* (or a reference run and now) cause it",
     "compare": "re-measure a reference run's candidate now; if it no longer reproduces, diff the system",
     "demo": "build a scenario repo and investigate it on the simulated node",
     "scenario": "generate a scenario repo with planted causes (out=DIR commits=N seed=S preset=P)",

@@ -1,8 +1,11 @@
 """The differences between two candidate specs, as factors an isolating strategy can toggle.
 
 A *spec* is a candidate description with each part optional: `commit`, `patches`, `env`,
-`clock`, `server`. A part left out on one side means "same as the other side". Each difference
-can be applied to the good spec on its own; applying all of them gives the bad spec.
+`clock`, `server`. A commit, clock or server setting left out on one side is the same as on the
+other side; patches and env variables are what that side lists (none listed: no patches, no
+override), so `good.env.NCCL_PROTO=LL128 bad.patches=[a.patch]` means "bad lacks the variable
+and has the patch". Each difference can be applied to the good spec on its own; applying all of
+them gives the bad spec.
 """
 
 from __future__ import annotations
@@ -60,7 +63,7 @@ def _spec(raw: Mapping | None) -> dict:
 def changes_between(good_raw: Mapping | None, bad_raw: Mapping | None) -> tuple[dict, list[Change]]:
     """(the good spec with every part filled, the list of changes from good to bad)."""
     good, bad = _spec(good_raw), _spec(bad_raw)
-    for part in PARTS:  # an unset part means "same as the other side"
+    for part in ("commit", "clock", "server"):  # unset: same as the other side
         if part not in good and part in bad:
             good[part] = bad[part]
         if part not in bad and part in good:

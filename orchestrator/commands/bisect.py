@@ -37,6 +37,9 @@ def validate(cfg: DictConfig) -> None:
     regression_direction(str(cfg.metric), str(cfg.direction))
     if not cfg.good or not cfg.bad:
         raise UserError("bisect needs both endpoints: good=REF bad=REF")
+    if not isinstance(cfg.good, str | int) or not isinstance(cfg.bad, str | int):
+        raise UserError("bisect endpoints are refs (good=REF bad=REF); candidate specs such as"
+                        " good.commit=... are for sleuth isolate")
     if not 0.5 < float(cfg.confidence) < 1.0:
         raise UserError(f"confidence must be between 0.5 and 1 (exclusive), got {cfg.confidence}")
     if cfg.max_trials is not None and int(cfg.max_trials) < 4:

@@ -36,7 +36,9 @@ def _first_line(exc: BaseException) -> str:
 
 # Keys under these dict nodes are open-ended (any environment variable name, any strategy knob):
 # the user writes `env.NCCL_PROTO=LL128`, and we turn it into Hydra's add-or-override form `++`.
-_OPEN_DICT_KEY = re.compile(r"^(?:(?:target|good|bad)\.)?(?:env|experiment\.params)\.[^=]+=")
+_OPEN_DICT_KEY = re.compile(
+    r"^(?:(?:(?:target|good|bad)\.)?(?:env|experiment\.params)\.[^=]+|(?:good|bad)\.\w+)="
+)
 
 
 def _open_dict_overrides(overrides: list[str]) -> list[str]:

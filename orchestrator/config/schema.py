@@ -210,8 +210,10 @@ class Config:
     patches: list[str] = field(default_factory=list)
     env: dict[str, str] = field(default_factory=dict)
     clock: str = "default"
-    good: str | None = None
-    bad: str | None = None
+    # bisect: refs (`good=REF bad=REF`); isolate: candidate specs
+    # (`good.commit=REF good.env.NCCL_PROTO=LL128 bad.clock=power:300 bad.patches=[a.patch]`).
+    good: Any = None
+    bad: Any = None
     metric: str = "verify_ms"
     direction: str = "auto"
     confidence: float = 0.99

@@ -1,0 +1,238 @@
+"""`sleuth isolate`: which of the differences between two configurations cause the slowdown.
+
+    sleuth isolate good.commit=REF good.env.NCCL_PROTO=LL128 good.clock=default \\
+                   bad.patches=[a.patch,b.patch] bad.clock=power:300 [metric=verify_ms]
+    sleuth isolate reference=RUN [metric=verify_ms]
+
+With explicit specs, each part (commit, patches, env, clock, server) left out on one side is
+the same as on the other. With `reference=RUN`, the reference's candidate is re-measured now
+(`compare`); if the result no longer reproduces, the controllable differences of the
+fingerprint diff (clock/power policy, environment variables) become the differences to test,
+the reference side set per trial and the "now" side being the node as it is. Each test is a
+set of repeated, interleaved restarts with a statistical decision (noisy delta debugging, see
+`orchestrator/strategies/isolate.py`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from pathlib import Path
+
+from omegaconf import DictConfig, OmegaConf
+
+from orchestrator import findings, render
+from orchestrator.commands import common, compare
+from orchestrator.controller import Controller
+from orchestrator.differences import Change, apply, changes_between, changes_from_system
+from orchestrator.drive import drive
+from orchestrator.errors import UserError
+from orchestrator.fingerprint_diff import Difference
+from orchestrator.metrics import check_metric, regression_direction
+from orchestrator.records import Candidate
+from orchestrator.rundir import create_run
+from orchestrator.strategies.isolate import IsolateStrategy
+from orchestrator.targets.base import UNSET
+
+_KIND = {"commit": "commit", "patch": "patch", "env": "env", "clock": "clock", "server": "system"}
+
+
+class IsolatePoints:
+    """Strategy points (subsets of changes) <-> candidates, both ways (resume needs both)."""
+
+    def __init__(self, strategy: IsolateStrategy, good: Mapping, changes: list[Change],
+                 resolve: Callable[[str], str]):
+        self.strategy, self.good, self.changes, self.resolve = strategy, good, changes, resolve
+
+    def candidate(self, point: int) -> Candidate:
+        return apply(self.good, self.changes, self.strategy.subset(point), self.resolve)
+
+    def subset_of(self, cand: Candidate) -> frozenset[int]:
+        env, server = cand.env_dict, cand.server_dict
+        out = set()
+        for i, c in enumerate(self.changes):
+            if c.factor == "commit":
+                hit = cand.commit == self.resolve(str(c.bad))
+            elif c.factor == "patch":
+                hit = (c.key in cand.patches) == bool(c.bad)
+            elif c.factor == "env":
+                hit = (c.key not in env) if c.bad is None else env.get(c.key) == str(c.bad)
+            elif c.factor == "clock":
+                hit = cand.clock == c.bad
+            else:
+                hit = server.get(c.key) == c.bad
+            if hit:
+                out.add(i)
+        return frozenset(out)
+
+    def point(self, cand: Candidate) -> int | None:
+        subset = self.subset_of(cand)
+        if self.candidate(self.strategy.point_of(subset)).key != cand.key:
+            return None  # not a candidate of this experiment
+        return self.strategy.point_of(subset)
+
+
+def _spec(node) -> dict:
+    if node is None:
+        return {}
+    if not OmegaConf.is_dict(node) and not isinstance(node, Mapping):
+        raise UserError("isolate takes candidate specs: good.commit=REF good.env.X=V bad.clock=..."
+                        " (or reference=RUN)")
+    spec = OmegaConf.to_container(node, resolve=True) if OmegaConf.is_config(node) else dict(node)
+    if "patches" in spec:
+        spec["patches"] = [str(Path(str(p)).expanduser().resolve()) for p in spec["patches"]]
+    return spec
+
+
+def _check_changes(cfg: DictConfig, ws, good: dict, changes: list[Change]) -> None:
+    from orchestrator.envcheck import check_env
+    from orchestrator.gpu.base import ClockPolicy
+
+    for c in changes:
+        if c.factor == "patch" and not Path(c.key).is_file():
+            raise UserError(f"patch file not found: {c.key}")
+        if c.factor == "clock":
+            ClockPolicy.parse(str(c.good))
+            ClockPolicy.parse(str(c.bad))
+        if c.factor == "env":
+            for value in (c.good, c.bad):
+                if value is not None:
+                    check_env({c.key: str(value)})
+    ws.resolve(str(good.get("commit", "HEAD")))
+    for c in changes:
+        if c.factor == "commit":
+            ws.resolve(str(c.bad))
+
+
+def execute(cfg: DictConfig, ctl: Controller, run_dir: Path, good: dict, changes: list[Change],
+            resolve, out, findings_name: str | None = None):
+    metric = str(cfg.metric)
+    labels = [c.label for c in changes]
+    strategy = IsolateStrategy(
+        len(changes), direction=regression_direction(metric, str(cfg.direction)),
+        confidence=float(cfg.confidence),
+        max_trials=int(cfg.max_trials) if cfg.max_trials is not None else None, labels=labels,
+        min_effect_pct=(float(cfg.experiment.params["min_effect_pct"])
+                        if "min_effect_pct" in cfg.experiment.params else None))
+    points = IsolatePoints(strategy, good, changes, resolve)
+    out.print(f"isolating {len(changes)} difference(s) on {metric}: "
+              + "; ".join(labels[:6]) + (" ..." if len(labels) > 6 else ""))
+    verdict = drive(ctl, strategy, points, metric=metric,
+                    on_verdict=lambda v, n: out.print(f"  [{v.status}] {n} trials"))
+    rows = ctl.store.trials()
+    good_key = points.candidate(0).key
+    items = []
+    for culprit in sorted(verdict.culprits, key=lambda c: -c.probability):
+        subset = frozenset(culprit.differences)
+        with_key = points.candidate(strategy.point_of(subset)).key
+        effects = findings.effects_between(rows, good_key, with_key)
+        first = changes[culprit.differences[0]]
+        pair = len(culprit.differences) > 1
+        items.append({
+            "kind": _KIND[first.factor],
+            "id": " + ".join(changes[i].key or changes[i].factor for i in culprit.differences),
+            "summary": (" together with ".join(culprit.labels)
+                        + (" (only together)" if culprit.kind == "interaction" else "")),
+            "probability": round(float(culprit.probability), 4),
+            "effect": {m: {"pct": e["pct"], "ci": e["ci"]} for m, e in effects.items()},
+            "phase": findings.phase_moved(effects),
+            "interaction": pair and culprit.kind == "interaction",
+            "differences": [changes[i].to_json() for i in culprit.differences],
+            "verified": culprit.verified,
+            "evidence": [r.id for r in rows if r.candidate.key in (good_key, with_key)],
+            "effect_detail": effects,
+        })
+    for rank, item in enumerate(items, 1):
+        item["rank"] = rank
+    doc = {"run": ctl.store.run_id, "experiment": "isolate", "metric": metric,
+           "verdict": verdict.status, "message": verdict.message,
+           "confidence": float(verdict.probability), "n_trials": verdict.n_trials,
+           "cleared": [changes[i].to_json() for i in verdict.cleared],
+           "differences": [c.to_json() for c in changes],
+           "findings": [{"rank": i.pop("rank"), **i} for i in items]}
+    path = findings.write(run_dir, doc, findings_name)
+    out.print(render.findings_table(doc))
+    out.print(verdict.message)
+    if verdict.cleared:
+        out.print(f"cleared ({len(verdict.cleared)}): "
+                  + ", ".join(changes[i].label for i in verdict.cleared[:12])
+                  + (" ..." if len(verdict.cleared) > 12 else ""))
+    out.print(f"findings: {path}")
+    return verdict, doc
+
+
+def system_changes(diffs: list[Difference]) -> tuple[list[Change], list[Difference]]:
+    changes = changes_from_system(diffs)
+    untestable = [d for d in diffs if not d.controllable]
+    return changes, untestable
+
+
+def run(cfg: DictConfig) -> int:
+    common.check_common(cfg)
+    check_metric(str(cfg.metric))
+    if not 0.5 < float(cfg.confidence) < 1.0:
+        raise UserError(f"confidence must be between 0.5 and 1 (exclusive), got {cfg.confidence}")
+    if cfg.max_trials is not None and int(cfg.max_trials) < 4:
+        raise UserError(f"max_trials must be at least 4 (got {cfg.max_trials})")
+    ref = None
+    if cfg.reference:
+        ref = compare.load_reference(cfg, str(cfg.reference))
+        cfg.repo = cfg.repo or ref.get("repo")
+        ws = common.workspace(cfg)
+        ws.resolve(ref["candidate"].commit)
+    else:
+        good, changes = changes_between(_spec(cfg.good), _spec(cfg.bad))
+        if not changes:
+            raise UserError("good and bad are the same configuration: nothing to isolate")
+        ws = common.workspace(cfg)
+        _check_changes(cfg, ws, good, changes)
+    run_dir, store = create_run(cfg)
+    out = render.console()
+    out.print(f"run directory: {run_dir}")
+    status = "failed"
+    try:
+        with Controller(cfg, store, run_dir, on_event=lambda m: out.print(f"  {m}")) as ctl:
+            if ref is not None:
+                cdoc = compare.execute(cfg, ctl, run_dir, ref, out, findings_name="compare")
+                if cdoc["verdict"] != "not_reproduced":
+                    status = "done" if cdoc["verdict"] == "reproduced" else "inconclusive"
+                    out.print("nothing to isolate: the reference "
+                              + ("reproduces" if cdoc["verdict"] == "reproduced" else
+                                 "could not be decided"))
+                    return 0 if cdoc["verdict"] == "reproduced" else 3
+                diffs = [Difference(**{k: v for k, v in d.items()
+                                       if k in ("category", "key", "reference", "now", "detail",
+                                                "controllable")},
+                                    factor=tuple(d["factor"]) if d.get("factor") else None)
+                         for d in cdoc["differences"]]
+                changes, untestable = system_changes(diffs)
+                if untestable:
+                    out.print("not testable per trial (listed in the compare findings): "
+                              + ", ".join(d.label for d in untestable[:8]))
+                if not changes:
+                    out.print("no controllable difference to isolate")
+                    status = "inconclusive"
+                    return 3
+                good = ref["candidate"].to_json()
+                good["env"] = {**good.get("env", {}),
+                               **{c.key: c.good for c in changes if c.factor == "env"}}
+                good["env"] = {k: (UNSET if v is None else v) for k, v in good["env"].items()}
+                clock = [c for c in changes if c.factor == "clock"]
+                if clock:
+                    good["clock"] = clock[0].good
+                name = "isolate"
+            else:
+                name = None
+            verdict, _ = execute(cfg, ctl, run_dir, good, changes, ws.resolve, out, name)
+        if ref is not None:
+            from orchestrator.report.ranking import load_docs, rank
+
+            findings.write(run_dir, rank(load_docs(run_dir), store.trials()))
+        status = "done" if verdict.status == "found" else "inconclusive"
+        return 0 if verdict.status == "found" else 3
+    except KeyboardInterrupt:
+        status = "interrupted"
+        raise
+    finally:
+        store.set_status(status)
+        store.close()
+        out.print(f"run directory: {run_dir}")
