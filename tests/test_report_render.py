@@ -300,7 +300,11 @@ def test_a_run_without_measurements_still_reports(tmp_path):
     store.finish_trial(tid, TrialResult(Outcome.LAUNCH_FAILED, "exit 1", started_at=1.0,
                                         ended_at=2.0, node="local-0"))
     store.close()
+    (run_dir / "plots").mkdir()
+    (run_dir / "plots" / "posterior.png").write_bytes(b"from an older report")
+    (run_dir / "plots" / "mine.png").write_bytes(b"not the report's")
     data, files = write_report(run_dir)
     assert data.ranked["findings"] == [] and data.ranked["verdict"] == "empty"
+    assert sorted(p.name for p in (run_dir / "plots").iterdir()) == ["mine.png", "timeline.png"]
     assert "No findings." in files.markdown.read_text()
     assert [p.name for p in files.plots] == ["timeline.png"]

@@ -32,12 +32,15 @@ def _write_text(path: Path, text: str) -> None:
 def write_report(run_dir: Path) -> tuple[RunData, ReportFiles]:
     from orchestrator.report.html import render_html
     from orchestrator.report.markdown import render_markdown
-    from orchestrator.report.plots import make_plots
+    from orchestrator.report.plots import PLOT_NAMES, make_plots
 
     data = load_run(Path(run_dir))
     plots = make_plots(data)
     plot_dir = data.run_dir / "plots"
     plot_dir.mkdir(exist_ok=True)
+    for stale in plot_dir.glob("*.png"):  # a figure the data no longer supports must not linger
+        if stale.stem in PLOT_NAMES:
+            stale.unlink()
     plot_paths = []
     for p in plots:
         path = plot_dir / f"{p.name}.png"

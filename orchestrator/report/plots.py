@@ -27,6 +27,7 @@ OUTCOME_COLORS = {"ok": "#2e7d32", "running": "#9e9e9e", "interrupted": "#9e9e9e
 FAILED_COLOR = "#c62828"
 SUSPECT_COLOR = "#ef6c00"
 BEFORE_COLOR, AFTER_COLOR = "#1565c0", "#c62828"
+PLOT_NAMES = ("distributions", "posterior", "phases", "sweep", "timeline")
 _RC = {"text.parse_math": False, "font.size": 9, "axes.titlesize": 10}
 
 
