@@ -28,6 +28,7 @@ from orchestrator.drive import observation
 from orchestrator.records import Candidate, Measurement, Outcome, TrialResult
 from orchestrator.report import load_run, write_report
 from orchestrator.report import series as S
+from orchestrator.report import tables as T
 from orchestrator.report.html import render_html
 from orchestrator.report.markdown import md_escape, render_markdown
 from orchestrator.report.plots import make_plots
@@ -308,3 +309,31 @@ def test_a_run_without_measurements_still_reports(tmp_path):
     assert sorted(p.name for p in (run_dir / "plots").iterdir()) == ["mine.png", "timeline.png"]
     assert "No findings." in files.markdown.read_text()
     assert [p.name for p in files.plots] == ["timeline.png"]
+
+
+def test_compare_differences_are_listed_and_ranked_after_causes(tmp_path):
+    from orchestrator.fingerprint_diff import Difference
+
+    run = build_bisect_run(tmp_path / "runs", run_id="cmp")
+    driver = Difference("driver", "driver_version", "590.48.01", "595.10", "")
+    power = Difference("clock", "power_limit_w", 600, 450, "on 8/8 GPUs", True,
+                       ("clock", "power:600", "default"))
+    doc = {"run": "cmp", "experiment": "compare", "metric": "verify_ms",
+           "verdict": "not_reproduced", "message": "same code, different result",
+           "reference": {"name": "ref-run", "trials": [1]},
+           "total_effect": {"verify_ms": {"pct": 52.0, "ci": [40.0, 65.0]}},
+           "differences": [driver.to_json(), power.to_json()],
+           "findings": [{"rank": i, "kind": "system", "id": d.key, "summary": d.label,
+                         "probability": None, "effect": {}, "difference": d.to_json()}
+                        for i, d in enumerate((driver, power), 1)]}
+    (run["run_dir"] / "findings-compare.json").write_text(json.dumps(doc))
+    data = load_run(run["run_dir"])
+    reported = S.fingerprint_diffs(data)[0]
+    assert reported.title == "compare: ref-run vs now"
+    assert [(d.key, d.reference, d.now, d.controllable) for d in reported.differences] == [
+        ("driver_version", "590.48.01", "595.10", False), ("power_limit_w", 600, 450, True)]
+    assert [f["id"] for f in data.ranked["findings"]] == [_sha(CULPRIT), "driver_version",
+                                                         "power_limit_w"]
+    experiments = T.experiments_table(data.ranked)
+    assert experiments.rows[1][:5] == ("compare", "verify_ms", "not_reproduced", "2",
+                                       "+52.0% [+40.0, +65.0]")

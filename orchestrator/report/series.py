@@ -353,17 +353,22 @@ def fingerprint_sides(data: RunData) -> tuple[Candidate, Candidate] | None:
     return (seen[0], seen[-1]) if len(seen) >= 2 else None
 
 
+_DIFFERENCE_FIELDS = ("category", "key", "reference", "now", "detail", "controllable")
+
+
 def _reported(data: RunData) -> list[FingerprintDiff]:
-    """Differences an experiment already listed (e.g. compare: reference run vs now)."""
+    """Differences an experiment already listed: compare's reference run vs now (its document's
+    `differences`, or the `difference` of each finding)."""
     out = []
     for doc in data.docs:
-        diffs = [Difference(**{k: v for k, v in f["difference"].items()
-                               if k in ("category", "key", "reference", "now", "detail",
-                                        "controllable")})
-                 for f in doc.get("findings", []) if isinstance(f.get("difference"), Mapping)]
+        if doc.get("experiment") != "compare":
+            continue
+        listed = doc.get("differences") or [f.get("difference") for f in doc.get("findings", [])]
+        diffs = [Difference(**{k: v for k, v in d.items() if k in _DIFFERENCE_FIELDS})
+                 for d in listed if isinstance(d, Mapping) and {"category", "key"} <= d.keys()]
         if diffs:
             name = (doc.get("reference") or {}).get("name", "reference")
-            out.append(FingerprintDiff(f"{doc.get('experiment')}: {name} vs now", tuple(diffs)))
+            out.append(FingerprintDiff(f"compare: {name} vs now", tuple(diffs)))
     return out
 
 
