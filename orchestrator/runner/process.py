@@ -28,12 +28,17 @@ def free_port(host: str = "127.0.0.1") -> int:
 
 
 def port_in_use(host: str, port: int) -> bool:
-    """True when something accepts connections or holds the port bound."""
+    """True when something accepts connections or holds the port bound.
+
+    Connections the server closed first linger in TIME_WAIT on its port for a minute; they hold
+    nothing (a new server binds with SO_REUSEADDR, as uvicorn does), so the bind probe sets
+    SO_REUSEADDR too and only a live socket counts."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.settimeout(0.5)
         if s.connect_ex((host, port)) == 0:
             return True
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             s.bind((host, port))
         except OSError as exc:
