@@ -55,11 +55,15 @@ class CommandRun:
     duration_s: float
 
 
-def _kill_group(pgid: int) -> None:
+def _kill_group(pgid: int, wait_s: float = 5.0) -> None:
+    """SIGKILL the group and wait (briefly) until none of it is left."""
     try:
         os.killpg(pgid, signal.SIGKILL)
     except (ProcessLookupError, PermissionError):
-        pass
+        return
+    deadline = time.monotonic() + wait_s
+    while group_members(pgid) and time.monotonic() < deadline:
+        time.sleep(0.02)
 
 
 def run_command(
