@@ -10,6 +10,7 @@ them gives the bad spec.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,6 +31,7 @@ class Change:
     key: str  # patch file, env var, server setting; "" for commit and clock
     good: object  # level on the good side (None = not set there)
     bad: object
+    note: str = ""  # how a person would describe it, when the levels alone do not say
 
     @property
     def kind(self) -> str:
@@ -41,6 +43,8 @@ class Change:
         def show(v: object) -> str:
             return "unset" if v in (None, UNSET) else str(v)
 
+        if self.note:
+            return self.note
         if self.factor == "patch":
             return f"patch {Path(self.key).name} {'added' if self.bad else 'removed'}"
         if self.factor in ("env", "server"):
@@ -50,6 +54,11 @@ class Change:
     def to_json(self) -> dict:
         return {"factor": self.factor, "key": self.key, "good": self.good, "bad": self.bad,
                 "label": self.label}
+
+    def matches(self, d: SystemDifference) -> bool:
+        """Whether this change is the test of fingerprint difference `d`."""
+        return (self.factor == "clock" and d.factor is not None and d.factor[0] == "clock") or (
+            self.factor == "env" and d.category == "env" and d.key == self.key)
 
 
 def _spec(raw: Mapping | None) -> dict:
@@ -89,18 +98,36 @@ def changes_between(good_raw: Mapping | None, bad_raw: Mapping | None) -> tuple[
     return good, changes
 
 
-def changes_from_system(diffs: Iterable[SystemDifference]) -> list[Change]:
+# Variables of an interactive shell or desktop session: they cannot change what a GPU server
+# computes. A system-level isolate sets them aside (listed, not tested) unless asked to test
+# every variable; any name not on this list is tested.
+SESSION_ENV = re.compile(
+    r"^(TERM|TERM_\w+|COLORTERM|SSH_\w+|LS_COLORS|LESS\w*|HIST\w+|PROMPT_COMMAND|PS[1-4]|"
+    r"OLDPWD|PWD|SHLVL|WINDOWID|DBUS_\w+|XDG_\w+|MAIL|MOTD_SHOWN|EDITOR|VISUAL|PAGER|TMUX\w*|"
+    r"VSCODE_\w+|STARSHIP_\w+|LC_TERMINAL\w*|GIT_ASKPASS|DISPLAY|WAYLAND_\w+|_)$"
+)
+
+
+def is_session_env(name: str) -> bool:
+    return bool(SESSION_ENV.match(name))
+
+
+def changes_from_system(diffs: Iterable[SystemDifference], *, all_env: bool = False) -> list[Change]:
     """Controllable fingerprint differences as changes from the reference (good) to now (bad).
 
     On the now side nothing is overridden (the node as it is); on the reference side the
-    reference level is set per trial (a power limit, an env var's old value or its absence)."""
+    reference level is set per trial (a power limit, an env var's old value or its absence).
+    Shell/session variables are left out unless `all_env`."""
     out = []
     for d in diffs:
         if not d.controllable or not d.factor:
             continue
         factor, ref_level, now_level = d.factor
         if factor == "clock":
-            out.append(Change("clock", "", ref_level, now_level))
+            out.append(Change("clock", d.key, ref_level, now_level,
+                              f"{d.key}: {d.reference} -> {d.now} {d.detail}".strip()))
+        elif factor == "env" and not all_env and is_session_env(ref_level[0]):
+            continue
         elif factor == "env":
             var, value = ref_level
             out.append(Change("env", var, value, None))

@@ -35,11 +35,13 @@ def test_seed_replay_names_power_limit_and_nccl_proto(tmp_path, ray_session):
                                                   "run_id=reference", "bench.repetitions=3"])) == 0
     _set_nodes(tmp_path, sc.out, "now")
     code = isolate_cmd.run(compose_config("isolate", [*base, "reference=reference",
-                                                      "metric=verify_ms", "run_id=iso"]))
+                                                      "metric=verify_ms", "run_id=iso",
+                                                      "experiment.params.all_env=true"]))
     run_dir = tmp_path / "runs" / "iso"
     doc = json.loads((run_dir / "findings-isolate.json").read_text())
     assert code == 0, doc["message"]
-    named = {d["key"] or d["factor"] for f in doc["findings"] for d in f["differences"]}
+    named = {"clock" if d["factor"] == "clock" else d["key"]
+             for f in doc["findings"] for d in f["differences"]}
     assert named == {"clock", "NCCL_PROTO"}, doc["message"]
     cleared = {c["key"] for c in doc["cleared"]}
     assert len(cleared) >= 25  # the harmless env vars

@@ -1,26 +1,46 @@
 """`sleuth demo`: the seed's investigation, end to end, on the embedded simulated node.
 
-It generates a scenario repo with planted causes (`truth.json` beside it), measures plain decode
-against EAGLE-3 on the good commit (the seed's 89 vs 94 tok/s, 19 ms verify), bisects the
-planted verify regression with real server restarts, and checks its findings against the
-truth. Everything it prints was measured in this run.
+The story (`seed_story` scenario, truth in `scenario/truth.json`):
+1. *Earlier*: on the node as it was, plain decode vs EAGLE-3 on the good commit (the seed's
+   89 vs 94 tok/s, 19 ms verify). These trials are the reference.
+2. *Now*: the node changed (power limit lowered, NCCL_PROTO dropped from its environment, a
+   package bumped, 30 unrelated env vars) and the code moved on by ~100 commits, one of which
+   slows verify.
+3. `bisect` finds the code culprit; `compare` re-measures the reference candidate and finds the
+   same code no longer measures the same ("system level"); `isolate` tests the controllable
+   differences and names the power limit and NCCL_PROTO; a short NCCL `sweep` looks for better
+   settings when the sweep module is installed.
+4. One ranking of all findings, `report.md`/`report.html`, and a check against the truth.
+Everything printed was measured in this run.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import statistics
+from pathlib import Path
 
 from omegaconf import DictConfig
 from rich.table import Table
 
-from orchestrator import render
-from orchestrator.commands import bisect, common
+from orchestrator import findings, render
+from orchestrator.commands import bisect, common, compare, isolate
 from orchestrator.controller import Controller
+from orchestrator.metrics import EFFECT_METRICS
 from orchestrator.records import Candidate
 from orchestrator.rundir import create_run
 from orchestrator.targets.sim.scenario import generate_scenario
+from orchestrator.targets.simnode import set_node_state
 
 DEMO_PRESET = "seed_story"
+
+
+def _set_nodes(cfg: DictConfig, out_dir: Path, when: str) -> None:
+    for i in range(int(cfg.nodes)):
+        set_node_state(Path(cfg.runs_dir) / ".nodes" / f"local-{i}",
+                       gpu_state_file=out_dir / f"{when}_gpu_state.json",
+                       env_file=out_dir / f"{when}_env.json",
+                       packages_file=out_dir / f"{when}_packages.json")
 
 
 def _measure_pair(ctl: Controller, good: str, trials: int, out) -> dict[str, list]:
@@ -35,10 +55,10 @@ def _measure_pair(ctl: Controller, good: str, trials: int, out) -> dict[str, lis
     while queue or ctl.in_flight():
         while queue and ctl.idle_nodes():
             name = queue.pop(0)
-            names_by_trial[ctl.submit(arms[name], phase="demo-baseline")] = name
+            names_by_trial[ctl.submit(arms[name], phase="reference")] = name
         for row in ctl.wait():
             rows[names_by_trial[row.id]].append(row)
-    table = Table(title="good commit: plain decode vs EAGLE-3 (mean over restarts)")
+    table = Table(title="earlier, good commit: plain decode vs EAGLE-3 (mean over restarts)")
     # decode tok/s = 1000 / TPOT: the per-token rate the seed's 89 vs 94 tok/s compare; output
     # tok/s also pays the prefill (TTFT) of each request.
     for col in ("configuration", "restarts", "decode tok/s", "output tok/s", "verify ms",
@@ -59,6 +79,31 @@ def _measure_pair(ctl: Controller, good: str, trials: int, out) -> dict[str, lis
     return rows
 
 
+def _reference(rows: list, run_name: str) -> dict:
+    ok = [r for r in rows if r.outcome and r.outcome.measured and not r.suspect]
+    values = {m: [v for r in ok if (v := r.result.value(m)) is not None] for m in EFFECT_METRICS}
+    return {"candidate": ok[0].candidate, "values": {m: v for m, v in values.items() if v},
+            "fingerprint": ok[-1].result.fingerprint, "name": f"{run_name} (earlier trials)",
+            "trials": [r.id for r in ok]}
+
+
+def _truth_check(truth: dict, docs: dict[str, dict], out) -> bool:
+    planted = {c["sha"] for c in truth.get("culprits", [])}
+    named = {f["id"] for f in docs.get("bisect", {}).get("findings", [])}
+    code_ok = bool(planted) and planted <= named
+    harmful = [c for c in truth.get("system", {}).get("changes", []) if c.get("harmful")]
+    want = {"clock" if c["factor"] == "clock" else c.get("var") for c in harmful}
+    got = {"clock" if d["factor"] == "clock" else d["key"]
+           for f in docs.get("isolate", {}).get("findings", []) for d in f.get("differences", [])}
+    system_ok = want <= got
+    out.print(f"truth: planted culprit {sorted(s[:12] for s in planted)}, sleuth named"
+              f" {sorted(s[:12] for s in named)}: " + ("found" if code_ok else "MISSED"),
+              style="green" if code_ok else "red")
+    out.print(f"truth: planted system causes {sorted(want)}, sleuth named {sorted(got)}: "
+              + ("found" if system_ok else "MISSED"), style="green" if system_ok else "red")
+    return code_ok and system_ok
+
+
 def run(cfg: DictConfig) -> int:
     common.check_common(cfg)
     run_dir, store = create_run(cfg)
@@ -66,23 +111,48 @@ def run(cfg: DictConfig) -> int:
     out.print(f"run directory: {run_dir}")
     status = "failed"
     try:
-        scenario = generate_scenario(run_dir / "scenario", int(cfg.commits), int(cfg.seed), DEMO_PRESET)
+        scenario = generate_scenario(run_dir / "scenario", int(cfg.commits), int(cfg.seed),
+                                     DEMO_PRESET)
         truth = scenario.truth
-        out.print(f"scenario: {scenario.repo} ({truth['commits']} commits, planted causes in"
+        out.print(f"scenario: {scenario.repo} ({truth['commits']} commits; planted causes in"
                   f" {scenario.out / 'truth.json'})")
         cfg.repo = str(scenario.repo)
         cfg.good, cfg.bad = truth["good"], truth["bad"]
         commits, points, weights = bisect.plan(cfg)
+        docs: dict[str, dict] = {}
+        _set_nodes(cfg, scenario.out, "reference")
         with Controller(cfg, store, run_dir, on_event=lambda m: out.print(f"  {m}")) as ctl:
-            _measure_pair(ctl, truth["good"], 2, out)
-            verdict, doc = bisect.execute(cfg, ctl, run_dir, commits, points, weights, out)
-        planted = {c["sha"] for c in truth.get("culprits", [])}
-        named = {f["id"] for f in doc["findings"]}
-        hit = bool(planted) and planted <= named
-        out.print(f"truth: planted culprit(s) {sorted(s[:12] for s in planted)};"
-                  f" sleuth named {sorted(s[:12] for s in named)} -> "
-                  + ("found the truth" if hit else "missed the truth"),
-                  style="green" if hit else "red")
+            out.print("\n== 1. earlier: the reference measurement ==")
+            pair = _measure_pair(ctl, truth["good"], 2, out)
+        _set_nodes(cfg, scenario.out, "now")
+        with Controller(cfg, store, run_dir, on_event=lambda m: out.print(f"  {m}")) as ctl:
+            out.print("\n== 2. now: bisect the code between good and bad ==")
+            _, docs["bisect"] = bisect.execute(cfg, ctl, run_dir, commits, points, weights, out,
+                                               findings_name="bisect")
+            out.print("\n== 3. now: does the earlier reference still reproduce? ==")
+            ref = _reference(pair["EAGLE-3 (2 steps, topk 1)"], run_dir.name)
+            docs["compare"] = compare.execute(cfg, ctl, run_dir, ref, out, findings_name="compare")
+            if docs["compare"]["verdict"] == "not_reproduced":
+                out.print("\n== 4. now: isolate the system differences ==")
+                result = isolate.isolate_system(cfg, ctl, run_dir, ref, docs["compare"],
+                                                common.workspace(cfg).resolve, out)
+                if result is not None:
+                    docs["isolate"] = result[1]
+            if importlib.util.find_spec("orchestrator.sweep.demo") is not None:
+                from orchestrator.sweep.demo import short_sweep
+
+                out.print("\n== 5. now: a short NCCL sweep ==")
+                docs["sweep"] = short_sweep(cfg, ctl, run_dir, out, findings_name="sweep")
+        from orchestrator.report import write_report
+        from orchestrator.report.ranking import load_docs, rank
+
+        ranked = rank(load_docs(run_dir), store.trials())
+        findings.write(run_dir, ranked)
+        out.print("\n== ranked findings ==")
+        out.print(render.findings_table(ranked))
+        _, files = write_report(run_dir)
+        out.print(f"report: {files.markdown}\nreport: {files.html}")
+        hit = _truth_check(truth, docs, out)
         status = "done" if hit else "inconclusive"
         return 0 if hit else 3
     except KeyboardInterrupt:

@@ -160,10 +160,58 @@ def execute(cfg: DictConfig, ctl: Controller, run_dir: Path, good: dict, changes
     return verdict, doc
 
 
-def system_changes(diffs: list[Difference]) -> tuple[list[Change], list[Difference]]:
-    changes = changes_from_system(diffs)
-    untestable = [d for d in diffs if not d.controllable]
-    return changes, untestable
+def isolate_system(cfg: DictConfig, ctl: Controller, run_dir: Path, ref: dict, cdoc: dict,
+                   resolve, out) -> tuple[object, dict] | None:
+    """Isolate the controllable differences a `compare` found; returns (verdict, findings doc),
+    or None when there is nothing to test. The compare document keeps only the differences
+    that were not tested (not settable per trial, or shell/session variables set aside), so
+    the run's one ranking does not list a tested difference twice."""
+    diffs = differences_from_compare(cdoc)
+    all_env = bool(cfg.experiment.params.get("all_env", False))
+    changes = changes_from_system(diffs, all_env=all_env)
+    untested = [d for d in diffs if not any(c.matches(d) for c in changes)]
+    aside = [d for d in untested if d.controllable]
+    if aside:
+        out.print(f"set aside {len(aside)} shell/session variable(s), not tested"
+                  f" (experiment.params.all_env=true tests them): "
+                  + ", ".join(d.key for d in aside[:10]) + (" ..." if len(aside) > 10 else ""))
+    fixed = [d for d in untested if not d.controllable]
+    if fixed:
+        out.print("not settable per trial (kept in the compare findings): "
+                  + ", ".join(d.label for d in fixed[:8]))
+    keep = {d.key for d in untested}
+    cdoc["findings"] = [dict(f, rank=i) for i, f in enumerate(
+        (f for f in cdoc["findings"] if f["id"] in keep), 1)]
+    for f in cdoc["findings"]:
+        f["untested"] = ("set aside: shell/session variable" if f["difference"]["controllable"]
+                         else "not settable per trial")
+    findings.write(run_dir, cdoc, "compare")
+    if not changes:
+        out.print("no controllable difference to isolate")
+        return None
+    good = reference_good(ref["candidate"], changes)
+    return execute(cfg, ctl, run_dir, good, changes, resolve, out, "isolate")
+
+
+def differences_from_compare(doc: Mapping) -> list[Difference]:
+    """The fingerprint differences a compare findings document lists."""
+    keys = ("category", "key", "reference", "now", "detail", "controllable")
+    return [Difference(**{k: d[k] for k in keys},
+                       factor=tuple(d["factor"]) if d.get("factor") else None)
+            for d in doc.get("differences", [])]
+
+
+def reference_good(candidate: Candidate, changes: list[Change]) -> dict:
+    """The good spec of a system-level isolate: the reference candidate with each changed
+    setting put back to its reference level (an absent variable as explicitly unset)."""
+    good = candidate.to_json()
+    good["env"] = {**good.get("env", {}),
+                   **{c.key: (UNSET if c.good is None else c.good)
+                      for c in changes if c.factor == "env"}}
+    clock = [c for c in changes if c.factor == "clock"]
+    if clock:
+        good["clock"] = clock[0].good
+    return good
 
 
 def run(cfg: DictConfig) -> int:
@@ -199,30 +247,13 @@ def run(cfg: DictConfig) -> int:
                               + ("reproduces" if cdoc["verdict"] == "reproduced" else
                                  "could not be decided"))
                     return 0 if cdoc["verdict"] == "reproduced" else 3
-                diffs = [Difference(**{k: v for k, v in d.items()
-                                       if k in ("category", "key", "reference", "now", "detail",
-                                                "controllable")},
-                                    factor=tuple(d["factor"]) if d.get("factor") else None)
-                         for d in cdoc["differences"]]
-                changes, untestable = system_changes(diffs)
-                if untestable:
-                    out.print("not testable per trial (listed in the compare findings): "
-                              + ", ".join(d.label for d in untestable[:8]))
-                if not changes:
-                    out.print("no controllable difference to isolate")
+                result = isolate_system(cfg, ctl, run_dir, ref, cdoc, ws.resolve, out)
+                if result is None:
                     status = "inconclusive"
                     return 3
-                good = ref["candidate"].to_json()
-                good["env"] = {**good.get("env", {}),
-                               **{c.key: c.good for c in changes if c.factor == "env"}}
-                good["env"] = {k: (UNSET if v is None else v) for k, v in good["env"].items()}
-                clock = [c for c in changes if c.factor == "clock"]
-                if clock:
-                    good["clock"] = clock[0].good
-                name = "isolate"
+                verdict, _ = result
             else:
-                name = None
-            verdict, _ = execute(cfg, ctl, run_dir, good, changes, ws.resolve, out, name)
+                verdict, _ = execute(cfg, ctl, run_dir, good, changes, ws.resolve, out)
         if ref is not None:
             from orchestrator.report.ranking import load_docs, rank
 
