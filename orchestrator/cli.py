@@ -22,6 +22,7 @@ COMMANDS = {
     "demo": "build a scenario repo and investigate it on the simulated node",
     "scenario": "generate a scenario repo with planted causes (out=DIR commits=N seed=S preset=P)",
     "doctor": "check this machine: git, Ray, NVML/GPUs, sglang, runs/ writable",
+    "sweep": "search a space of settings (space=nccl_pcie ...) for the fastest, rank the knobs",
 }
 
 # Commands whose first plain argument names a run (id or directory).
