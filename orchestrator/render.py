@@ -81,17 +81,26 @@ def console() -> Console:
                    width=None if sys.stdout.isatty() else 160)
 
 
-def findings_table(doc: dict) -> Table:
-    """Ranked findings with probability and the effect on the run's metric."""
+def findings_table(doc: dict, max_without_probability: int = 5) -> Table:
+    """Ranked findings with probability and the effect on the run's metric. Differences that
+    were listed but not tested (no probability) are capped; findings.json has them all."""
     metric = doc.get("metric", "")
     table = Table(title=f"findings · {doc.get('experiment')} · {doc.get('verdict')}")
     for col in ("rank", "kind", "id", "probability", f"{metric} effect", "phase", "summary"):
         table.add_column(col)
-    for f in doc.get("findings", []):
+    items = doc.get("findings", [])
+    causes = [f for f in items if f.get("probability") is not None]
+    others = [f for f in items if f.get("probability") is None]
+    shown = causes + others[:max(0, max_without_probability)]
+    for f in shown:
         e = f.get("effect", {}).get(metric)
         eff = f"{e['pct']:+.1f}% [{e['ci'][0]:+.1f}, {e['ci'][1]:+.1f}]" if e else "-"
         prob = f.get("probability")
         table.add_row(str(f["rank"]), f["kind"], str(f["id"])[:12],
                       "-" if prob is None else probability(prob), eff, f.get("phase") or "-",
                       f.get("summary", ""))
+    hidden = len(others) - max(0, max_without_probability)
+    if hidden > 0:
+        table.add_row("", "", "", "", "", "", f"... {hidden} more untested difference(s) in"
+                      " findings.json")
     return table
