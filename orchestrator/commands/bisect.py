@@ -21,6 +21,7 @@ from orchestrator.controller import Controller
 from orchestrator.drive import drive
 from orchestrator.errors import UserError
 from orchestrator.metrics import check_metric, regression_direction
+from orchestrator.progress import Progress, expected_bisect_trials, verdict_best
 from orchestrator.records import Candidate
 from orchestrator.rundir import create_run, runs_root
 from orchestrator.store import RunStore
@@ -130,13 +131,23 @@ def _progress_line(verdict: Verdict, commits: list[CommitInfo], n_obs: int) -> s
 
 
 def execute(cfg, ctl: Controller, run_dir: Path, commits, points, weights, out,
-            findings_name: str | None = None) -> tuple[Verdict, dict]:
+            findings_name: str | None = None, progress=None) -> tuple[Verdict, dict]:
     """Bisect on a running controller; writes findings.json and returns the verdict and it."""
     out.print(f"bisecting {len(commits)} commits {commits[0].sha[:10]}..{commits[-1].sha[:10]}"
               f" on {cfg.metric} with {len(ctl.nodes)} node(s)")
     strategy = _strategy(cfg, len(points), weights)
-    verdict = drive(ctl, strategy, points, metric=str(cfg.metric),
-                    on_verdict=lambda v, n: out.print(f"  {_progress_line(v, commits, n)}"))
+    if not (run_dir / "commits.json").exists():  # the report replays the posterior from it
+        _save_plan(run_dir, commits, points, weights)
+    labels = [c.sha[:10] for c in commits]
+    if progress is not None:
+        progress.set_total(expected_bisect_trials(len(commits)) + len(ctl.store.trials()))
+
+        def on_verdict(v: Verdict, _n: int) -> None:
+            progress.on_verdict(v.status, *verdict_best(v, labels))
+    else:
+        def on_verdict(v: Verdict, n: int) -> None:
+            out.print(f"  {_progress_line(v, commits, n)}")
+    verdict = drive(ctl, strategy, points, metric=str(cfg.metric), on_verdict=on_verdict)
     rows = ctl.store.trials()
     doc = findings.bisect_findings(run_id=ctl.store.run_id, metric=str(cfg.metric), verdict=verdict,
                                    commits=commits, keys=[p.key for p in points], rows=rows)
@@ -152,8 +163,10 @@ def _execute(cfg, run_dir: Path, store: RunStore, commits, points, weights) -> i
     out.print(f"run directory: {run_dir}")
     status = "failed"
     try:
-        with Controller(cfg, store, run_dir, on_event=lambda m: out.print(f"  {m}")) as ctl:
-            verdict, _ = execute(cfg, ctl, run_dir, commits, points, weights, out)
+        with Progress(out) as progress, \
+                Controller(cfg, store, run_dir, on_event=progress.on_event) as ctl:
+            verdict, _ = execute(cfg, ctl, run_dir, commits, points, weights, out,
+                                 progress=progress)
         status = "done" if verdict.status == "found" else "inconclusive"
         return 0 if verdict.status == "found" else EXIT_INCONCLUSIVE
     except KeyboardInterrupt:

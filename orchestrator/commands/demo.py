@@ -27,6 +27,7 @@ from orchestrator import findings, render
 from orchestrator.commands import bisect, common, compare, isolate
 from orchestrator.controller import Controller
 from orchestrator.metrics import EFFECT_METRICS
+from orchestrator.progress import Progress
 from orchestrator.records import Candidate
 from orchestrator.rundir import create_run
 from orchestrator.targets.sim.scenario import generate_scenario
@@ -121,14 +122,16 @@ def run(cfg: DictConfig) -> int:
         commits, points, weights = bisect.plan(cfg)
         docs: dict[str, dict] = {}
         _set_nodes(cfg, scenario.out, "reference")
-        with Controller(cfg, store, run_dir, on_event=lambda m: out.print(f"  {m}")) as ctl:
+        with Progress(out) as progress, \
+                Controller(cfg, store, run_dir, on_event=progress.on_event) as ctl:
             out.print("\n== 1. earlier: the reference measurement ==")
             pair = _measure_pair(ctl, truth["good"], 2, out)
         _set_nodes(cfg, scenario.out, "now")
-        with Controller(cfg, store, run_dir, on_event=lambda m: out.print(f"  {m}")) as ctl:
+        with Progress(out) as progress, \
+                Controller(cfg, store, run_dir, on_event=progress.on_event) as ctl:
             out.print("\n== 2. now: bisect the code between good and bad ==")
             _, docs["bisect"] = bisect.execute(cfg, ctl, run_dir, commits, points, weights, out,
-                                               findings_name="bisect")
+                                               findings_name="bisect", progress=progress)
             out.print("\n== 3. now: does the earlier reference still reproduce? ==")
             ref = _reference(pair["EAGLE-3 (2 steps, topk 1)"], run_dir.name)
             docs["compare"] = compare.execute(cfg, ctl, run_dir, ref, out, findings_name="compare")

@@ -1,0 +1,161 @@
+"""`sleuth sweep`: search a space of settings for the fastest configuration, and rank the knobs.
+
+    sleuth sweep repo=PATH space=nccl_pcie metric=output_throughput [direction=auto]
+                 [trials=40] [nodes=K] [sampler=tpe|random|grid] [seed=S]
+                 [experiment.params.KNOB=VALUE ...]   (knobs: `orchestrator/sweep/setup.py`)
+
+`trials` restarts search the space (the baseline first); then the best configuration is
+re-measured against the baseline in interleaved rounds (3 to 8 rounds of 2 restarts, fewer when
+the answer is clear early). Optuna's study is `runs/<id>/optuna.db` (view it with
+`optuna-dashboard sqlite:///runs/<id>/optuna.db`). Resuming: `sleuth sweep run_id=RUN` or
+`sleuth resume RUN` continues from both databases; no finished trial is run again.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from omegaconf import DictConfig, OmegaConf
+
+from orchestrator import findings, render
+from orchestrator.commands import common
+from orchestrator.controller import Controller
+from orchestrator.drive import observation
+from orchestrator.errors import UserError
+from orchestrator.records import Candidate
+from orchestrator.rundir import create_run, runs_root
+from orchestrator.store import RunStore
+from orchestrator.sweep import report, setup
+from orchestrator.sweep.importance import param_importances
+from orchestrator.sweep.search import MAX_GRID, SweepResult, SweepSearch, SweepSettings, Work
+from orchestrator.sweep.space import SearchSpace
+from orchestrator.sweep.study import make_sampler, open_study, storage_url
+
+EXIT_INCONCLUSIVE = 3
+PLAN_FILE = "sweep.json"
+
+
+def validate(cfg: DictConfig) -> tuple[SearchSpace, SweepSettings]:
+    """Every check that needs no repository: space, budget, knobs, sampler."""
+    common.check_common(cfg)
+    target_conf = OmegaConf.to_container(cfg.target, resolve=True)
+    settings = setup.settings(cfg)
+    space = setup.space(cfg, target_conf)
+    if settings.sampler == "grid":
+        size = space.size()
+        if size is None or size > MAX_GRID:
+            raise UserError(f"sampler=grid needs a finite space of at most {MAX_GRID} "
+                            f"configurations (this one: {size or 'continuous'}); use tpe")
+    setup.params(cfg)
+    return space, settings
+
+
+def run(cfg: DictConfig) -> int:
+    if cfg.run_id and (runs_root(cfg) / str(cfg.run_id)).exists():
+        return resume(runs_root(cfg) / str(cfg.run_id))
+    space, settings = validate(cfg)
+    base = common.candidate(cfg, common.workspace(cfg))
+    run_dir, store = create_run(cfg)
+    (run_dir / PLAN_FILE).write_text(json.dumps({"base": base.to_json()}, indent=1) + "\n")
+    return _execute(cfg, run_dir, store, space, settings, base)
+
+
+def resume(run_dir: Path) -> int:
+    store = RunStore.open(run_dir / "trials.db")
+    if store.command != "sweep":
+        store.close()
+        raise UserError(f"{run_dir.name} is a {store.command or 'unknown'} run, not a sweep")
+    cfg = OmegaConf.create(store.config_yaml())
+    space, settings = validate(cfg)
+    base = Candidate.from_json(json.loads((run_dir / PLAN_FILE).read_text())["base"])
+    lost = store.interrupt_unfinished()
+    out = render.console()
+    out.print(f"resuming {run_dir.name}: {len(store.trials()) - len(lost)} finished trials "
+              f"reused, {len(lost)} interrupted")
+    store.set_status("running")
+    return _execute(cfg, run_dir, store, space, settings, base)
+
+
+def _finished(store: RunStore, metric: str, final_attempt: int) -> list[tuple]:
+    """(phase, candidate, value, suspect) of every stored restart that is evidence."""
+    out = []
+    for row in store.trials():
+        o = observation(row, 0, metric, final_attempt) if row.finished else None
+        if o is not None:
+            out.append((row.phase or "", row.candidate, o.value, o.suspect))
+    return out
+
+
+def execute(cfg: DictConfig, ctl: Controller, run_dir: Path, space: SearchSpace,
+            settings: SweepSettings, base: Candidate, out) -> tuple[SweepResult, dict]:
+    """Run (or continue) the sweep on a running controller; writes findings.json."""
+    metric = str(cfg.metric)
+    target_conf = OmegaConf.to_container(cfg.target, resolve=True)
+    sampler = make_sampler(settings.sampler, space, seed=settings.seed,
+                           expected_configurations=settings.search_budget // settings.restarts)
+    study = open_study(name=ctl.store.run_id, storage=storage_url(run_dir), sampler=sampler,
+                       maximize=settings.maximize)
+    search = SweepSearch(space, study, base, target_conf, settings)
+    final_attempt = ctl.retries + 1
+    search.replay(_finished(ctl.store, metric, final_attempt))
+    out.print(f"sweeping {space.name} ({space.size() or 'continuous'} configurations) for "
+              f"{'higher' if settings.maximize else 'lower'} {metric}: {settings.budget} search "
+              f"trials, then up to {settings.confirm_reserve} confirming, on {len(ctl.nodes)} "
+              f"node(s); study {storage_url(run_dir)}")
+    shown = len(search.events)
+    while not search.done:
+        idle = ctl.idle_nodes()
+        for work in search.propose(len(idle)):
+            ctl.submit(work.candidate, phase=work.phase)
+        if not ctl.in_flight():
+            break
+        for row in ctl.wait():
+            o = observation(row, 0, metric, final_attempt)
+            work = Work(row.candidate, row.phase or "")
+            if o is None:
+                search.record(work, None, evidence=False)
+            else:
+                search.record(work, o.value, suspect=o.suspect)
+        for event in search.events[shown:]:
+            out.print(f"  {event}")
+        shown = len(search.events)
+    result = search.result()
+    measured = [(c.assignment, c.mean()) for c in search.configs.values() if c.search]
+    importances = param_importances(space, measured, maximize=settings.maximize,
+                                    evaluator=str(setup.params(cfg)["importance"]),
+                                    seed=settings.seed)
+    doc = report.sweep_findings(run_id=ctl.store.run_id, metric=metric, search=search,
+                                result=result, importances=importances,
+                                rows=ctl.store.trials())
+    path = findings.write(run_dir, doc)
+    out.print(report.leaders_table(search, metric))
+    if importances.values:
+        out.print(report.importance_table(importances))
+    out.print(render.findings_table(doc))
+    out.print(result.message)
+    out.print(f"findings: {path}")
+    return result, doc
+
+
+def _execute(cfg: DictConfig, run_dir: Path, store: RunStore, space: SearchSpace,
+             settings: SweepSettings, base: Candidate) -> int:
+    out = render.console()
+    out.print(f"run directory: {run_dir}")
+    status = "failed"
+    try:
+        with Controller(cfg, store, run_dir, on_event=lambda m: out.print(f"  {m}")) as ctl:
+            result, _ = execute(cfg, ctl, run_dir, space, settings, base, out)
+        conclusive = result.status in ("found", "baseline_best")
+        status = "done" if conclusive else "inconclusive"
+        if result.status == "no_data":
+            status = "failed"
+            return 1
+        return 0 if conclusive else EXIT_INCONCLUSIVE
+    except KeyboardInterrupt:
+        status = "interrupted"
+        raise
+    finally:
+        store.set_status(status)
+        store.close()
+        out.print(f"run directory: {run_dir}")
