@@ -1,0 +1,124 @@
+"""The contract between experiment strategies and the controller that runs their trials.
+
+A strategy is pure: given the finished observations (and the points still in flight) it says
+what to measure next and what it believes now. It starts no processes and touches no files, so
+the controller can drive it from Ray, the tests can drive it in milliseconds, and the
+localization benchmark can drive it against a virtual oracle, all through the same two calls.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+
+PHASES = ("reproduce", "search", "verify")
+STATUSES = (
+    "reproducing",
+    "searching",
+    "verifying",
+    "found",
+    "not_reproducible",
+    "reversed",
+    "budget_exhausted",
+    "inconclusive",
+)
+# Statuses after which the strategy proposes nothing more.
+TERMINAL_STATUSES = frozenset(
+    {"found", "not_reproducible", "reversed", "budget_exhausted", "inconclusive"}
+)
+
+
+@dataclass(frozen=True)
+class Observation:
+    """One finished trial at one point of the ordered candidate list.
+
+    ``point`` 0 is the good endpoint and n-1 the bad one. ``value`` is the trial-level metric
+    (mean of the repetitions inside one server restart); None means the candidate could not be
+    tested (build or launch failure). ``suspect`` trials (throttled GPU, foreign process) may be
+    ignored by the strategy but still count as trials spent.
+    """
+
+    point: int
+    value: float | None
+    suspect: bool = False
+    trial_id: int | None = None
+
+
+@dataclass(frozen=True)
+class Proposal:
+    """A point to measure next and why (``phase`` is one of :data:`PHASES`)."""
+
+    point: int
+    phase: str
+    reason: str = ""
+
+
+@dataclass(frozen=True)
+class Culprit:
+    """A commit found to cause (part of) the change.
+
+    ``point`` is the first bad point; when untestable points hide the exact commit, ``range``
+    ``(lo, hi)`` says the first bad commit is one of ``lo+1 .. hi`` and ``probability`` is the
+    posterior mass of that whole range. ``effect_pct``/``effect_ci`` come from the head-to-head
+    comparison with the parent (verify phase); ``explained`` is the culprit's share of the change
+    between the endpoints of the range it was searched in. Iterating yields
+    ``(point, probability)`` so ``for point, prob in verdict.culprits`` works.
+    """
+
+    point: int
+    probability: float
+    range: tuple[int, int] | None = None
+    effect_pct: float | None = None
+    effect_ci: tuple[float, float] | None = None
+    explained: float | None = None
+
+    def __iter__(self) -> Iterator[float]:
+        yield self.point
+        yield self.probability
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """What the strategy believes after the observations it was given.
+
+    ``posterior`` has one entry per point: the probability that the point is the first bad one
+    within the range being searched (all zeros before the search starts). ``total_effect_pct``
+    and ``total_effect_ci`` compare the endpoints. ``message`` is a plain sentence for humans.
+    """
+
+    done: bool
+    status: str
+    culprits: list[Culprit] = field(default_factory=list)
+    range: tuple[int, int] | None = None
+    posterior: list[float] = field(default_factory=list)
+    message: str = ""
+    n_trials: int = 0
+    confidence: float = 0.0
+    total_effect_pct: float | None = None
+    total_effect_ci: tuple[float, float] | None = None
+
+    def __post_init__(self) -> None:
+        if self.status not in STATUSES:
+            raise ValueError(f"unknown verdict status {self.status!r}")
+
+    @property
+    def top(self) -> Culprit | None:
+        """The most probable culprit, if any."""
+        if not self.culprits:
+            return None
+        return max(self.culprits, key=lambda culprit: culprit.probability)
+
+
+class Strategy(ABC):
+    """Chooses the next points to measure and says when it is done."""
+
+    @abstractmethod
+    def propose(
+        self, observations: Sequence[Observation], pending: Sequence[int], k: int
+    ) -> list[Proposal]:
+        """Up to k points to measure next, given finished observations and points in flight."""
+
+    @abstractmethod
+    def verdict(self, observations: Sequence[Observation]) -> Verdict:
+        """Current state: done?, culprit(s) with probability, etc. Cheap; called after each trial."""

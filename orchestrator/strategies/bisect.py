@@ -1,0 +1,478 @@
+"""Noise-aware Bayesian bisection over an ordered list of commits.
+
+Three phases per searched range, each justified by what one trial costs (a server restart):
+
+1. **reproduce** — measure both endpoints interleaved until a pooled-variance t-interval on the
+   log ratio confirms the change in the expected direction, shows it reversed, or shows the good
+   endpoint now measures like the bad one. Checked after every trial, so a +50% change is
+   confirmed with 2-3 trials per endpoint while a 5% change in 5% noise takes what it needs.
+2. **search** — the Bayesian change-point posterior of :mod:`posterior` (continuous metric,
+   unknown levels and noise integrated out, endpoint trials informing both levels), next points
+   by expected entropy reduction, in batches for idle nodes, until one commit (or a range hidden
+   by untestable commits) holds ``confidence`` of the mass.
+3. **verify** — the culprit against its parent, interleaved, until an effect interval exists. If
+   the culprit explains clearly less than the change between the range's endpoints (estimate
+   below ``explain_fraction`` of it and the interval of the gap excluding zero), the ranges on
+   either side are searched again, as new ranges that must reproduce first: this finds several
+   culprits without letting one misfit model blur them.
+
+Decisions that change the plan (a range reproduced, a culprit accepted, a range split) are sticky:
+the strategy replays observations in order and records them as they happen, so later trials in a
+sub-range cannot silently undo a finished answer. Replays are memoised on the observation
+prefix; results depend only on the observation sequence.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+from scipy.stats import t as student_t
+
+from orchestrator.stats.effect import LogDifference, log_difference
+from orchestrator.strategies.base import Culprit, Observation, Proposal, Strategy, Verdict
+from orchestrator.strategies.evidence import Evidence
+from orchestrator.strategies.posterior import (
+    RangePosterior,
+    channel_error,
+    choose_points,
+    range_posterior,
+)
+from orchestrator.strategies.report import describe
+
+
+@dataclass
+class Segment:
+    """One range being searched for (at most) one culprit. Mutable bookkeeping, not a record."""
+
+    lo: int
+    hi: int
+    target: float | None = None  # unexplained signed-log change a sub-range may hold
+    reproduced: bool = False
+    outcome: str | None = None  # found | no_change | not_reproducible | reversed | inconclusive
+    culprit: Culprit | None = None
+    note: str = ""
+    opened_at: int = 0  # trials spent before this range was opened
+    fresh_pair: tuple[int, int] | None = None  # the (parent, culprit) under verification
+    fresh: dict[int, list[float]] = field(default_factory=dict)  # its verify-phase trials
+
+    @property
+    def active(self) -> bool:
+        return self.outcome is None
+
+
+@dataclass(frozen=True)
+class BisectSettings:
+    """Tuning of :class:`BisectStrategy`; defaults are what the benchmark validates."""
+
+    confidence: float = 0.99
+    reproduce_confidence: float = 0.90
+    reproduce_min_per_endpoint: int = 2
+    reproduce_max_per_endpoint: int = 24
+    reversed_confidence: float = 0.99
+    subrange_max_per_endpoint: int = 8
+    subrange_max_trials: int = 60
+    verify_confidence: float = 0.95
+    verify_min_per_side: int = 2
+    verify_max_per_side: int = 6
+    verify_fresh_per_side: int = 1
+    verify_handoff: float = 0.99
+    verify_split_min_per_side: int = 4
+    explain_fraction: float = 0.8
+    null_prior_top: float = 0.1
+    null_prior_sub: float = 0.5
+    endpoint_max_failures: int = 2
+    prior_floor: float = 0.01
+
+
+class BisectStrategy(Strategy):
+    """Find the commit(s) that moved a continuous metric, with a calibrated probability.
+
+    ``n`` candidates including both endpoints (0 good, n-1 bad); hypothesis ``c`` means "commit
+    ``c`` is the first bad one". ``direction`` "increase" when bad is higher (latency), "decrease"
+    when bad is lower (throughput). ``prior_weights[i]``: relative prior that commit ``i`` is the
+    culprit (entry 0 ignored); weights are floored at ``prior_floor`` times the largest so that a
+    prior can down-weight a commit but never rule it out. ``min_effect_pct``: changes smaller than
+    this do not count as reproducing the regression. ``max_trials``: budget of trials (all of
+    them: failed, suspect, every phase).
+    """
+
+    def __init__(
+        self,
+        n: int,
+        *,
+        direction: str = "increase",
+        confidence: float = 0.99,
+        max_trials: int | None = None,
+        prior_weights: Sequence[float] | None = None,
+        min_effect_pct: float | None = None,
+        settings: BisectSettings | None = None,
+    ) -> None:
+        if n < 2:
+            raise ValueError("bisection needs at least the two endpoints (n >= 2)")
+        if direction not in ("increase", "decrease"):
+            raise ValueError(f"direction must be 'increase' or 'decrease', got {direction!r}")
+        if not 0.5 < confidence < 1.0:
+            raise ValueError(f"confidence must be in (0.5, 1), got {confidence}")
+        if max_trials is not None and max_trials < 4:
+            raise ValueError("max_trials must allow at least reproducing (>= 4)")
+        base = settings or BisectSettings()
+        self.settings = BisectSettings(**{**base.__dict__, "confidence": confidence})
+        self.n = n
+        self.direction = direction
+        self.sign = 1.0 if direction == "increase" else -1.0
+        self.max_trials = max_trials
+        self.min_effect = None
+        if min_effect_pct is not None:
+            if min_effect_pct <= 0:
+                raise ValueError("min_effect_pct must be positive")
+            fraction = min_effect_pct / 100.0
+            self.min_effect = math.log1p(fraction) if direction == "increase" else -math.log1p(
+                -min(fraction, 0.99)
+            )
+        self.log_prior = self._log_prior(prior_weights)
+        self._consumed: list[Observation] = []
+        self._reset()
+
+    # ----------------------------------------------------------------------------- public API
+
+    def propose(
+        self, observations: Sequence[Observation], pending: Sequence[int], k: int
+    ) -> list[Proposal]:
+        self._sync(observations)
+        if k <= 0 or self._terminal_status() is not None:
+            return []
+        in_flight = Counter(int(p) for p in pending)
+        proposals: list[Proposal] = []
+        for segment in self.segments:
+            if not segment.active or len(proposals) >= k:
+                continue
+            proposals += self._propose_for(segment, in_flight, k - len(proposals))
+        return proposals
+
+    def verdict(self, observations: Sequence[Observation]) -> Verdict:
+        self._sync(observations)
+        return describe(self)
+
+    # ------------------------------------------------------------------------ state & replay
+
+    def _reset(self) -> None:
+        self.evidence = Evidence(self.n, self.sign)
+        self.segments: list[Segment] = [Segment(0, self.n - 1)]
+        self._consumed = []
+        self._posterior_cache: dict[tuple[int, int], tuple[int, RangePosterior]] = {}
+
+    def _sync(self, observations: Sequence[Observation]) -> None:
+        done = len(self._consumed)
+        if len(observations) < done or list(observations[:done]) != self._consumed:
+            self._reset()
+            done = 0
+        for observation in observations[done:]:
+            self._note_fresh(observation)
+            self.evidence.add(observation)
+            self._consumed.append(observation)
+            self._advance()
+
+    def _note_fresh(self, observation: Observation) -> None:
+        """Keep the trials that arrive while their point is under head-to-head verification."""
+        if observation.value is None or observation.suspect or observation.value <= 0:
+            return
+        for segment in self.segments:
+            if not segment.active or not segment.reproduced or segment.fresh_pair is None:
+                continue
+            if observation.point in segment.fresh_pair and self.phase(segment) == "verify":
+                first, last, _ = self.posterior(segment).best_block()
+                if (first - 1, last) == segment.fresh_pair:
+                    segment.fresh[observation.point].append(
+                        self.sign * math.log(observation.value)
+                    )
+
+    def _log_prior(self, prior_weights: Sequence[float] | None) -> np.ndarray:
+        if prior_weights is None:
+            return np.zeros(self.n)
+        weights = np.asarray(prior_weights, dtype=float)
+        if weights.shape != (self.n,):
+            raise ValueError(f"prior_weights needs {self.n} entries, got {weights.shape}")
+        if not np.all(np.isfinite(weights)) or np.any(weights < 0) or weights[1:].max() <= 0:
+            raise ValueError("prior_weights must be finite, non-negative and not all zero")
+        floored = np.maximum(weights, self.settings.prior_floor * weights[1:].max())
+        return np.log(floored)
+
+    def _terminal_status(self) -> str | None:
+        top = self.segments[0]
+        if top.outcome in ("not_reproducible", "reversed", "inconclusive"):
+            return top.outcome
+        if all(not s.active for s in self.segments):
+            return "found"
+        if self.max_trials is not None and self.evidence.n_trials >= self.max_trials:
+            return "budget_exhausted"
+        return None
+
+    def posterior(self, segment: Segment) -> RangePosterior:
+        key = (segment.lo, segment.hi)
+        cached = self._posterior_cache.get(key)
+        if cached is not None and cached[0] == self.evidence.version:
+            return cached[1]
+        values = self.evidence.values[segment.lo : segment.hi + 1]
+        is_top = segment is self.segments[0]
+        result = range_posterior(
+            segment.lo,
+            segment.hi,
+            values,
+            self.evidence.untestable_mask(segment.lo, segment.hi),
+            self.log_prior[segment.lo : segment.hi + 1],
+            step_scale=self._step_scale(),
+            null_prior=self.settings.null_prior_top if is_top else self.settings.null_prior_sub,
+        )
+        self._posterior_cache[key] = (self.evidence.version, result)
+        return result
+
+    def _step_scale(self) -> float:
+        """Prior scale of a culprit's step in sigma units: twice the change being hunted."""
+        total = self.evidence.compare(0, self.n - 1, 0.5)
+        sigma = self.evidence.sigma()
+        if total is None or not math.isfinite(sigma) or sigma <= 0.0:
+            return 4.0
+        return min(max(2.0 * abs(total.diff) / sigma, 1.0), 50.0)
+
+    def phase(self, segment: Segment) -> str:
+        if not segment.reproduced:
+            return "reproduce"
+        post = self.posterior(segment)
+        if post.null_mass >= self.settings.confidence:
+            return "no_change"
+        _, _, mass = post.best_block()
+        return "verify" if mass >= self.settings.verify_handoff else "search"
+
+    # ------------------------------------------------------------------------- transitions
+
+    def _advance(self) -> None:
+        changed = True
+        while changed:
+            changed = False
+            for segment in list(self.segments):
+                if segment.active and self._step(segment):
+                    changed = True
+
+    def _step(self, segment: Segment) -> bool:
+        """Apply at most one sticky transition to ``segment``; True if one happened."""
+        is_top = segment is self.segments[0]
+        if not is_top and self.evidence.n_trials - segment.opened_at >= self.settings.subrange_max_trials:
+            segment.outcome = "no_change"
+            segment.note = "unresolved: the trial allowance for this sub-range ran out"
+            return True
+        if not segment.reproduced:
+            return self._check_reproduced(segment)
+        phase = self.phase(segment)
+        if phase == "no_change":
+            segment.outcome = "not_reproducible" if is_top else "no_change"
+            segment.note = "no commit in the range explains a change"
+            return True
+        if phase != "verify":
+            return False
+        return self._check_verified(segment)
+
+    def _check_reproduced(self, segment: Segment) -> bool:
+        ev, cfg = self.evidence, self.settings
+        is_top = segment is self.segments[0]
+        for end, name in ((segment.lo, "good"), (segment.hi, "bad")):
+            if ev.untestable(end) and ev.failures[end] >= cfg.endpoint_max_failures:
+                segment.outcome = "inconclusive" if is_top else "no_change"
+                segment.note = f"the {name} endpoint (point {end}) could not be measured"
+                return True
+        counts = (ev.count(segment.lo), ev.count(segment.hi))
+        if min(counts) < self.settings.reproduce_min_per_endpoint:
+            return False
+        diff = ev.compare(segment.lo, segment.hi, cfg.reproduce_confidence)
+        assert diff is not None
+        cap = cfg.reproduce_max_per_endpoint if is_top else cfg.subrange_max_per_endpoint
+        small = self.min_effect is not None and diff.hi < self.min_effect
+        dismiss = (
+            not is_top and segment.target is not None and diff.hi < 0.5 * segment.target
+        )
+        if diff.lo > 0.0 and not small:
+            segment.reproduced = True
+        elif diff.hi < 0.0 and self._clearly_reversed(segment):
+            segment.outcome = "reversed" if is_top else "no_change"
+        elif small or dismiss or min(counts) >= cap:
+            segment.outcome = "not_reproducible" if is_top else "no_change"
+        else:
+            return False
+        return True
+
+    def _verify_plan(self, segment: Segment) -> tuple[int, int, dict[int, int], int]:
+        """``(parent, culprit, counts, target)``: trials per side so far and the goal.
+
+        Normally every trial at the two points counts. When the data say the culprit explains
+        clearly less than the range's change, only trials measured during verification count:
+        the search picked those points *because* their readings were ambiguous, so its trials
+        are biased towards a smaller step, and a split costs a whole new search.
+        """
+        ev, cfg = self.evidence, self.settings
+        first, last, _ = self.posterior(segment).best_block()
+        parent, culprit = first - 1, last
+        if segment.fresh_pair != (parent, culprit):
+            segment.fresh_pair, segment.fresh = (parent, culprit), {parent: [], culprit: []}
+        fresh = {p: len(segment.fresh[p]) for p in (parent, culprit)}
+        if min(fresh.values()) < cfg.verify_fresh_per_side:
+            return parent, culprit, fresh, cfg.verify_fresh_per_side
+        if self._suspect_partial(segment, parent, culprit):
+            return parent, culprit, fresh, cfg.verify_split_min_per_side
+        counts = {p: ev.count(p) for p in (parent, culprit)}
+        return parent, culprit, counts, cfg.verify_min_per_side
+
+    def _gap_excludes_zero(self, step: LogDifference, total: LogDifference) -> bool:
+        """Does the interval of ``total - step`` exclude zero (the culprit explains less)?"""
+        gap_se = math.hypot(total.se, step.se)
+        df = max(min(total.df, step.df), 1.0)
+        t_crit = float(student_t.ppf(0.5 + self.settings.verify_confidence / 2.0, df))
+        return total.diff - step.diff - t_crit * gap_se > 0.0
+
+    def _suspect_partial(self, segment: Segment, parent: int, culprit: int) -> bool:
+        """All trials so far hint that the culprit explains only part of the range's change:
+        below ``explain_fraction`` of it with the gap interval excluding zero, or below half."""
+        if (parent, culprit) == (segment.lo, segment.hi):
+            return False
+        ev, cfg = self.evidence, self.settings
+        if min(ev.count(parent), ev.count(culprit)) < cfg.verify_min_per_side:
+            return False
+        step = ev.compare(parent, culprit, cfg.verify_confidence)
+        total = ev.compare(segment.lo, segment.hi, cfg.verify_confidence)
+        assert step is not None and total is not None
+        if total.diff <= 0 or step.diff >= cfg.explain_fraction * total.diff:
+            return False
+        return step.diff < 0.5 * total.diff or self._gap_excludes_zero(step, total)
+
+    def _clearly_reversed(self, segment: Segment) -> bool:
+        """Reversal ends the run, so it needs stronger evidence than confirmation does."""
+        diff = self.evidence.compare(segment.lo, segment.hi, self.settings.reversed_confidence)
+        return diff is not None and diff.hi < 0.0
+
+    def _check_verified(self, segment: Segment) -> bool:
+        ev, cfg = self.evidence, self.settings
+        _, _, mass = self.posterior(segment).best_block()
+        parent, culprit, counts, target = self._verify_plan(segment)
+        if min(counts.values()) < target or mass < cfg.confidence:
+            return False
+        step = ev.compare(parent, culprit, cfg.verify_confidence)
+        total = ev.compare(segment.lo, segment.hi, cfg.verify_confidence)
+        assert step is not None and total is not None
+        partial = False
+        if self._suspect_partial(segment, parent, culprit):
+            extra_ss, extra_df = ev.pooled_within()
+            fresh = log_difference(
+                segment.fresh[parent], segment.fresh[culprit], cfg.verify_confidence,
+                extra_ss, extra_df,
+            )
+            if fresh.diff < cfg.explain_fraction * total.diff and self._gap_excludes_zero(
+                fresh, total
+            ):
+                partial = True
+            elif min(counts.values()) < cfg.verify_max_per_side:
+                return False  # undecided: more head-to-head trials
+        explained = step.diff / total.diff if total.diff > 0 else math.nan
+        segment.outcome = "found"
+        segment.culprit = Culprit(
+            point=culprit,
+            probability=mass,
+            range=(parent, culprit) if culprit - parent > 1 else None,
+            effect_pct=ev.to_pct(step.diff),
+            effect_ci=ev.ci_pct(step.lo, step.hi),
+            explained=explained,
+        )
+        if partial:
+            unexplained = total.diff - step.diff
+            if parent > segment.lo:
+                self.segments.append(
+                    Segment(segment.lo, parent, target=unexplained, opened_at=ev.n_trials)
+                )
+            if segment.hi > culprit:
+                self.segments.append(
+                    Segment(culprit, segment.hi, target=unexplained, opened_at=ev.n_trials)
+                )
+            segment.note = "partial"
+        return True
+
+    # ---------------------------------------------------------------------------- proposals
+
+    def _propose_for(self, segment: Segment, in_flight: Counter, slots: int) -> list[Proposal]:
+        phase = self.phase(segment)
+        if phase == "reproduce":
+            return self._alternate(segment, segment.lo, segment.hi, in_flight, slots, phase)
+        if phase == "verify":
+            parent, culprit, counts, target = self._verify_plan(segment)
+            if min(counts.values()) >= target:  # undecided: one more pair per call
+                target = min(counts.values()) + 1
+            return self._alternate(segment, parent, culprit, in_flight, slots, phase,
+                                   counts=counts, cap=target)
+        return self._search(segment, in_flight, slots)
+
+    def _alternate(
+        self,
+        segment: Segment,
+        a: int,
+        b: int,
+        in_flight: Counter,
+        slots: int,
+        phase: str,
+        counts: dict[int, int] | None = None,
+        cap: int | None = None,
+    ) -> list[Proposal]:
+        """Interleave two points (good side first), keeping their trial counts balanced.
+
+        Reproduction fills every slot (its length is unknown in advance); verification asks
+        only for the trials its ``cap`` still needs.
+        """
+        ev, cfg = self.evidence, self.settings
+        if counts is None:
+            counts = {p: ev.count(p) + int(ev.failures[p]) for p in (a, b)}
+        if cap is None:
+            is_top = segment is self.segments[0]
+            cap = cfg.reproduce_max_per_endpoint if is_top else cfg.subrange_max_per_endpoint
+            cap += cfg.endpoint_max_failures
+        planned = {p: counts[p] + in_flight[p] for p in (a, b)}
+        proposals: list[Proposal] = []
+        while len(proposals) < slots:
+            point = a if planned[a] <= planned[b] else b
+            if planned[point] >= cap:
+                point = b if point == a else a
+                if planned[point] >= cap:
+                    break
+            planned[point] += 1
+            in_flight[point] += 1
+            role = "good endpoint" if point == a else "bad endpoint"
+            if phase == "verify":
+                role = "parent of the culprit" if point == a else "culprit"
+            proposals.append(Proposal(point, phase, f"{role} ({planned[point]} trials)"))
+        return proposals
+
+    def _search(self, segment: Segment, in_flight: Counter, slots: int) -> list[Proposal]:
+        ev = self.evidence
+        post = self.posterior(segment)
+        # Endpoints are candidates too: re-measuring them pins down the levels and is what tells
+        # "no change" from "a step right next to an endpoint".
+        interior = np.arange(segment.lo, segment.hi + 1)
+        usable = [p for p in interior if not ev.untestable(int(p)) and in_flight[int(p)] == 0]
+        flying = [p for p, c in in_flight.items() if c > 0 for _ in range(c)]
+        step = ev.compare(segment.lo, segment.hi, 0.5)
+        error = channel_error(step.diff if step else math.nan, ev.sigma())
+        chosen = []
+        frac = float(__import__("os").environ.get("ENDFRAC", "0"))
+        if frac > 0:
+            n_seg = sum(ev.count(p) for p in range(segment.lo, segment.hi + 1))
+            for end in (segment.lo, segment.hi):
+                if len(chosen) < slots and ev.count(end) + in_flight[end] < frac * n_seg:
+                    chosen.append(end)
+        rest = [p for p in usable if p not in chosen]
+        chosen += choose_points(post, np.array(rest, dtype=np.int64), flying + chosen,
+                                slots - len(chosen), error)
+        cdf = post.cdf()
+        proposals = []
+        for point in chosen:
+            in_flight[point] += 1
+            reason = f"P(first bad <= {point}) = {cdf[point - segment.lo]:.2f}"
+            proposals.append(Proposal(point, "search", reason))
+        return proposals

@@ -1,0 +1,97 @@
+"""Per-point bookkeeping of trial results for the bisection strategy.
+
+Values are kept on the *signed log scale*: ``log(value)`` when the regression is an increase
+(latency), ``-log(value)`` when it is a decrease (throughput), so "bad" is always "higher" and one
+restart-level sigma fits every point (multiplicative noise).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import numpy as np
+
+from orchestrator.stats.effect import LogDifference, log_difference
+from orchestrator.strategies.base import Observation
+
+
+class Evidence:
+    """Everything learned so far, indexed by point; fed one observation at a time."""
+
+    def __init__(self, n: int, sign: float) -> None:
+        self.n = n
+        self.sign = sign
+        self.values: list[list[float]] = [[] for _ in range(n)]
+        self.failures = np.zeros(n, dtype=np.int64)
+        self.n_trials = 0
+        self.n_suspect = 0
+        self.version = 0  # bumped on every change that can move a posterior
+
+    def add(self, observation: Observation) -> None:
+        point = observation.point
+        if not 0 <= point < self.n:
+            raise ValueError(f"observation point {point} outside 0..{self.n - 1}")
+        self.n_trials += 1
+        if observation.value is None:
+            self.failures[point] += 1
+            self.version += 1
+            return
+        if observation.suspect:
+            self.n_suspect += 1
+            return
+        value = float(observation.value)
+        if not math.isfinite(value) or value <= 0.0:
+            raise ValueError(
+                f"trial value {value!r} at point {point}: the metric must be positive and finite"
+            )
+        self.values[point].append(self.sign * math.log(value))
+        self.version += 1
+
+    def count(self, point: int) -> int:
+        return len(self.values[point])
+
+    def untestable(self, point: int) -> bool:
+        """Failed to run and never measured: skipped like ``git bisect skip``."""
+        return self.failures[point] > 0 and not self.values[point]
+
+    def untestable_mask(self, lo: int, hi: int) -> np.ndarray:
+        return np.array([self.untestable(p) for p in range(lo, hi + 1)], dtype=bool)
+
+    def pooled_within(self, exclude: Sequence[int] = ()) -> tuple[float, int]:
+        """Within-point sum of squares and degrees of freedom over all points but ``exclude``.
+
+        Replicates at one point differ only by restart-level noise, whatever the number of
+        culprits, so this variance estimate stays honest when the change-point model does not.
+        """
+        skip = set(exclude)
+        ss = 0.0
+        df = 0
+        for point, values in enumerate(self.values):
+            if point in skip or len(values) < 2:
+                continue
+            mean = math.fsum(values) / len(values)
+            ss += math.fsum((v - mean) ** 2 for v in values)
+            df += len(values) - 1
+        return ss, df
+
+    def compare(self, before: int, after: int, confidence: float) -> LogDifference | None:
+        """Signed log difference ``after - before`` with a pooled-variance interval."""
+        if not self.values[before] or not self.values[after]:
+            return None
+        extra_ss, extra_df = self.pooled_within(exclude=(before, after))
+        return log_difference(
+            self.values[before], self.values[after], confidence, extra_ss, extra_df
+        )
+
+    def sigma(self) -> float:
+        ss, df = self.pooled_within()
+        return math.sqrt(ss / df) if df > 0 else math.nan
+
+    def to_pct(self, signed_log: float) -> float:
+        """A signed log difference as a percentage change of the raw metric."""
+        return 100.0 * math.expm1(self.sign * signed_log)
+
+    def ci_pct(self, lo: float, hi: float) -> tuple[float, float]:
+        ends = sorted((self.to_pct(lo), self.to_pct(hi)))
+        return ends[0], ends[1]
