@@ -73,8 +73,11 @@ def start_ray(cluster: Mapping) -> bool:
         )
     elif cluster.get("kind") == "ray":
         # No address: Ray's own discovery (RAY_ADDRESS, or a head started on this machine).
-        ray.init(address=cluster.get("address") or "auto", log_to_driver=False,
-                 namespace="sleuth")
+        address = cluster.get("address") or "auto"
+        try:
+            ray.init(address=address, log_to_driver=False, namespace="sleuth")
+        except (ConnectionError, ValueError) as exc:
+            raise UserError(f"cannot connect to the Ray cluster at {address}: {exc}") from exc
     else:
         raise UserError(f"unknown cluster.kind {cluster.get('kind')!r} (known: local, ray)")
     return True
