@@ -152,6 +152,16 @@ def test_failing_build_names_its_output(tmp_path):
     assert not (wt / ".sleuth-build.json").exists()
 
 
+def test_preflight_and_launcher_for_a_bench_only_target(tmp_path):
+    assert _target(tmp_path, bench="python bench.py").preflight() is None
+    assert "cannot be split" in _target(tmp_path, bench="python 'bench.py").preflight()
+    assert "target.bench is empty" in _target(tmp_path, bench="  ").preflight()
+    # Without a server the bench is the workload: the launcher prefix wraps it.
+    target = _target(tmp_path, bench="sh -c 'echo $WRAPPED'", launcher=["env", "WRAPPED=5"])
+    target.prepare(tmp_path, tmp_path / "trial")
+    assert target.run_bench("", tmp_path / "log") == {"value": 5.0}
+
+
 # -- trials ---------------------------------------------------------------------------------------
 def test_benchmark_only_trial_has_no_server_steps(tmp_path, ray_session):
     repo = tmp_path / "repo"

@@ -272,6 +272,17 @@ def test_preflight_against_the_sim_help(tmp_path):
     assert "does not accept --cuda-graph-max-bs-decode" in problem and "n0" in problem
     unset = _target(tmp_path)
     assert "target.model_path" in unset.preflight()
+    assert "sglang or sim" in _target(tmp_path, "launcher=vllm").preflight()
+
+
+def test_features_without_preflight_come_from_the_installed_version(tmp_path):
+    # A trial with its own server settings gets a fresh target that never ran preflight: it
+    # must still spell flags for the build that is there (the sim reports 0.5.9).
+    fresh = _target(tmp_path, "launcher=sim", "target.cuda_graph_max_bs=16")
+    assert fresh.features.version == (0, 5, 9) and not fresh.features.cuda_graph_per_phase
+    assert "--cuda-graph-max-bs" in fresh.server_args(1)
+    pinned = _target(tmp_path, "target.model_path=m", "target.sglang_version=0.5.20")
+    assert pinned.features.cuda_graph_per_phase
 
 
 # -- end to end against the sim -------------------------------------------------------------------

@@ -162,6 +162,18 @@ class CommandTarget(Target):
             return ["/bin/sh", "-c", text]
         return shlex.split(text)
 
+    def preflight(self) -> str | None:
+        """Every configured command line must split into an argv."""
+        for key in ("bench", "build", "server"):
+            text = str(self.conf.get(key) or "")
+            try:
+                if key == "bench" and not self.argv(text):
+                    return "target.bench is empty: give the benchmark command to run"
+                self.argv(text)
+            except ValueError as exc:
+                return f"target.{key} cannot be split into arguments ({exc}): {text!r}"
+        return None
+
     def command(self, worktree: Path, port: int) -> list[str]:
         """The server's argv; without a server, the benchmark's (for the trial's record)."""
         if self.has_server:
@@ -239,9 +251,11 @@ class CommandTarget(Target):
         if base_url:
             env["SLEUTH_BASE_URL"] = base_url
         timeout = float(self.conf.get("bench_timeout_s") or 600)
-        run = run_command(self.argv(self._fill(str(self.conf["bench"]), base_url)),
-                          cwd=self._worktree, env=env, timeout_s=timeout, log_path=log_path,
-                          on_start=self._track)
+        argv = self.argv(self._fill(str(self.conf["bench"]), base_url))
+        if not self.has_server:  # the bench is the workload: numactl & co. apply to it
+            argv = self.launcher() + argv
+        run = run_command(argv, cwd=self._worktree, env=env, timeout_s=timeout,
+                          log_path=log_path, on_start=self._track)
         if run.timed_out:
             raise BenchError("hung", f"the bench command did not finish within {timeout:g}s")
         if run.exit_code != 0:

@@ -119,10 +119,10 @@ class SglangTarget(Target):
 
     @property
     def features(self) -> versions.SglangFeatures:
-        """Interface facts: from `launch_server --help` once preflight ran, else the version."""
+        """Interface facts: from `launch_server --help` once preflight ran, else from the
+        installed version (a trial with its own server settings gets a fresh target)."""
         if self._features is None:
-            self._features = versions.features_for_version(
-                versions.parse_version(self.conf.get("sglang_version")))
+            self._features = versions.features_for_version(self.installed_version())
         return self._features
 
     def module_argv(self) -> list[str]:
@@ -235,6 +235,8 @@ class SglangTarget(Target):
 
     def preflight(self) -> str | None:
         """Run the installed `launch_server --help` and refuse a flag it does not list."""
+        if self.engine not in ("sglang", "sim"):
+            return f"launcher / target.engine must be sglang or sim, not {self.engine!r}"
         if not self.simulated and not self.conf.get("model_path"):
             return "target.model_path is not set (the model SGLang should serve)"
         if not self.conf.get("check_flags", True):
