@@ -77,17 +77,21 @@ UNTESTABLE = "untestable"
 class IsolateSettings:
     """Tuning of :class:`IsolateStrategy`; defaults are what the calibration tests check.
 
-    ``route_confidence``: level of the decisions that choose the next test (a cause found, a
-    partner to look for, a residual to search); the answer itself needs ``confidence``.
-    ``effect_floor_pct`` / ``effect_fraction`` / ``effect_noise_fraction``: without an explicit
-    ``min_effect_pct`` the smallest effect worth naming is the largest of the floor, this
-    fraction of the total change, and this fraction of the restart noise (one sigma): an effect
-    well inside the noise takes dozens of restarts per side to rule in or out, and "nothing
-    else matters" could never be established within the trial caps. ``prior_null``: prior probability that a tested effect is exactly zero.
-    ``chain_trials_per_bit`` / ``chain_trials_base``: a chain gives up after
-    ``base + per_bit * log2(length + 1)`` trials of its own. ``chain_attempts``: searches (in
-    different orders) for one residual or one partner before giving up on it. ``speculate``: during reproduction,
-    give idle nodes evenly spaced points of the first chain instead of nothing.
+    * ``route_confidence``: level of the decisions that only choose the next test (a cause
+      found, a partner to look for); the answer itself needs the strategy's ``confidence``.
+    * ``residual_confidence``: level of an explain check's "something else matters", which
+      starts a whole new search.
+    * ``effect_floor_pct`` / ``effect_fraction`` / ``effect_noise_fraction``: without an
+      explicit ``min_effect_pct``, the smallest effect worth naming is the largest of the floor,
+      this fraction of the total change, and this fraction of the restart noise (one sigma): an
+      effect well inside the noise takes dozens of restarts per side to rule in or out, and
+      "nothing else matters" could never be established within the trial caps.
+    * ``prior_null``: prior probability that a tested effect is exactly zero.
+    * ``chain_trials_per_bit`` / ``chain_trials_base``: a chain gives up after
+      ``base + per_bit * log2(length + 1)`` trials of its own; ``chain_attempts``: searches, in
+      different orders, for one residual or one partner before giving up on it.
+    * ``speculate``: during reproduction, give idle nodes evenly spaced points of the first
+      chain instead of nothing.
     """
 
     reproduce_confidence: float = 0.95
@@ -95,6 +99,7 @@ class IsolateSettings:
     reproduce_max_per_endpoint: int = 24
     search_confidence: float = 0.95
     route_confidence: float = 0.95
+    residual_confidence: float = 0.99
     verify_min_per_side: int = 2
     verify_max_per_side: int = 12
     final_max_per_subset: int = 36
@@ -324,11 +329,14 @@ class IsolateStrategy(Strategy):
 
     def explain_checks(self, named: Subset) -> list[tuple[Weights, Subset, Subset]]:
         """``(weights, subset under test, base of the residual chain to start if it fails)``:
-        bad without the named against good, and bad against good with the named."""
+        bad without the named against good, and bad against good with the named. A check whose
+        configuration cannot be built (patches that do not apply) is left out."""
+        if named == self.bad:
+            return []  # everything is named: nothing is left to clear
         checks = [({self.bad - named: 1.0, self.good: -1.0}, self.bad - named, self.good)]
-        if named and named != self.bad:
+        if named:
             checks.append(({self.bad: 1.0, named: -1.0}, named, named))
-        return checks
+        return [check for check in checks if not self.untestable(check[1])]
 
     def claims_for_single(self, members: Subset) -> list[Weights]:
         """A single cause is claimed by its effect when added to good (or, if it cannot be
@@ -357,17 +365,19 @@ class IsolateStrategy(Strategy):
     def claim_probabilities(self) -> list[float]:
         return [self.claim_probability(claim, weights) for claim, weights in self.claims()]
 
-    def decision(self, weights: Weights, tested: Subset, cap: int) -> str | None:
-        """Decide a claim at the routing level once ``tested`` has its minimum trials; at
-        ``cap`` trials the estimate decides. Either way the claim keeps its probability: the
-        answer is only given when the claims together reach ``confidence``."""
+    def decision(self, weights: Weights, tested: Subset, cap: int, level: float | None = None
+                 ) -> str | None:
+        """Decide a claim at the routing level (or ``level``) once ``tested`` has its minimum
+        trials; at ``cap`` trials the estimate decides. Either way the claim keeps its
+        probability: the answer is only given when the claims together reach ``confidence``."""
         if self.untestable(tested):
             return UNTESTABLE
         count = self.evidence.count(tested)
         if count < self.settings.verify_min_per_side:
             return None
         contrast = self.evidence.contrast(weights)
-        result = decide(contrast, self.tolerance(), self.settings.route_confidence, self.prior())
+        level = self.settings.route_confidence if level is None else level
+        result = decide(contrast, self.tolerance(), level, self.prior())
         if result is None and count >= cap and contrast is not None:
             result = PRESENT if contrast.estimate >= self.tolerance() / 2.0 else ABSENT
         return result
@@ -511,12 +521,13 @@ class IsolateStrategy(Strategy):
         named = self.named()
         remaining = tuple(sorted(self.bad - named))
         cap = self.settings.final_max_per_subset
-        for weights, tested, base in self.explain_checks(named):
-            decision = self.decision(weights, tested, cap)
-            if decision == UNTESTABLE:
-                self.outcome = "inconclusive"
-                self.note = f"{self.describe_subset(tested)} could not be measured"
-                return True
+        checks = self.explain_checks(named)
+        if not checks and named != self.bad:
+            self.outcome = "inconclusive"
+            self.note = "neither explain check could be measured"
+            return True
+        for weights, tested, base in checks:
+            decision = self.decision(weights, tested, cap, self.settings.residual_confidence)
             if decision is None:
                 return False
             if decision == PRESENT:

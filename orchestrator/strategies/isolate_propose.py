@@ -97,7 +97,7 @@ def _explain_wanted(strategy: IsolateStrategy, planned: Counter) -> Wanted:
     cap = strategy.settings.final_max_per_subset
     open_checks = []
     for weights, tested, _ in strategy.explain_checks(named):
-        decision = strategy.decision(weights, tested, cap)
+        decision = strategy.decision(weights, tested, cap, strategy.settings.residual_confidence)
         if decision is None or decision == PRESENT:  # present here: searched, found nothing
             open_checks.append(weights)
     for subset in informative(strategy, open_checks, planned, cap):

@@ -90,6 +90,8 @@ def _record(strategy: IsolateStrategy, members: Subset, kind: str, claims: list[
     probability = math.prod(strategy.claim_probability(PRESENT, w) for w in claims)
     effect, effect_ci = _interval(strategy, strategy.add_weights(members))
     removed, removed_ci = _interval(strategy, strategy.remove_weights(members))
+    if strategy.untestable(members):  # cannot be applied alone: its removal is its effect
+        effect, effect_ci = removed, removed_ci
     inter, inter_ci = (None, None)
     if interaction is not None:
         inter, inter_ci = _interval(strategy, interaction)
@@ -189,8 +191,9 @@ def describe(strategy: IsolateStrategy) -> IsolateVerdict:
     done = status is not None
     named = strategy.named()
     residual_pct, residual_ci = (None, None)
-    if strategy.reproduced:
-        residual_pct, residual_ci = _interval(strategy, strategy.explain_checks(named)[0][0])
+    if strategy.reproduced and named != strategy.bad:
+        rest = strategy.bad - named
+        residual_pct, residual_ci = _interval(strategy, {rest: 1.0, strategy.good: -1.0})
     common = {
         "n_trials": ev.n_trials,
         "confidence": strategy.confidence,

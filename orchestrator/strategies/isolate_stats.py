@@ -231,7 +231,7 @@ class SubsetEvidence:
         return self.contrast({after: 1.0, before: -1.0})
 
     def contrast(self, weights: Mapping[Subset, float]) -> Contrast | None:
-        """``sum(weight * mean(subset))`` with the pooled variance; None if a subset is unmeasured."""
+        """``sum(weight * mean(subset))`` with the pooled variance (None: a subset unmeasured)."""
         weights = {s: w for s, w in weights.items() if w != 0.0}
         if any(self.count(s) == 0 for s in weights):
             return None

@@ -150,8 +150,11 @@ def verify_suspect(strategy: IsolateStrategy, suspect: Suspect) -> bool:
     tol = strategy.tolerance()
     if strategy.untestable(members):
         decision = strategy.decision(remove, without, strategy.settings.verify_max_per_side)
-        if decision not in (PRESENT, ABSENT):
+        if decision is None:
             return False
+        if decision not in (PRESENT, ABSENT):
+            suspect.state, suspect.note = DISMISSED, "could be tested neither way"
+            return True
         suspect.state = SINGLE if decision == PRESENT else DISMISSED
         suspect.note = "could not be applied alone; judged by removing it from bad"
         return True
