@@ -24,8 +24,10 @@ Plan, each step justified by what a trial costs (a server restart):
    chain from the suspect alone through its context finds the partner, and the pair is
    confirmed by its interaction contrast ``y(ij) - y(i) - y(j) + y(good)``.
 4. **explain**: with ``N`` the named differences, bad-without-N must measure like good and
-   good-with-N like bad, both within the smallest effect worth naming. A remaining change starts
-   a new chain over the unnamed differences, from good (or from ``N``) towards bad.
+   good-with-N like bad, both within the smallest effect worth naming (by default 10% of the
+   total change, and at least one restart-noise sigma). A remaining change starts a new chain
+   over the unnamed differences, from good (or from ``N``) towards bad; if that search comes
+   back empty, another order is tried, then more trials decide.
 5. **final**: the answer is declared when the probability of all its claims together (each
    cause's effect is real; each explain check is within the tolerance) reaches ``confidence``;
    until then the weakest claim gets more trials, and a cause whose evidence turns against it

@@ -84,9 +84,9 @@ def _interval(strategy: IsolateStrategy, weights: dict[Subset, float]
     return strategy.evidence.to_pct(contrast.estimate), ci
 
 
-def _record(strategy: IsolateStrategy, members: Subset, kind: str, claims: list[dict],
-            verified: bool, note: str, interaction: dict[Subset, float] | None = None
-            ) -> IsolateCulprit:
+def _record(strategy: IsolateStrategy, members: Subset, kind: str,
+            claims: list[dict[Subset, float]], verified: bool, note: str,
+            interaction: dict[Subset, float] | None = None) -> IsolateCulprit:
     probability = math.prod(strategy.claim_probability(PRESENT, w) for w in claims)
     effect, effect_ci = _interval(strategy, strategy.add_weights(members))
     removed, removed_ci = _interval(strategy, strategy.remove_weights(members))
@@ -134,9 +134,11 @@ def culprits_of(strategy: IsolateStrategy, include_guesses: bool) -> list[Isolat
                 p.first == suspect.members for p in strategy.pairs
             ):
                 claims = [strategy.remove_weights(suspect.members)]
-                result.append(_record(strategy, suspect.members, "group", claims, False,
+                kind = "single" if len(suspect.members) == 1 else "group"
+                result.append(_record(strategy, suspect.members, kind, claims, False,
                                       "hurts only with a partner that was not found yet"))
-        result.extend(_chain_guesses(strategy))
+        listed = {c.differences for c in result}
+        result.extend(g for g in _chain_guesses(strategy) if g.differences not in listed)
     return sorted(result, key=lambda c: -c.probability)
 
 
