@@ -102,23 +102,35 @@ class RunStore:
     # -- lifecycle ---------------------------------------------------------------------------
     @classmethod
     def create(cls, path: Path, *, run_id: str, command: str, config_yaml: str) -> RunStore:
+        """A new store, built under a temporary name and renamed into place: a reader (a
+        report, a resume, a watching test) never finds a file without its schema."""
         if path.exists():
             raise UserError(f"{path} already exists: refusing to overwrite a run's store")
-        conn = cls._connect(path)
+        tmp = path.with_name(f".{path.name}.creating")
+        for leftover in (tmp, Path(f"{tmp}-wal"), Path(f"{tmp}-shm")):
+            leftover.unlink(missing_ok=True)
+        conn = cls._connect(tmp)
         now = time.time()
-        with conn:
-            conn.executescript(_SCHEMA)
-            conn.executemany(
-                "INSERT INTO meta(key, value) VALUES (?, ?)",
-                [("schema_version", str(SCHEMA_VERSION)), ("run_id", run_id),
-                 ("command", command), ("created_at", str(now))],
-            )
-            conn.execute(
-                "INSERT INTO runs(id, command, status, created_at, updated_at, config_yaml)"
-                " VALUES (?, ?, 'running', ?, ?, ?)",
-                (run_id, command, now, now, config_yaml),
-            )
-        return cls(conn, path)
+        try:
+            with conn:
+                conn.executescript(_SCHEMA)
+                conn.executemany(
+                    "INSERT INTO meta(key, value) VALUES (?, ?)",
+                    [("schema_version", str(SCHEMA_VERSION)), ("run_id", run_id),
+                     ("command", command), ("created_at", str(now))],
+                )
+                conn.execute(
+                    "INSERT INTO runs(id, command, status, created_at, updated_at, config_yaml)"
+                    " VALUES (?, ?, 'running', ?, ?, ?)",
+                    (run_id, command, now, now, config_yaml),
+                )
+            conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+        finally:
+            conn.close()
+        tmp.replace(path)
+        for side in (Path(f"{tmp}-wal"), Path(f"{tmp}-shm")):
+            side.unlink(missing_ok=True)
+        return cls(cls._connect(path), path)
 
     @classmethod
     def open(cls, path: Path) -> RunStore:
