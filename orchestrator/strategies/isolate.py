@@ -50,7 +50,15 @@ from dataclasses import dataclass
 
 from orchestrator.strategies.base import Observation, Proposal, Strategy
 from orchestrator.strategies.bisect import BisectSettings, BisectStrategy
-from orchestrator.strategies.isolate_plan import CONFIRMED, SINGLE, VERIFYING, Chain, Pair, Suspect
+from orchestrator.strategies.isolate_plan import (
+    CONFIRMED,
+    NEEDS_PARTNER,
+    SINGLE,
+    VERIFYING,
+    Chain,
+    Pair,
+    Suspect,
+)
 from orchestrator.strategies.isolate_propose import final_wanted, wanted
 from orchestrator.strategies.isolate_report import IsolateVerdict, describe
 from orchestrator.strategies.isolate_stats import (
@@ -67,6 +75,7 @@ from orchestrator.strategies.isolate_verify import (
     add_pair,
     add_suspect,
     partner_not_found,
+    reverify,
     verify_pair,
     verify_suspect,
 )
@@ -486,8 +495,12 @@ class IsolateStrategy(Strategy):
             if not verdict.done and not chain.harvested:
                 self._harvest_guess(chain, verdict.posterior)
             owner = self.suspects[chain.owner] if chain.owner is not None else None
-            if owner is not None and not chain.harvested:
-                partner_not_found(self, owner)
+            if owner is not None and not chain.harvested and owner.state == NEEDS_PARTNER:
+                if verdict.status == "not_reproducible":
+                    # Its context adds nothing on top of it: it hurts alone after all.
+                    reverify(self, owner, "its context adds nothing")
+                else:
+                    partner_not_found(self, owner)
             changed = True
         return changed
 

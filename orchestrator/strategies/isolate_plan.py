@@ -109,6 +109,7 @@ class Suspect:
     state: str = VERIFYING
     note: str = ""
     not_partners: Subset = frozenset()  # paired and shown to hurt on their own
+    fresh_from: int = 0  # trials per side already seen when it was sent back to verification
 
 
 @dataclass

@@ -49,7 +49,7 @@ def wanted(strategy: IsolateStrategy, planned: Counter, k: int) -> Wanted:
     for suspect in strategy.suspects:
         if suspect.state == VERIFYING:
             ways = [strategy.add_weights(suspect.members), strategy.remove_weights(suspect.members)]
-            for subset in informative(strategy, ways, planned, cap):
+            for subset in informative(strategy, ways, planned, cap + suspect.fresh_from):
                 yield subset, "verify", f"test {describe(suspect.members)} both ways: " \
                     f"{describe(subset)}"
     for pair in strategy.pairs:

@@ -38,11 +38,26 @@ if TYPE_CHECKING:
 def add_suspect(
     strategy: IsolateStrategy, members: Subset, context: tuple[int, ...], origin: str
 ) -> None:
-    """Queue differences for verification, unless they are already known or named."""
-    if any(s.members == members for s in strategy.suspects) or members <= strategy.named():
+    """Queue differences for verification, unless they are already known or named. One that
+    was dismissed and is pointed at again by a new search is verified again, on fresh trials."""
+    if members <= strategy.named():
         return
     context = tuple(c for c in context if c not in members)
+    for suspect in strategy.suspects:
+        if suspect.members == members:
+            if suspect.state == DISMISSED:
+                suspect.context = context
+                reverify(strategy, suspect, "found again by another search")
+            return
     strategy.suspects.append(Suspect(members, context, origin))
+
+
+def reverify(strategy: IsolateStrategy, suspect: Suspect, why: str) -> None:
+    """Send a suspect back to verification; its next decision waits for fresh trials, or the
+    same data would only repeat the same turn."""
+    sides = (suspect.members, strategy.bad - suspect.members)
+    suspect.fresh_from = max(strategy.evidence.count(s) for s in sides)
+    suspect.state, suspect.note = VERIFYING, f"{why}: verified again"
 
 
 def add_pair(strategy: IsolateStrategy, owner: Suspect, found: Subset) -> None:
@@ -85,13 +100,13 @@ def partner_not_found(strategy: IsolateStrategy, owner: Suspect) -> None:
             owner.note = "hurts only in a context, but no single partner was found"
 
 
-def _ready(strategy: IsolateStrategy, *tested: Subset) -> bool:
-    need = strategy.settings.verify_min_per_side
+def _ready(strategy: IsolateStrategy, *tested: Subset, offset: int = 0) -> bool:
+    need = offset + strategy.settings.verify_min_per_side
     return all(strategy.evidence.count(s) >= need for s in tested)
 
 
-def _capped(strategy: IsolateStrategy, *tested: Subset) -> bool:
-    cap = strategy.settings.verify_max_per_side
+def _capped(strategy: IsolateStrategy, *tested: Subset, offset: int = 0) -> bool:
+    cap = offset + strategy.settings.verify_max_per_side
     return any(strategy.evidence.count(s) >= cap for s in tested)
 
 
@@ -136,7 +151,7 @@ def verify_suspect(strategy: IsolateStrategy, suspect: Suspect) -> bool:
     if suspect.state == SINGLE:
         claims = strategy.claims_for_single(members)
         if any(_claim_refuted(strategy, w) for w in claims):
-            suspect.state, suspect.note = VERIFYING, "re-verified: its effect did not hold up"
+            reverify(strategy, suspect, "its effect did not hold up")
             return True
         capped = all(strategy.evidence.count(s) >= strategy.settings.final_max_per_subset
                      for w in claims for s in w if s not in (strategy.good, strategy.bad))
@@ -159,7 +174,10 @@ def verify_suspect(strategy: IsolateStrategy, suspect: Suspect) -> bool:
         suspect.note = "could not be applied alone; judged by removing it from bad"
         return True
     removable = not strategy.untestable(without)
-    if not _ready(strategy, members) or (removable and not _ready(strategy, without)):
+    offset = suspect.fresh_from
+    if not _ready(strategy, members, offset=offset) or (
+        removable and not _ready(strategy, without, offset=offset)
+    ):
         return False
     if _claim_present(strategy, add):
         suspect.state = SINGLE
@@ -173,7 +191,7 @@ def verify_suspect(strategy: IsolateStrategy, suspect: Suspect) -> bool:
     if _route_below(strategy, add, tol) and (not removable or _route_below(strategy, remove, tol)):
         suspect.state, suspect.note = DISMISSED, "harmless in both directions"
         return True
-    if _capped(strategy, members, without):
+    if _capped(strategy, members, without, offset=offset):
         _force_suspect(strategy, suspect)
         return True
     return False
