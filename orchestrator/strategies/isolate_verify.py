@@ -11,9 +11,11 @@ interleaved. It becomes:
 
 All these decisions are made at ``route_confidence``: a wrong turn costs trials, not
 correctness, because the answer's claims are tested together at ``confidence`` before it is
-given, and a named cause whose claim the later evidence refutes goes back to verification. A cause
-is claimed with the spike-and-slab posterior; the comparisons that only pick the next test
-("much smaller than", "below the tolerance") use flat-prior t posteriors.
+given. Wrong turns are undone on fresh trials: a named cause whose claim the later evidence
+refutes, a suspect whose partner search shows its context adds nothing, and a dismissed
+difference that a new search points at again all go back to verification. A cause is claimed
+with the spike-and-slab posterior; the comparisons that only pick the next test ("much smaller
+than", "below the tolerance") use flat-prior t posteriors.
 """
 
 from __future__ import annotations
