@@ -166,9 +166,9 @@ class CommandTarget(Target):
         """Every configured command line must split into an argv."""
         for key in ("bench", "build", "server"):
             text = str(self.conf.get(key) or "")
+            if key == "bench" and not text.strip():
+                return "target.bench is empty: give the benchmark command to run"
             try:
-                if key == "bench" and not self.argv(text):
-                    return "target.bench is empty: give the benchmark command to run"
                 self.argv(text)
             except ValueError as exc:
                 return f"target.{key} cannot be split into arguments ({exc}): {text!r}"
