@@ -541,6 +541,7 @@ class IsolateStrategy(Strategy):
             self.outcome = "inconclusive"
             self.note = "neither explain check could be measured"
             return True
+        unexplained = False
         for weights, tested, base in checks:
             decision = self.decision(weights, tested, cap, self.settings.residual_confidence)
             if decision is None:
@@ -549,19 +550,22 @@ class IsolateStrategy(Strategy):
                 if any(self.start_chain(base, order, "residual")
                        for order in self.search_orders(remaining)):
                     return True
-                if self.evidence.count(tested) >= cap:
-                    self.outcome = "inconclusive"
-                    self.note = "a change remains that no single difference or pair explains"
-                    return True
-                return False  # searched already and nothing found: more trials decide
+                if self.evidence.count(tested) < cap:
+                    return False  # searched already and nothing found: more trials decide
+                unexplained = True  # capped: the answer's probability says how much it matters
         if not named:
-            self.outcome = "not_reproducible"
+            self.outcome = "inconclusive" if unexplained else "not_reproducible"
+            self.note = "a change remains that no single difference or pair explains" \
+                if unexplained else ""
             return True
         if math.prod(self.claim_probabilities()) >= self.confidence:
             self.outcome = "found"
             return True
         if not final_wanted(self, Counter()):
             self.outcome = "inconclusive"
-            self.note = "the answer's probability stays below the requested confidence"
+            self.note = (
+                "a change remains that no single difference or pair explains" if unexplained
+                else "the answer's probability stays below the requested confidence"
+            )
             return True
         return False
