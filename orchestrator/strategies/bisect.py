@@ -79,7 +79,7 @@ class BisectSettings:
     verify_min_per_side: int = 2
     verify_max_per_side: int = 6
     verify_fresh_per_side: int = 1
-    verify_handoff: float = 0.99
+    verify_handoff: float = 0.95
     verify_split_min_per_side: int = 4
     explain_fraction: float = 0.8
     null_prior_top: float = 0.1
@@ -187,7 +187,7 @@ class BisectStrategy(Strategy):
                 first, last, _ = self.posterior(segment).best_block()
                 if (first - 1, last) == segment.fresh_pair:
                     segment.fresh[observation.point].append(
-                        self.sign * math.log(observation.value)
+                        self.evidence.signed_log(observation.value)
                     )
 
     def _log_prior(self, prior_weights: Sequence[float] | None) -> np.ndarray:
@@ -216,12 +216,11 @@ class BisectStrategy(Strategy):
         cached = self._posterior_cache.get(key)
         if cached is not None and cached[0] == self.evidence.version:
             return cached[1]
-        values = self.evidence.values[segment.lo : segment.hi + 1]
         is_top = segment is self.segments[0]
         result = range_posterior(
             segment.lo,
             segment.hi,
-            values,
+            self.evidence.stats(segment.lo, segment.hi),
             self.evidence.untestable_mask(segment.lo, segment.hi),
             self.log_prior[segment.lo : segment.hi + 1],
             step_scale=self._step_scale(),
@@ -454,21 +453,14 @@ class BisectStrategy(Strategy):
         post = self.posterior(segment)
         # Endpoints are candidates too: re-measuring them pins down the levels and is what tells
         # "no change" from "a step right next to an endpoint".
-        interior = np.arange(segment.lo, segment.hi + 1)
-        usable = [p for p in interior if not ev.untestable(int(p)) and in_flight[int(p)] == 0]
+        points = np.arange(segment.lo, segment.hi + 1)
+        usable = points[~ev.untestable_mask(segment.lo, segment.hi)]
+        if in_flight:
+            usable = usable[~np.isin(usable, [p for p, c in in_flight.items() if c > 0])]
         flying = [p for p, c in in_flight.items() if c > 0 for _ in range(c)]
         step = ev.compare(segment.lo, segment.hi, 0.5)
         error = channel_error(step.diff if step else math.nan, ev.sigma())
-        chosen = []
-        frac = float(__import__("os").environ.get("ENDFRAC", "0"))
-        if frac > 0:
-            n_seg = sum(ev.count(p) for p in range(segment.lo, segment.hi + 1))
-            for end in (segment.lo, segment.hi):
-                if len(chosen) < slots and ev.count(end) + in_flight[end] < frac * n_seg:
-                    chosen.append(end)
-        rest = [p for p in usable if p not in chosen]
-        chosen += choose_points(post, np.array(rest, dtype=np.int64), flying + chosen,
-                                slots - len(chosen), error)
+        chosen = choose_points(post, usable.astype(np.int64), flying, slots, error)
         cdf = post.cdf()
         proposals = []
         for point in chosen:

@@ -2,7 +2,8 @@
 
 Values are kept on the *signed log scale*: ``log(value)`` when the regression is an increase
 (latency), ``-log(value)`` when it is a decrease (throughput), so "bad" is always "higher" and one
-restart-level sigma fits every point (multiplicative noise).
+restart-level sigma fits every point (multiplicative noise). They are shifted by the first value
+seen so that sums of squares stay precise; differences and variances do not care.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import numpy as np
 
 from orchestrator.stats.effect import LogDifference, log_difference
 from orchestrator.strategies.base import Observation
+from orchestrator.strategies.posterior import PointStats
 
 
 class Evidence:
@@ -23,10 +25,21 @@ class Evidence:
         self.n = n
         self.sign = sign
         self.values: list[list[float]] = [[] for _ in range(n)]
+        self.counts = np.zeros(n)
+        self.sums = np.zeros(n)
+        self.squares = np.zeros(n)
         self.failures = np.zeros(n, dtype=np.int64)
         self.n_trials = 0
         self.n_suspect = 0
         self.version = 0  # bumped on every change that can move a posterior
+        self._shift: float | None = None
+
+    def signed_log(self, value: float) -> float:
+        """A raw trial value on the shifted signed log scale used everywhere here."""
+        raw = self.sign * math.log(value)
+        if self._shift is None:
+            self._shift = raw
+        return raw - self._shift
 
     def add(self, observation: Observation) -> None:
         point = observation.point
@@ -45,7 +58,11 @@ class Evidence:
             raise ValueError(
                 f"trial value {value!r} at point {point}: the metric must be positive and finite"
             )
-        self.values[point].append(self.sign * math.log(value))
+        shifted = self.signed_log(value)
+        self.values[point].append(shifted)
+        self.counts[point] += 1
+        self.sums[point] += shifted
+        self.squares[point] += shifted * shifted
         self.version += 1
 
     def count(self, point: int) -> int:
@@ -53,10 +70,17 @@ class Evidence:
 
     def untestable(self, point: int) -> bool:
         """Failed to run and never measured: skipped like ``git bisect skip``."""
-        return self.failures[point] > 0 and not self.values[point]
+        return bool(self.failures[point] > 0 and self.counts[point] == 0)
 
     def untestable_mask(self, lo: int, hi: int) -> np.ndarray:
-        return np.array([self.untestable(p) for p in range(lo, hi + 1)], dtype=bool)
+        return (self.failures[lo : hi + 1] > 0) & (self.counts[lo : hi + 1] == 0)
+
+    def stats(self, lo: int, hi: int) -> PointStats:
+        return PointStats(
+            self.counts[lo : hi + 1].copy(),
+            self.sums[lo : hi + 1].copy(),
+            self.squares[lo : hi + 1].copy(),
+        )
 
     def pooled_within(self, exclude: Sequence[int] = ()) -> tuple[float, int]:
         """Within-point sum of squares and degrees of freedom over all points but ``exclude``.
@@ -64,16 +88,12 @@ class Evidence:
         Replicates at one point differ only by restart-level noise, whatever the number of
         culprits, so this variance estimate stays honest when the change-point model does not.
         """
-        skip = set(exclude)
-        ss = 0.0
-        df = 0
-        for point, values in enumerate(self.values):
-            if point in skip or len(values) < 2:
-                continue
-            mean = math.fsum(values) / len(values)
-            ss += math.fsum((v - mean) ** 2 for v in values)
-            df += len(values) - 1
-        return ss, df
+        replicated = self.counts >= 2
+        for point in exclude:
+            replicated[point] = False
+        counts = self.counts[replicated]
+        ss = self.squares[replicated] - self.sums[replicated] ** 2 / counts
+        return float(np.maximum(ss, 0.0).sum()), int((counts - 1).sum())
 
     def compare(self, before: int, after: int, confidence: float) -> LogDifference | None:
         """Signed log difference ``after - before`` with a pooled-variance interval."""

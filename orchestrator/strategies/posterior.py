@@ -1,37 +1,40 @@
 """Posterior over the first bad commit from a continuous metric, and where to measure next.
 
 Model (per searched range ``lo..hi``). Hypothesis ``c`` ("commit c is the first bad one",
-``lo < c <= hi``) says every trial at a point ``p < c`` is ``mu_good + e`` and every trial at
-``p >= c`` is ``mu_bad + e``, with ``e ~ N(0, sigma^2)`` on the (signed) log scale: restart noise
-on latencies is multiplicative, so one sigma fits both levels. The levels and sigma are unknown
-and integrated out under the reference prior ``p(mu_good, mu_bad, sigma) ~ 1/sigma``:
+``lo < c <= hi``) says every trial at a point ``p < c`` is ``mu + e`` and every trial at
+``p >= c`` is ``mu + delta + e``, with ``e ~ N(0, sigma^2)`` on the signed log scale: restart noise
+on latencies is multiplicative, so one sigma fits both levels. "No change" says every trial is
+``mu + e``. The good level, the step and sigma are unknown and integrated out: flat prior on
+``mu``, ``p(sigma) ~ 1/sigma``, and a half-normal step ``delta ~ N+(0, g sigma^2)`` in the bad
+direction. With ``S_xx = n_L n_R / N`` and ``S_xy = S_xx (mean_R - mean_L)`` (n_L/n_R trials left
+and right of ``c``, N in all, ``S_yy`` the total sum of squares):
 
-    log p(data | c) = -1/2 log n_L(c) - 1/2 log n_R(c) - (N - 2)/2 log SS(c) + const
+    log p(data | c)    = -1/2 log(1 + g S_xx) - (N-1)/2 log Q(c) + log 2 P(delta > 0 | c, data)
+    Q(c)               = S_yy - S_xy^2 / (S_xx + 1/g)
+    log p(data | none) = -(N-1)/2 log S_yy                       (same constants)
 
-where ``n_L, n_R`` count trials left/right of ``c`` and ``SS(c)`` is the within-level sum of
-squares. Every hypothesis has the same parameters, so the improper-prior constants cancel, and the
-endpoints (measured during reproduction) keep both levels defined. The posterior predictive of a
-level is a Student-t, so an unlucky trial moves the posterior less than a plug-in normal would.
-It is the classic Bayesian single change-point posterior; all hypotheses at once from cumulative
-sums: O(n + N) per update, vectorised.
+A proper step prior is what makes "no change" comparable with "a step at c" (the range of a
+second culprit may hold none); the half keeps noise dips from posing as culprits; integrating
+sigma out gives Student-t tails, so one unlucky trial moves the posterior less than a plug-in
+normal would. It is the Bayesian single change-point posterior: all hypotheses at once from
+cumulative sums, O(n + N) per update, vectorised. The benchmark checks that it is calibrated.
 
 Untestable points are simply absent from the data: hypotheses ``c`` and ``c + 1`` cannot be told
 apart when point ``c`` is untestable, so they form one *block*; the answer is then a range.
 
-Next points: measuring point ``p`` reveals (noisily) whether ``c <= p``. With shared levels the
-information a trial carries about ``c`` is the information it carries about that bit, so the
-expected entropy reduction of a batch ``S`` is ``I(c; Y_S) = H(Y_S) - |S| h(eps)`` for readings
-through a binary channel with error ``eps = Phi(-delta / (2 sigma))``. For one point this is
-maximal at the posterior median (probabilistic bisection); for a batch, points are added greedily,
-each maximising the joint information given the points already chosen or in flight: with a clean
-signal that spreads them at posterior quantiles (k-ary search), with a noisy one it stacks them
-near the median where repeated readings are worth most.
+Next points. One point: the exact expected entropy reduction of the posterior, by look-ahead
+over the posterior predictive of one more trial (:func:`expected_information`); it values
+re-measuring an endpoint when the levels, not the position, are what is uncertain. A batch: the
+rest is filled greedily by the joint information of binary readings (:func:`choose_batch`):
+measuring ``p`` reveals, through a channel with error ``eps = Phi(-delta / (2 sigma))``, whether
+``c <= p``, so ``I(c; Y_S) = H(Y_S) - |S| h(eps)``. With a clean signal that spreads a batch over
+posterior quantiles (k-ary search), with a noisy one it stacks points near the median where
+repeated readings are worth most; points in flight count as already chosen.
 """
 
 from __future__ import annotations
 
 import math
-import os as _os
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -43,6 +46,8 @@ from scipy.stats import t as _student_t
 _MAX_JOINT_POINTS = 11
 # Candidate points scored per greedy step (spread over posterior quantiles).
 _MAX_SCORED_CANDIDATES = 129
+# Candidate points scored by the exact look-ahead (each costs one posterior per quadrature node).
+_MAX_LOOKAHEAD_CANDIDATES = 48
 
 
 @dataclass(frozen=True)
@@ -121,10 +126,27 @@ def _log_weights(
     return log_steps, log_null
 
 
+@dataclass(frozen=True)
+class PointStats:
+    """Per-point trial counts, sums and sums of squares of signed log values (one range)."""
+
+    counts: np.ndarray
+    sums: np.ndarray
+    squares: np.ndarray
+
+    @classmethod
+    def from_values(cls, values_by_point: Sequence[Sequence[float]]) -> PointStats:
+        return cls(
+            np.array([len(v) for v in values_by_point], dtype=float),
+            np.array([math.fsum(v) for v in values_by_point], dtype=float),
+            np.array([math.fsum(x * x for x in v) for v in values_by_point], dtype=float),
+        )
+
+
 def range_posterior(
     lo: int,
     hi: int,
-    values_by_point: Sequence[Sequence[float]],
+    stats: PointStats,
     untestable: np.ndarray,
     log_prior: np.ndarray,
     step_scale: float,
@@ -132,8 +154,8 @@ def range_posterior(
 ) -> RangePosterior:
     """Posterior over "first bad point is ``c``" for ``c`` in ``lo+1 .. hi``, and "no change".
 
-    ``values_by_point[j]``: signed log trial values at point ``lo + j`` (bad = higher).
-    ``untestable[j]``: point ``lo + j`` cannot be measured. ``log_prior[j]``: log prior weight of
+    ``stats``: the trials at points ``lo..hi`` (signed log values, bad = higher; shift them near
+    zero for precision). ``untestable[j]``: point ``lo + j`` cannot be measured. ``log_prior[j]``: log prior weight of
     hypothesis ``lo + j`` (entry 0 ignored). ``step_scale``: prior scale of the step in units of
     sigma; the step gets a half-normal prior in the bad direction (a proper prior is what makes
     "no change" comparable with "a step at c"; the half keeps noise dips from posing as culprits).
@@ -141,21 +163,19 @@ def range_posterior(
     at least one value.
     """
     size = hi - lo + 1
-    if size < 2:
-        raise ValueError("a range needs two points")
-    counts = np.array([len(v) for v in values_by_point], dtype=np.int64)
-    if counts[0] == 0 or counts[-1] == 0:
+    if size < 2 or stats.counts.size != size:
+        raise ValueError("a range needs two points and statistics for each of them")
+    if stats.counts[0] == 0 or stats.counts[-1] == 0:
         raise ValueError("both endpoints of a range need a measured value")
-    owner = np.repeat(np.arange(size), counts)
-    flat = np.fromiter((x for v in values_by_point for x in v), dtype=float, count=counts.sum())
-    flat = flat - flat.mean()
+    total = float(stats.counts.sum())
+    centre = float(stats.sums.sum()) / total
     prior = np.exp(log_prior[1:] - log_prior[1:].max())
     prior /= prior.sum()
     with np.errstate(divide="ignore"):
         data = _RangeData(
-            counts=counts.astype(float),
-            sums=np.bincount(owner, weights=flat, minlength=size),
-            squares=float(flat @ flat),
+            counts=stats.counts.astype(float),
+            sums=stats.sums - stats.counts * centre,
+            squares=max(float(stats.squares.sum()) - total * centre**2, 0.0),
             g=max(step_scale, 1e-3) ** 2,
             log_prior_steps=np.log(prior * (1.0 - null_prior)),
             log_prior_null=math.log(null_prior) if null_prior > 0 else -math.inf,
@@ -183,19 +203,6 @@ def range_posterior(
     return RangePosterior(lo, hi, weights[:size], float(weights[size]), block_of, data)
 
 
-def _uncertainty(log_w: np.ndarray) -> np.ndarray:
-    mode = _os.environ.get("ACQ", "entropy")
-    if mode == "entropy":
-        return _entropy(log_w)
-    log_w = log_w - log_w.max(axis=-1, keepdims=True)
-    w = np.exp(log_w)
-    p = w / w.sum(axis=-1, keepdims=True)
-    err = 1.0 - p.max(axis=-1)
-    if mode == "error":
-        return err
-    return _entropy(log_w) * 0 + np.log2(np.maximum(err, 1e-12))
-
-
 def _entropy(log_w: np.ndarray) -> np.ndarray:
     """Entropy (bits) of the normalised exp(log_w) along the last axis."""
     log_w = log_w - log_w.max(axis=-1, keepdims=True)
@@ -211,6 +218,59 @@ _HERMITE_X, _HERMITE_W = np.polynomial.hermite_e.hermegauss(6)
 _HERMITE_W = _HERMITE_W / _HERMITE_W.sum()
 
 
+@dataclass(frozen=True)
+class _PriorSums:
+    """Cumulative prior mass and prior ``p log p`` over hypotheses, for grouping them."""
+
+    cum_p: np.ndarray
+    cum_plogp: np.ndarray
+    log_scale: float
+
+    @classmethod
+    def of(cls, log_prior_steps: np.ndarray) -> _PriorSums:
+        scale = float(log_prior_steps.max())
+        prior = np.exp(log_prior_steps - scale)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            plogp = np.where(prior > 0, prior * np.log(prior), 0.0)
+        return cls(
+            np.concatenate(([0.0], np.cumsum(prior))),
+            np.concatenate(([0.0], np.cumsum(plogp))),
+            scale,
+        )
+
+
+def _cells(
+    data: _RangeData, sums: _PriorSums, cut: int | None
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Group hypotheses that the data cannot tell apart, optionally split at index ``cut``.
+
+    Hypotheses ``j`` and ``j + 1`` have identical sufficient statistics when point ``j`` has
+    no trial, so the likelihood only needs one evaluation per group: at most one per measured
+    point, however long the range. Returns each cell's first hypothesis index (``j - 1``), its
+    log prior mass and the entropy (nats) of the prior within it.
+    """
+    size = data.counts.size
+    starts = np.flatnonzero(np.concatenate(([True], data.counts[1 : size - 1] > 0)))
+    if cut is not None and 0 < cut < size - 1:
+        starts = np.union1d(starts, [cut])
+    ends = np.append(starts[1:], size - 1)
+    mass = sums.cum_p[ends] - sums.cum_p[starts]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        log_mass = np.log(mass) + sums.log_scale
+        inner = np.where(
+            mass > 0, np.log(mass) - (sums.cum_plogp[ends] - sums.cum_plogp[starts]) / mass, 0.0
+        )
+    return starts, log_mass, inner
+
+
+def _cell_entropy(log_w: np.ndarray, inner: np.ndarray) -> np.ndarray:
+    """Entropy (bits) over hypotheses of cell log weights (last axis) with within-cell entropy."""
+    log_w = log_w - log_w.max(axis=-1, keepdims=True)
+    w = np.exp(log_w)
+    p = w / w.sum(axis=-1, keepdims=True)
+    return (_entropy(log_w) + (p * inner).sum(axis=-1) / math.log(2.0))
+
+
 def expected_information(posterior: RangePosterior, points: np.ndarray) -> np.ndarray:
     """Expected entropy reduction (bits) of the posterior from one more trial at each point.
 
@@ -218,61 +278,66 @@ def expected_information(posterior: RangePosterior, points: np.ndarray) -> np.nd
     (bad level where ``c <= p``, good level where ``c > p``, the common level under "no change";
     Gauss-Hermite quadrature) and the posterior is recomputed for every imagined value. Unlike
     the binary-reading shortcut it values trials that pin down the *levels*, e.g. re-measuring an
-    endpoint whose few readings disagree with everything else.
+    endpoint whose few readings disagree with everything else. Hypotheses are handled in groups
+    with identical statistics (:func:`_cells`), so a decision costs the same for 2000 commits as
+    for 200.
     """
     data = posterior.data
     assert data is not None
-    size = posterior.hi - posterior.lo + 1
-    weights = np.concatenate((posterior.mass[1:], [posterior.null_mass]))
-    keep = np.flatnonzero(weights[:-1] > 1e-12 * weights.max())
-    n_left = np.cumsum(data.counts)[:-1][keep]
-    s_left = np.cumsum(data.sums)[:-1][keep]
     total_n = float(data.counts.sum())
-    sub = _RangeData(
-        data.counts, data.sums, data.squares, data.g, data.log_prior_steps[keep],
-        data.log_prior_null,
-    )
-    log_steps, log_null = _log_weights(
-        n_left, s_left, total_n, 0.0, data.squares, sub, exact_direction=False
-    )
-    current = _uncertainty(np.concatenate((log_steps, [float(log_null)])))
-    w_steps = weights[:-1][keep]
-    w_null = weights[-1]
-    hyp = keep + 1  # hypothesis j (relative point of the first bad commit)
-    mean_left = s_left / n_left
-    mean_right = -s_left / (total_n - n_left)
-    within = np.maximum(
-        data.squares - (n_left * (total_n - n_left) / total_n) * (mean_right - mean_left) ** 2,
-        1e-300,
-    )
-    sigma2 = (w_steps @ (within / max(total_n - 2.0, 1.0)) + w_null * data.squares
-              / max(total_n - 1.0, 1.0)) / max(w_steps.sum() + w_null, 1e-300)
+    cum_n = np.cumsum(data.counts)[:-1]
+    cum_s = np.cumsum(data.sums)[:-1]
+    no_prior = _RangeData(data.counts, data.sums, data.squares, data.g, np.zeros(1), 0.0)
+
+    def log_cells(first: np.ndarray, log_mass: np.ndarray, extra_n, extra_s, ys) -> np.ndarray:
+        steps, null = _log_weights(
+            cum_n[first] + extra_n, cum_s[first] + extra_s, total_n + (ys is not None),
+            0.0 if ys is None else ys, data.squares + (0.0 if ys is None else ys**2),
+            no_prior, exact_direction=False,
+        )
+        steps = steps + log_mass
+        null = np.broadcast_to(null + data.log_prior_null, steps.shape[:-1] + (1,))
+        return np.concatenate((steps, null), axis=-1)
+
+    prior_sums = _PriorSums.of(data.log_prior_steps)
+    first, log_mass, inner = _cells(data, prior_sums, None)
+    inner_all = np.append(inner, 0.0)
+    log_w = log_cells(first, log_mass, 0.0, 0.0, None)
+    current = float(_cell_entropy(log_w, inner_all))
+    w = np.exp(log_w - log_w.max())
+    w /= w.sum()
+    n_l, s_l = cum_n[first], cum_s[first]
+    mean_left, mean_right = s_l / n_l, -s_l / (total_n - n_l)
+    within = data.squares - (n_l * (total_n - n_l) / total_n) * (mean_right - mean_left) ** 2
+    sigma2 = (w[:-1] @ np.maximum(within, 0.0) / max(total_n - 2.0, 1.0)
+              + w[-1] * data.squares / max(total_n - 1.0, 1.0))
     sigma = math.sqrt(max(sigma2, 1e-300))
+
     gains = np.zeros(len(points))
     for index, rel in enumerate(points):
-        bad = hyp <= rel
+        first_c, log_mass_c, inner_c = _cells(data, prior_sums, int(rel))
+        log_w_c = log_cells(first_c, log_mass_c, 0.0, 0.0, None)
+        w_c = np.exp(log_w_c - log_w_c.max())
+        w_c /= w_c.sum()
+        good_side = first_c >= rel  # hypotheses c > rel: the new trial joins the good level
+        n_c, s_c = cum_n[first_c], cum_s[first_c]
         components = []
-        mass_bad, mass_good = w_steps[bad].sum(), w_steps[~bad].sum()
-        if mass_bad > 1e-9:
-            components.append((mass_bad, (w_steps[bad] @ mean_right[bad]) / mass_bad))
-        if mass_good > 1e-9:
-            components.append((mass_good, (w_steps[~bad] @ mean_left[~bad]) / mass_good))
-        if w_null > 1e-9:
-            components.append((w_null, 0.0))
+        for side, level in ((~good_side, -s_c / (total_n - n_c)), (good_side, s_c / n_c)):
+            mass = w_c[:-1][side].sum()
+            if mass > 1e-9:
+                components.append((mass, float(w_c[:-1][side] @ level[side]) / mass))
+        if w_c[-1] > 1e-9:
+            components.append((w_c[-1], 0.0))
         ys = np.concatenate([mu + sigma * _HERMITE_X for _, mu in components])[:, None]
         yw = np.concatenate([m * _HERMITE_W for m, _ in components])
-        yw = yw / yw.sum()
-        joins_left = ~bad  # for hypotheses j > rel the new trial is on the good side
-        new_n_left = n_left + joins_left
-        new_s_left = s_left + joins_left * ys
-        log_s, log_n = _log_weights(
-            new_n_left, new_s_left, total_n + 1.0, ys, data.squares + ys**2, sub,
-            exact_direction=False,
+        after = _cell_entropy(
+            log_cells(first_c, log_mass_c, good_side, good_side * ys, ys),
+            np.append(inner_c, 0.0),
         )
-        after = _uncertainty(np.concatenate((log_s, log_n), axis=1))
-        gains[index] = current - float(yw @ after)
-    del size
+        gains[index] = current - float(yw @ after) / float(yw.sum())
     return gains
+
+
 def channel_error(step: float, sigma: float) -> float:
     """Error of reading one trial as good/bad at the midpoint between two levels."""
     if not math.isfinite(step) or not math.isfinite(sigma) or sigma <= 0.0:
@@ -317,7 +382,7 @@ def choose_batch(
     chosen: list[int] = []
     fixed = [p for p in in_flight if posterior.lo <= p <= posterior.hi]
     fixed_cdf = sorted(cdf[p - lo] for p in fixed)
-    available = np.array(sorted(set(int(c) for c in candidates)), dtype=np.int64)
+    available = np.unique(np.asarray(candidates, dtype=np.int64))
     for _ in range(k):
         if available.size == 0:
             break
@@ -359,17 +424,16 @@ def choose_batch(
 def _lookahead_candidates(posterior: RangePosterior, candidates: np.ndarray) -> np.ndarray:
     """A few dozen points worth scoring exactly: posterior quantiles, the best block's edges
     and the two endpoints (everything when the range is small)."""
-    if candidates.size <= int(_os.environ.get("CANDMAX", "48")):
+    if candidates.size <= _MAX_LOOKAHEAD_CANDIDATES:
         return candidates
     lo = posterior.lo
     cdf = posterior.cdf()[candidates - lo]
     targets = np.linspace(0.02, 0.98, 25) * max(cdf[-1], 1e-12)
-    picked = set(candidates[np.clip(np.searchsorted(cdf, targets), 0, candidates.size - 1)])
+    quantiles = candidates[np.clip(np.searchsorted(cdf, targets), 0, candidates.size - 1)]
     first, last, _ = posterior.best_block()
-    for point in (first - 2, first - 1, first, last, last + 1, posterior.lo, posterior.hi):
-        picked.add(point)
-    allowed = set(int(c) for c in candidates)
-    return np.array(sorted(p for p in picked if p in allowed), dtype=np.int64)
+    edges = np.array([first - 2, first - 1, first, last, last + 1, posterior.lo, posterior.hi])
+    picked = np.unique(np.concatenate((quantiles, edges)))
+    return picked[np.isin(picked, candidates)]
 
 
 def choose_points(
@@ -388,7 +452,7 @@ def choose_points(
     """
     if k <= 0 or candidates.size == 0:
         return []
-    if posterior.data is None or _os.environ.get("NOEIG"):
+    if posterior.data is None:
         return choose_batch(posterior, candidates, in_flight, k, error)
     scored = _lookahead_candidates(posterior, candidates)
     gains = expected_information(posterior, scored - posterior.lo)

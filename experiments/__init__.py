@@ -1,0 +1,1 @@
+"""Benchmarks and experiments that exercise sleuth's strategies against virtual oracles."""
