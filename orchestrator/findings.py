@@ -12,7 +12,7 @@ import math
 from collections.abc import Sequence
 from pathlib import Path
 
-from orchestrator.metrics import EFFECT_METRICS, METRICS
+from orchestrator.metrics import EFFECT_METRICS, METRICS, effect_metrics
 from orchestrator.stats.effect import effect, log_effect
 from orchestrator.store import TrialRow
 from orchestrator.strategies.base import Verdict
@@ -111,7 +111,8 @@ def bisect_findings(
     for culprit in sorted(verdict.culprits, key=lambda c: -c.probability):
         commit = commits[culprit.point]
         parent_point = culprit.range[0] if culprit.range else culprit.point - 1
-        effects = effects_between(rows, keys[parent_point], keys[culprit.point])
+        effects = effects_between(rows, keys[parent_point], keys[culprit.point],
+                                  metrics=effect_metrics(metric))
         evidence = [r.id for r in rows if r.candidate.key in (keys[parent_point], keys[culprit.point])]
         finding = {
             "kind": "commit",

@@ -39,17 +39,27 @@ EFFECT_METRICS = ("verify_ms", "draft_ms", "decode_ms", "accept_len", "output_th
                   "tpot_ms_p50", "ttft_ms_p50", "cuda_graph_share")
 
 
-def check_metric(name: str) -> MetricInfo:
+def check_metric(name: str, *, custom: bool = False) -> MetricInfo:
+    """The metric's description. `custom`: the target reports metrics of its own (the
+    `command` target's JSON line), so any name is accepted, lower taken as better."""
     info = METRICS.get(name)
     if info is None:
+        if custom and name.replace("_", "").replace(".", "").isalnum():
+            return MetricInfo(name, "", False, "client")
         raise UserError(f"unknown metric {name!r} (known: {', '.join(METRICS)})")
     return info
+
+
+def effect_metrics(metric: str) -> tuple[str, ...]:
+    """The metrics a finding reports: the standard set plus the run's own metric."""
+    return EFFECT_METRICS if metric in EFFECT_METRICS else (metric, *EFFECT_METRICS)
 
 
 def regression_direction(metric: str, direction: str) -> str:
     """'increase' or 'decrease': which way the metric moved from good to bad."""
     if direction == "auto":
-        return "decrease" if check_metric(metric).higher_is_better else "increase"
+        info = METRICS.get(metric)
+        return "decrease" if info is not None and info.higher_is_better else "increase"
     if direction not in ("increase", "decrease"):
         raise UserError(f"direction must be auto, increase or decrease (got {direction!r})")
     return direction
