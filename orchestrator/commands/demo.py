@@ -88,6 +88,21 @@ def _reference(rows: list, run_name: str) -> dict:
             "trials": [r.id for r in ok]}
 
 
+def _short_sweep(cfg: DictConfig, ctl: Controller, run_dir: Path, bad: str, out) -> dict:
+    """A few restarts over the NCCL space: enough to show which settings matter here."""
+    from orchestrator.commands import sweep as sweep_cmd
+    from orchestrator.config.compose import compose_config
+
+    scfg = cfg.copy()
+    scfg.space = compose_config("sweep", ["space=nccl_pcie"]).space
+    scfg.metric, scfg.direction = "output_throughput", "auto"
+    scfg.trials = int(cfg.experiment.params.get("demo_sweep_trials", 12))
+    space, settings = sweep_cmd.validate(scfg)
+    _, doc = sweep_cmd.execute(scfg, ctl, run_dir, space, settings, Candidate.make(bad), out)
+    findings.write(run_dir, doc, "sweep")
+    return doc
+
+
 def _truth_check(truth: dict, docs: dict[str, dict], out) -> bool:
     planted = {c["sha"] for c in truth.get("culprits", [])}
     named = {f["id"] for f in docs.get("bisect", {}).get("findings", [])}
@@ -141,11 +156,9 @@ def run(cfg: DictConfig) -> int:
                                                 common.workspace(cfg).resolve, out)
                 if result is not None:
                     docs["isolate"] = result[1]
-            if importlib.util.find_spec("orchestrator.sweep.demo") is not None:
-                from orchestrator.sweep.demo import short_sweep
-
-                out.print("\n== 5. now: a short NCCL sweep ==")
-                docs["sweep"] = short_sweep(cfg, ctl, run_dir, out, findings_name="sweep")
+            if importlib.util.find_spec("orchestrator.sweep.search") is not None:
+                out.print("\n== 5. now: a short NCCL sweep on the bad commit ==")
+                docs["sweep"] = _short_sweep(cfg, ctl, run_dir, truth["bad"], out)
         from orchestrator.report import write_report
         from orchestrator.report.ranking import load_docs, rank
 
