@@ -8,15 +8,14 @@ The story (`seed_story` scenario, truth in `scenario/truth.json`):
    slows verify.
 3. `bisect` finds the code culprit; `compare` re-measures the reference candidate and finds the
    same code no longer measures the same ("system level"); `isolate` tests the controllable
-   differences and names the power limit and NCCL_PROTO; a short NCCL `sweep` looks for better
-   settings when the sweep module is installed.
+   differences and names the power limit and NCCL_PROTO. (`sleuth sweep` is a separate run:
+   a sweep keeps one store to itself.)
 4. One ranking of all findings, `report.md`/`report.html`, and a check against the truth.
 Everything printed was measured in this run.
 """
 
 from __future__ import annotations
 
-import importlib.util
 import statistics
 from pathlib import Path
 
@@ -88,21 +87,6 @@ def _reference(rows: list, run_name: str) -> dict:
             "trials": [r.id for r in ok]}
 
 
-def _short_sweep(cfg: DictConfig, ctl: Controller, run_dir: Path, bad: str, out) -> dict:
-    """A few restarts over the NCCL space: enough to show which settings matter here."""
-    from orchestrator.commands import sweep as sweep_cmd
-    from orchestrator.config.compose import compose_config
-
-    scfg = cfg.copy()
-    scfg.space = compose_config("sweep", ["space=nccl_pcie"]).space
-    scfg.metric, scfg.direction = "output_throughput", "auto"
-    scfg.trials = int(cfg.experiment.params.get("demo_sweep_trials", 12))
-    space, settings = sweep_cmd.validate(scfg)
-    _, doc = sweep_cmd.execute(scfg, ctl, run_dir, space, settings, Candidate.make(bad), out)
-    findings.write(run_dir, doc, "sweep")
-    return doc
-
-
 def _truth_check(truth: dict, docs: dict[str, dict], out) -> bool:
     planted = {c["sha"] for c in truth.get("culprits", [])}
     named = {f["id"] for f in docs.get("bisect", {}).get("findings", [])}
@@ -156,9 +140,6 @@ def run(cfg: DictConfig) -> int:
                                                 common.workspace(cfg).resolve, out)
                 if result is not None:
                     docs["isolate"] = result[1]
-            if importlib.util.find_spec("orchestrator.sweep.search") is not None:
-                out.print("\n== 5. now: a short NCCL sweep on the bad commit ==")
-                docs["sweep"] = _short_sweep(cfg, ctl, run_dir, truth["bad"], out)
         from orchestrator.report import write_report
         from orchestrator.report.ranking import load_docs, rank
 
