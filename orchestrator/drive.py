@@ -55,9 +55,18 @@ class FixedPoints:
         return self._index.get(candidate.key)
 
 
+# Trials recorded as a reference (e.g. "how the node measured earlier") may come from another
+# system state; they are compared against, never reused as evidence of the current state.
+NOT_EVIDENCE_PHASES = frozenset({"reference"})
+
+
 def replay(store: RunStore, points: PointMap, metric: str, retries: int) -> list[Observation]:
+    """Observations from the stored trials of these points: a same candidate measured earlier
+    in the run (same node state) is evidence too; reference trials are not."""
     obs = []
     for row in store.trials():
+        if row.phase in NOT_EVIDENCE_PHASES:
+            continue
         point = points.point(row.candidate)
         if point is None:
             continue
