@@ -1,0 +1,116 @@
+"""A virtual trial: the simulated node's own performance model plus restart noise.
+
+The sweep's experiment is pure, so it can be driven without launching servers: this oracle
+answers a candidate with what the sim server would measure (its flags resolved exactly as the
+sim resolves them, its pure model `predict`), times one restart-level noise factor. It also
+knows the truth (the noise-free value of every configuration), which is what the benchmark
+and the acceptance tests score a sweep against.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import statistics
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from orchestrator.records import Candidate
+from orchestrator.targets.base import NodeContext
+from orchestrator.targets.sim import args as sim_args
+from orchestrator.targets.sim.gpu_state import GpuState, default_state
+from orchestrator.targets.sim.model import (
+    LaunchConfig,
+    LaunchError,
+    expected_request_ms,
+    predict,
+)
+from orchestrator.targets.sim.noise import lognormal_factor
+from orchestrator.targets.simnode import SimTarget
+
+ORACLE_METRICS = ("output_throughput", "verify_ms", "draft_ms", "decode_ms", "accept_len")
+_TIME_METRICS = ("verify_ms", "draft_ms", "decode_ms")
+
+
+class SimOracle:
+    def __init__(self, target_conf: Mapping[str, Any], bench_conf: Mapping[str, Any], *,
+                 metric: str = "output_throughput", restart_cv: float | None = None,
+                 trial_cv: float = 0.005, seed: int = 0, state: GpuState | None = None):
+        if metric not in ORACLE_METRICS:
+            raise ValueError(f"the oracle knows {', '.join(ORACLE_METRICS)}, not {metric!r}")
+        self.target_conf = dict(target_conf)
+        self.bench = dict(bench_conf)
+        self.metric = metric
+        self.restart_cv = float(target_conf.get("noise_restart_cv", 0.02)
+                                if restart_cv is None else restart_cv)
+        self.trial_cv = trial_cv  # request-level noise left after averaging a trial's requests
+        self.rng = random.Random(seed)
+        self.state = state or default_state()
+        self._truth: dict[str, float | None] = {}
+        self._launches: dict[tuple, LaunchConfig] = {}
+
+    def _argv(self, candidate: Candidate) -> list[str]:
+        conf = {**self.target_conf, **candidate.server_dict}
+        target = SimTarget(conf, self.bench, NodeContext("oracle", Path("oracle-node")))
+        argv = target.command(Path("."), 0)
+        return argv[argv.index("orchestrator.targets.sim") + 1:]
+
+    def _launch(self, candidate: Candidate, env: Mapping[str, str]) -> LaunchConfig:
+        """The sim's resolved launch flags (cached: env-only sweeps share one)."""
+        key = (candidate.server, tuple(sorted((k, v) for k, v in env.items()
+                                              if k.startswith("SLEUTH_SIM_"))))
+        if key not in self._launches:
+            self._launches[key] = sim_args.parse(self._argv(candidate), env).launch
+        return self._launches[key]
+
+    def truth(self, candidate: Candidate) -> float | None:
+        """Noise-free metric of the candidate; None when the server would not start."""
+        if candidate.key in self._truth:
+            return self._truth[candidate.key]
+        env = {**{str(k): str(v) for k, v in self.target_conf.get("env", {}).items()},
+               **candidate.env_dict}
+        value: float | None
+        try:
+            launch = self._launch(candidate, env)
+            pred = predict(launch, env, self.state,
+                           prompt_tokens=int(self.bench.get("input_len", 128)))
+        except (LaunchError, sim_args.ConfigError):
+            value = None
+        else:
+            out = int(self.bench.get("output_len", 64))
+            value = {
+                "output_throughput": 1000.0 * out / expected_request_ms(pred, out),
+                "verify_ms": pred.verify_ms, "draft_ms": pred.draft_ms,
+                "decode_ms": pred.decode_ms, "accept_len": pred.accept_len,
+            }[self.metric]
+        self._truth[candidate.key] = value
+        return value
+
+    def measure(self, candidate: Candidate) -> float | None:
+        """One restart: the truth times this restart's noise (times slow down, rates drop)."""
+        true = self.truth(candidate)
+        if true is None:
+            return None
+        factor = lognormal_factor(self.rng, self.restart_cv) * lognormal_factor(
+            self.rng, self.trial_cv)
+        if self.metric == "accept_len":
+            return true * lognormal_factor(self.rng, self.trial_cv)
+        return true * factor if self.metric in _TIME_METRICS else true / factor
+
+
+def main_effect_shares(values: Mapping[tuple, float], names: list[str]) -> dict[str, float]:
+    """First-order functional-ANOVA shares over a full grid: the variance of each parameter's
+    level means (log scale), normalised. What "the important parameter" means in the truth."""
+    logs = {k: math.log(v) for k, v in values.items() if v and v > 0}
+    total = statistics.pvariance(list(logs.values()))
+    shares = {}
+    for i, name in enumerate(names):
+        groups: dict[Any, list[float]] = {}
+        for k, v in logs.items():
+            groups.setdefault(k[i], []).append(v)
+        grand = statistics.fmean(logs.values())
+        between = sum(len(g) * (statistics.fmean(g) - grand) ** 2 for g in groups.values())
+        shares[name] = between / len(logs) / total if total > 0 else 0.0
+    s = sum(shares.values()) or 1.0
+    return dict(sorted(((k, v / s) for k, v in shares.items()), key=lambda kv: -kv[1]))
