@@ -122,3 +122,32 @@ def test_compare_reference_does_not_reproduce_lists_differences(tmp_path, ray_se
     by_key = {f["id"]: f for f in doc["findings"]}
     assert by_key["power_limit_w"]["difference"]["controllable"]
     assert by_key["NCCL_PROTO"]["difference"]["factor"][1] == ["NCCL_PROTO", "LL128"]
+
+
+def test_thermally_throttled_trial_is_suspect(tmp_path, sim_repo, ray_session):
+    repo, _ = sim_repo
+    path = _node_state(tmp_path)
+    path.parent.mkdir(parents=True)
+    gpu_state.save(path, gpu_state.default_state().with_gpu(2, temperature_c=93))
+    cfg = compose_config("trial", [f"repo={repo}", f"runs_dir={tmp_path / 'runs'}", *FAST])
+    assert trial_cmd.run(cfg) == 0
+    (row,) = RunStore.open(_runs(tmp_path)[0] / "trials.db").trials()
+    assert row.suspect and "thermal" in row.result.suspect_reason
+
+
+def test_suspect_trial_does_not_flip_a_bisect_decision():
+    from orchestrator.strategies.base import Observation
+    from orchestrator.strategies.bisect import BisectStrategy
+
+    clean = [Observation(0, 19.0 + 0.2 * (i % 3), trial_id=i) for i in range(4)] + [
+        Observation(9, 29.0 + 0.2 * (i % 3), trial_id=10 + i) for i in range(4)] + [
+        Observation(p, 19.1 if p < 6 else 29.1, trial_id=100 + p) for p in (2, 4, 5, 6, 7)]
+    # A throttled restart of a good commit measured like a bad one: marked suspect.
+    noisy = [*clean, Observation(3, 31.0, suspect=True, trial_id=500)]
+    a = BisectStrategy(10).verdict(clean)
+    b = BisectStrategy(10).verdict(noisy)
+    trusted = BisectStrategy(10).verdict([*clean, Observation(3, 31.0, trial_id=500)])
+    assert max(a.posterior) > 0.5  # the clean evidence already points somewhere
+    assert trusted.posterior != a.posterior  # the same value, not suspect, would move it
+    assert a.posterior == b.posterior
+    assert [c.point for c in a.culprits] == [c.point for c in b.culprits]
