@@ -69,20 +69,3 @@ def prune_decision(first: float, incumbent: Sequence[float], sd: float, *, maxim
                              f"(limit {threshold:.1f}%)")
     return PruneDecision(False, shortfall, threshold, "")
 
-
-def shrunk_log_means(groups: dict[str, Sequence[float]], sd: float) -> dict[str, float]:
-    """Each configuration's log mean pulled towards the mean of all of them (empirical Bayes).
-
-    A configuration measured once with a lucky restart should not outrank one measured three
-    times: with between-configuration variance tau^2 (method of moments) and restart variance
-    sd^2, the weight of a configuration's own mean is n tau^2 / (n tau^2 + sd^2)."""
-    means = {k: sum(v) / len(v) for k, v in ((k, log_values(g)) for k, g in groups.items()) if v}
-    counts = {k: len(log_values(groups[k])) for k in means}
-    if len(means) < 3:
-        return means
-    grand = sum(means.values()) / len(means)
-    spread = sum((m - grand) ** 2 for m in means.values()) / (len(means) - 1)
-    noise = sum(sd * sd / counts[k] for k in means) / len(means)
-    tau2 = max(spread - noise, 1e-12)
-    return {k: grand + (m - grand) * counts[k] * tau2 / (counts[k] * tau2 + sd * sd)
-            for k, m in means.items()}
