@@ -26,9 +26,15 @@ from orchestrator.errors import UserError
 from orchestrator.records import Candidate
 from orchestrator.rundir import create_run, runs_root
 from orchestrator.store import RunStore
-from orchestrator.sweep import report, setup
-from orchestrator.sweep.importance import param_importances
-from orchestrator.sweep.search import MAX_GRID, SweepResult, SweepSearch, SweepSettings, Work
+from orchestrator.sweep import importance, report, setup
+from orchestrator.sweep.search import (
+    MAX_GRID,
+    SweepResult,
+    SweepSearch,
+    SweepSettings,
+    Work,
+    parse_phase,
+)
 from orchestrator.sweep.space import SearchSpace
 from orchestrator.sweep.study import make_sampler, open_study, storage_url
 
@@ -89,11 +95,12 @@ def _finished(store: RunStore, metric: str, final_attempt: int) -> list[tuple]:
 
 def execute(cfg: DictConfig, ctl: Controller, run_dir: Path, space: SearchSpace,
             settings: SweepSettings, base: Candidate, out) -> tuple[SweepResult, dict]:
-    """Run (or continue) the sweep on a running controller; writes findings.json."""
+    """Run (or continue) the sweep on a running controller; returns the result and the
+    findings document (the caller writes it: a run holding several experiments names it)."""
     metric = str(cfg.metric)
     target_conf = OmegaConf.to_container(cfg.target, resolve=True)
     sampler = make_sampler(settings.sampler, space, seed=settings.seed,
-                           expected_configurations=settings.search_budget // settings.restarts)
+                           budget=settings.budget)
     study = open_study(name=ctl.store.run_id, storage=storage_url(run_dir), sampler=sampler,
                        maximize=settings.maximize)
     search = SweepSearch(space, study, base, target_conf, settings)
@@ -111,6 +118,8 @@ def execute(cfg: DictConfig, ctl: Controller, run_dir: Path, space: SearchSpace,
         if not ctl.in_flight():
             break
         for row in ctl.wait():
+            if parse_phase(row.phase or "") is None:
+                continue  # not one of ours (a controller shared with another experiment)
             o = observation(row, 0, metric, final_attempt)
             work = Work(row.candidate, row.phase or "")
             if o is None:
@@ -121,20 +130,17 @@ def execute(cfg: DictConfig, ctl: Controller, run_dir: Path, space: SearchSpace,
             out.print(f"  {event}")
         shown = len(search.events)
     result = search.result()
-    measured = [(c.assignment, c.mean()) for c in search.configs.values() if c.search]
-    importances = param_importances(space, measured, maximize=settings.maximize,
-                                    evaluator=str(setup.params(cfg)["importance"]),
-                                    seed=settings.seed)
+    importances = importance.of_search(search, str(setup.params(cfg)["importance"]))
     doc = report.sweep_findings(run_id=ctl.store.run_id, metric=metric, search=search,
                                 result=result, importances=importances,
                                 rows=ctl.store.trials())
-    path = findings.write(run_dir, doc)
     out.print(report.leaders_table(search, metric))
     if importances.values:
         out.print(report.importance_table(importances))
+    elif importances.note:
+        out.print(f"parameter importance ({importances.evaluator}): {importances.note}")
     out.print(render.findings_table(doc))
     out.print(result.message)
-    out.print(f"findings: {path}")
     return result, doc
 
 
@@ -145,7 +151,8 @@ def _execute(cfg: DictConfig, run_dir: Path, store: RunStore, space: SearchSpace
     status = "failed"
     try:
         with Controller(cfg, store, run_dir, on_event=lambda m: out.print(f"  {m}")) as ctl:
-            result, _ = execute(cfg, ctl, run_dir, space, settings, base, out)
+            result, doc = execute(cfg, ctl, run_dir, space, settings, base, out)
+        out.print(f"findings: {findings.write(run_dir, doc)}")
         conclusive = result.status in ("found", "baseline_best")
         status = "done" if conclusive else "inconclusive"
         if result.status == "no_data":
