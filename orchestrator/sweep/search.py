@@ -203,10 +203,13 @@ class SweepSearch:
         return a > b if self.settings.maximize else a < b
 
     def incumbent(self) -> ConfigStats | None:
-        """The best configuration measured at least twice in the search (baseline included)."""
+        """What a new configuration must not be obviously worse than: the best of the baseline
+        (measured without being selected, so a fair reference from its first restart) and the
+        configurations measured at least twice (one lucky restart does not set the bar)."""
         best = None
         for c in self.configs.values():
-            if len(c.search) >= 2 and not c.pruned and not c.failed:
+            if (len(c.search) >= 2 or (c is self.baseline and c.search)) and not c.pruned \
+                    and not c.failed:
                 if best is None or self._better(c.mean(), best.mean()):
                     best = c
         return best
