@@ -19,7 +19,6 @@ from orchestrator.sweep.oracle import SimOracle
 from orchestrator.sweep.search import SweepSearch, SweepSettings, Work
 from orchestrator.sweep.space import SearchSpace
 from orchestrator.sweep.study import make_sampler, open_study
-from orchestrator.targets.sim.model import LaunchConfig
 
 TARGET = {"name": "sim", "model_path": "m", "host": "127.0.0.1", "tp_size": 8,
           "speculative_algorithm": "EAGLE3", "speculative_draft_model_path": "d",
@@ -190,7 +189,12 @@ def test_oracle_matches_the_sim_model_and_refuses_bad_nccl():
     assert oracle.truth(Candidate.make("b" * 40, env={"NCCL_ALGO": "NVLS"})) is None
     deeper = Candidate.make("b" * 40, server={"speculative_num_steps": 3})
     assert oracle.truth(deeper) != base
-    assert LaunchConfig  # the oracle resolves flags through the sim's own parser
+    # a clock policy is applied to the node's GPU state as the sim's GPU control does:
+    # locked at 60% of 2430 MHz, verify goes 19 -> ~29 ms (the seed investigation's signature)
+    verify = SimOracle(TARGET, BENCH, metric="verify_ms", restart_cv=0.0, trial_cv=0.0)
+    assert verify.truth(BASE) == pytest.approx(19.0, abs=0.05)
+    locked = verify.truth(Candidate.make("b" * 40, clock="locked:1458"))
+    assert locked == pytest.approx(28.9, abs=0.2)
 
 
 @pytest.mark.parametrize("maximize", [True, False])

@@ -100,6 +100,7 @@ def test_suggest_follows_conditions_and_optuna_accepts_the_baseline():
     ({"A": {"values": [1, 2], "baseline": 5}}, "baseline 5"),
     ({"A": {"low": 2, "high": 1}}, "low < high"),
     ({"A": {"low": 0, "high": 4, "log": True}}, "log range"),
+    ({"clock": {"kind": "clock", "values": ["default", "locked=1800"]}}, "bad clock policy"),
 ])
 def test_bad_spaces_are_rejected_with_the_parameter_named(params, message):
     with pytest.raises(UserError, match=message):

@@ -16,6 +16,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from orchestrator.gpu.base import ClockPolicy
 from orchestrator.records import Candidate
 from orchestrator.targets.base import NodeContext
 from orchestrator.targets.sim import args as sim_args
@@ -64,6 +65,25 @@ class SimOracle:
             self._launches[key] = sim_args.parse(self._argv(candidate), env).launch
         return self._launches[key]
 
+    def _state_under(self, clock: str) -> GpuState:
+        """The node's GPU state with the candidate's clock policy applied, as the sim's GPU
+        control applies it before the server starts (`orchestrator/gpu/sim.py`)."""
+        policy = ClockPolicy.parse(clock)
+        state = self.state
+        for g in state.gpus:
+            changes: dict[str, Any] = {}
+            if policy.reset:
+                changes.update(sm_clock_locked_mhz=None, power_limit_w=g.power_limit_default_w)
+            if policy.locked_mhz is not None:
+                changes["sm_clock_locked_mhz"] = min(policy.locked_mhz, g.sm_clock_max_mhz)
+            if policy.power_w is not None:
+                if policy.power_w > g.power_limit_max_w:
+                    raise LaunchError("device", f"power limit {policy.power_w} W above maximum")
+                changes["power_limit_w"] = policy.power_w
+            if changes:
+                state = state.with_gpu(g.index, **changes)
+        return state
+
     def truth(self, candidate: Candidate) -> float | None:
         """Noise-free metric of the candidate; None when the server would not start."""
         if candidate.key in self._truth:
@@ -73,7 +93,7 @@ class SimOracle:
         value: float | None
         try:
             launch = self._launch(candidate, env)
-            pred = predict(launch, env, self.state,
+            pred = predict(launch, env, self._state_under(candidate.clock),
                            prompt_tokens=int(self.bench.get("input_len", 128)))
         except (LaunchError, sim_args.ConfigError):
             value = None

@@ -22,6 +22,7 @@ from typing import Any
 import optuna
 
 from orchestrator.errors import UserError
+from orchestrator.gpu.base import ClockPolicy
 from orchestrator.records import Candidate
 
 KINDS = ("env", "server", "clock")
@@ -109,8 +110,11 @@ def _param(name: str, conf: Mapping[str, Any], earlier: dict[str, Param]) -> Par
         raise UserError(f"space parameter {name}: repeated value in {list(values)}")
     if kind == "env" and (not name or name[0].isdigit() or not set(name) <= _ENV_NAME_OK):
         raise UserError(f"space parameter {name!r}: not a valid environment variable name")
-    if kind == "clock" and any(v is not None and not isinstance(v, str) for v in values):
-        raise UserError(f"space parameter {name}: clock levels are policy names")
+    if kind == "clock":
+        if any(v is not None and not isinstance(v, str) for v in values):
+            raise UserError(f"space parameter {name}: clock levels are policy names")
+        for v in values:
+            ClockPolicy.parse(v or "default")  # UserError naming the accepted forms
     when = []
     for other, allowed in (conf.get("when") or {}).items():
         if other not in earlier:
