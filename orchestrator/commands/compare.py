@@ -177,7 +177,8 @@ def _findings(run_id, metric, verdict, eff, effects, diffs, ref, trial_ids) -> d
                 "probability": None, "effect": {}, "difference": d.to_json(),
             })
     return {"run": run_id, "experiment": "compare", "metric": metric, "verdict": verdict,
-            "message": message, "reference": {"name": ref["name"], "trials": ref.get("trials", [])},
+            "message": message, "reference": {"name": ref["name"], "trials": ref.get("trials", []),
+                          "run": ref.get("run", True)},
             "total_effect": {m: {"pct": e["pct"], "ci": e["ci"]} for m, e in effects.items()},
             "n_trials": len(trial_ids), "findings": items}
 
@@ -199,5 +200,6 @@ def _print(out, doc: dict, diffs: list[Difference]) -> None:
         for i, x in enumerate(diffs, 1):
             d.add_row(str(i), x.category, x.label, x.detail, "yes" if x.controllable else "no")
         out.print(d)
-        out.print(f"next: sleuth isolate reference={doc['reference']['name']} to test the"
-                  " controllable differences")
+        if doc["reference"].get("run", True):  # a reference that is a run can be named again
+            out.print(f"next: sleuth isolate reference={doc['reference']['name']} to test the"
+                      " controllable differences")

@@ -84,7 +84,7 @@ def _reference(rows: list, run_name: str) -> dict:
     values = {m: [v for r in ok if (v := r.result.value(m)) is not None] for m in EFFECT_METRICS}
     return {"candidate": ok[0].candidate, "values": {m: v for m, v in values.items() if v},
             "fingerprint": ok[-1].result.fingerprint, "name": f"{run_name} (earlier trials)",
-            "trials": [r.id for r in ok]}
+            "trials": [r.id for r in ok], "run": False}
 
 
 def _truth_check(truth: dict, docs: dict[str, dict], out) -> bool:
