@@ -2,7 +2,7 @@
 
 The sim's NCCL model (`orchestrator/targets/sim/comm.py`) plants an optimum away from NCCL's
 defaults (LL, Tree, 4 channels, P2P through the CPU, 1 MiB buffers, 32 connections) and makes
-NCCL_P2P_LEVEL the parameter that matters most (levels that turn P2P off cost ~8%). The truth is
+NCCL_P2P_LEVEL the parameter that matters most (levels that turn P2P off cost ~5%). The truth is
 computed from the sim's pure model over all 7056 configurations of `space=nccl_pcie`; each sweep
 runs the real experiment code against restart noise of 2% (the sim's default), two trials in
 flight, 40 search trials. Seeds are fixed, so the rates below are exact for this code; the same

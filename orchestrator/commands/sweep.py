@@ -100,7 +100,8 @@ def execute(cfg: DictConfig, ctl: Controller, run_dir: Path, space: SearchSpace,
     metric = str(cfg.metric)
     target_conf = OmegaConf.to_container(cfg.target, resolve=True)
     sampler = make_sampler(settings.sampler, space, seed=settings.seed,
-                           budget=settings.budget)
+                           budget=settings.budget,
+                           startup=settings.startup)
     study = open_study(name=ctl.store.run_id, storage=storage_url(run_dir), sampler=sampler,
                        maximize=settings.maximize)
     search = SweepSearch(space, study, base, target_conf, settings)

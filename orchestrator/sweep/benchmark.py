@@ -86,7 +86,8 @@ def run_virtual(cfg: DictConfig, seed: int, *, oracle_seed: int | None = None,
     oracle = SimOracle(target_conf, bench_conf, metric=str(cfg.metric),
                        seed=seed if oracle_seed is None else oracle_seed)
     sampler = make_sampler(settings.sampler, space, seed=seed,
-                           budget=settings.budget)
+                           budget=settings.budget,
+                           startup=settings.startup)
     study = open_study(name=f"virtual-{seed}", storage=None, sampler=sampler,
                        maximize=settings.maximize)
     search = SweepSearch(space, study, base_candidate(), target_conf, settings)

@@ -44,6 +44,7 @@ class SweepSettings:
     budget: int  # restarts of the search, baseline included (`trials=`)
     maximize: bool
     restarts: int = 1
+    startup: float = 0.4  # share of the budget TPE samples at random before modelling
     intensify: float = 0.2  # share of the search budget that re-measures the leaders
     leaders: int = 3
     prior_effect_sd: float = 0.02  # prior sd of one setting's effect (additive model)

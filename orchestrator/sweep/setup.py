@@ -2,6 +2,7 @@
 
 Knobs of the experiment live in `experiment.params` (open-ended, like bisect's):
   restarts        restarts per new configuration (default 1; see `search.py`)
+  startup         share of the search budget TPE samples at random first (default 0.4)
   intensify       share of the search budget re-measuring the leaders (default 0.2)
   leaders         how many leaders share those restarts (default 3)
   prior_effect_sd prior sd of one setting's effect in the additive model (default 0.02)
@@ -29,7 +30,7 @@ from orchestrator.sweep.search import SweepSettings
 from orchestrator.sweep.space import SearchSpace, check_server_params
 from orchestrator.sweep.study import SAMPLERS
 
-_KNOBS = ("restarts", "intensify", "leaders", "prior_effect_sd", "interaction_sd",
+_KNOBS = ("restarts", "startup", "intensify", "leaders", "prior_effect_sd", "interaction_sd",
           "confirm_top", "confirm_rounds", "confirm_min_rounds", "prune", "prune_sigmas",
           "prior_cv")
 _DEFAULTS = SweepSettings(budget=0, maximize=True)
@@ -71,7 +72,8 @@ def settings(cfg: DictConfig) -> SweepSettings:
     try:
         s = SweepSettings(
             budget=int(cfg.trials), maximize=maximize(str(cfg.metric), str(cfg.direction)),
-            restarts=int(p["restarts"]), intensify=float(p["intensify"]),
+            restarts=int(p["restarts"]), startup=float(p["startup"]),
+            intensify=float(p["intensify"]),
             leaders=int(p["leaders"]), prior_effect_sd=float(p["prior_effect_sd"]),
             interaction_sd=float(p["interaction_sd"]), confirm_top=int(p["confirm_top"]),
             confirm_rounds=int(p["confirm_rounds"]),
@@ -86,8 +88,8 @@ def settings(cfg: DictConfig) -> SweepSettings:
         raise UserError("restarts, leaders and confirm_top must be at least 1")
     if not 2 <= s.confirm_min_rounds <= s.confirm_rounds:
         raise UserError("confirmation rounds: need 2 <= confirm_min_rounds <= confirm_rounds")
-    if not 0 <= s.intensify < 1:
-        raise UserError(f"intensify must be in [0, 1) (got {s.intensify})")
+    if not 0 <= s.intensify < 1 or not 0 <= s.startup <= 1:
+        raise UserError("intensify must be in [0, 1) and startup in [0, 1]")
     if min(s.prior_effect_sd, s.interaction_sd) <= 0:
         raise UserError("prior_effect_sd and interaction_sd must be positive")
     if s.prune_sigmas <= 0 or not 0 < s.prior_cv < 1:

@@ -37,24 +37,24 @@ def quiet_optuna() -> None:
 STARTUP_SHARE = 0.4
 
 
-def tpe_startup_trials(budget: int) -> int:
+def tpe_startup_trials(budget: int, share: float = STARTUP_SHARE) -> int:
     """Random configurations before TPE models the results: 40% of the search budget.
 
     With restart noise as large as the differences between good configurations, TPE's split
     into "good" and "bad" trials is itself noisy; it pays to let a balanced random design
     inform the additive model (`effects.py`) and the importance first (README, "Sweeps":
     measured against Optuna's default of 10 with `python -m orchestrator.sweep.benchmark`)."""
-    return max(4, int(round(budget * STARTUP_SHARE)))
+    return max(4, int(round(budget * share)))
 
 
-def make_sampler(name: str, space: SearchSpace, *, seed: int,
-                 budget: int) -> optuna.samplers.BaseSampler:
+def make_sampler(name: str, space: SearchSpace, *, seed: int, budget: int,
+                 startup: float = STARTUP_SHARE) -> optuna.samplers.BaseSampler:
     """TPE (default), random, or a grid (`search.py` walks the grid itself: see there)."""
     quiet_optuna()
     if name == "tpe":
         return optuna.samplers.TPESampler(
             seed=seed,
-            n_startup_trials=tpe_startup_trials(budget),
+            n_startup_trials=tpe_startup_trials(budget, startup),
             multivariate=True,  # joint densities: interactions between NCCL knobs exist
             group=True,  # conditional parameters get their own sub-spaces
             constant_liar=True,  # K trials in flight do not all get the same proposal
