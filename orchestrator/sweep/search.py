@@ -1,19 +1,19 @@
-"""The sweep's experiment: Optuna proposes configurations, restarts measure them, the best are
-confirmed head-to-head against the baseline.
+"""The sweep's experiment: Optuna proposes configurations, restarts measure them, the best is
+confirmed head-to-head against the baseline (`confirm.py`).
 
 Pure apart from the Optuna study (which may live in memory): no processes, no Ray. The command
 feeds it the controller's finished trials; the benchmark feeds it a virtual oracle. Both go
 through `propose(k)` / `record(work, value)`.
 
-How a budget of N restarts is spent:
+How the search budget (`trials`) is spent:
   1. the baseline, `restarts` times (the reference every later number is compared with);
-  2. the search: Optuna asks a configuration; it gets `restarts` restarts, one after the other,
-     unless its first is obviously worse than the incumbent (then it is pruned); a configuration
-     the sampler proposes again gets one more restart, so promising ones accumulate evidence;
-  3. the confirmation, `confirm_rounds x (confirm_top + 1)` restarts reserved up front: the top
-     configurations and the baseline re-measured in interleaved rounds (baseline, A, B; A, B,
-     baseline; ...) so drift hits every side alike. The effect reported for a configuration
-     uses only these restarts: the search restarts chose it and are biased in its favour.
+  2. Optuna asks a configuration (TPE starts with `startup` x budget random ones); it gets
+     `restarts` restarts, one after the other, unless its first is obviously worse than the
+     incumbent (then it is pruned and never restarted again); a configuration the sampler
+     proposes again gets one more restart;
+  3. the last `intensify` x budget restarts go to the leaders: the configuration the additive
+     model (`effects.py`) predicts best, then the least-measured of the top of the ranking.
+Then the confirmation runs, outside the search budget.
 """
 
 from __future__ import annotations
@@ -21,114 +21,32 @@ from __future__ import annotations
 import math
 import random
 import statistics
-from collections import Counter
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import optuna
 from optuna.trial import TrialState
 
 from orchestrator.records import Candidate
-from orchestrator.stats.effect import Effect, log_effect
+from orchestrator.stats.effect import Effect
+from orchestrator.sweep.confirm import (
+    Confirmation,
+    Confirmed,
+    SweepResult,
+    confirmation_effect,
+    outcome,
+)
 from orchestrator.sweep.effects import AdditiveModel
-from orchestrator.sweep.noise import pooled_log_ss, prune_decision, restart_sd
+from orchestrator.sweep.noise import prune_decision, restart_sd
 from orchestrator.sweep.space import Assignment, SearchSpace
+from orchestrator.sweep.work import ConfigStats, SweepSettings, Work, parse_phase, phase
+
+__all__ = ["MAX_GRID", "ConfigStats", "SweepResult", "SweepSearch", "SweepSettings", "Work",
+           "parse_phase", "phase"]
 
 MAX_GRID = 200_000  # sampler=grid materialises the configurations in a shuffled order
 MAX_PREDICTED = 50_000  # the model's best is searched over every configuration up to this
-
-
-@dataclass(frozen=True)
-class SweepSettings:
-    budget: int  # restarts of the search, baseline included (`trials=`)
-    maximize: bool
-    restarts: int = 1
-    startup: float = 0.4  # share of the budget TPE samples at random before modelling
-    intensify: float = 0.2  # share of the search budget that re-measures the leaders
-    leaders: int = 3
-    prior_effect_sd: float = 0.02  # prior sd of one setting's effect (additive model)
-    interaction_sd: float = 0.01  # how far a configuration may stray from the additive model
-    confirm_top: int = 1
-    confirm_rounds: int = 10  # at most; it stops earlier once the answer is clear
-    confirm_min_rounds: int = 3
-    interim_confidence: float = 0.998  # stopping early needs this (Haybittle-Peto-like)
-    prune: bool = True
-    prune_sigmas: float = 2.0
-    prior_cv: float = 0.03
-    confidence: float = 0.95
-    sampler: str = "tpe"
-    seed: int = 0
-    max_free_asks: int = 200  # proposals of known configurations in a row before "converged"
-
-    @property
-    def confirm_reserve(self) -> int:
-        return self.confirm_rounds * (self.confirm_top + 1)
-
-    @property
-    def search_budget(self) -> int:
-        return self.budget
-
-    @property
-    def intensify_budget(self) -> int:
-        return int(round(self.budget * self.intensify))
-
-    @property
-    def total(self) -> int:
-        return self.budget + self.confirm_reserve
-
-
-PHASE_PREFIX = "sweep/"  # trials of a sweep are told apart from a bisect's in the same store
-
-
-def phase(kind: str, index: int | None = None) -> str:
-    """`sweep/baseline`, `sweep/search/<Optuna trial number>`, `sweep/confirm/<round>`."""
-    return PHASE_PREFIX + kind + ("" if index is None else f"/{index}")
-
-
-def parse_phase(text: str) -> tuple[str, int | None] | None:
-    """(kind, index) of a sweep phase; None for a trial of another experiment."""
-    if not text.startswith(PHASE_PREFIX):
-        return None
-    kind, _, index = text[len(PHASE_PREFIX):].partition("/")
-    if kind not in ("baseline", "search", "confirm") or (kind != "baseline") != index.isdigit():
-        return None
-    return kind, int(index) if index else None
-
-
-@dataclass(frozen=True)
-class Work:
-    """One restart to run: which candidate, and the phase it belongs to (stored with the trial)."""
-
-    candidate: Candidate
-    phase: str  # see `phase()`
-
-    @property
-    def kind(self) -> str:
-        parsed = parse_phase(self.phase)
-        return parsed[0] if parsed else ""
-
-
-@dataclass
-class ConfigStats:
-    """Everything measured for one configuration (one candidate)."""
-
-    assignment: Assignment
-    candidate: Candidate
-    label: str
-    search: list[float] = field(default_factory=list)
-    confirm: list[float] = field(default_factory=list)
-    restarts: int = 0
-    failed: bool = False
-    pruned: bool = False
-
-    @property
-    def key(self) -> str:
-        return self.candidate.key
-
-    def mean(self, values: Sequence[float] | None = None) -> float | None:
-        vals = self.search if values is None else values
-        return statistics.fmean(vals) if vals else None
 
 
 @dataclass
@@ -141,27 +59,6 @@ class _Evaluation:
     new_config: bool
     done: int = 0
     in_flight: bool = False
-
-
-@dataclass(frozen=True)
-class Confirmed:
-    config: ConfigStats
-    effect: Effect | None  # vs the baseline, confirmation restarts only
-
-    @property
-    def overall_mean(self) -> float | None:
-        return self.config.mean(self.config.search + self.config.confirm)
-
-
-@dataclass(frozen=True)
-class SweepResult:
-    status: str  # found | baseline_best | inconclusive | no_data
-    message: str
-    best: Confirmed | None
-    confirmed: tuple[Confirmed, ...]
-    baseline: ConfigStats
-    n_trials: int
-    n_configurations: int
 
 
 class SweepSearch:
@@ -180,9 +77,7 @@ class SweepSearch:
         self.spent = 0  # finished restarts (evidence), every phase
         self._search_spent = 0
         self._converged = False
-        self._confirm_keys: list[str] | None = None
-        self._confirm_issued: Counter = Counter()
-        self._confirm_finished: Counter = Counter()
+        self.confirmation = Confirmation(settings)
         self._grid: list[Assignment] | None = None
         self._model: AdditiveModel | None = None
         self._model_at = -1
@@ -221,7 +116,7 @@ class SweepSearch:
     # -- proposing ------------------------------------------------------------------------------
     @property
     def search_over(self) -> bool:
-        return self._confirm_keys is not None
+        return self.confirmation.started
 
     @property
     def done(self) -> bool:
@@ -348,13 +243,13 @@ class SweepSearch:
             ev.in_flight = False
         if not evidence:  # interrupted: the same restart is proposed again
             if kind == "confirm":
-                self._confirm_issued[(index, work.candidate.key)] -= 1
+                self.confirmation.issued[(index, work.candidate.key)] -= 1
             return
         self.spent += 1
         stats = self.configs.get(work.candidate.key) or self._config_of(work.candidate)
         usable = value is not None and not suspect and math.isfinite(value)
         if kind == "confirm":
-            self._confirm_finished[(index, work.candidate.key)] += 1
+            self.confirmation.finished[(index, work.candidate.key)] += 1
             if usable:
                 stats.confirm.append(float(value))
             return
@@ -419,7 +314,7 @@ class SweepSearch:
             params=dict(b.assignment), distributions=self.space.distributions(b.assignment),
             value=b.mean(), user_attrs={"baseline": True, "candidate": b.key, "label": "baseline"}))
 
-    # -- confirmation ---------------------------------------------------------------------------
+    # -- ranking --------------------------------------------------------------------------------
     def model(self) -> AdditiveModel:
         """The additive model of every search restart so far (see `effects.py`)."""
         if self._model is None or self._model_at != self._search_spent:
@@ -476,57 +371,27 @@ class SweepSearch:
         keys = [self.baseline.key] + [c.key for c in top] if top else []
         if self.baseline.failed or not self.baseline.search:
             keys = []
-        self._confirm_keys = keys
+        self.confirmation.keys = keys
         self.study.set_user_attr("confirm", keys)
         labels = ", ".join(c.label for c in top) or "nothing"
         self.events.append(f"search done after {self._search_spent} restarts; confirming "
                            f"{labels} against the baseline")
 
+    # -- confirmation ---------------------------------------------------------------------------
     def confirm_plan(self, rounds: int | None = None) -> list[tuple[int, str]]:
-        """(round, candidate key) in run order; each round rotates the order of its sides."""
-        keys = self._confirm_keys or []
-        plan = []
-        for r in range(self.settings.confirm_rounds if rounds is None else rounds):
-            shift = r % len(keys) if keys else 0
-            plan += [(r, k) for k in keys[shift:] + keys[:shift]]
-        return plan
-
-    def confirm_rounds(self) -> int:
-        """Rounds the confirmation runs: the minimum, then one more at a time while the answer
-        is unclear, up to the maximum. Stopping early needs the stricter interim confidence,
-        so looking after every round does not inflate the chance of a false "better"."""
-        s = self.settings
-        rounds = s.confirm_min_rounds
-        while rounds < s.confirm_rounds:
-            plan = Counter(self.confirm_plan(rounds))
-            if any(self._confirm_finished[item] < n for item, n in plan.items()):
-                return rounds  # the rounds so far are still running
-            if self._decisive(s.interim_confidence):
-                return rounds
-            rounds += 1
-        return rounds
+        return self.confirmation.plan(rounds)
 
     def _decisive(self, confidence: float) -> bool:
-        best = self._confirm_leader()
+        """Whether the confirmation's leader already differs from the baseline."""
+        sides = [self.configs[k] for k in (self.confirmation.keys or [])
+                 if k != self.baseline.key and self.configs[k].confirm]
+        sign = 1.0 if self.settings.maximize else -1.0
+        best = max(sides, key=lambda c: sign * c.mean(c.search + c.confirm), default=None)
         e = self.effect(best, confidence) if best is not None else None
         return e is not None and (e.ci[0] > 0 or e.ci[1] < 0)
 
-    def _confirm_leader(self) -> ConfigStats | None:
-        sides = [self.configs[k] for k in (self._confirm_keys or []) if k != self.baseline.key]
-        sides = [c for c in sides if c.confirm]
-        sign = 1.0 if self.settings.maximize else -1.0
-        return max(sides, key=lambda c: sign * c.mean(c.search + c.confirm), default=None)
-
     def _next_confirm(self, peek: bool = False) -> Work | None:
-        plan = self.confirm_plan(self.confirm_rounds())
-        remaining = Counter(plan)
-        remaining.subtract(self._confirm_issued)
-        for r, key in plan:
-            if remaining[(r, key)] > 0:
-                if not peek:
-                    self._confirm_issued[(r, key)] += 1
-                return Work(self.configs[key].candidate, phase("confirm", r))
-        return None
+        return self.confirmation.next(self.configs, self._decisive, peek)
 
     # -- resume ---------------------------------------------------------------------------------
     def replay(self, finished: Sequence[tuple[str, Candidate, float | None, bool]]) -> None:
@@ -549,8 +414,8 @@ class SweepSearch:
             self.spent += 1
             usable = value is not None and not suspect and math.isfinite(value)
             if kind == "confirm":
-                self._confirm_issued[(index, cand.key)] += 1
-                self._confirm_finished[(index, cand.key)] += 1
+                self.confirmation.issued[(index, cand.key)] += 1
+                self.confirmation.finished[(index, cand.key)] += 1
                 if usable:
                     stats.confirm.append(float(value))
                 continue
@@ -568,53 +433,16 @@ class SweepSearch:
                 self.study.tell(t.number, state=TrialState.FAIL)
         self._tell_baseline()
         if "confirm" in attrs:
-            self._confirm_keys = list(attrs["confirm"])
+            self.confirmation.keys = list(attrs["confirm"])
 
     # -- outcome --------------------------------------------------------------------------------
     def effect(self, stats: ConfigStats, confidence: float | None = None) -> Effect | None:
-        """Confirmation-phase effect vs the baseline, pooled restart variance of the run."""
-        before, after = self.baseline.confirm, stats.confirm
-        if not before or not after or min(before + after) <= 0:
-            return None
-        # The run's restart noise, from every other configuration measured more than once
-        # (as `findings.effects_between` pools it, so both report the same interval).
-        others = (c.search for c in self.configs.values()
-                  if c.key not in (self.baseline.key, stats.key))
-        ss, df = pooled_log_ss(others)
-        try:
-            return log_effect(before, after, confidence=confidence or self.settings.confidence,
-                              extra_ss=ss, extra_df=df)
-        except ValueError:
-            return None
+        return confirmation_effect(self.baseline, stats, self.configs,
+                                   confidence or self.settings.confidence)
 
     def result(self) -> SweepResult:
-        keys = [k for k in (self._confirm_keys or []) if k != self.baseline.key]
+        keys = [k for k in (self.confirmation.keys or []) if k != self.baseline.key]
         confirmed = [Confirmed(self.configs[k], self.effect(self.configs[k])) for k in keys]
-        measured = [c for c in confirmed if c.config.confirm]
-        n_configs = sum(1 for c in self.configs.values() if c.restarts)
-        b = self.baseline
-        if b.failed or not b.search:
-            return SweepResult("no_data", "the baseline could not be measured", None,
-                               tuple(confirmed), b, self.spent, n_configs)
-        if not measured:
-            return SweepResult("no_data", "no configuration besides the baseline was measured",
-                               None, tuple(confirmed), b, self.spent, n_configs)
-        sign = 1.0 if self.settings.maximize else -1.0
-        best = max(measured, key=lambda c: sign * c.overall_mean)
-        e = best.effect
-        better = e is not None and (e.ci[0] > 0 if self.settings.maximize else e.ci[1] < 0)
-        worse_all = all(c.effect is not None and (c.effect.ci[1] < 0 if self.settings.maximize
-                                                  else c.effect.ci[0] > 0) for c in measured)
-        if better:
-            status = "found"
-            message = (f"{best.config.label} beats the baseline by {e.pct:+.1f}% "
-                       f"[{e.ci[0]:+.1f}, {e.ci[1]:+.1f}] in the interleaved confirmation")
-        elif worse_all:
-            status = "baseline_best"
-            message = "the baseline beat every top configuration in the interleaved confirmation"
-        else:
-            status = "inconclusive"
-            detail = f" ({e.pct:+.1f}% [{e.ci[0]:+.1f}, {e.ci[1]:+.1f}])" if e else ""
-            message = (f"best configuration {best.config.label}{detail}: its interval against "
-                       "the baseline includes no change; more confirmation rounds would tell")
-        return SweepResult(status, message, best, tuple(confirmed), b, self.spent, n_configs)
+        return outcome(self.baseline, confirmed, maximize=self.settings.maximize,
+                       spent=self.spent,
+                       n_configurations=sum(1 for c in self.configs.values() if c.restarts))
