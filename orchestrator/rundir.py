@@ -10,6 +10,9 @@ from __future__ import annotations
 import secrets
 import shutil
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
@@ -60,3 +63,27 @@ def find_run(cfg: DictConfig, ref: str) -> Path:
     if not (path / "trials.db").is_file():
         raise UserError(f"no run {ref!r}: expected a run directory with trials.db")
     return path.resolve()
+
+
+@dataclass
+class RunState:
+    """What a command reports at the end of its run (`failed` unless it says otherwise)."""
+
+    status: str = "failed"
+
+
+@contextmanager
+def running(store: RunStore, run_dir: Path, out) -> Iterator[RunState]:
+    """A command's run: prints its directory, and whatever happens records the final status
+    (interrupted on Ctrl-C), closes the store and prints the directory again."""
+    out.print(f"run directory: {run_dir}")
+    state = RunState()
+    try:
+        yield state
+    except KeyboardInterrupt:
+        state.status = "interrupted"
+        raise
+    finally:
+        store.set_status(state.status)
+        store.close()
+        out.print(f"run directory: {run_dir}")

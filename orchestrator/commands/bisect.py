@@ -23,7 +23,7 @@ from orchestrator.errors import UserError
 from orchestrator.metrics import check_metric, regression_direction
 from orchestrator.progress import Progress, expected_bisect_trials, verdict_best
 from orchestrator.records import Candidate
-from orchestrator.rundir import create_run, runs_root
+from orchestrator.rundir import create_run, running, runs_root
 from orchestrator.store import RunStore
 from orchestrator.strategies.base import Verdict
 from orchestrator.strategies.bisect import BisectStrategy
@@ -160,19 +160,10 @@ def execute(cfg, ctl: Controller, run_dir: Path, commits, points, weights, out,
 
 def _execute(cfg, run_dir: Path, store: RunStore, commits, points, weights) -> int:
     out = render.console()
-    out.print(f"run directory: {run_dir}")
-    status = "failed"
-    try:
+    with running(store, run_dir, out) as run:
         with Progress(out) as progress, \
                 Controller(cfg, store, run_dir, on_event=progress.on_event) as ctl:
             verdict, _ = execute(cfg, ctl, run_dir, commits, points, weights, out,
                                  progress=progress)
-        status = "done" if verdict.status == "found" else "inconclusive"
+        run.status = "done" if verdict.status == "found" else "inconclusive"
         return 0 if verdict.status == "found" else EXIT_INCONCLUSIVE
-    except KeyboardInterrupt:
-        status = "interrupted"
-        raise
-    finally:
-        store.set_status(status)
-        store.close()
-        out.print(f"run directory: {run_dir}")

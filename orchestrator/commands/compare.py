@@ -21,7 +21,7 @@ from orchestrator.errors import UserError
 from orchestrator.fingerprint_diff import Difference, diff
 from orchestrator.metrics import EFFECT_METRICS, check_metric
 from orchestrator.records import Candidate
-from orchestrator.rundir import create_run, find_run
+from orchestrator.rundir import create_run, find_run, running
 from orchestrator.stats.effect import log_effect
 from orchestrator.store import RunStore
 
@@ -96,20 +96,11 @@ def run(cfg: DictConfig) -> int:
         raise UserError(f"the reference has no measured {metric} value")
     run_dir, store = create_run(cfg)
     out = render.console()
-    out.print(f"run directory: {run_dir}")
-    status = "failed"
-    try:
+    with running(store, run_dir, out) as run:
         with Controller(cfg, store, run_dir, on_event=lambda m: out.print(f"  {m}")) as ctl:
             doc = execute(cfg, ctl, run_dir, ref, out)
-        status = "done" if doc["verdict"] != "unresolved" else "inconclusive"
+        run.status = "done" if doc["verdict"] != "unresolved" else "inconclusive"
         return 0 if doc["verdict"] != "unresolved" else 3
-    except KeyboardInterrupt:
-        status = "interrupted"
-        raise
-    finally:
-        store.set_status(status)
-        store.close()
-        out.print(f"run directory: {run_dir}")
 
 
 def execute(cfg: DictConfig, ctl: Controller, run_dir: Path, ref: dict, out,

@@ -28,7 +28,7 @@ from orchestrator.controller import Controller
 from orchestrator.metrics import EFFECT_METRICS
 from orchestrator.progress import Progress
 from orchestrator.records import Candidate
-from orchestrator.rundir import create_run
+from orchestrator.rundir import create_run, running
 from orchestrator.targets.sim.scenario import generate_scenario
 from orchestrator.targets.simnode import set_node_state
 
@@ -108,9 +108,7 @@ def run(cfg: DictConfig) -> int:
     common.check_common(cfg)
     run_dir, store = create_run(cfg)
     out = render.console()
-    out.print(f"run directory: {run_dir}")
-    status = "failed"
-    try:
+    with running(store, run_dir, out) as run:
         scenario = generate_scenario(run_dir / "scenario", int(cfg.commits), int(cfg.seed),
                                      DEMO_PRESET)
         truth = scenario.truth
@@ -150,12 +148,5 @@ def run(cfg: DictConfig) -> int:
         _, files = write_report(run_dir)
         out.print(f"report: {files.markdown}\nreport: {files.html}")
         hit = _truth_check(truth, docs, out)
-        status = "done" if hit else "inconclusive"
+        run.status = "done" if hit else "inconclusive"
         return 0 if hit else 3
-    except KeyboardInterrupt:
-        status = "interrupted"
-        raise
-    finally:
-        store.set_status(status)
-        store.close()
-        out.print(f"run directory: {run_dir}")

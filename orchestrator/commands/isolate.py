@@ -29,7 +29,7 @@ from orchestrator.errors import UserError
 from orchestrator.fingerprint_diff import Difference
 from orchestrator.metrics import check_metric, regression_direction
 from orchestrator.records import Candidate
-from orchestrator.rundir import create_run
+from orchestrator.rundir import create_run, running
 from orchestrator.strategies.isolate import IsolateStrategy
 from orchestrator.targets.base import UNSET
 
@@ -235,21 +235,19 @@ def run(cfg: DictConfig) -> int:
         _check_changes(cfg, ws, good, changes)
     run_dir, store = create_run(cfg)
     out = render.console()
-    out.print(f"run directory: {run_dir}")
-    status = "failed"
-    try:
+    with running(store, run_dir, out) as run:
         with Controller(cfg, store, run_dir, on_event=lambda m: out.print(f"  {m}")) as ctl:
             if ref is not None:
                 cdoc = compare.execute(cfg, ctl, run_dir, ref, out, findings_name="compare")
                 if cdoc["verdict"] != "not_reproduced":
-                    status = "done" if cdoc["verdict"] == "reproduced" else "inconclusive"
+                    run.status = "done" if cdoc["verdict"] == "reproduced" else "inconclusive"
                     out.print("nothing to isolate: the reference "
                               + ("reproduces" if cdoc["verdict"] == "reproduced" else
                                  "could not be decided"))
                     return 0 if cdoc["verdict"] == "reproduced" else 3
                 result = isolate_system(cfg, ctl, run_dir, ref, cdoc, ws.resolve, out)
                 if result is None:
-                    status = "inconclusive"
+                    run.status = "inconclusive"
                     return 3
                 verdict, _ = result
             else:
@@ -258,12 +256,5 @@ def run(cfg: DictConfig) -> int:
             from orchestrator.report.ranking import load_docs, rank
 
             findings.write(run_dir, rank(load_docs(run_dir), store.trials()))
-        status = "done" if verdict.status == "found" else "inconclusive"
+        run.status = "done" if verdict.status == "found" else "inconclusive"
         return 0 if verdict.status == "found" else 3
-    except KeyboardInterrupt:
-        status = "interrupted"
-        raise
-    finally:
-        store.set_status(status)
-        store.close()
-        out.print(f"run directory: {run_dir}")

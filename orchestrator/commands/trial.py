@@ -7,7 +7,7 @@ from omegaconf import DictConfig
 from orchestrator import render
 from orchestrator.commands import common
 from orchestrator.controller import Controller
-from orchestrator.rundir import create_run
+from orchestrator.rundir import create_run, running
 
 
 def run(cfg: DictConfig) -> int:
@@ -17,23 +17,14 @@ def run(cfg: DictConfig) -> int:
     cfg.nodes = 1
     run_dir, store = create_run(cfg)
     out = render.console()
-    out.print(f"run directory: {run_dir}")
-    status = "failed"
-    try:
+    with running(store, run_dir, out) as run:
         with Controller(cfg, store, run_dir, on_event=lambda m: out.print(f"  {m}")) as ctl:
             row = ctl.run_one(cand, phase="trial")
         out.print(render.trial_table(row))
         if row.outcome is not None and row.outcome.measured:
-            status = "done"
+            run.status = "done"
             return 0
         out.print(f"trial {row.id} {row.outcome.value if row.outcome else '?'}: {row.detail}",
                   style="red")
         out.print(f"server log: {row.log_path}")
         return 1
-    except KeyboardInterrupt:
-        status = "interrupted"
-        raise
-    finally:
-        store.set_status(status)
-        store.close()
-        out.print(f"run directory: {run_dir}")
