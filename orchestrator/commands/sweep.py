@@ -23,8 +23,9 @@ from orchestrator.commands import common
 from orchestrator.controller import Controller
 from orchestrator.drive import observation
 from orchestrator.errors import UserError
+from orchestrator.progress import Progress
 from orchestrator.records import Candidate
-from orchestrator.rundir import create_run, runs_root
+from orchestrator.rundir import create_run, running, runs_root
 from orchestrator.store import RunStore
 from orchestrator.sweep import importance, report, setup
 from orchestrator.sweep.search import (
@@ -93,8 +94,18 @@ def _finished(store: RunStore, metric: str, final_attempt: int) -> list[tuple]:
     return out
 
 
+def _progress_state(search: SweepSearch) -> tuple[str, str | None]:
+    """(status, best so far) for the live progress line."""
+    if search.search_over:
+        keys = [k for k in (search.confirmation.keys or []) if k != search.baseline.key]
+        return "confirming", search.configs[keys[0]].label if keys else None
+    leaders = search.ranking()[:1]
+    return "searching", leaders[0].label if leaders else None
+
+
 def execute(cfg: DictConfig, ctl: Controller, run_dir: Path, space: SearchSpace,
-            settings: SweepSettings, base: Candidate, out) -> tuple[SweepResult, dict]:
+            settings: SweepSettings, base: Candidate, out,
+            progress: Progress | None = None) -> tuple[SweepResult, dict]:
     """Run (or continue) the sweep on a running controller; returns the result and the
     findings document (the caller writes it: a run holding several experiments names it)."""
     metric = str(cfg.metric)
@@ -112,6 +123,9 @@ def execute(cfg: DictConfig, ctl: Controller, run_dir: Path, space: SearchSpace,
               f"trials, then up to {settings.confirm_reserve} confirming, on {len(ctl.nodes)} "
               f"node(s); study {storage_url(run_dir)}")
     shown = len(search.events)
+    if progress is not None:
+        confirm = settings.confirm_min_rounds * (settings.confirm_top + 1)
+        progress.set_total(settings.budget + confirm + len(ctl.store.trials()) - search.spent)
     while not search.done:
         idle = ctl.idle_nodes()
         for work in search.propose(len(idle)):
@@ -130,6 +144,8 @@ def execute(cfg: DictConfig, ctl: Controller, run_dir: Path, space: SearchSpace,
         for event in search.events[shown:]:
             out.print(f"  {event}")
         shown = len(search.events)
+        if progress is not None:
+            progress.on_verdict(*_progress_state(search), None)
     result = search.result()
     importances = importance.of_search(search, str(setup.params(cfg)["importance"]))
     doc = report.sweep_findings(run_id=ctl.store.run_id, metric=metric, search=search,
@@ -148,22 +164,14 @@ def execute(cfg: DictConfig, ctl: Controller, run_dir: Path, space: SearchSpace,
 def _execute(cfg: DictConfig, run_dir: Path, store: RunStore, space: SearchSpace,
              settings: SweepSettings, base: Candidate) -> int:
     out = render.console()
-    out.print(f"run directory: {run_dir}")
-    status = "failed"
-    try:
-        with Controller(cfg, store, run_dir, on_event=lambda m: out.print(f"  {m}")) as ctl:
-            result, doc = execute(cfg, ctl, run_dir, space, settings, base, out)
+    with running(store, run_dir, out) as run:
+        with Progress(out) as progress, \
+                Controller(cfg, store, run_dir, on_event=progress.on_event) as ctl:
+            result, doc = execute(cfg, ctl, run_dir, space, settings, base, out,
+                                  progress=progress)
         out.print(f"findings: {findings.write(run_dir, doc)}")
-        conclusive = result.status in ("found", "baseline_best")
-        status = "done" if conclusive else "inconclusive"
         if result.status == "no_data":
-            status = "failed"
-            return 1
+            return 1  # the run stays "failed"
+        conclusive = result.status in ("found", "baseline_best")
+        run.status = "done" if conclusive else "inconclusive"
         return 0 if conclusive else EXIT_INCONCLUSIVE
-    except KeyboardInterrupt:
-        status = "interrupted"
-        raise
-    finally:
-        store.set_status(status)
-        store.close()
-        out.print(f"run directory: {run_dir}")
