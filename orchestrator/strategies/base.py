@@ -62,8 +62,7 @@ class Culprit:
     ``(lo, hi)`` says the first bad commit is one of ``lo+1 .. hi`` and ``probability`` is the
     posterior mass of that whole range. ``effect_pct``/``effect_ci`` come from the head-to-head
     comparison with the parent (verify phase); ``explained`` is the culprit's share of the change
-    between the endpoints of the range it was searched in. ``verified`` says whether trials
-    taken after the culprit was chosen showed its step on their own. Iterating yields
+    between the endpoints of the range it was searched in. Iterating yields
     ``(point, probability)`` so ``for point, prob in verdict.culprits`` works.
     """
 
@@ -73,7 +72,6 @@ class Culprit:
     effect_pct: float | None = None
     effect_ci: tuple[float, float] | None = None
     explained: float | None = None
-    verified: bool | None = None
 
     def __iter__(self) -> Iterator[float]:
         yield self.point

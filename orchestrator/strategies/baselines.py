@@ -236,19 +236,14 @@ class BayesectStrategy(Strategy):
     def propose(
         self, observations: Sequence[Observation], pending: Sequence[int], k: int
     ) -> list[Proposal]:
-        with np.errstate(divide="ignore", invalid="ignore"):  # log(0) of ruled-out commits
-            bisector, missing = self._bisector(observations)
-            if k <= 0 or self._finished(observations, bisector):
-                return []
-            if bisector is None:
-                return [Proposal(missing[0], "reproduce", "endpoint for the threshold")]
-            return [Proposal(self.n - 1 - bisector.select(), "search", "min expected entropy")]
+        bisector, missing = self._bisector(observations)
+        if k <= 0 or self._finished(observations, bisector):
+            return []
+        if bisector is None:
+            return [Proposal(missing[0], "reproduce", "endpoint for the threshold")]
+        return [Proposal(self.n - 1 - bisector.select(), "search", "min expected entropy")]
 
     def verdict(self, observations: Sequence[Observation]) -> Verdict:
-        with np.errstate(divide="ignore", invalid="ignore"):
-            return self._verdict(observations)
-
-    def _verdict(self, observations: Sequence[Observation]) -> Verdict:
         bisector, _ = self._bisector(observations)
         done = self._finished(observations, bisector)
         culprits: list[Culprit] = []

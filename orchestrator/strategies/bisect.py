@@ -43,9 +43,6 @@ from orchestrator.strategies.posterior import (
 )
 from orchestrator.strategies.report import describe
 
-# Trials per endpoint at which reproduction is judged (group-sequential looks).
-REPRODUCE_LOOKS = (2, 3, 4, 6, 8, 11, 16, 23, 32, 45, 64)
-
 
 @dataclass
 class Segment:
@@ -59,7 +56,6 @@ class Segment:
     culprit: Culprit | None = None
     note: str = ""
     opened_at: int = 0  # trials spent before this range was opened
-    looked: int = 0  # the last planned reproduction look evaluated
     fresh_pair: tuple[int, int] | None = None  # the (parent, culprit) under verification
     fresh: dict[int, list[float]] = field(default_factory=dict)  # its verify-phase trials
 
@@ -73,22 +69,20 @@ class BisectSettings:
     """Tuning of :class:`BisectStrategy`; defaults are what the benchmark validates."""
 
     confidence: float = 0.99
-    reproduce_confidence: float = 0.975
-    reproduce_max_per_endpoint: int = 64
-    reversed_confidence: float = 0.999
+    reproduce_confidence: float = 0.90
+    reproduce_min_per_endpoint: int = 2
+    reproduce_max_per_endpoint: int = 24
+    reversed_confidence: float = 0.99
     subrange_max_per_endpoint: int = 8
     subrange_max_trials: int = 60
     verify_confidence: float = 0.95
     verify_min_per_side: int = 2
     verify_max_per_side: int = 6
     verify_fresh_per_side: int = 1
-    verify_fresh_confidence: float = 0.8
     verify_handoff: float = 0.95
-    stop_margin: float = 1.0
     verify_split_min_per_side: int = 4
     explain_fraction: float = 0.8
     null_prior_top: float = 0.1
-    min_step_scale: float = 1.0
     null_prior_sub: float = 0.5
     endpoint_max_failures: int = 2
     prior_floor: float = 0.01
@@ -235,24 +229,13 @@ class BisectStrategy(Strategy):
         self._posterior_cache[key] = (self.evidence.version, result)
         return result
 
-    @property
-    def stop_mass(self) -> float:
-        """Posterior mass a culprit needs before it is accepted: ``confidence`` with a margin.
-
-        The posterior is exact for its model, but the model learns the noise level from the
-        same few trials it localizes with; a run whose first trials happen to agree closely
-        looks more certain than it is. Stopping at a fraction ``stop_margin`` of the allowed
-        error keeps the stated confidence honest in the benchmark's low-signal regimes.
-        """
-        return 1.0 - (1.0 - self.settings.confidence) * self.settings.stop_margin
-
     def _step_scale(self) -> float:
         """Prior scale of a culprit's step in sigma units: twice the change being hunted."""
         total = self.evidence.compare(0, self.n - 1, 0.5)
         sigma = self.evidence.sigma()
         if total is None or not math.isfinite(sigma) or sigma <= 0.0:
             return 4.0
-        return min(max(2.0 * abs(total.diff) / sigma, self.settings.min_step_scale), 50.0)
+        return min(max(2.0 * abs(total.diff) / sigma, 1.0), 50.0)
 
     def phase(self, segment: Segment) -> str:
         if not segment.reproduced:
@@ -292,14 +275,6 @@ class BisectStrategy(Strategy):
         return self._check_verified(segment)
 
     def _check_reproduced(self, segment: Segment) -> bool:
-        """Group-sequential test of the endpoints at a few planned looks.
-
-        Looking after every trial at a fixed level would confirm a change that is not there
-        about a quarter of the time (nothing changed, 24 trials per endpoint); with looks at
-        ``REPRODUCE_LOOKS`` trials per endpoint and a one-sided level of 1.25% per look the
-        false confirmations stay near 7%, while a +50% change in 10% noise is still confirmed
-        after 2-3 trials per endpoint (simulated; see the tests).
-        """
         ev, cfg = self.evidence, self.settings
         is_top = segment is self.segments[0]
         for end, name in ((segment.lo, "good"), (segment.hi, "bad")):
@@ -307,21 +282,21 @@ class BisectStrategy(Strategy):
                 segment.outcome = "inconclusive" if is_top else "no_change"
                 segment.note = f"the {name} endpoint (point {end}) could not be measured"
                 return True
-        cap = cfg.reproduce_max_per_endpoint if is_top else cfg.subrange_max_per_endpoint
-        done = min(ev.count(segment.lo), ev.count(segment.hi))
-        look = max((n for n in REPRODUCE_LOOKS if n <= min(done, cap)), default=0)
-        if look <= segment.looked:
+        counts = (ev.count(segment.lo), ev.count(segment.hi))
+        if min(counts) < self.settings.reproduce_min_per_endpoint:
             return False
-        segment.looked = look
         diff = ev.compare(segment.lo, segment.hi, cfg.reproduce_confidence)
         assert diff is not None
+        cap = cfg.reproduce_max_per_endpoint if is_top else cfg.subrange_max_per_endpoint
         small = self.min_effect is not None and diff.hi < self.min_effect
-        dismiss = not is_top and segment.target is not None and diff.hi < 0.5 * segment.target
+        dismiss = (
+            not is_top and segment.target is not None and diff.hi < 0.5 * segment.target
+        )
         if diff.lo > 0.0 and not small:
             segment.reproduced = True
         elif diff.hi < 0.0 and self._clearly_reversed(segment):
             segment.outcome = "reversed" if is_top else "no_change"
-        elif small or dismiss or done >= cap:
+        elif small or dismiss or min(counts) >= cap:
             segment.outcome = "not_reproducible" if is_top else "no_change"
         else:
             return False
@@ -345,30 +320,8 @@ class BisectStrategy(Strategy):
             return parent, culprit, fresh, cfg.verify_fresh_per_side
         if self._suspect_partial(segment, parent, culprit):
             return parent, culprit, fresh, cfg.verify_split_min_per_side
-        if not self._fresh_confirms(segment) and min(fresh.values()) < cfg.verify_max_per_side:
-            return parent, culprit, fresh, min(fresh.values()) + 1
         counts = {p: ev.count(p) for p in (parent, culprit)}
         return parent, culprit, counts, cfg.verify_min_per_side
-
-    def _fresh_difference(self, segment: Segment, confidence: float) -> LogDifference:
-        """Culprit minus parent on the verification trials only (pooled restart variance)."""
-        assert segment.fresh_pair is not None
-        parent, culprit = segment.fresh_pair
-        extra_ss, extra_df = self.evidence.pooled_within()
-        return log_difference(
-            segment.fresh[parent], segment.fresh[culprit], confidence, extra_ss, extra_df
-        )
-
-    def _fresh_confirms(self, segment: Segment) -> bool:
-        """Do the fresh head-to-head trials show the step in the bad direction?
-
-        The search ends where its own readings say the step is, so a run of unlucky readings can
-        carry it to a confident wrong answer when the step is small against the noise; trials
-        taken after the answer was chosen cannot have chosen it. Requiring them to show the
-        step (one-sided, ``verify_fresh_confidence``) is the "sandwich" re-verification of
-        Chromium's Pinpoint, sized by the noise instead of a fixed 30 pairs.
-        """
-        return self._fresh_difference(segment, self.settings.verify_fresh_confidence).lo > 0.0
 
     def _gap_excludes_zero(self, step: LogDifference, total: LogDifference) -> bool:
         """Does the interval of ``total - step`` exclude zero (the culprit explains less)?"""
@@ -401,14 +354,18 @@ class BisectStrategy(Strategy):
         ev, cfg = self.evidence, self.settings
         _, _, mass = self.posterior(segment).best_block()
         parent, culprit, counts, target = self._verify_plan(segment)
-        if min(counts.values()) < target or mass < self.stop_mass:
+        if min(counts.values()) < target or mass < cfg.confidence:
             return False
         step = ev.compare(parent, culprit, cfg.verify_confidence)
         total = ev.compare(segment.lo, segment.hi, cfg.verify_confidence)
         assert step is not None and total is not None
         partial = False
         if self._suspect_partial(segment, parent, culprit):
-            fresh = self._fresh_difference(segment, cfg.verify_confidence)
+            extra_ss, extra_df = ev.pooled_within()
+            fresh = log_difference(
+                segment.fresh[parent], segment.fresh[culprit], cfg.verify_confidence,
+                extra_ss, extra_df,
+            )
             if fresh.diff < cfg.explain_fraction * total.diff and self._gap_excludes_zero(
                 fresh, total
             ):
@@ -424,7 +381,6 @@ class BisectStrategy(Strategy):
             effect_pct=ev.to_pct(step.diff),
             effect_ci=ev.ci_pct(step.lo, step.hi),
             explained=explained,
-            verified=self._fresh_confirms(segment),
         )
         if partial:
             unexplained = total.diff - step.diff
@@ -449,12 +405,8 @@ class BisectStrategy(Strategy):
             parent, culprit, counts, target = self._verify_plan(segment)
             if min(counts.values()) >= target:  # undecided: one more pair per call
                 target = min(counts.values()) + 1
-            proposals = self._alternate(
-                segment, parent, culprit, in_flight, slots, phase, counts=counts, cap=target
-            )
-            if len(proposals) < slots:  # idle nodes keep searching around the answer
-                proposals += self._search(segment, in_flight, slots - len(proposals))
-            return proposals
+            return self._alternate(segment, parent, culprit, in_flight, slots, phase,
+                                   counts=counts, cap=target)
         return self._search(segment, in_flight, slots)
 
     def _alternate(

@@ -445,12 +445,10 @@ def choose_points(
 ) -> list[int]:
     """Up to ``k`` distinct points to measure next (absolute), best first.
 
-    One point: the maximum of the exact expected entropy reduction
-    (:func:`expected_information`). A batch: the joint binary-reading criterion
-    (:func:`choose_batch`), which spreads the points over the posterior (fixing the first at the
-    single best point, the median, would forbid the even (k+1)-way split); an endpoint still
-    goes first when the look-ahead says re-measuring it is worth most (the levels, not the
-    position, are what is uncertain).
+    The first point maximises the exact expected entropy reduction (:func:`expected_information`);
+    the rest of a batch is filled greedily by the joint binary-reading criterion
+    (:func:`choose_batch`) given the first point and the points in flight, which is what spreads a
+    batch over the posterior instead of stacking k copies of the single best point.
     """
     if k <= 0 or candidates.size == 0:
         return []
@@ -464,8 +462,6 @@ def choose_points(
     tied = np.flatnonzero(gains >= best - 1e-9 * max(best, 1.0))
     cdf = posterior.cdf()
     first = int(scored[tied[np.argmin(np.abs(cdf[scored[tied] - posterior.lo] - 0.5))]])
-    if k > 1 and first not in (posterior.lo, posterior.hi):
-        return choose_batch(posterior, candidates, in_flight, k, error)
     rest = choose_batch(
         posterior, candidates[candidates != first], [*in_flight, first], k - 1, error
     )
