@@ -20,4 +20,8 @@ def run(cfg: DictConfig) -> int:
         from orchestrator.commands import bisect
 
         return bisect.resume(run_dir)
+    if command == "sweep":
+        from orchestrator.commands import sweep
+
+        return sweep.resume(run_dir)
     raise UserError(f"{run_dir.name} is a {command or 'unknown'} run: it cannot be resumed")
