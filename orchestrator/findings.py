@@ -16,6 +16,7 @@ from orchestrator.metrics import EFFECT_METRICS, METRICS, effect_metrics
 from orchestrator.stats.effect import effect, log_effect
 from orchestrator.store import TrialRow
 from orchestrator.strategies.base import Verdict
+from orchestrator.sweep import noise
 from orchestrator.workspace import CommitInfo
 
 
@@ -37,20 +38,8 @@ def pooled_log_ss(rows: Sequence[TrialRow], metric: str, exclude: Sequence[str])
     """Within-candidate sum of squares (log scale) and its degrees of freedom over the other
     candidates of the run: restart-to-restart noise is a property of the node and server, so
     every candidate measured more than once informs it."""
-    groups: dict[str, list[float]] = {}
-    for r in rows:
-        if r.candidate.key in exclude or r.outcome is None or not r.outcome.measured or r.suspect:
-            continue
-        v = r.result.value(metric) if r.result else None
-        if v is not None and v > 0 and math.isfinite(v):
-            groups.setdefault(r.candidate.key, []).append(math.log(v))
-    ss, df = 0.0, 0
-    for vals in groups.values():
-        if len(vals) > 1:
-            m = sum(vals) / len(vals)
-            ss += sum((x - m) ** 2 for x in vals)
-            df += len(vals) - 1
-    return ss, df
+    keys = {r.candidate.key for r in rows} - set(exclude)
+    return noise.pooled_log_ss(trial_values(rows, key, metric) for key in keys)
 
 
 def effects_between(rows: Sequence[TrialRow], before_key: str, after_key: str,
