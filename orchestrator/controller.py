@@ -64,7 +64,10 @@ def start_ray(cluster: Mapping) -> bool:
         return False
     if cluster.get("kind", "local") == "local":
         loopback_only()
+        # address="local": a private instance even when another Ray runs on this machine
+        # (without it Ray joins the last cluster started here, or RAY_ADDRESS).
         ray.init(
+            address="local",
             num_cpus=cluster.get("num_cpus") or None,
             include_dashboard=False,
             _node_ip_address="127.0.0.1",  # nothing listens beyond loopback

@@ -43,7 +43,7 @@ def ray_session():
     from orchestrator.controller import loopback_only
 
     loopback_only()
-    ray.init(num_cpus=2, include_dashboard=False, _node_ip_address="127.0.0.1",
+    ray.init(address="local", num_cpus=2, include_dashboard=False, _node_ip_address="127.0.0.1",
              log_to_driver=False, namespace="sleuth-tests")
     yield ray
     ray.shutdown()

@@ -41,7 +41,7 @@ def check_ray() -> Check:
 
     loopback_only()
     try:
-        ray.init(num_cpus=1, include_dashboard=False, _node_ip_address="127.0.0.1",
+        ray.init(address="local", num_cpus=1, include_dashboard=False, _node_ip_address="127.0.0.1",
                  log_to_driver=False, namespace="sleuth-doctor")
 
         @ray.remote(num_cpus=0)
