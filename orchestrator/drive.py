@@ -12,7 +12,7 @@ from collections.abc import Callable, Sequence
 from typing import Protocol
 
 from orchestrator.controller import Controller
-from orchestrator.records import Candidate
+from orchestrator.records import NOT_EVIDENCE_PHASES, Candidate
 from orchestrator.store import RunStore, TrialRow
 from orchestrator.strategies.base import Observation, Strategy, Verdict
 
@@ -53,11 +53,6 @@ class FixedPoints:
 
     def point(self, candidate: Candidate) -> int | None:
         return self._index.get(candidate.key)
-
-
-# Trials recorded as a reference (e.g. "how the node measured earlier") may come from another
-# system state; they are compared against, never reused as evidence of the current state.
-NOT_EVIDENCE_PHASES = frozenset({"reference"})
 
 
 def replay(store: RunStore, points: PointMap, metric: str, retries: int) -> list[Observation]:

@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from orchestrator.metrics import EFFECT_METRICS, METRICS, effect_metrics
+from orchestrator.records import NOT_EVIDENCE_PHASES
 from orchestrator.stats.effect import effect, log_effect
 from orchestrator.store import TrialRow
 from orchestrator.strategies.base import Verdict
@@ -21,10 +22,15 @@ from orchestrator.workspace import CommitInfo
 
 
 def trial_values(rows: Sequence[TrialRow], key: str, metric: str, *, include_suspect: bool = False) -> list[float]:
-    """Trial-level values of `metric` for the candidate with `key` (measured trials only)."""
+    """Trial-level values of `metric` for the candidate with `key` (measured trials only).
+
+    Reference trials are left out: they may come from an earlier state of the node, so mixing
+    them with this state's restarts would blur both an effect and the pooled restart noise."""
     out = []
     for r in rows:
         if r.candidate.key != key or r.outcome is None or not r.outcome.measured:
+            continue
+        if r.phase in NOT_EVIDENCE_PHASES:
             continue
         if r.suspect and not include_suspect:
             continue

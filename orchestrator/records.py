@@ -15,6 +15,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 
+# Trials recorded as a reference (e.g. "how the node measured earlier") may come from another
+# system state; they are compared against, never reused or pooled as evidence of the current one.
+NOT_EVIDENCE_PHASES = frozenset({"reference"})
+
 
 class TrialState(StrEnum):
     """Steps of one server lifetime, in order; a trial row records each as it is reached."""
