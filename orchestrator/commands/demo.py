@@ -8,27 +8,35 @@ The story (`seed_story` scenario, truth in `scenario/truth.json`):
    slows verify.
 3. `bisect` finds the code culprit; `compare` re-measures the reference candidate and finds the
    same code no longer measures the same ("system level"); `isolate` tests the controllable
-   differences and names the power limit and NCCL_PROTO. (`sleuth sweep` is a separate run:
-   a sweep keeps one store to itself.)
-4. One ranking of all findings, `report.md`/`report.html`, and a check against the truth.
+   differences and names the power limit and NCCL_PROTO.
+4. A short sweep of the NCCL knobs on the bad commit (`space=nccl_quick`, a grid of 12): which
+   setting is fastest on this node now, and which knob matters. It shares the run's store; its
+   trials are told apart by phase.
+5. One ranking of all findings, `report.md`/`report.html`, and a check against the truth.
 Everything printed was measured in this run.
 """
 
 from __future__ import annotations
 
+import json
+import math
 import statistics
 from pathlib import Path
 
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 from rich.table import Table
 
 from orchestrator import findings, render
-from orchestrator.commands import bisect, common, compare, isolate
+from orchestrator.commands import bisect, common, compare, isolate, sweep
 from orchestrator.controller import Controller
 from orchestrator.metrics import EFFECT_METRICS
 from orchestrator.progress import Progress
 from orchestrator.records import Candidate
 from orchestrator.rundir import create_run, running
+from orchestrator.sweep import setup
+from orchestrator.sweep.oracle import SimOracle
+from orchestrator.targets.sim.gpu_state import load as load_gpu_state
+from orchestrator.targets.sim.profile import PROFILE_FILENAME
 from orchestrator.targets.sim.scenario import generate_scenario
 from orchestrator.targets.simnode import set_node_state
 
@@ -87,6 +95,57 @@ def _reference(rows: list, run_name: str) -> dict:
             "trials": [r.id for r in ok], "run": False}
 
 
+def _sweep(cfg: DictConfig, ctl: Controller, run_dir: Path, out, progress: Progress) -> dict:
+    """The NCCL sweep on the bad commit as the node is now; returns its findings document."""
+    space, settings = sweep.validate(cfg)
+    cfg.commit = cfg.bad
+    base = common.candidate(cfg, common.workspace(cfg))
+    _, doc = sweep.execute(cfg, ctl, run_dir, space, settings, base, out, progress=progress)
+    findings.write(run_dir, doc, name="sweep")
+    return doc
+
+
+def _sweep_truth(cfg: DictConfig, scenario_out: Path) -> dict[str, tuple[str, float | None]]:
+    """Noise-free `cfg.metric` of every configuration of the sweep's space on the bad commit
+    as the node is now (its GPU state, its login env, the commit's sim profile):
+    `{candidate key: (label, value)}`."""
+    target_conf = OmegaConf.to_container(cfg.target, resolve=True)
+    node_env = json.loads((scenario_out / "now_env.json").read_text())
+    target_conf["env"] = {**node_env, **(target_conf.get("env") or {})}
+    ws = common.workspace(cfg)
+    oracle = SimOracle(target_conf, OmegaConf.to_container(cfg.bench, resolve=True),
+                       metric=str(cfg.metric), state=load_gpu_state(scenario_out / "now_gpu_state.json"),
+                       profile=ws.checkout(ws.resolve(str(cfg.bad))) / PROFILE_FILENAME)
+    space, _ = sweep.validate(cfg)
+    base = common.candidate(cfg, ws)
+    baseline = space.baseline(target_conf)
+    out = {}
+    for a in space.configurations():
+        cand = space.candidate(base, a, target_conf)
+        out[cand.key] = (space.label(a, baseline), oracle.truth(cand))
+    return out
+
+
+def _sweep_check(cfg: DictConfig, scenario_out: Path, doc: dict | None, out) -> bool:
+    """Is the sweep's confirmed best within 2% of the space's true best on this node?"""
+    labels = _sweep_truth(cfg, scenario_out)
+    truth = {k: v for k, (_, v) in labels.items() if v is not None}
+    best = next((f for f in (doc or {}).get("findings", []) if f.get("config") is not None), None)
+    if not truth or best is None or doc is None:
+        out.print("truth: the sweep named no best configuration: MISSED", style="red")
+        return False
+    maximize = setup.maximize(str(cfg.metric), str(cfg.direction))
+    top = (max if maximize else min)(truth, key=lambda k: truth[k])
+    got = truth.get(best["after_key"])
+    gap = abs(got / truth[top] - 1.0) * 100.0 if got else math.inf
+    hit = gap <= 2.0 and doc.get("verdict") == "found"
+    out.print(f"truth: the fastest of the {len(truth)} configurations is {labels[top][0]} "
+              f"({cfg.metric} {truth[top]:.2f} noise-free); the sweep confirmed {best['id']}, "
+              f"{gap:.1f}% from it: " + ("found" if hit else "MISSED"),
+              style="green" if hit else "red")
+    return hit
+
+
 def _truth_check(truth: dict, docs: dict[str, dict], out) -> bool:
     planted = {c["sha"] for c in truth.get("culprits", [])}
     named = {f["id"] for f in docs.get("bisect", {}).get("findings", [])}
@@ -106,6 +165,7 @@ def _truth_check(truth: dict, docs: dict[str, dict], out) -> bool:
 
 def run(cfg: DictConfig) -> int:
     common.check_common(cfg)
+    sweep.validate(cfg)  # the sweep step's settings, checked before anything is written
     run_dir, store = create_run(cfg)
     out = render.console()
     with running(store, run_dir, out) as run:
@@ -138,6 +198,8 @@ def run(cfg: DictConfig) -> int:
                                                 common.workspace(cfg).resolve, out)
                 if result is not None:
                     docs["isolate"] = result[1]
+            out.print("\n== 5. now: a short NCCL sweep on the bad commit ==")
+            docs["sweep"] = _sweep(cfg, ctl, run_dir, out, progress)
         from orchestrator.report import write_report
         from orchestrator.report.ranking import load_docs, rank
 
@@ -148,5 +210,6 @@ def run(cfg: DictConfig) -> int:
         _, files = write_report(run_dir)
         out.print(f"report: {files.markdown}\nreport: {files.html}")
         hit = _truth_check(truth, docs, out)
+        hit = _sweep_check(cfg, scenario.out, docs.get("sweep"), out) and hit
         run.status = "done" if hit else "inconclusive"
         return 0 if hit else 3

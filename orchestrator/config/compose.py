@@ -62,6 +62,13 @@ def _check_syntax(overrides: list[str]) -> None:
             ) from exc
 
 
+# Per-command defaults, applied before the user's overrides (which win). The demo runs on two
+# simulated nodes and ends with a short grid sweep of the two NCCL knobs that matter most.
+COMMAND_DEFAULTS: dict[str, list[str]] = {
+    "demo": ["nodes=2", "space=nccl_quick", "trials=12", "sampler=grid"],
+}
+
+
 def compose_config(
     command: str,
     overrides: list[str],
@@ -89,7 +96,8 @@ def compose_config(
         with initialize_config_dir(config_dir=str(CONF_DIR), version_base=None):
             cfg = compose(
                 config_name="config",
-                overrides=[*extra, *_open_dict_overrides(overrides), f"command={command}"],
+                overrides=[*extra, *COMMAND_DEFAULTS.get(command, []),
+                           *_open_dict_overrides(overrides), f"command={command}"],
             )
     except Exception as exc:  # Hydra/OmegaConf raise many types; all mean "bad input" here.
         raise UserError(f"bad configuration: {_first_line(exc)}") from exc

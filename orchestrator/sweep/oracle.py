@@ -28,6 +28,7 @@ from orchestrator.targets.sim.model import (
     predict,
 )
 from orchestrator.targets.sim.noise import lognormal_factor
+from orchestrator.targets.sim.profile import NEUTRAL, ProfileError, load_effects
 from orchestrator.targets.simnode import SimTarget
 
 ORACLE_METRICS = ("output_throughput", "verify_ms", "draft_ms", "decode_ms", "accept_len")
@@ -37,7 +38,8 @@ _TIME_METRICS = ("verify_ms", "draft_ms", "decode_ms")
 class SimOracle:
     def __init__(self, target_conf: Mapping[str, Any], bench_conf: Mapping[str, Any], *,
                  metric: str = "output_throughput", restart_cv: float | None = None,
-                 trial_cv: float = 0.005, seed: int = 0, state: GpuState | None = None):
+                 trial_cv: float = 0.005, seed: int = 0, state: GpuState | None = None,
+                 profile: str | Path | None = None):
         if metric not in ORACLE_METRICS:
             raise ValueError(f"the oracle knows {', '.join(ORACLE_METRICS)}, not {metric!r}")
         self.target_conf = dict(target_conf)
@@ -48,6 +50,9 @@ class SimOracle:
         self.trial_cv = trial_cv  # request-level noise left after averaging a trial's requests
         self.rng = random.Random(seed)
         self.state = state or default_state()
+        # The checked-out code's sim profile (`sim_profile.json` of a worktree): what a commit
+        # changes, including code that makes an NCCL variable matter. None: the base model.
+        self.profile = profile
         self._truth: dict[str, float | None] = {}
         self._launches: dict[tuple, LaunchConfig] = {}
 
@@ -93,9 +98,10 @@ class SimOracle:
         value: float | None
         try:
             launch = self._launch(candidate, env)
-            pred = predict(launch, env, self._state_under(candidate.clock),
+            effects = load_effects(self.profile, env) if self.profile is not None else NEUTRAL
+            pred = predict(launch, env, self._state_under(candidate.clock), effects,
                            prompt_tokens=int(self.bench.get("input_len", 128)))
-        except (LaunchError, sim_args.ConfigError):
+        except (LaunchError, sim_args.ConfigError, ProfileError):
             value = None
         else:
             out = int(self.bench.get("output_len", 64))

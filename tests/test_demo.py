@@ -1,0 +1,61 @@
+"""`sleuth demo` end to end (what `make demo` runs): the seed's story on the simulated node.
+
+One run on a smaller scenario and a quieter node than the default demo, so it checks the
+mechanics (every step runs, shares one store, and is checked against `truth.json`), not the
+statistics: those are the benchmarks' job.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from orchestrator.commands import demo
+from orchestrator.config.compose import compose_config
+from orchestrator.store import RunStore
+
+pytestmark = pytest.mark.slow
+
+FAST = ["target.time_scale=0.02", "bench.requests=3", "bench.output_len=32",
+        "bench.input_len=32", "bench.warmup_requests=1", "trial.ready_timeout_s=30"]
+
+
+def test_demo_tells_the_whole_story_and_matches_the_truth(tmp_path, ray_session, capsys):
+    runs = tmp_path / "runs"
+    cfg = compose_config("demo", [f"runs_dir={runs}", "commits=40", "seed=3",
+                                  "target.noise_restart_cv=0.005", *FAST])
+    assert cfg.nodes == 2 and cfg.space.name == "nccl_quick"  # the demo's own defaults
+
+    code = demo.run(cfg)
+    printed = capsys.readouterr().out
+
+    assert code == 0, printed[-3000:]
+    (run_dir,) = [p for p in runs.iterdir() if (p / "trials.db").exists()]
+    truth = json.loads((run_dir / "scenario" / "truth.json").read_text())
+    ranked = json.loads((run_dir / "findings.json").read_text())
+    experiments = [doc["experiment"] for doc in ranked["sources"]]
+    assert experiments == ["bisect", "compare", "isolate", "sweep"]
+
+    # The planted code culprit is the top commit finding; the system causes were isolated.
+    commits = [f for f in ranked["findings"] if f["kind"] == "commit"]
+    assert [c["sha"] for c in truth["culprits"]] == [commits[0]["id"]]
+    isolated = {d["key"] for doc in ranked["sources"] if doc["experiment"] == "isolate"
+                for f in doc["findings"] for d in f["differences"]}
+    assert {"NCCL_PROTO", "power_limit_w"} <= isolated
+
+    # The sweep brought back the NCCL protocol the node lost, confirmed against its baseline.
+    sweep_doc = next(d for d in ranked["sources"] if d["experiment"] == "sweep")
+    assert sweep_doc["verdict"] == "found"
+    assert sweep_doc["findings"][0]["config"]["NCCL_PROTO"] in ("LL128", "LL")
+
+    # Every step's trials are in the one store, each phase its own experiment's.
+    store = RunStore.open(run_dir / "trials.db")
+    rows = store.trials()
+    store.close()
+    assert rows and all(r.finished for r in rows)
+    phases = {(r.phase or "").split("/")[0] for r in rows}
+    assert {"reference", "sweep"} <= phases
+    assert printed.count(": found") == 3 and "MISSED" not in printed
+    assert (run_dir / "report.md").is_file() and (run_dir / "report.html").is_file()
+    assert f"report: {run_dir / 'report.html'}" in printed.replace("\n", "")
