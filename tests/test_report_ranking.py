@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+from orchestrator import findings
 from orchestrator.records import Candidate, Measurement, Outcome, TrialResult
 from orchestrator.report import ranking
 from orchestrator.store import TrialRow
@@ -93,3 +94,28 @@ def test_load_docs_reads_every_experiment_once(tmp_path):
     (tmp_path / "findings.json").write_text(json.dumps(ranking.rank(docs)))
     assert [d["experiment"] for d in ranking.load_docs(tmp_path)] == ["bisect", "isolate"]
     assert ranking.load_docs(tmp_path / "missing") == []
+
+
+def _measured(tid: int, sha: str, verify_ms: float, phase: str) -> TrialRow:
+    result = TrialResult(Outcome.OK, measurements=(Measurement(0, {"verify_ms": verify_ms}),))
+    return TrialRow(id=tid, candidate_id=1, candidate=Candidate.make(sha * 40), node="local-0",
+                    phase=phase, attempt=1, state="done", outcome=Outcome.OK, detail="",
+                    started_at=1.0, ended_at=2.0, log_path="", suspect=False, result=result)
+
+
+def test_reference_trials_of_an_earlier_node_state_do_not_blur_an_effect():
+    """The demo measures the good commit as a reference on the node as it was (19 ms), then
+    bisects on the node as it is now (25 ms): one candidate key, two system states."""
+    now = [_measured(i, "a", 25.0 * (1 + 0.01 * d), "reproduce")
+           for i, d in enumerate((-1, 0, 1, 0))]
+    bad = [_measured(10 + i, "b", 38.0 * (1 + 0.01 * d), "reproduce")
+           for i, d in enumerate((1, -1, 0, 1))]
+    reference = [_measured(20 + i, "a", 19.0 * (1 + 0.01 * d), "reference")
+                 for i, d in enumerate((0, 1, -1))]
+    before, after = now[0].candidate.key, bad[0].candidate.key
+    clean = findings.effects_between([*now, *bad], before, after, ["verify_ms"])
+    mixed = findings.effects_between([*now, *bad, *reference], before, after, ["verify_ms"])
+    assert mixed == clean
+    assert clean["verify_ms"]["n"] == [4, 4]
+    lo, hi = clean["verify_ms"]["ci"]
+    assert 48.0 < lo < 52.0 < hi < 56.0  # 38/25 = +52%, 1% noise
