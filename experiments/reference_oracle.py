@@ -1,0 +1,65 @@
+"""A reference for the localization benchmark, not a method: bisection that knows the answer's
+scale. It is told the true good and bad levels and the noise of the regime, so every reading
+has an exact likelihood under each hypothesis; it measures the posterior median (probabilistic
+bisection) and stops when one commit holds ``confidence``.
+
+No real method knows the levels: sleuth has to learn them from the same trials, and the gap
+between the two rows of the benchmark table is what not knowing them costs.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import numpy as np
+
+from orchestrator.strategies import Observation, Proposal, Strategy, Verdict
+from orchestrator.strategies.base import Culprit
+
+
+class KnownLevelsOracle(Strategy):
+    def __init__(self, n: int, good: float, bad: float, cv: float, *,
+                 confidence: float = 0.99, max_trials: int | None = None) -> None:
+        self.n = n
+        self.good, self.bad = math.log(good), math.log(bad)
+        self.sigma = math.log1p(cv)
+        self.confidence = confidence
+        self.max_trials = max_trials
+
+    def _posterior(self, observations: Sequence[Observation]) -> np.ndarray:
+        """P(first bad commit = c), c = 1..n-1 (index 0 is the good endpoint: always 0)."""
+        llr = np.zeros(self.n)  # log p(reading | bad) - log p(reading | good), summed per point
+        for obs in observations:
+            if obs.value is None or obs.suspect:
+                continue
+            y = math.log(obs.value)
+            llr[obs.point] += ((y - self.good) ** 2 - (y - self.bad) ** 2) / (2 * self.sigma**2)
+        log_post = np.cumsum(llr[::-1])[::-1]  # hypothesis c: points c..n-1 read bad
+        log_post[0] = -np.inf
+        log_post -= log_post[1:].max()
+        post = np.exp(log_post)
+        return post / post.sum()
+
+    def _done(self, observations: Sequence[Observation], post: np.ndarray) -> bool:
+        budget = self.max_trials is not None and len(observations) >= self.max_trials
+        return budget or float(post.max()) >= self.confidence
+
+    def propose(self, observations: Sequence[Observation], pending: Sequence[int],
+                k: int) -> list[Proposal]:
+        post = self._posterior(observations)
+        if k <= 0 or self._done(observations, post):
+            return []
+        cdf = np.cumsum(post)  # cdf[p] = P(point p reads bad)
+        point = int(np.argmin(np.abs(cdf - 0.5)))
+        return [Proposal(point, "search", "posterior median")]
+
+    def verdict(self, observations: Sequence[Observation]) -> Verdict:
+        post = self._posterior(observations)
+        best = int(np.argmax(post))
+        done = self._done(observations, post)
+        found = float(post[best]) >= self.confidence
+        return Verdict(done=done, status="found" if found else "budget_exhausted",
+                       culprits=[Culprit(best, float(post[best]))], posterior=post.tolist(),
+                       message="known-levels oracle", n_trials=len(observations),
+                       confidence=self.confidence)
