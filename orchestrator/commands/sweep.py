@@ -5,7 +5,7 @@
                  [experiment.params.KNOB=VALUE ...]   (knobs: `orchestrator/sweep/setup.py`)
 
 `trials` restarts search the space (the baseline first); then the best configuration is
-re-measured against the baseline in interleaved rounds (3 to 8 rounds of 2 restarts, fewer when
+re-measured against the baseline in interleaved rounds (3 to 16 rounds of 2 restarts, fewer when
 the answer is clear early). Optuna's study is `runs/<id>/optuna.db` (view it with
 `optuna-dashboard sqlite:///runs/<id>/optuna.db`). Resuming: `sleuth sweep run_id=RUN` or
 `sleuth resume RUN` continues from both databases; no finished trial is run again.

@@ -222,7 +222,8 @@ class Config:
     first_parent: bool = True
     paths: list[str] = field(default_factory=list)
     seed: int = 0
-    # `sleuth sweep`: trial budget (server restarts, confirmation included), sampler, space.
+    # `sleuth sweep`: search budget in server restarts (the confirmation adds its own rounds),
+    # sampler, space.
     trials: int = 40
     sampler: str = "tpe"
     space: SpaceConf | None = None

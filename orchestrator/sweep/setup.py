@@ -8,7 +8,7 @@ Knobs of the experiment live in `experiment.params` (open-ended, like bisect's):
   prior_effect_sd prior sd of one setting's effect in the additive model (default 0.02)
   interaction_sd  how far a configuration may stray from the additive model (default 0.01)
   confirm_top     configurations re-measured against the baseline (default 1)
-  confirm_rounds  interleaved rounds of the confirmation, at most (default 10)
+  confirm_rounds  interleaved rounds of the confirmation, at most (default 16)
   confirm_min_rounds  rounds before it may stop early on a clear answer (default 3)
   prune           stop obviously bad configurations after one restart (default true)
   prune_sigmas    how many noise standard deviations is "obviously" (default 2)

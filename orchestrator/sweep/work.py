@@ -25,7 +25,7 @@ class SweepSettings:
     prior_effect_sd: float = 0.02  # prior sd of one setting's effect (additive model)
     interaction_sd: float = 0.01  # how far a configuration may stray from the additive model
     confirm_top: int = 1
-    confirm_rounds: int = 10  # at most; it stops earlier once the answer is clear
+    confirm_rounds: int = 16  # at most; it stops earlier once the answer is clear
     confirm_min_rounds: int = 3
     interim_confidence: float = 0.998  # stopping early needs this (Haybittle-Peto-like)
     prune: bool = True
