@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Protocol
 
-from orchestrator.controller import Controller
+from orchestrator.controller import RETRYABLE, Controller
 from orchestrator.records import NOT_EVIDENCE_PHASES, Candidate
 from orchestrator.store import RunStore, TrialRow
 from orchestrator.strategies.base import Observation, Strategy, Verdict
@@ -21,7 +21,10 @@ def observation(row: TrialRow, point: int, metric: str, final_attempt: int) -> O
     """A stored trial as the strategy sees it, or None when it is not evidence.
 
     Interrupted trials are not evidence (they are re-run); a failure that was retried is not
-    either (its retry is); the last failed attempt makes the point untestable (value None)."""
+    either (its retry is); the last failed attempt makes the point untestable (value None), and
+    so does a failure the controller never retries (`prepare_failed`, `env_mismatch`: the same
+    candidate fails the same way), whatever its attempt number. Were that one "not evidence",
+    the experiment would propose the same trial again, and again, forever."""
     if row.outcome is None or row.outcome.value == "interrupted":
         return None
     if row.outcome.measured:
@@ -29,7 +32,7 @@ def observation(row: TrialRow, point: int, metric: str, final_attempt: int) -> O
         if value is None:
             return Observation(point, None, row.suspect, row.id)
         return Observation(point, value, row.suspect, row.id)
-    if row.attempt >= final_attempt:
+    if row.attempt >= final_attempt or row.outcome not in RETRYABLE:
         return Observation(point, None, row.suspect, row.id)
     return None
 

@@ -1,0 +1,46 @@
+"""Which stored trials are evidence (`drive.observation`), the one rule every experiment (bisect,
+isolate, sweep) and its resume share.
+
+A failure the controller does not retry must count as untestable at its first attempt: when
+it was "not evidence, a retry will come", a sweep whose configuration could not get its
+variables to the server (`env_mismatch`) proposed that same restart again, endlessly.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from orchestrator.controller import RETRYABLE
+from orchestrator.drive import observation
+from orchestrator.records import Candidate, Measurement, Outcome, TrialResult
+from orchestrator.store import TrialRow
+
+FINAL_ATTEMPT = 2  # trial.retries = 1
+
+
+def _row(outcome: Outcome, attempt: int = 1) -> TrialRow:
+    measurements = (Measurement(0, {"verify_ms": 18.0}),) if outcome is Outcome.OK else ()
+    return TrialRow(id=7, candidate_id=1, candidate=Candidate.make("a" * 40), node="local-0",
+                    phase="sweep/search/3", attempt=attempt, state="done", outcome=outcome,
+                    detail="", started_at=1.0, ended_at=2.0, log_path="", suspect=False,
+                    result=TrialResult(outcome, measurements=measurements))
+
+
+@pytest.mark.parametrize("outcome", sorted(set(Outcome) - RETRYABLE - {Outcome.OK,
+                                                                      Outcome.INTERRUPTED}))
+def test_a_failure_the_controller_does_not_retry_is_untestable_at_once(outcome):
+    o = observation(_row(outcome, attempt=1), 5, "verify_ms", FINAL_ATTEMPT)
+    assert o is not None and o.value is None and o.point == 5 and o.trial_id == 7
+
+
+@pytest.mark.parametrize("outcome", sorted(RETRYABLE))
+def test_a_retried_failure_waits_for_its_retry_and_the_last_attempt_counts(outcome):
+    assert observation(_row(outcome, attempt=1), 0, "verify_ms", FINAL_ATTEMPT) is None
+    last = observation(_row(outcome, attempt=FINAL_ATTEMPT), 0, "verify_ms", FINAL_ATTEMPT)
+    assert last is not None and last.value is None
+
+
+def test_measured_and_interrupted_trials():
+    assert observation(_row(Outcome.OK), 0, "verify_ms", FINAL_ATTEMPT).value == 18.0
+    assert observation(_row(Outcome.INTERRUPTED, attempt=FINAL_ATTEMPT), 0, "verify_ms",
+                       FINAL_ATTEMPT) is None  # re-run, never evidence
