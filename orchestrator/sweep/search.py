@@ -338,15 +338,18 @@ class SweepSearch:
         best = model.best(self._all, self._all_rows[1])
         return None if best is None else self._config(best)
 
-    def score(self, stats: ConfigStats) -> float:
+    def score(self, stats: ConfigStats, sd: float | None = None) -> float:
         """Estimated log metric of a measured configuration: the model's prediction plus its
-        own deviation from it, shrunk by how many restarts back that deviation up."""
+        own deviation from it, shrunk by how many restarts back that deviation up. `sd`: the
+        restart noise, when the caller scores many configurations at once (it costs a pass
+        over every configuration)."""
         model = self.model()
         pred = model.predict(stats.assignment)
         logs = [math.log(v) for v in stats.search if v > 0]
         if not logs:
             return pred
-        sd, tau = self.restart_sd(), self.settings.interaction_sd
+        sd = self.restart_sd() if sd is None else sd
+        tau = self.settings.interaction_sd
         weight = len(logs) * tau * tau / (len(logs) * tau * tau + sd * sd)
         return pred + weight * (statistics.fmean(logs) - pred)
 
@@ -357,7 +360,8 @@ class SweepSearch:
         pool = [c for c in self.configs.values() if c.search and not c.pruned and not c.failed
                 and c.key != self.baseline.key]
         sign = -1.0 if self.settings.maximize else 1.0
-        return sorted(pool, key=lambda c: sign * self.score(c))
+        sd = self.restart_sd()
+        return sorted(pool, key=lambda c: sign * self.score(c, sd))
 
     def _end_search(self) -> None:
         for number in list(self._open):
