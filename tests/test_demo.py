@@ -25,7 +25,7 @@ def test_demo_tells_the_whole_story_and_matches_the_truth(tmp_path, ray_session,
     runs = tmp_path / "runs"
     cfg = compose_config("demo", [f"runs_dir={runs}", "commits=40", "seed=3",
                                   "target.noise_restart_cv=0.005", *FAST])
-    assert cfg.nodes == 2 and cfg.space.name == "nccl_quick"  # the demo's own defaults
+    assert cfg.nodes == 3 and cfg.space.name == "nccl_quick"  # the demo's own defaults
 
     code = demo.run(cfg)
     printed = capsys.readouterr().out
