@@ -11,9 +11,7 @@ worker nodes (as `test_multinode.py` does for placement): on a 2-core machine bo
 subprocess of its own, and what this test checks (the store under a long run with 4 nodes in
 flight) does not depend on where Ray places the actors (`test_multinode.py` covers that). Per
 trial the time goes to the server lifetime itself (launch ~0.35 s, ready ~0.25 s, warm-up ~0.15
-s, two repetitions ~0.8 s, on 2 busy cores); the controller's scheduling gap between two trials
-of a node grows from ~0.1 s to ~0.2 s over the run (its ranking is recomputed after every
-result).
+s, two repetitions ~0.8 s, on 2 busy cores).
 """
 
 from __future__ import annotations
