@@ -71,8 +71,16 @@ class BisectSettings:
     confidence: float = 0.99
     reproduce_confidence: float = 0.90
     reproduce_min_per_endpoint: int = 2
-    reproduce_max_per_endpoint: int = 24
+    # A +5% change in 5% restart noise still fails a 90% interval at 24 restarts per endpoint
+    # about 4% of the time; 48 makes that rare. Changes under `negligible_pct` are not
+    # regressions worth a bisect: a change reproduces only when its estimate reaches it (checked
+    # after every pair, a 90% interval alone would call one of every two no-change runs
+    # "reproduced" by the cap), and an interval confidently within +-`negligible_pct` ends the
+    # run early: the endpoints measure alike.
+    reproduce_max_per_endpoint: int = 48
+    negligible_pct: float = 1.0
     reversed_confidence: float = 0.99
+    reversed_min_per_endpoint: int = 4  # a 99% interval from 2-3 restarts can still be luck
     subrange_max_per_endpoint: int = 8
     subrange_max_trials: int = 60
     verify_confidence: float = 0.95
@@ -265,6 +273,10 @@ class BisectStrategy(Strategy):
             return True
         if not segment.reproduced:
             return self._check_reproduced(segment)
+        if is_top and self._refuted():
+            segment.outcome = "not_reproducible"
+            segment.note = "the endpoints' change did not hold up: it is within the noise floor"
+            return True
         phase = self.phase(segment)
         if phase == "no_change":
             segment.outcome = "not_reproducible" if is_top else "no_change"
@@ -273,6 +285,14 @@ class BisectStrategy(Strategy):
         if phase != "verify":
             return False
         return self._check_verified(segment)
+
+    def _refuted(self) -> bool:
+        """The search re-measures the endpoints; when all their trials now place the change
+        confidently within +-``negligible_pct``, an early reproduction was a fluke of the
+        repeated looks, and no position search can resolve a step that small."""
+        diff = self.evidence.compare(0, self.n - 1, self.settings.reproduce_confidence)
+        tiny = math.log1p(self.settings.negligible_pct / 100.0)
+        return diff is not None and -tiny < diff.lo and diff.hi < tiny
 
     def _check_reproduced(self, segment: Segment) -> bool:
         ev, cfg = self.evidence, self.settings
@@ -289,14 +309,17 @@ class BisectStrategy(Strategy):
         assert diff is not None
         cap = cfg.reproduce_max_per_endpoint if is_top else cfg.subrange_max_per_endpoint
         small = self.min_effect is not None and diff.hi < self.min_effect
+        tiny = math.log1p(cfg.negligible_pct / 100.0)
+        negligible = -tiny < diff.lo and diff.hi < tiny  # confidently within +-negligible_pct
         dismiss = (
             not is_top and segment.target is not None and diff.hi < 0.5 * segment.target
         )
-        if diff.lo > 0.0 and not small:
+        if diff.lo > 0.0 and diff.diff >= tiny and not small:
             segment.reproduced = True
-        elif diff.hi < 0.0 and self._clearly_reversed(segment):
+        elif (diff.hi < 0.0 and min(counts) >= cfg.reversed_min_per_endpoint
+              and self._clearly_reversed(segment)):
             segment.outcome = "reversed" if is_top else "no_change"
-        elif small or dismiss or min(counts) >= cap:
+        elif small or negligible or dismiss or min(counts) >= cap:
             segment.outcome = "not_reproducible" if is_top else "no_change"
         else:
             return False
