@@ -184,20 +184,23 @@ class Progress:
         per_node = {n: 0 for n in self._nodes}
         for node, _, _ in self._finished.values():
             per_node[node] = per_node.get(node, 0) + 1
+        # An estimate the run has outgrown says nothing about what is left: drop it (and the
+        # ETA built on it) rather than print "120/~95".
+        hint = self.total_hint if self.total_hint is not None and done < self.total_hint else None
         return Snapshot(
             done=done, ok=ok, failed=done - ok, running=tuple(self._running.values()),
             nodes=tuple(self._nodes), done_per_node=per_node, mean_duration=mean,
-            last_duration=last, total_hint=self.total_hint, eta_s=self._eta(mean, done),
+            last_duration=last, total_hint=hint, eta_s=self._eta(mean, done, hint),
             status=self._status, best_label=self._best, probability=self._probability,
         )
 
-    def _eta(self, mean: float | None, done: int) -> float | None:
+    def _eta(self, mean: float | None, done: int, total: int | None) -> float | None:
         """Remaining work / nodes: unstarted trials cost a mean trial, running ones what is left
         of it (at least nothing); None until a duration was measured or without a total."""
-        if mean is None or self.total_hint is None:
+        if mean is None or total is None:
             return None
         now = self._clock()
-        not_started = max(self.total_hint - done - len(self._running), 0)
+        not_started = max(total - done - len(self._running), 0)
         left = sum(max(mean - (now - r.since), 0.0) for r in self._running.values())
         return (not_started * mean + left) / max(len(self._nodes), 1)
 

@@ -124,3 +124,15 @@ def test_verdict_best():
     found = Verdict(True, "found", culprits=[Culprit(1, 0.6), Culprit(2, 0.995)],
                     posterior=[0.0, 0.9, 0.05, 0.05])
     assert verdict_best(found, labels) == ("c2", 0.995)
+
+
+def test_an_outgrown_estimate_is_dropped_not_printed_as_more_than_all():
+    progress, buf, clock = _plain(total=2)
+    for tid in (1, 2, 3):
+        progress.on_event(f"trial {tid} started on local-0: abc123 (search)")
+        clock.now += 1
+        progress.on_event(f"trial {tid} on local-0 ok in 1.0s")
+    s = progress.snapshot()
+    assert s.done == 3 and s.total_hint is None and s.eta_s is None
+    last = buf.getvalue().splitlines()[-1]
+    assert last.startswith("progress: 3 trials done (3 ok, 0 failed)") and "ETA" not in last
