@@ -245,24 +245,33 @@ class SweepSearch:
             if kind == "confirm":
                 self.confirmation.issued[(index, work.candidate.key)] -= 1
             return
+        stats, usable = self._count(kind, index, work.candidate, value, suspect)
+        if kind == "confirm":
+            return
+        if kind == "baseline":
+            self._tell_baseline()
+        elif ev is not None:
+            self._advance(index, ev, stats, value if usable else None)
+
+    def _count(self, kind: str, index: int | None, candidate: Candidate, value: float | None,
+               suspect: bool) -> tuple[ConfigStats, bool]:
+        """Book one finished restart (live or replayed) into its configuration's statistics;
+        returns them and whether the value is usable evidence."""
         self.spent += 1
-        stats = self.configs.get(work.candidate.key) or self._config_of(work.candidate)
+        stats = self.configs.get(candidate.key) or self._config_of(candidate)
         usable = value is not None and not suspect and math.isfinite(value)
         if kind == "confirm":
-            self.confirmation.finished[(index, work.candidate.key)] += 1
+            self.confirmation.finished[(index, candidate.key)] += 1
             if usable:
                 stats.confirm.append(float(value))
-            return
+            return stats, usable
         self._search_spent += 1
         stats.restarts += 1
         if value is None:
             stats.failed = True
         elif usable:
             stats.search.append(float(value))
-        if kind == "baseline":
-            self._tell_baseline()
-        elif ev is not None:
-            self._advance(index, ev, stats, value if usable else None)
+        return stats, usable
 
     def _config_of(self, candidate: Candidate) -> ConfigStats:
         """A stored trial of a candidate this process has not built (replay)."""
@@ -414,21 +423,9 @@ class SweepSearch:
             if parsed is None:
                 continue  # a trial of another experiment of the same run
             kind, index = parsed
-            stats = self.configs.get(cand.key) or self._config_of(cand)
-            self.spent += 1
-            usable = value is not None and not suspect and math.isfinite(value)
             if kind == "confirm":
                 self.confirmation.issued[(index, cand.key)] += 1
-                self.confirmation.finished[(index, cand.key)] += 1
-                if usable:
-                    stats.confirm.append(float(value))
-                continue
-            self._search_spent += 1
-            stats.restarts += 1
-            if value is None:
-                stats.failed = True
-            elif usable:
-                stats.search.append(float(value))
+            self._count(kind, index, cand, value, suspect)
         for t in self.study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
             stats = self._config(t.params)
             if stats.search and not stats.failed:
