@@ -15,6 +15,26 @@ from orchestrator.targets.sim import gpu_state
 from orchestrator.targets.sim.model import busy_power_w, effective_sm_clock_mhz
 
 
+def with_policy(state: gpu_state.GpuState, policy: ClockPolicy) -> gpu_state.GpuState:
+    """The GPU state with a clock policy applied, as the driver would apply it. Pure: the
+    sim's GPU control writes the result to the node, the sweep's oracle predicts from it.
+    Raises ValueError for a power limit above a GPU's maximum."""
+    for g in state.gpus:
+        changes: dict = {}
+        if policy.reset:
+            changes.update(sm_clock_locked_mhz=None, power_limit_w=g.power_limit_default_w)
+        if policy.locked_mhz is not None:
+            changes["sm_clock_locked_mhz"] = min(policy.locked_mhz, g.sm_clock_max_mhz)
+        if policy.power_w is not None:
+            if policy.power_w > g.power_limit_max_w:
+                raise ValueError(f"power limit {policy.power_w} W is above GPU {g.index}'s"
+                                 f" maximum {g.power_limit_max_w} W")
+            changes["power_limit_w"] = policy.power_w
+        if changes:
+            state = state.with_gpu(g.index, **changes)
+    return state
+
+
 class SimGpuControl(GpuControl):
     name = "sim"
 
@@ -63,18 +83,10 @@ class SimGpuControl(GpuControl):
             return None  # leave the node exactly as it is, and restore nothing
         state = self._state()
         previous = [(g.index, g.sm_clock_locked_mhz, g.power_limit_w) for g in state.gpus]
-        for g in state.gpus:
-            changes: dict = {}
-            if policy.reset:
-                changes.update(sm_clock_locked_mhz=None, power_limit_w=g.power_limit_default_w)
-            if policy.locked_mhz is not None:
-                changes["sm_clock_locked_mhz"] = min(policy.locked_mhz, g.sm_clock_max_mhz)
-            if policy.power_w is not None:
-                if policy.power_w > g.power_limit_max_w:
-                    raise RuntimeError(f"power limit {policy.power_w} W is above GPU {g.index}'s"
-                                       f" maximum {g.power_limit_max_w} W")
-                changes["power_limit_w"] = policy.power_w
-            state = state.with_gpu(g.index, **changes)
+        try:
+            state = with_policy(state, policy)
+        except ValueError as exc:
+            raise RuntimeError(str(exc)) from exc
         gpu_state.save(self.path, state)
         return previous
 

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator.gpu.base import ClockPolicy
+from orchestrator.gpu.sim import with_policy
 from orchestrator.records import Candidate
 from orchestrator.targets.base import NodeContext
 from orchestrator.targets.sim import args as sim_args
@@ -74,20 +75,10 @@ class SimOracle:
         """The node's GPU state with the candidate's clock policy applied, as the sim's GPU
         control applies it before the server starts (`orchestrator/gpu/sim.py`)."""
         policy = ClockPolicy.parse(clock)
-        state = self.state
-        for g in state.gpus:
-            changes: dict[str, Any] = {}
-            if policy.reset:
-                changes.update(sm_clock_locked_mhz=None, power_limit_w=g.power_limit_default_w)
-            if policy.locked_mhz is not None:
-                changes["sm_clock_locked_mhz"] = min(policy.locked_mhz, g.sm_clock_max_mhz)
-            if policy.power_w is not None:
-                if policy.power_w > g.power_limit_max_w:
-                    raise LaunchError("device", f"power limit {policy.power_w} W above maximum")
-                changes["power_limit_w"] = policy.power_w
-            if changes:
-                state = state.with_gpu(g.index, **changes)
-        return state
+        try:
+            return with_policy(self.state, policy)
+        except ValueError as exc:
+            raise LaunchError("device", str(exc)) from exc
 
     def truth(self, candidate: Candidate) -> float | None:
         """Noise-free metric of the candidate; None when the server would not start."""
