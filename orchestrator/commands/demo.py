@@ -35,6 +35,8 @@ from orchestrator.records import Candidate
 from orchestrator.rundir import create_run, running
 from orchestrator.sweep import setup
 from orchestrator.sweep.oracle import SimOracle
+from orchestrator.sweep.search import SweepSettings
+from orchestrator.sweep.space import SearchSpace
 from orchestrator.targets.sim.gpu_state import load as load_gpu_state
 from orchestrator.targets.sim.profile import PROFILE_FILENAME
 from orchestrator.targets.sim.scenario import generate_scenario
@@ -95,9 +97,9 @@ def _reference(rows: list, run_name: str) -> dict:
             "trials": [r.id for r in ok], "run": False}
 
 
-def _sweep(cfg: DictConfig, ctl: Controller, run_dir: Path, out, progress: Progress) -> dict:
+def _sweep(cfg: DictConfig, ctl: Controller, run_dir: Path, space: SearchSpace,
+           settings: SweepSettings, out, progress: Progress) -> dict:
     """The NCCL sweep on the bad commit as the node is now; returns its findings document."""
-    space, settings = sweep.validate(cfg)
     cfg.commit = cfg.bad
     base = common.candidate(cfg, common.workspace(cfg))
     _, doc = sweep.execute(cfg, ctl, run_dir, space, settings, base, out, progress=progress)
@@ -105,7 +107,8 @@ def _sweep(cfg: DictConfig, ctl: Controller, run_dir: Path, out, progress: Progr
     return doc
 
 
-def _sweep_truth(cfg: DictConfig, scenario_out: Path) -> dict[str, tuple[str, float | None]]:
+def _sweep_truth(cfg: DictConfig, scenario_out: Path,
+                 space: SearchSpace) -> dict[str, tuple[str, float | None]]:
     """Noise-free `cfg.metric` of every configuration of the sweep's space on the bad commit
     as the node is now (its GPU state, its login env, the commit's sim profile):
     `{candidate key: (label, value)}`."""
@@ -116,7 +119,6 @@ def _sweep_truth(cfg: DictConfig, scenario_out: Path) -> dict[str, tuple[str, fl
     oracle = SimOracle(target_conf, OmegaConf.to_container(cfg.bench, resolve=True),
                        metric=str(cfg.metric), state=load_gpu_state(scenario_out / "now_gpu_state.json"),
                        profile=ws.checkout(ws.resolve(str(cfg.bad))) / PROFILE_FILENAME)
-    space, _ = sweep.validate(cfg)
     base = common.candidate(cfg, ws)
     baseline = space.baseline(target_conf)
     out = {}
@@ -126,9 +128,10 @@ def _sweep_truth(cfg: DictConfig, scenario_out: Path) -> dict[str, tuple[str, fl
     return out
 
 
-def _sweep_check(cfg: DictConfig, scenario_out: Path, doc: dict | None, out) -> bool:
+def _sweep_check(cfg: DictConfig, scenario_out: Path, space: SearchSpace, doc: dict | None,
+                 out) -> bool:
     """Is the sweep's confirmed best within 2% of the space's true best on this node?"""
-    labels = _sweep_truth(cfg, scenario_out)
+    labels = _sweep_truth(cfg, scenario_out, space)
     truth = {k: v for k, (_, v) in labels.items() if v is not None}
     best = next((f for f in (doc or {}).get("findings", []) if f.get("config") is not None), None)
     if not truth or best is None or doc is None:
@@ -165,7 +168,7 @@ def _truth_check(truth: dict, docs: dict[str, dict], out) -> bool:
 
 def run(cfg: DictConfig) -> int:
     common.check_common(cfg)
-    sweep.validate(cfg)  # the sweep step's settings, checked before anything is written
+    space, settings = sweep.validate(cfg)  # the sweep step's, checked before anything is written
     run_dir, store = create_run(cfg)
     out = render.console()
     with running(store, run_dir, out) as run:
@@ -199,7 +202,7 @@ def run(cfg: DictConfig) -> int:
                 if result is not None:
                     docs["isolate"] = result[1]
             out.print("\n== 5. now: a short NCCL sweep on the bad commit ==")
-            docs["sweep"] = _sweep(cfg, ctl, run_dir, out, progress)
+            docs["sweep"] = _sweep(cfg, ctl, run_dir, space, settings, out, progress)
         from orchestrator.report import write_report
         from orchestrator.report.ranking import load_docs, rank
 
@@ -210,6 +213,6 @@ def run(cfg: DictConfig) -> int:
         _, files = write_report(run_dir)
         out.print(f"report: {files.markdown}\nreport: {files.html}")
         hit = _truth_check(truth, docs, out)
-        hit = _sweep_check(cfg, scenario.out, docs.get("sweep"), out) and hit
+        hit = _sweep_check(cfg, scenario.out, space, docs.get("sweep"), out) and hit
         run.status = "done" if hit else "inconclusive"
         return 0 if hit else 3

@@ -141,6 +141,7 @@ class BisectStrategy(Strategy):
             self.min_effect = math.log1p(fraction) if direction == "increase" else -math.log1p(
                 -min(fraction, 0.99)
             )
+        self._negligible = math.log1p(self.settings.negligible_pct / 100.0)  # signed-log floor
         self.log_prior = self._log_prior(prior_weights)
         self._consumed: list[Observation] = []
         self._reset()
@@ -291,8 +292,11 @@ class BisectStrategy(Strategy):
         confidently within +-``negligible_pct``, an early reproduction was a fluke of the
         repeated looks, and no position search can resolve a step that small."""
         diff = self.evidence.compare(0, self.n - 1, self.settings.reproduce_confidence)
-        tiny = math.log1p(self.settings.negligible_pct / 100.0)
-        return diff is not None and -tiny < diff.lo and diff.hi < tiny
+        return diff is not None and self._within_noise_floor(diff)
+
+    def _within_noise_floor(self, diff: LogDifference) -> bool:
+        """The interval lies within +-``negligible_pct``: the endpoints measure alike."""
+        return -self._negligible < diff.lo and diff.hi < self._negligible
 
     def _check_reproduced(self, segment: Segment) -> bool:
         ev, cfg = self.evidence, self.settings
@@ -309,12 +313,11 @@ class BisectStrategy(Strategy):
         assert diff is not None
         cap = cfg.reproduce_max_per_endpoint if is_top else cfg.subrange_max_per_endpoint
         small = self.min_effect is not None and diff.hi < self.min_effect
-        tiny = math.log1p(cfg.negligible_pct / 100.0)
-        negligible = -tiny < diff.lo and diff.hi < tiny  # confidently within +-negligible_pct
+        negligible = self._within_noise_floor(diff)
         dismiss = (
             not is_top and segment.target is not None and diff.hi < 0.5 * segment.target
         )
-        if diff.lo > 0.0 and diff.diff >= tiny and not small:
+        if diff.lo > 0.0 and diff.diff >= self._negligible and not small:
             segment.reproduced = True
         elif (diff.hi < 0.0 and min(counts) >= cfg.reversed_min_per_endpoint
               and self._clearly_reversed(segment)):
