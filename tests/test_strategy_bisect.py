@@ -40,7 +40,7 @@ def test_no_change_stops_as_not_reproducible_once_the_endpoints_measure_alike(se
     obs = _run_endpoints(19.0, 19.0, 0.02, seed, strategy)
     verdict = strategy.verdict(obs)
     # Checked after every pair, the reproduce interval sometimes passes by luck; the search then
-    # re-measures the endpoints until their change is confidently within the noise floor.
+    # re-measures the endpoints until their later trials or all their trials refute the change.
     assert verdict.done and verdict.status == "not_reproducible" and not verdict.culprits
     assert len(obs) < 400
     lo, hi = verdict.total_effect_ci
@@ -76,3 +76,29 @@ def test_seed_verify_cases_are_found_with_the_stated_confidence():
         assert verdict.status == "found" and verdict.top.point == oracle.culprit, case
         assert verdict.top.probability >= 0.99
         assert trials <= 40, (case, trials)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_a_lucky_reproduction_is_refuted_by_the_endpoints_later_trials(seed: int):
+    """The bad endpoint's first two restarts read 4% high by luck; every other restart reads one
+    level in 2% noise. The +-1% refutation would need about 90 restarts per endpoint at that
+    noise; the sequential test on the endpoints' trials since the reproduction ends it sooner."""
+    rng = np.random.default_rng(seed)
+    lucky = {0: [19.85, 19.95], 49: [20.75, 20.85]}
+    strategy = BisectStrategy(50)
+    obs: list[Observation] = []
+    while len(obs) < 600:
+        proposals = strategy.propose(obs, [], 1)
+        if not proposals:
+            break
+        point = proposals[0].point
+        value = (lucky[point].pop(0) if lucky.get(point)
+                 else 19.9 * math.exp(0.02 * rng.standard_normal()))
+        obs.append(Observation(point, value, trial_id=len(obs)))
+    segment = strategy.segments[0]
+    assert segment.reproduced_counts == (2, 2)
+    verdict = strategy.verdict(obs)
+    assert verdict.status == "not_reproducible" and not verdict.culprits
+    assert "since the reproduction" in segment.note
+    assert strategy._fresh_endpoint_ratio(segment) >= -math.log(0.01)
+    assert len(obs) < 250

@@ -52,6 +52,10 @@ class Segment:
     hi: int
     target: float | None = None  # unexplained signed-log change a sub-range may hold
     reproduced: bool = False
+    # When the range reproduced: trials per endpoint at that moment, and the change estimated
+    # then. Later endpoint trials are fresh evidence, free of the reproduce check's selection.
+    reproduced_counts: tuple[int, int] | None = None
+    reproduced_diff: float | None = None
     outcome: str | None = None  # found | no_change | not_reproducible | reversed | inconclusive
     culprit: Culprit | None = None
     note: str = ""
@@ -77,6 +81,9 @@ class BisectSettings:
     # interval confidently within +-`negligible_pct` ends the run: the endpoints measure alike.
     # Checked after every pair, the interval still passes by luck in about one no-change run in
     # five (2% or 5% noise); `_refuted` ends those once the endpoints' later trials say so.
+    # `refute_fraction`: the endpoints' later trials are tested sequentially for "no change"
+    # against "a change of at least this fraction of the reproduced one".
+    refute_fraction: float = 0.5
     reproduce_max_per_endpoint: int = 48
     negligible_pct: float = 1.0
     reversed_confidence: float = 0.99
@@ -274,9 +281,10 @@ class BisectStrategy(Strategy):
             return True
         if not segment.reproduced:
             return self._check_reproduced(segment)
-        if is_top and self._refuted():
+        refuted = self._refuted(segment) if is_top else None
+        if refuted is not None:
             segment.outcome = "not_reproducible"
-            segment.note = "the endpoints' change did not hold up: it is within the noise floor"
+            segment.note = f"the endpoints' change did not hold up: {refuted}"
             return True
         phase = self.phase(segment)
         if phase == "no_change":
@@ -287,12 +295,46 @@ class BisectStrategy(Strategy):
             return False
         return self._check_verified(segment)
 
-    def _refuted(self) -> bool:
-        """The search re-measures the endpoints; when all their trials now place the change
-        confidently within +-``negligible_pct``, an early reproduction was a fluke of the
-        repeated looks, and no position search can resolve a step that small."""
+    def _refuted(self, segment: Segment) -> str | None:
+        """Was the reproduction a fluke of the repeated looks? Why, if so. Two checks on the
+        endpoints:
+
+        - all their trials place the change confidently within +-``negligible_pct``;
+        - their trials since the reproduction (the search re-measures them to pin the levels)
+          favour "no change" over "a change of ``refute_fraction`` of the reproduced one" by a
+          likelihood ratio of ``1 / (1 - confidence)``. A sequential probability ratio test: by
+          Ville's inequality a real change at least that large trips it with probability at
+          most ``1 - confidence`` however often it is checked, while a fluke trips it after a
+          number of trials set by the noise, not by ``max_trials``. The total change is what the
+          endpoints measure, so several culprits do not weaken it.
+        """
         diff = self.evidence.compare(0, self.n - 1, self.settings.reproduce_confidence)
-        return diff is not None and self._within_noise_floor(diff)
+        if diff is not None and self._within_noise_floor(diff):
+            return "it is within the noise floor"
+        if self._fresh_endpoint_ratio(segment) >= -math.log1p(-self.settings.confidence):
+            return "their trials since the reproduction measure them alike"
+        return None
+
+    def _fresh_endpoint_ratio(self, segment: Segment) -> float:
+        """Log likelihood ratio of "no change" over "a change of ``refute_fraction`` of the
+        reproduced one", from the endpoint trials that came after the reproduction (0 if none).
+
+        The statistic is the difference of the fresh means, with the restart noise pooled over
+        every replicated point: that is the likelihood of the location-free part of the data,
+        which does not need the unknown levels.
+        """
+        if segment.reproduced_counts is None or segment.reproduced_diff is None:
+            return 0.0
+        ev = self.evidence
+        good = ev.values[segment.lo][segment.reproduced_counts[0]:]
+        bad = ev.values[segment.hi][segment.reproduced_counts[1]:]
+        sigma = ev.sigma()
+        if not good or not bad or not math.isfinite(sigma) or sigma <= 0.0:
+            return 0.0
+        floor = self.settings.refute_fraction * segment.reproduced_diff
+        gap = math.fsum(bad) / len(bad) - math.fsum(good) / len(good)
+        variance = sigma * sigma * (1.0 / len(good) + 1.0 / len(bad))
+        return floor * (floor - 2.0 * gap) / (2.0 * variance)
 
     def _within_noise_floor(self, diff: LogDifference) -> bool:
         """The interval lies within +-``negligible_pct``: the endpoints measure alike."""
@@ -319,6 +361,8 @@ class BisectStrategy(Strategy):
         )
         if diff.lo > 0.0 and diff.diff >= self._negligible and not small:
             segment.reproduced = True
+            segment.reproduced_counts = counts
+            segment.reproduced_diff = diff.diff
         elif (diff.hi < 0.0 and min(counts) >= cfg.reversed_min_per_endpoint
               and self._clearly_reversed(segment)):
             segment.outcome = "reversed" if is_top else "no_change"
