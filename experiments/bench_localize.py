@@ -3,9 +3,11 @@
 A virtual oracle stands in for the GPU node: N=256 commits, one culprit at a uniformly random
 position, and a trial at commit ``i`` returns ``base * (1 + effect if i >= culprit) * (1 + cv*z)``
 with ``z`` standard normal (Student-t with 3 degrees of freedom, scaled to the same spread, in the
-``heavy_tail`` regime). Every method runs on the same cases and sees the same noise for the j-th
-trial at a given commit (common random numbers), through the same ``propose``/``verdict`` loop
-the controller uses. All trials count: endpoints, reproduction, search and verification.
+``heavy_tail`` regime). In the ``no_change`` regime nothing in the range changes the metric (the
+regression lies outside it): there the right answer is "not reproducible", and what counts is
+how many restarts it costs to get there. Every method runs on the same cases and sees the same
+noise for the j-th trial at a given commit (common random numbers), through the same
+``propose``/``verdict`` loop the controller uses. All trials count: endpoints, reproduction, search and verification.
 
 Methods: ``sleuth`` (:class:`BisectStrategy`, confidence 0.99), ``sleuth_k4`` (the same with
 four trials per round), ``bisect`` (classic: endpoints once, threshold halfway, one trial per
@@ -14,8 +16,10 @@ trials); ``oracle`` is a reference, not a method: it is told the true levels and
 (:mod:`experiments.reference_oracle`), which is what the issue's "oracle" figures assume.
 
 Run: ``python -m experiments.bench_localize`` (``CASES=20`` for a quick run, ``WORKERS`` for the
-number of processes, default 2). Writes ``runs/bench-localize.json``:
-``{regime: {method: {"accuracy", "mean_trials", "p90_trials", "mean_rounds", ...}}}``.
+number of processes, default 2; ``REGIMES=subtle,no_change`` for some regimes). Writes
+``runs/bench-localize.json``:
+``{regime: {method: {"accuracy", "mean_trials", "p90_trials", "mean_rounds", ...}}}``, where
+``statuses`` counts how the runs ended.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ import os
 import sys
 import time
 import warnings
+from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from multiprocessing import Pool
@@ -60,7 +65,13 @@ REGIMES = (
     Regime("decode_like", 0.08, 0.05),
     Regime("subtle", 0.05, 0.05),
     Regime("heavy_tail", 0.08, 0.05, heavy_tail=True),
+    Regime("no_change", 0.0, 0.05),
 )
+# In `no_change` the range holds no culprit (the regression is outside it): the right answer is
+# "not reproducible", and the question is what reaching it costs. Only sleuth and classic
+# bisect take part: the known-levels reference has no levels to be told, and bayesect has no
+# "no change" answer, so it runs every case to MAX_TRIALS (measured: 40 of 40).
+NO_CHANGE_METHODS = frozenset({"sleuth", "bisect"})
 TARGET_MEAN_TRIALS = {"seed_verify": 15, "decode_like": 45, "subtle": 100}
 
 
@@ -128,6 +139,7 @@ class CaseResult:
     trials: int
     rounds: int
     stated: float
+    status: str
 
 
 def drive(strategy: Strategy, oracle: VirtualOracle, k: int) -> tuple[Verdict, int, int]:
@@ -153,9 +165,12 @@ def run_case(task: tuple[int, int, int]) -> tuple[int, int, int, CaseResult]:
         warnings.simplefilter("ignore", RuntimeWarning)  # log(0) inside git_bayesect
         verdict, trials, rounds = drive(method.build(regime), oracle, method.k)
     top = verdict.top
-    correct = verdict.status == "found" and top is not None and top.point == oracle.culprit
+    if regime.effect == 0.0:
+        correct = verdict.status == "not_reproducible"
+    else:
+        correct = verdict.status == "found" and top is not None and top.point == oracle.culprit
     stated = float(top.probability) if top is not None else 0.0
-    return regime_index, method_index, case, CaseResult(correct, trials, rounds, stated)
+    return regime_index, method_index, case, CaseResult(correct, trials, rounds, stated, verdict.status)
 
 
 def summarize(results: Iterable[CaseResult]) -> dict[str, float]:
@@ -168,6 +183,7 @@ def summarize(results: Iterable[CaseResult]) -> dict[str, float]:
         "mean_rounds": float(np.mean([r.rounds for r in rows])),
         "stated_confidence": float(np.mean([r.stated for r in rows])),
         "cases": len(rows),
+        "statuses": dict(sorted(Counter(r.status for r in rows).items())),
     }
 
 
@@ -180,6 +196,7 @@ def run_benchmark(
         for ri, regime in enumerate(REGIMES)
         if regime.name in wanted
         for mi in range(len(METHODS))
+        if regime.effect != 0.0 or METHODS[mi].name in NO_CHANGE_METHODS
         for case in range(cases)
     ]
     # Slow tasks first so that the pool does not end on one long straggler.

@@ -8,7 +8,7 @@ import math
 import numpy as np
 import pytest
 
-from experiments.bench_localize import N_COMMITS, REGIMES, VirtualOracle, drive
+from experiments.bench_localize import N_COMMITS, REGIMES, VirtualOracle, drive, run_benchmark
 from orchestrator.strategies import BisectStrategy, Observation
 from orchestrator.strategies.bisect import BisectSettings
 
@@ -102,3 +102,20 @@ def test_a_lucky_reproduction_is_refuted_by_the_endpoints_later_trials(seed: int
     assert "since the reproduction" in segment.note
     assert strategy._fresh_endpoint_ratio(segment) >= -math.log(0.01)
     assert len(obs) < 250
+
+
+def test_the_benchmark_reports_every_method_and_how_runs_ended():
+    """The benchmark's own plumbing on two cases: the JSON shape the README promises, and a
+    no-change regime where the right answer is "not reproducible"."""
+    report = run_benchmark(2, workers=1, regimes=["seed_verify", "no_change"])
+    assert set(report) == {"seed_verify", "no_change"}
+    assert set(report["seed_verify"]) == {"sleuth", "sleuth_k4", "bisect", "bayesect", "oracle"}
+    assert set(report["no_change"]) == {"sleuth", "bisect"}
+    for methods in report.values():
+        for row in methods.values():
+            assert {"accuracy", "mean_trials", "p90_trials", "mean_rounds"} <= set(row)
+            assert sum(row["statuses"].values()) == row["cases"] == 2
+    sleuth = report["no_change"]["sleuth"]
+    assert sleuth["accuracy"] == sleuth["statuses"].get("not_reproducible", 0) / 2
+    # Classic bisect always blames a commit, so it is never right without a change.
+    assert report["no_change"]["bisect"]["accuracy"] == 0.0
