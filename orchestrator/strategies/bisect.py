@@ -9,7 +9,9 @@ Three phases per searched range, each justified by what one trial costs (a serve
 2. **search** — the Bayesian change-point posterior of :mod:`posterior` (continuous metric,
    unknown levels and noise integrated out, endpoint trials informing both levels), next points
    by expected entropy reduction, in batches for idle nodes, until one commit (or a range hidden
-   by untestable commits) holds ``confidence`` of the mass.
+   by untestable commits) holds ``confidence`` of the mass. Checked after every trial, the
+   reproduce interval passes by luck in about one no-change range in five, so the search keeps
+   testing the reproduction on the endpoint trials it takes (:meth:`BisectStrategy._refuted`).
 3. **verify** — the culprit against its parent, interleaved, until an effect interval exists. If
    the culprit explains clearly less than the change between the range's endpoints (estimate
    below ``explain_fraction`` of it and the interval of the gap excluding zero), the ranges on
