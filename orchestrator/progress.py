@@ -129,6 +129,10 @@ class Progress:
     def set_total(self, total_hint: int | None) -> None:
         self.total_hint = total_hint
 
+    def set_remaining(self, remaining: int) -> None:
+        """A strategy's forecast of the trials still needed, running ones included."""
+        self.total_hint = len(self._finished) + max(remaining, 0)
+
     # -- inputs ------------------------------------------------------------------------------
     def on_event(self, message: str) -> None:
         """A controller event line: recorded when it is a trial start or end, always shown."""

@@ -136,3 +136,15 @@ def test_an_outgrown_estimate_is_dropped_not_printed_as_more_than_all():
     assert s.done == 3 and s.total_hint is None and s.eta_s is None
     last = buf.getvalue().splitlines()[-1]
     assert last.startswith("progress: 3 trials done (3 ok, 0 failed)") and "ETA" not in last
+
+
+def test_a_strategy_forecast_sets_the_total_from_the_trials_done():
+    progress, buf, clock = _plain(total=2)
+    for tid in (1, 2, 3):
+        progress.on_event(f"trial {tid} started on local-0: abc123 (search)")
+        clock.now += 1
+        progress.on_event(f"trial {tid} on local-0 ok in 1.0s")
+    progress.set_remaining(40)  # the estimate was outgrown; the forecast brings the ETA back
+    s = progress.snapshot()
+    assert s.total_hint == 43 and s.eta_s == pytest.approx(40.0)
+    assert progress.line().startswith("progress: 3/~43 trials done")

@@ -143,6 +143,8 @@ def execute(cfg, ctl: Controller, run_dir: Path, commits, points, weights, out,
         progress.set_total(expected_bisect_trials(len(commits)) + len(ctl.store.trials()))
 
         def on_verdict(v: Verdict, _n: int) -> None:
+            if v.expected_remaining is not None:  # measured change and noise: a better ETA
+                progress.set_remaining(v.expected_remaining)
             progress.on_verdict(v.status, *verdict_best(v, labels))
     else:
         def on_verdict(v: Verdict, n: int) -> None:

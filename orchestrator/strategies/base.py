@@ -97,6 +97,7 @@ class Verdict:
     confidence: float = 0.0
     total_effect_pct: float | None = None
     total_effect_ci: tuple[float, float] | None = None
+    expected_remaining: int | None = None  # a forecast of the trials still needed, for an ETA
 
     def __post_init__(self) -> None:
         if self.status not in STATUSES:

@@ -37,6 +37,7 @@ from scipy.stats import t as student_t
 from orchestrator.stats.effect import LogDifference, log_difference
 from orchestrator.strategies.base import Culprit, Observation, Proposal, Strategy, Verdict
 from orchestrator.strategies.evidence import Evidence
+from orchestrator.strategies.forecast import range_forecast
 from orchestrator.strategies.posterior import (
     RangePosterior,
     channel_error,
@@ -58,6 +59,7 @@ class Segment:
     # then. Later endpoint trials are fresh evidence, free of the reproduce check's selection.
     reproduced_counts: tuple[int, int] | None = None
     reproduced_diff: float | None = None
+    reproduced_at: int | None = None  # trials spent in all when it reproduced
     outcome: str | None = None  # found | no_change | not_reproducible | reversed | inconclusive
     culprit: Culprit | None = None
     note: str = ""
@@ -255,6 +257,27 @@ class BisectStrategy(Strategy):
             return 4.0
         return min(max(2.0 * abs(total.diff) / sigma, 1.0), 50.0)
 
+    def expected_remaining(self) -> int | None:
+        """Forecast of the trials still needed (:mod:`forecast`) for the active ranges; None
+        while a range reproduces, when the noise is not yet measured, or when all is done."""
+        if self._terminal_status() is not None:
+            return None
+        total = 0
+        for segment in self.segments:
+            if not segment.active:
+                continue
+            if not segment.reproduced:
+                return None
+            post = self.posterior(segment)
+            left = range_forecast(
+                self.evidence.stats(segment.lo, segment.hi), post.mass, post.null_mass,
+                self.evidence.sigma(), self.evidence.n_trials - (segment.reproduced_at or 0),
+            )
+            if left is None:
+                return None
+            total += left
+        return total
+
     def phase(self, segment: Segment) -> str:
         if not segment.reproduced:
             return "reproduce"
@@ -365,6 +388,7 @@ class BisectStrategy(Strategy):
             segment.reproduced = True
             segment.reproduced_counts = counts
             segment.reproduced_diff = diff.diff
+            segment.reproduced_at = ev.n_trials
         elif (diff.hi < 0.0 and min(counts) >= cfg.reversed_min_per_endpoint
               and self._clearly_reversed(segment)):
             segment.outcome = "reversed" if is_top else "no_change"

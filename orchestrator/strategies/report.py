@@ -87,6 +87,7 @@ def describe(strategy: BisectStrategy) -> Verdict:
         "total_effect_pct": total_pct,
         "total_effect_ci": total_ci,
         "posterior": _posterior_vector(strategy),
+        "expected_remaining": strategy.expected_remaining(),
     }
     change = f"{_pct(total_pct)}{_interval(total_ci)}" if total_pct is not None else "unmeasured"
     if status in ("not_reproducible", "reversed", "inconclusive"):
