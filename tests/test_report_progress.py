@@ -126,12 +126,16 @@ def test_verdict_best():
     assert verdict_best(found, labels) == ("c2", 0.995)
 
 
-def test_an_outgrown_estimate_is_dropped_not_printed_as_more_than_all():
-    progress, buf, clock = _plain(total=2)
+def _three_one_second_trials(progress: Progress, clock: Clock) -> None:
     for tid in (1, 2, 3):
         progress.on_event(f"trial {tid} started on local-0: abc123 (search)")
         clock.now += 1
         progress.on_event(f"trial {tid} on local-0 ok in 1.0s")
+
+
+def test_an_outgrown_estimate_is_dropped_not_printed_as_more_than_all():
+    progress, buf, clock = _plain(total=2)
+    _three_one_second_trials(progress, clock)
     s = progress.snapshot()
     assert s.done == 3 and s.total_hint is None and s.eta_s is None
     last = buf.getvalue().splitlines()[-1]
@@ -140,10 +144,7 @@ def test_an_outgrown_estimate_is_dropped_not_printed_as_more_than_all():
 
 def test_a_strategy_forecast_sets_the_total_from_the_trials_done():
     progress, buf, clock = _plain(total=2)
-    for tid in (1, 2, 3):
-        progress.on_event(f"trial {tid} started on local-0: abc123 (search)")
-        clock.now += 1
-        progress.on_event(f"trial {tid} on local-0 ok in 1.0s")
+    _three_one_second_trials(progress, clock)
     progress.set_remaining(40)  # the estimate was outgrown; the forecast brings the ETA back
     s = progress.snapshot()
     assert s.total_hint == 43 and s.eta_s == pytest.approx(40.0)
