@@ -7,7 +7,8 @@ with ``z`` standard normal (Student-t with 3 degrees of freedom, scaled to the s
 regression lies outside it): there the right answer is "not reproducible", and what counts is
 how many restarts it costs to get there. Every method runs on the same cases and sees the same
 noise for the j-th trial at a given commit (common random numbers), through the same
-``propose``/``verdict`` loop the controller uses. All trials count: endpoints, reproduction, search and verification.
+``propose``/``verdict`` loop the controller uses. All trials count: endpoints, reproduction,
+search and verification.
 
 Methods: ``sleuth`` (:class:`BisectStrategy`, confidence 0.99), ``sleuth_k4`` (the same with
 four trials per round), ``bisect`` (classic: endpoints once, threshold halfway, one trial per

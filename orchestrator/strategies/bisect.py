@@ -329,8 +329,9 @@ class BisectStrategy(Strategy):
           favour "no change" over "a change of ``refute_fraction`` of the reproduced one" by a
           likelihood ratio of ``1 / (1 - confidence)``. A sequential probability ratio test: by
           Ville's inequality a real change at least that large trips it with probability at
-          most ``1 - confidence`` however often it is checked, while a fluke trips it after a
-          number of trials set by the noise, not by ``max_trials``. The total change is what the
+          most ``1 - confidence`` however often it is checked (approximately: the noise is
+          estimated), while a fluke trips it after a number of trials set by the noise, not by
+          ``max_trials``. The total change is what the
           endpoints measure, so several culprits do not weaken it.
         """
         diff = self.evidence.compare(0, self.n - 1, self.settings.reproduce_confidence)
