@@ -96,7 +96,7 @@ def test_a_lucky_reproduction_is_refuted_by_the_endpoints_later_trials(seed: int
                  else 19.9 * math.exp(0.02 * rng.standard_normal()))
         obs.append(Observation(point, value, trial_id=len(obs)))
     segment = strategy.segments[0]
-    assert segment.reproduced_counts == (2, 2)
+    assert segment.reproduction is not None and segment.reproduction.counts == (2, 2)
     verdict = strategy.verdict(obs)
     assert verdict.status == "not_reproducible" and not verdict.culprits
     assert "since the reproduction" in segment.note

@@ -47,6 +47,16 @@ from orchestrator.strategies.posterior import (
 from orchestrator.strategies.report import describe
 
 
+@dataclass(frozen=True)
+class Reproduction:
+    """The moment a range reproduced. Endpoint trials after it are fresh evidence, free of the
+    reproduce check's selection (it stopped on a large estimate)."""
+
+    counts: tuple[int, int]  # trials at the good and the bad endpoint then
+    diff: float  # the signed-log change estimated then
+    at_trial: int  # trials spent in all then
+
+
 @dataclass
 class Segment:
     """One range being searched for (at most) one culprit. Mutable bookkeeping, not a record."""
@@ -54,12 +64,7 @@ class Segment:
     lo: int
     hi: int
     target: float | None = None  # unexplained signed-log change a sub-range may hold
-    reproduced: bool = False
-    # When the range reproduced: trials per endpoint at that moment, and the change estimated
-    # then. Later endpoint trials are fresh evidence, free of the reproduce check's selection.
-    reproduced_counts: tuple[int, int] | None = None
-    reproduced_diff: float | None = None
-    reproduced_at: int | None = None  # trials spent in all when it reproduced
+    reproduction: Reproduction | None = None
     outcome: str | None = None  # found | no_change | not_reproducible | reversed | inconclusive
     culprit: Culprit | None = None
     note: str = ""
@@ -70,6 +75,10 @@ class Segment:
     @property
     def active(self) -> bool:
         return self.outcome is None
+
+    @property
+    def reproduced(self) -> bool:
+        return self.reproduction is not None
 
 
 @dataclass(frozen=True)
@@ -85,11 +94,11 @@ class BisectSettings:
     # interval confidently within +-`negligible_pct` ends the run: the endpoints measure alike.
     # Checked after every pair, the interval still passes by luck in about one no-change run in
     # five (2% or 5% noise); `_refuted` ends those once the endpoints' later trials say so.
-    # `refute_fraction`: the endpoints' later trials are tested sequentially for "no change"
-    # against "a change of at least this fraction of the reproduced one".
-    refute_fraction: float = 0.5
     reproduce_max_per_endpoint: int = 48
     negligible_pct: float = 1.0
+    # The endpoints' later trials are tested sequentially for "no change" against "a change of
+    # at least this fraction of the reproduced one".
+    refute_fraction: float = 0.5
     reversed_confidence: float = 0.99
     reversed_min_per_endpoint: int = 4  # a 99% interval from 2-3 restarts can still be luck
     subrange_max_per_endpoint: int = 8
@@ -266,13 +275,10 @@ class BisectStrategy(Strategy):
         for segment in self.segments:
             if not segment.active:
                 continue
-            if not segment.reproduced:
+            if segment.reproduction is None:
                 return None
-            post = self.posterior(segment)
-            left = range_forecast(
-                self.evidence.stats(segment.lo, segment.hi), post.mass, post.null_mass,
-                self.evidence.sigma(), self.evidence.n_trials - (segment.reproduced_at or 0),
-            )
+            spent = self.evidence.n_trials - segment.reproduction.at_trial
+            left = range_forecast(self.posterior(segment), self.evidence.sigma(), spent)
             if left is None:
                 return None
             total += left
@@ -331,10 +337,10 @@ class BisectStrategy(Strategy):
           Ville's inequality a real change at least that large trips it with probability at
           most ``1 - confidence`` however often it is checked (approximately: the noise is
           estimated), while a fluke trips it after a number of trials set by the noise, not by
-          ``max_trials``. The total change is what the
-          endpoints measure, so several culprits do not weaken it.
+          ``max_trials``. The total change is what the endpoints measure, so several culprits
+          do not weaken it.
         """
-        diff = self.evidence.compare(0, self.n - 1, self.settings.reproduce_confidence)
+        diff = self.evidence.compare(segment.lo, segment.hi, self.settings.reproduce_confidence)
         if diff is not None and self._within_noise_floor(diff):
             return "it is within the noise floor"
         if self._fresh_endpoint_ratio(segment) >= -math.log1p(-self.settings.confidence):
@@ -349,15 +355,15 @@ class BisectStrategy(Strategy):
         every replicated point: that is the likelihood of the location-free part of the data,
         which does not need the unknown levels.
         """
-        if segment.reproduced_counts is None or segment.reproduced_diff is None:
+        if segment.reproduction is None:
             return 0.0
         ev = self.evidence
-        good = ev.values[segment.lo][segment.reproduced_counts[0]:]
-        bad = ev.values[segment.hi][segment.reproduced_counts[1]:]
+        good = ev.values[segment.lo][segment.reproduction.counts[0]:]
+        bad = ev.values[segment.hi][segment.reproduction.counts[1]:]
         sigma = ev.sigma()
         if not good or not bad or not math.isfinite(sigma) or sigma <= 0.0:
             return 0.0
-        floor = self.settings.refute_fraction * segment.reproduced_diff
+        floor = self.settings.refute_fraction * segment.reproduction.diff
         gap = math.fsum(bad) / len(bad) - math.fsum(good) / len(good)
         variance = sigma * sigma * (1.0 / len(good) + 1.0 / len(bad))
         return floor * (floor - 2.0 * gap) / (2.0 * variance)
@@ -386,10 +392,7 @@ class BisectStrategy(Strategy):
             not is_top and segment.target is not None and diff.hi < 0.5 * segment.target
         )
         if diff.lo > 0.0 and diff.diff >= self._negligible and not small:
-            segment.reproduced = True
-            segment.reproduced_counts = counts
-            segment.reproduced_diff = diff.diff
-            segment.reproduced_at = ev.n_trials
+            segment.reproduction = Reproduction(counts, diff.diff, ev.n_trials)
         elif (diff.hi < 0.0 and min(counts) >= cfg.reversed_min_per_endpoint
               and self._clearly_reversed(segment)):
             segment.outcome = "reversed" if is_top else "no_change"

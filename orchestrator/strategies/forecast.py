@@ -22,7 +22,7 @@ import math
 
 import numpy as np
 
-from orchestrator.strategies.posterior import PointStats
+from orchestrator.strategies.posterior import RangePosterior
 
 PER_BIT_NOISE = 11.6  # A: restarts per bit at d = 1, less the floor below
 PER_BIT_FLOOR = 0.76  # B: restarts per bit with no noise to speak of (misreadings aside)
@@ -47,36 +47,36 @@ def remaining_trials(start_bits: float, entropy_bits: float, effect_sigmas: floa
     return int(min(math.ceil(left), MAX_FORECAST))
 
 
-def range_forecast(stats: PointStats, mass: np.ndarray, null_mass: float, sigma: float,
-                   spent: int) -> int | None:
-    """:func:`remaining_trials` for one searched range, from its trials and posterior.
-
-    ``mass[j]``: posterior of "point ``lo + j`` is the first bad one" (``mass[0]`` is 0);
-    ``sigma``: the restart noise (log scale); ``spent``: trials since the range reproduced.
-    """
-    if not math.isfinite(sigma) or sigma <= 0.0:
+def range_forecast(posterior: RangePosterior, sigma: float, spent: int) -> int | None:
+    """:func:`remaining_trials` for one searched range, from its posterior (which holds the
+    range's trial statistics); ``sigma``: the restart noise (log scale); ``spent``: trials
+    since the range reproduced."""
+    if posterior.data is None or not math.isfinite(sigma) or sigma <= 0.0:
         return None
-    step2 = mean_squared_step(stats, mass, sigma * sigma)
+    stats = posterior.data
+    step2 = mean_squared_step(stats.counts, stats.sums, posterior.mass, sigma * sigma)
     if step2 is None:
         return None
-    probs = np.append(mass[1:], null_mass)
+    probs = np.append(posterior.mass[1:], posterior.null_mass)
     probs = probs[probs > 0.0]
     entropy = float(-(probs * np.log2(probs)).sum())
     start_bits = math.log2(max(stats.counts.size - 1, 1))
     return remaining_trials(start_bits, entropy, math.sqrt(step2) / sigma, spent)
 
 
-def mean_squared_step(stats: PointStats, mass: np.ndarray, sigma2: float) -> float | None:
-    """The squared step, averaged over the posterior's hypotheses.
+def mean_squared_step(counts: np.ndarray, sums: np.ndarray, mass: np.ndarray,
+                      sigma2: float) -> float | None:
+    """The squared step, averaged over the posterior's hypotheses (``counts``/``sums``: trials
+    and their sum per point; a common shift of the values does not matter).
 
     Each hypothesis splits every trial of the range into a good and a bad group, so the search's
     trials count as well as the endpoints' (which alone are few, and overstate the change just
     after the reproduce check stopped on a large one). Each squared difference of means is
     corrected for its variance; None when nothing is left of it.
     """
-    n_left = np.cumsum(stats.counts)[:-1]
-    s_left = np.cumsum(stats.sums)[:-1]
-    n_all, s_all = float(stats.counts.sum()), float(stats.sums.sum())
+    n_left = np.cumsum(counts)[:-1]
+    s_left = np.cumsum(sums)[:-1]
+    n_all, s_all = float(counts.sum()), float(sums.sum())
     n_right = n_all - n_left
     with np.errstate(divide="ignore", invalid="ignore"):
         diff = (s_all - s_left) / n_right - s_left / n_left
