@@ -13,8 +13,10 @@ search and verification.
 Methods: ``sleuth`` (:class:`BisectStrategy`, confidence 0.99), ``sleuth_k4`` (the same with
 four trials per round), ``bisect`` (classic: endpoints once, threshold halfway, one trial per
 step) and ``bayesect`` (Beta-Bernoulli bisection of the git_bayesect package on thresholded
-trials); ``oracle`` is a reference, not a method: it is told the true levels and noise
-(:mod:`experiments.reference_oracle`), which is what the issue's "oracle" figures assume.
+trials). Two references, not methods (:mod:`experiments.reference_oracle`): ``oracle`` is told
+the true levels and noise, which is what the issue's "oracle" figures assume; ``oracle_placed``
+is sleuth with its search points placed by that oracle (everything else sleuth's own), so
+that sleuth's gap to the oracle splits into placement and the rest.
 
 Run: ``python -m experiments.bench_localize`` (``CASES=20`` for a quick run, ``WORKERS`` for the
 number of processes, default 2; ``REGIMES=subtle,no_change`` for some regimes). Writes
@@ -39,7 +41,7 @@ from pathlib import Path
 
 import numpy as np
 
-from experiments.reference_oracle import KnownLevelsOracle
+from experiments.reference_oracle import KnownLevelsOracle, OraclePlacedBisect
 from orchestrator.strategies import BisectStrategy, Observation, Strategy, Verdict
 from orchestrator.strategies.baselines import (
     BAYESECT_IMPLEMENTATION,
@@ -96,6 +98,11 @@ def _oracle(regime: Regime) -> Strategy:
                              regime.cv, confidence=0.99, max_trials=MAX_TRIALS)
 
 
+def _oracle_placed(regime: Regime) -> Strategy:
+    return OraclePlacedBisect(N_COMMITS, BASE_VALUE, BASE_VALUE * (1.0 + regime.effect),
+                              regime.cv, confidence=0.99, max_trials=MAX_TRIALS)
+
+
 def _bayesect(regime: Regime) -> Strategy:
     return BayesectStrategy(
         N_COMMITS, confidence=0.99, endpoint_trials=BAYESECT_ENDPOINT_TRIALS, max_trials=MAX_TRIALS
@@ -109,6 +116,7 @@ METHODS = (
     Method("bisect", 1, _bisect),
     Method("bayesect", 1, _bayesect),
     Method("oracle", 1, _oracle),  # a reference that is told the levels, not a method
+    Method("oracle_placed", 1, _oracle_placed),  # sleuth with the oracle's search placement
 )
 CHEAP = frozenset({"bisect", "bayesect", "oracle"})  # milliseconds per case: scheduled last
 
@@ -221,13 +229,13 @@ def run_benchmark(
 
 def format_table(report: dict[str, dict[str, dict[str, float]]]) -> str:
     lines = [
-        f"{'regime':<12} {'method':<10} {'accuracy':>8} {'stated':>7} {'mean':>7} "
+        f"{'regime':<12} {'method':<13} {'accuracy':>8} {'stated':>7} {'mean':>7} "
         f"{'p90':>6} {'rounds':>7}"
     ]
     for regime, methods in report.items():
         for method, row in methods.items():
             lines.append(
-                f"{regime:<12} {method:<10} {row['accuracy']:>8.3f} "
+                f"{regime:<12} {method:<13} {row['accuracy']:>8.3f} "
                 f"{row['stated_confidence']:>7.3f} {row['mean_trials']:>7.1f} "
                 f"{row['p90_trials']:>6.0f} {row['mean_rounds']:>7.1f}"
             )

@@ -1,21 +1,26 @@
-"""A reference for the localization benchmark, not a method: bisection that knows the answer's
-scale. It is told the true good and bad levels and the noise of the regime, so every reading
-has an exact likelihood under each hypothesis; it measures the posterior median (probabilistic
-bisection) and stops when one commit holds ``confidence``.
+"""References for the localization benchmark, not methods.
 
-No real method knows the levels: sleuth has to learn them from the same trials, and the gap
-between the two rows of the benchmark table is what not knowing them costs.
+:class:`KnownLevelsOracle` is bisection that knows the answer's scale: it is told the true good
+and bad levels and the noise of the regime, so every reading has an exact likelihood under each
+hypothesis; it measures the posterior median (probabilistic bisection) and stops when one commit
+holds ``confidence``. It never measures the endpoints, reproduces or verifies.
+
+No real method knows the levels: sleuth has to learn them from the same trials.
+:class:`OraclePlacedBisect` says how much of the gap is placement and how much is the rest: it
+is sleuth with only its search placement handed to the oracle.
 """
 
 from __future__ import annotations
 
 import math
+from collections import Counter
 from collections.abc import Sequence
 
 import numpy as np
 
-from orchestrator.strategies import Observation, Proposal, Strategy, Verdict
+from orchestrator.strategies import BisectStrategy, Observation, Proposal, Strategy, Verdict
 from orchestrator.strategies.base import Culprit
+from orchestrator.strategies.bisect import Segment
 
 
 class KnownLevelsOracle(Strategy):
@@ -63,3 +68,32 @@ class KnownLevelsOracle(Strategy):
                        culprits=[Culprit(best, float(post[best]))], posterior=post.tolist(),
                        message="known-levels oracle", n_trials=len(observations),
                        confidence=self.confidence)
+
+
+class OraclePlacedBisect(BisectStrategy):
+    """A second reference: sleuth's strategy with the *placement* of its search trials told
+    the truth. Reproduction, the posterior, the stopping rule and verification are sleuth's
+    own; only the next search point comes from :class:`KnownLevelsOracle`'s posterior median
+    (the point sleuth's posterior holds fewer trials at when the oracle is already sure).
+
+    It splits the gap between sleuth and the oracle in two: what sleuth's placement costs (this
+    row against sleuth's) and what honest inference costs, learning the levels and the noise
+    from the same restarts and checking the change and the culprit (the oracle's row against
+    this one). No placement rule can beat this row by much without better inference.
+    """
+
+    def __init__(self, n: int, good: float, bad: float, cv: float, **kwargs) -> None:
+        super().__init__(n, **kwargs)
+        self._placer = KnownLevelsOracle(n, good, bad, cv)
+
+    def _search(self, segment: Segment, in_flight: Counter, slots: int) -> list[Proposal]:
+        known = self._placer._posterior(self._consumed)
+        lo, hi = segment.lo, segment.hi
+        within = known[lo + 1 : hi + 1] / max(float(known[lo + 1 : hi + 1].sum()), 1e-300)
+        cdf = np.cumsum(within)
+        point = lo + 1 + int(np.argmin(np.abs(cdf - 0.5)))  # P(point reads bad) nearest 1/2
+        if within.max() >= self.settings.confidence:
+            best = lo + 1 + int(np.argmax(within))
+            point = best if self.evidence.count(best) <= self.evidence.count(best - 1) else best - 1
+        in_flight[point] += 1
+        return [Proposal(point, "search", "known-levels posterior median")]

@@ -109,7 +109,9 @@ def test_the_benchmark_reports_every_method_and_how_runs_ended():
     no-change regime where the right answer is "not reproducible"."""
     report = run_benchmark(2, workers=1, regimes=["seed_verify", "no_change"])
     assert set(report) == {"seed_verify", "no_change"}
-    assert set(report["seed_verify"]) == {"sleuth", "sleuth_k4", "bisect", "bayesect", "oracle"}
+    assert set(report["seed_verify"]) == {
+        "sleuth", "sleuth_k4", "bisect", "bayesect", "oracle", "oracle_placed"
+    }
     assert set(report["no_change"]) == {"sleuth", "bisect"}
     for methods in report.values():
         for row in methods.values():
@@ -119,3 +121,33 @@ def test_the_benchmark_reports_every_method_and_how_runs_ended():
     assert sleuth["accuracy"] == sleuth["statuses"].get("not_reproducible", 0) / 2
     # Classic bisect always blames a commit, so it is never right without a change.
     assert report["no_change"]["bisect"]["accuracy"] == 0.0
+
+
+def test_the_oracle_placed_reference_keeps_sleuths_phases_and_searches_at_the_known_median():
+    """The reference that splits sleuth's gap to the oracle: sleuth's own reproduce, stopping and
+    verify, with every search point at the known-levels posterior median."""
+    from experiments.bench_localize import _oracle_placed
+    from experiments.reference_oracle import KnownLevelsOracle
+
+    regime = _regime("decode_like")
+    oracle = VirtualOracle(regime, 7)
+    strategy = _oracle_placed(regime)
+    placer = KnownLevelsOracle(N_COMMITS, 19.0, 19.0 * (1 + regime.effect), regime.cv)
+    obs: list[Observation] = []
+    phases = []
+    while len(obs) < 400:
+        proposals = strategy.propose(obs, [], 1)
+        if not proposals:
+            break
+        proposal = proposals[0]
+        if proposal.phase == "search":
+            post = placer._posterior(obs)
+            if post.max() < 0.99:  # before the oracle is sure, it measures its median
+                assert proposal.point == int(np.argmin(np.abs(np.cumsum(post) - 0.5)))
+        phases.append(proposal.phase)
+        obs.append(Observation(proposal.point, oracle.measure(proposal.point), trial_id=len(obs)))
+    verdict = strategy.verdict(obs)
+    assert verdict.status == "found" and verdict.top.point == oracle.culprit
+    assert verdict.top.probability >= 0.99
+    assert phases[0] == "reproduce" and "search" in phases and phases[-1] == "verify"
+
