@@ -20,7 +20,7 @@ import numpy as np
 
 from orchestrator.strategies import BisectStrategy, Observation, Proposal, Strategy, Verdict
 from orchestrator.strategies.base import Culprit
-from orchestrator.strategies.bisect import Segment
+from orchestrator.strategies.bisect_plan import Segment
 
 
 class KnownLevelsOracle(Strategy):

@@ -11,6 +11,7 @@ import pytest
 from experiments.bench_localize import N_COMMITS, REGIMES, VirtualOracle, drive, run_benchmark
 from orchestrator.strategies import BisectStrategy, Observation
 from orchestrator.strategies.bisect import BisectSettings
+from orchestrator.strategies.bisect_reproduce import fresh_endpoint_ratio
 
 
 def _regime(name: str):
@@ -100,7 +101,7 @@ def test_a_lucky_reproduction_is_refuted_by_the_endpoints_later_trials(seed: int
     verdict = strategy.verdict(obs)
     assert verdict.status == "not_reproducible" and not verdict.culprits
     assert "since the reproduction" in segment.note
-    assert strategy._fresh_endpoint_ratio(segment) >= -math.log(0.01)
+    assert fresh_endpoint_ratio(strategy, segment) >= -math.log(0.01)
     assert len(obs) < 250
 
 

@@ -2,21 +2,19 @@
 
 Three phases per searched range, each justified by what one trial costs (a server restart):
 
-1. **reproduce** — measure both endpoints interleaved until a pooled-variance t-interval on the
-   log ratio confirms the change in the expected direction, shows it reversed, or shows the good
-   endpoint now measures like the bad one. Checked after every trial, so a +50% change is
-   confirmed with 2-3 trials per endpoint while a 5% change in 5% noise takes what it needs.
+1. **reproduce** (:mod:`bisect_reproduce`) — measure both endpoints interleaved until a
+   pooled-variance t-interval on the log ratio confirms the change in the expected direction,
+   shows it reversed, or shows the good endpoint now measures like the bad one.
 2. **search** — the Bayesian change-point posterior of :mod:`posterior` (continuous metric,
    unknown levels and noise integrated out, endpoint trials informing both levels), next points
    by expected entropy reduction, in batches for idle nodes, until one commit (or a range hidden
-   by untestable commits) holds ``confidence`` of the mass. Checked after every trial, the
-   reproduce interval passes by luck in about one no-change range in five, so the search keeps
-   testing the reproduction on the endpoint trials it takes (:meth:`BisectStrategy._refuted`).
-3. **verify** — the culprit against its parent, interleaved, until an effect interval exists. If
-   the culprit explains clearly less than the change between the range's endpoints (estimate
-   below ``explain_fraction`` of it and the interval of the gap excluding zero), the ranges on
-   either side are searched again, as new ranges that must reproduce first: this finds several
-   culprits without letting one misfit model blur them.
+   by untestable commits) holds ``confidence`` of the mass, while it keeps testing the
+   reproduction on the endpoint trials it takes (a reproduction can be luck).
+3. **verify** (:mod:`bisect_verify`) — the culprit against its parent, interleaved, until an
+   effect interval exists; if the culprit explains clearly less than the range's change, the
+   ranges on either side are searched again for more culprits.
+
+Range bookkeeping lives in :mod:`bisect_plan`.
 
 Decisions that change the plan (a range reproduced, a culprit accepted, a range split) are sticky:
 the strategy replays observations in order and records them as they happen, so later trials in a
@@ -29,13 +27,14 @@ from __future__ import annotations
 import math
 from collections import Counter
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
-from scipy.stats import t as student_t
 
-from orchestrator.stats.effect import LogDifference, log_difference
-from orchestrator.strategies.base import Culprit, Observation, Proposal, Strategy, Verdict
+from orchestrator.strategies.base import Observation, Proposal, Strategy, Verdict
+from orchestrator.strategies.bisect_plan import Segment
+from orchestrator.strategies.bisect_reproduce import check_reproduced, refuted
+from orchestrator.strategies.bisect_verify import check_verified, verify_plan
 from orchestrator.strategies.evidence import Evidence
 from orchestrator.strategies.forecast import range_forecast
 from orchestrator.strategies.posterior import (
@@ -45,40 +44,6 @@ from orchestrator.strategies.posterior import (
     range_posterior,
 )
 from orchestrator.strategies.report import describe
-
-
-@dataclass(frozen=True)
-class Reproduction:
-    """The moment a range reproduced. Endpoint trials after it are fresh evidence, free of the
-    reproduce check's selection (it stopped on a large estimate)."""
-
-    counts: tuple[int, int]  # trials at the good and the bad endpoint then
-    diff: float  # the signed-log change estimated then
-    at_trial: int  # trials spent in all then
-
-
-@dataclass
-class Segment:
-    """One range being searched for (at most) one culprit. Mutable bookkeeping, not a record."""
-
-    lo: int
-    hi: int
-    target: float | None = None  # unexplained signed-log change a sub-range may hold
-    reproduction: Reproduction | None = None
-    outcome: str | None = None  # found | no_change | not_reproducible | reversed | inconclusive
-    culprit: Culprit | None = None
-    note: str = ""
-    opened_at: int = 0  # trials spent before this range was opened
-    fresh_pair: tuple[int, int] | None = None  # the (parent, culprit) under verification
-    fresh: dict[int, list[float]] = field(default_factory=dict)  # its verify-phase trials
-
-    @property
-    def active(self) -> bool:
-        return self.outcome is None
-
-    @property
-    def reproduced(self) -> bool:
-        return self.reproduction is not None
 
 
 @dataclass(frozen=True)
@@ -93,7 +58,8 @@ class BisectSettings:
     # regressions worth a bisect: a change reproduces only when its estimate reaches it, and an
     # interval confidently within +-`negligible_pct` ends the run: the endpoints measure alike.
     # Checked after every pair, the interval still passes by luck in about one no-change run in
-    # five (2% or 5% noise); `_refuted` ends those once the endpoints' later trials say so.
+    # five (2% or 5% noise); `bisect_reproduce.refuted` ends those once the endpoints' later
+    # trials say so.
     reproduce_max_per_endpoint: int = 48
     negligible_pct: float = 1.0
     # The endpoints' later trials are tested sequentially for "no change" against "a change of
@@ -161,7 +127,7 @@ class BisectStrategy(Strategy):
             self.min_effect = math.log1p(fraction) if direction == "increase" else -math.log1p(
                 -min(fraction, 0.99)
             )
-        self._negligible = math.log1p(self.settings.negligible_pct / 100.0)  # signed-log floor
+        self.negligible = math.log1p(self.settings.negligible_pct / 100.0)  # signed-log floor
         self.log_prior = self._log_prior(prior_weights)
         self._consumed: list[Observation] = []
         self._reset()
@@ -306,16 +272,17 @@ class BisectStrategy(Strategy):
     def _step(self, segment: Segment) -> bool:
         """Apply at most one sticky transition to ``segment``; True if one happened."""
         is_top = segment is self.segments[0]
-        if not is_top and self.evidence.n_trials - segment.opened_at >= self.settings.subrange_max_trials:
+        spent = self.evidence.n_trials - segment.opened_at
+        if not is_top and spent >= self.settings.subrange_max_trials:
             segment.outcome = "no_change"
             segment.note = "unresolved: the trial allowance for this sub-range ran out"
             return True
         if not segment.reproduced:
-            return self._check_reproduced(segment)
-        refuted = self._refuted(segment) if is_top else None
-        if refuted is not None:
+            return check_reproduced(self, segment)
+        why = refuted(self, segment) if is_top else None
+        if why is not None:
             segment.outcome = "not_reproducible"
-            segment.note = f"the endpoints' change did not hold up: {refuted}"
+            segment.note = f"the endpoints' change did not hold up: {why}"
             return True
         phase = self.phase(segment)
         if phase == "no_change":
@@ -324,176 +291,7 @@ class BisectStrategy(Strategy):
             return True
         if phase != "verify":
             return False
-        return self._check_verified(segment)
-
-    def _refuted(self, segment: Segment) -> str | None:
-        """Was the reproduction a fluke of the repeated looks? Why, if so. Two checks on the
-        endpoints:
-
-        - all their trials place the change confidently within +-``negligible_pct``;
-        - their trials since the reproduction (the search re-measures them to pin the levels)
-          favour "no change" over "a change of ``refute_fraction`` of the reproduced one" by a
-          likelihood ratio of ``1 / (1 - confidence)``. A sequential probability ratio test: by
-          Ville's inequality a real change at least that large trips it with probability at
-          most ``1 - confidence`` however often it is checked (approximately: the noise is
-          estimated), while a fluke trips it after a number of trials set by the noise, not by
-          ``max_trials``. The total change is what the endpoints measure, so several culprits
-          do not weaken it.
-        """
-        diff = self.evidence.compare(segment.lo, segment.hi, self.settings.reproduce_confidence)
-        if diff is not None and self._within_noise_floor(diff):
-            return "it is within the noise floor"
-        if self._fresh_endpoint_ratio(segment) >= -math.log1p(-self.settings.confidence):
-            return "their trials since the reproduction measure them alike"
-        return None
-
-    def _fresh_endpoint_ratio(self, segment: Segment) -> float:
-        """Log likelihood ratio of "no change" over "a change of ``refute_fraction`` of the
-        reproduced one", from the endpoint trials that came after the reproduction (0 if none).
-
-        The statistic is the difference of the fresh means, with the restart noise pooled over
-        every replicated point: that is the likelihood of the location-free part of the data,
-        which does not need the unknown levels.
-        """
-        if segment.reproduction is None:
-            return 0.0
-        ev = self.evidence
-        good = ev.values[segment.lo][segment.reproduction.counts[0]:]
-        bad = ev.values[segment.hi][segment.reproduction.counts[1]:]
-        sigma = ev.sigma()
-        if not good or not bad or not math.isfinite(sigma) or sigma <= 0.0:
-            return 0.0
-        floor = self.settings.refute_fraction * segment.reproduction.diff
-        gap = math.fsum(bad) / len(bad) - math.fsum(good) / len(good)
-        variance = sigma * sigma * (1.0 / len(good) + 1.0 / len(bad))
-        return floor * (floor - 2.0 * gap) / (2.0 * variance)
-
-    def _within_noise_floor(self, diff: LogDifference) -> bool:
-        """The interval lies within +-``negligible_pct``: the endpoints measure alike."""
-        return -self._negligible < diff.lo and diff.hi < self._negligible
-
-    def _check_reproduced(self, segment: Segment) -> bool:
-        ev, cfg = self.evidence, self.settings
-        is_top = segment is self.segments[0]
-        for end, name in ((segment.lo, "good"), (segment.hi, "bad")):
-            if ev.untestable(end) and ev.failures[end] >= cfg.endpoint_max_failures:
-                segment.outcome = "inconclusive" if is_top else "no_change"
-                segment.note = f"the {name} endpoint (point {end}) could not be measured"
-                return True
-        counts = (ev.count(segment.lo), ev.count(segment.hi))
-        if min(counts) < self.settings.reproduce_min_per_endpoint:
-            return False
-        diff = ev.compare(segment.lo, segment.hi, cfg.reproduce_confidence)
-        assert diff is not None
-        cap = cfg.reproduce_max_per_endpoint if is_top else cfg.subrange_max_per_endpoint
-        small = self.min_effect is not None and diff.hi < self.min_effect
-        negligible = self._within_noise_floor(diff)
-        dismiss = (
-            not is_top and segment.target is not None and diff.hi < 0.5 * segment.target
-        )
-        if diff.lo > 0.0 and diff.diff >= self._negligible and not small:
-            segment.reproduction = Reproduction(counts, diff.diff, ev.n_trials)
-        elif (diff.hi < 0.0 and min(counts) >= cfg.reversed_min_per_endpoint
-              and self._clearly_reversed(segment)):
-            segment.outcome = "reversed" if is_top else "no_change"
-        elif small or negligible or dismiss or min(counts) >= cap:
-            segment.outcome = "not_reproducible" if is_top else "no_change"
-        else:
-            return False
-        return True
-
-    def _verify_plan(self, segment: Segment) -> tuple[int, int, dict[int, int], int]:
-        """``(parent, culprit, counts, target)``: trials per side so far and the goal.
-
-        Normally every trial at the two points counts. When the data say the culprit explains
-        clearly less than the range's change, only trials measured during verification count:
-        the search picked those points *because* their readings were ambiguous, so its trials
-        are biased towards a smaller step, and a split costs a whole new search.
-        """
-        ev, cfg = self.evidence, self.settings
-        first, last, _ = self.posterior(segment).best_block()
-        parent, culprit = first - 1, last
-        if segment.fresh_pair != (parent, culprit):
-            segment.fresh_pair, segment.fresh = (parent, culprit), {parent: [], culprit: []}
-        fresh = {p: len(segment.fresh[p]) for p in (parent, culprit)}
-        if min(fresh.values()) < cfg.verify_fresh_per_side:
-            return parent, culprit, fresh, cfg.verify_fresh_per_side
-        if self._suspect_partial(segment, parent, culprit):
-            return parent, culprit, fresh, cfg.verify_split_min_per_side
-        counts = {p: ev.count(p) for p in (parent, culprit)}
-        return parent, culprit, counts, cfg.verify_min_per_side
-
-    def _gap_excludes_zero(self, step: LogDifference, total: LogDifference) -> bool:
-        """Does the interval of ``total - step`` exclude zero (the culprit explains less)?"""
-        gap_se = math.hypot(total.se, step.se)
-        df = max(min(total.df, step.df), 1.0)
-        t_crit = float(student_t.ppf(0.5 + self.settings.verify_confidence / 2.0, df))
-        return total.diff - step.diff - t_crit * gap_se > 0.0
-
-    def _suspect_partial(self, segment: Segment, parent: int, culprit: int) -> bool:
-        """All trials so far hint that the culprit explains only part of the range's change:
-        below ``explain_fraction`` of it with the gap interval excluding zero, or below half."""
-        if (parent, culprit) == (segment.lo, segment.hi):
-            return False
-        ev, cfg = self.evidence, self.settings
-        if min(ev.count(parent), ev.count(culprit)) < cfg.verify_min_per_side:
-            return False
-        step = ev.compare(parent, culprit, cfg.verify_confidence)
-        total = ev.compare(segment.lo, segment.hi, cfg.verify_confidence)
-        assert step is not None and total is not None
-        if total.diff <= 0 or step.diff >= cfg.explain_fraction * total.diff:
-            return False
-        return step.diff < 0.5 * total.diff or self._gap_excludes_zero(step, total)
-
-    def _clearly_reversed(self, segment: Segment) -> bool:
-        """Reversal ends the run, so it needs stronger evidence than confirmation does."""
-        diff = self.evidence.compare(segment.lo, segment.hi, self.settings.reversed_confidence)
-        return diff is not None and diff.hi < 0.0
-
-    def _check_verified(self, segment: Segment) -> bool:
-        ev, cfg = self.evidence, self.settings
-        _, _, mass = self.posterior(segment).best_block()
-        parent, culprit, counts, target = self._verify_plan(segment)
-        if min(counts.values()) < target or mass < cfg.confidence:
-            return False
-        step = ev.compare(parent, culprit, cfg.verify_confidence)
-        total = ev.compare(segment.lo, segment.hi, cfg.verify_confidence)
-        assert step is not None and total is not None
-        partial = False
-        if self._suspect_partial(segment, parent, culprit):
-            extra_ss, extra_df = ev.pooled_within()
-            fresh = log_difference(
-                segment.fresh[parent], segment.fresh[culprit], cfg.verify_confidence,
-                extra_ss, extra_df,
-            )
-            if fresh.diff < cfg.explain_fraction * total.diff and self._gap_excludes_zero(
-                fresh, total
-            ):
-                partial = True
-            elif min(counts.values()) < cfg.verify_max_per_side:
-                return False  # undecided: more head-to-head trials
-        explained = step.diff / total.diff if total.diff > 0 else math.nan
-        segment.outcome = "found"
-        segment.culprit = Culprit(
-            point=culprit,
-            probability=mass,
-            range=(parent, culprit) if culprit - parent > 1 else None,
-            effect_pct=ev.to_pct(step.diff),
-            effect_ci=ev.ci_pct(step.lo, step.hi),
-            explained=explained,
-        )
-        if partial:
-            unexplained = total.diff - step.diff
-            if parent > segment.lo:
-                self.segments.append(
-                    Segment(segment.lo, parent, target=unexplained, opened_at=ev.n_trials)
-                )
-            if segment.hi > culprit:
-                self.segments.append(
-                    Segment(culprit, segment.hi, target=unexplained, opened_at=ev.n_trials)
-                )
-            segment.note = "partial"
-        return True
+        return check_verified(self, segment)
 
     # ---------------------------------------------------------------------------- proposals
 
@@ -502,7 +300,7 @@ class BisectStrategy(Strategy):
         if phase == "reproduce":
             return self._alternate(segment, segment.lo, segment.hi, in_flight, slots, phase)
         if phase == "verify":
-            parent, culprit, counts, target = self._verify_plan(segment)
+            parent, culprit, counts, target = verify_plan(self, segment)
             if min(counts.values()) >= target:  # undecided: one more pair per call
                 target = min(counts.values()) + 1
             return self._alternate(segment, parent, culprit, in_flight, slots, phase,
