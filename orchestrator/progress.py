@@ -148,6 +148,10 @@ class Progress:
         if finished and not self.live_mode:
             self._print(self.line())
 
+    def note(self, text: str) -> None:
+        """A line from the command itself (printed above the live view when there is one)."""
+        self._print(text)
+
     def on_trial(self, row: TrialRow) -> None:
         """A finished trial from the store (same effect as its 'finished' event)."""
         if row.outcome is None:

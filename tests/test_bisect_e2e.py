@@ -34,7 +34,7 @@ def _bisect(tmp_path: Path, scenario, *extra: str) -> tuple[int, dict, Path]:
     return code, json.loads((run_dir / "findings.json").read_text()), run_dir
 
 
-def test_one_culprit_in_200_commits(tmp_path, ray_session):
+def test_one_culprit_in_200_commits(tmp_path, ray_session, capsys):
     scenario = generate_scenario(tmp_path / "sc", 200, 11, "one_culprit")
     code, doc, run_dir = _bisect(tmp_path, scenario)
     assert code == 0, doc["message"]
@@ -46,6 +46,8 @@ def test_one_culprit_in_200_commits(tmp_path, ray_session):
     assert top["phase"] == "verify"
     store = RunStore.open(run_dir / "trials.db")
     assert len({r.node for r in store.trials()}) == 2  # both nodes were used
+    printed = capsys.readouterr().out
+    assert printed.count("the change reproduces: verify_ms +") == 1, printed
 
 
 def test_two_culprits_both_found(tmp_path, ray_session):

@@ -149,3 +149,19 @@ def test_a_strategy_forecast_sets_the_total_from_the_trials_done():
     s = progress.snapshot()
     assert s.total_hint == 43 and s.eta_s == pytest.approx(40.0)
     assert progress.line().startswith("progress: 3/~43 trials done")
+
+
+def test_the_reproduction_notice_states_the_change_the_forecast_and_a_budget_it_exceeds():
+    from orchestrator.commands.bisect import reproduction_notice
+
+    searching = Verdict(done=False, status="searching", n_trials=40, total_effect_pct=2.1,
+                        total_effect_ci=(0.4, 3.9), expected_remaining=480)
+    line, forecast = reproduction_notice(searching, "verify_ms", budget=None)
+    assert "verify_ms +2.1% [+0.4%, +3.9%]" in line and "after 40 trials" in line
+    assert "about 480 more trials" in forecast
+    assert len(reproduction_notice(searching, "verify_ms", budget=600)) == 2  # 40 + 480 fit
+    _, _, warning = reproduction_notice(searching, "verify_ms", budget=200)
+    assert "exceeds max_trials=200" in warning
+    unforecast = Verdict(done=False, status="searching", n_trials=4, total_effect_pct=53.0)
+    (line,) = reproduction_notice(unforecast, "verify_ms", budget=5)
+    assert line.endswith("after 4 trials") and "forecast" not in line

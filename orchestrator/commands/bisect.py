@@ -130,6 +130,30 @@ def _progress_line(verdict: Verdict, commits: list[CommitInfo], n_obs: int) -> s
     return f"[{verdict.status}] {n_obs} trials; {best}"
 
 
+def reproduction_notice(verdict: Verdict, metric: str, budget: int | None) -> list[str]:
+    """The lines to print once, when the endpoints' change has reproduced and the search starts.
+
+    The size of the change against the restart noise decides what the whole run costs, so this
+    is the moment to say it: a 50% change is localized in a dozen restarts, a 2% change in 5%
+    noise can take hundreds, and a user with a budget should know before spending it.
+    """
+    change = f"{verdict.total_effect_pct:+.1f}%" if verdict.total_effect_pct is not None else "?"
+    if verdict.total_effect_ci is not None:
+        lo, hi = verdict.total_effect_ci
+        change += f" [{lo:+.1f}%, {hi:+.1f}%]"
+    line = f"the change reproduces: {metric} {change} between the endpoints " \
+           f"after {verdict.n_trials} trials"
+    left = verdict.expected_remaining
+    if left is None:
+        return [line]  # the noise is not measured yet
+    lines = [line, f"forecast: about {left} more trials to name the culprit "
+                   "(a rough figure, often off by a factor of two)"]
+    if budget is not None and verdict.n_trials + left > budget:
+        lines.append(f"the forecast exceeds max_trials={budget}: the run will likely stop "
+                     "before naming a culprit, with its best guess and that guess's probability")
+    return lines
+
+
 def execute(cfg, ctl: Controller, run_dir: Path, commits, points, weights, out,
             findings_name: str | None = None, progress=None) -> tuple[Verdict, dict]:
     """Bisect on a running controller; writes findings.json and returns the verdict and it."""
@@ -139,15 +163,27 @@ def execute(cfg, ctl: Controller, run_dir: Path, commits, points, weights, out,
     if not (run_dir / "commits.json").exists():  # the report replays the posterior from it
         _save_plan(run_dir, commits, points, weights)
     labels = [c.sha[:10] for c in commits]
+    budget = int(cfg.max_trials) if cfg.max_trials is not None else None
+    announced = False
+
+    def announce(v: Verdict, say) -> None:
+        nonlocal announced
+        if not announced and v.status in ("searching", "verifying"):
+            announced = True
+            for line in reproduction_notice(v, str(cfg.metric), budget):
+                say(line)
+
     if progress is not None:
         progress.set_total(expected_bisect_trials(len(commits)) + len(ctl.store.trials()))
 
         def on_verdict(v: Verdict, _n: int) -> None:
             if v.expected_remaining is not None:  # measured change and noise: a better ETA
                 progress.set_remaining(v.expected_remaining)
+            announce(v, progress.note)
             progress.on_verdict(v.status, *verdict_best(v, labels))
     else:
         def on_verdict(v: Verdict, n: int) -> None:
+            announce(v, out.print)
             out.print(f"  {_progress_line(v, commits, n)}")
     verdict = drive(ctl, strategy, points, metric=str(cfg.metric), on_verdict=on_verdict)
     rows = ctl.store.trials()
