@@ -74,12 +74,13 @@ class OraclePlacedBisect(BisectStrategy):
     """A second reference: sleuth's strategy with the *placement* of its search trials told
     the truth. Reproduction, the posterior, the stopping rule and verification are sleuth's
     own; only the next search point comes from :class:`KnownLevelsOracle`'s posterior median
-    (the point sleuth's posterior holds fewer trials at when the oracle is already sure).
+    (once the oracle is sure, its culprit or the parent, whichever has fewer trials).
 
     It splits the gap between sleuth and the oracle in two: what sleuth's placement costs (this
     row against sleuth's) and what honest inference costs, learning the levels and the noise
     from the same restarts and checking the change and the culprit (the oracle's row against
-    this one). No placement rule can beat this row by much without better inference.
+    this one). The oracle's placement is not proven best for sleuth's inference; it is the one
+    behind the reference figures the targets were set against.
     """
 
     def __init__(self, n: int, good: float, bad: float, cv: float, **kwargs) -> None:
