@@ -32,7 +32,7 @@ class KnownLevelsOracle(Strategy):
         self.confidence = confidence
         self.max_trials = max_trials
 
-    def _posterior(self, observations: Sequence[Observation]) -> np.ndarray:
+    def posterior(self, observations: Sequence[Observation]) -> np.ndarray:
         """P(first bad commit = c), c = 1..n-1 (index 0 is the good endpoint: always 0)."""
         llr = np.zeros(self.n)  # log p(reading | bad) - log p(reading | good), summed per point
         for obs in observations:
@@ -52,7 +52,7 @@ class KnownLevelsOracle(Strategy):
 
     def propose(self, observations: Sequence[Observation], pending: Sequence[int],
                 k: int) -> list[Proposal]:
-        post = self._posterior(observations)
+        post = self.posterior(observations)
         if k <= 0 or self._done(observations, post):
             return []
         cdf = np.cumsum(post)  # cdf[p] = P(point p reads bad)
@@ -60,7 +60,7 @@ class KnownLevelsOracle(Strategy):
         return [Proposal(point, "search", "posterior median")]
 
     def verdict(self, observations: Sequence[Observation]) -> Verdict:
-        post = self._posterior(observations)
+        post = self.posterior(observations)
         best = int(np.argmax(post))
         done = self._done(observations, post)
         found = float(post[best]) >= self.confidence
@@ -88,7 +88,7 @@ class OraclePlacedBisect(BisectStrategy):
         self._placer = KnownLevelsOracle(n, good, bad, cv)
 
     def _search(self, segment: Segment, in_flight: Counter, slots: int) -> list[Proposal]:
-        known = self._placer._posterior(self._consumed)
+        known = self._placer.posterior(self._consumed)
         lo, hi = segment.lo, segment.hi
         within = known[lo + 1 : hi + 1] / max(float(known[lo + 1 : hi + 1].sum()), 1e-300)
         cdf = np.cumsum(within)

@@ -143,7 +143,7 @@ def test_the_oracle_placed_reference_keeps_sleuths_phases_and_searches_at_the_kn
             break
         proposal = proposals[0]
         if proposal.phase == "search":
-            post = placer._posterior(obs)
+            post = placer.posterior(obs)
             if post.max() < 0.99:  # before the oracle is sure, it measures its median
                 assert proposal.point == int(np.argmin(np.abs(np.cumsum(post) - 0.5)))
         phases.append(proposal.phase)

@@ -70,8 +70,8 @@ def clearly_reversed(strategy: BisectStrategy, segment: Segment) -> bool:
     real reversal of any size that matters still shows within a few looks.
     """
     ev, cfg = strategy.evidence, strategy.settings
-    looks = min(ev.count(segment.lo), ev.count(segment.hi)) - cfg.reversed_min_per_endpoint + 1
-    level = (1.0 - cfg.reversed_confidence) / (max(looks, 1) * (max(looks, 1) + 1))
+    k = max(min(ev.count(segment.lo), ev.count(segment.hi)) - cfg.reversed_min_per_endpoint + 1, 1)
+    level = (1.0 - cfg.reversed_confidence) / (k * (k + 1))
     diff = ev.compare(segment.lo, segment.hi, 1.0 - level)
     return diff is not None and diff.hi < 0.0
 
