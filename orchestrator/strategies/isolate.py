@@ -27,7 +27,8 @@ Plan, each step justified by what a trial costs (a server restart):
    good-with-N like bad, both within the smallest effect worth naming (by default 10% of the
    total change, and at least one restart-noise sigma). A remaining change starts a new chain
    over the unnamed differences, from good (or from ``N``) towards bad; if that search comes
-   back empty, another order is tried, then more trials decide.
+   back empty, another order is tried, then more trials decide. Reproduction, chains and this
+   step are the transitions of :mod:`orchestrator.strategies.isolate_search`.
 5. **final**: the answer is declared when the probability of all its claims together (each
    cause's effect is real; each explain check is within the tolerance) reaches ``confidence``;
    until then the weakest claim gets more trials, and a cause whose evidence turns against it
@@ -49,18 +50,23 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from orchestrator.strategies.base import Observation, Proposal, Strategy
-from orchestrator.strategies.bisect import BisectSettings, BisectStrategy
 from orchestrator.strategies.isolate_plan import (
     CONFIRMED,
-    NEEDS_PARTNER,
     SINGLE,
     VERIFYING,
     Chain,
     Pair,
     Suspect,
 )
-from orchestrator.strategies.isolate_propose import final_wanted, wanted
+from orchestrator.strategies.isolate_propose import wanted
 from orchestrator.strategies.isolate_report import IsolateVerdict, describe
+from orchestrator.strategies.isolate_search import (
+    check_reproduced,
+    explain,
+    harvest,
+    search_orders,
+    start_chain,
+)
 from orchestrator.strategies.isolate_stats import (
     ABSENT,
     PRESENT,
@@ -71,14 +77,7 @@ from orchestrator.strategies.isolate_stats import (
     claim_probability,
     decide,
 )
-from orchestrator.strategies.isolate_verify import (
-    add_pair,
-    add_suspect,
-    partner_not_found,
-    reverify,
-    verify_pair,
-    verify_suspect,
-)
+from orchestrator.strategies.isolate_verify import verify_pair, verify_suspect
 
 Weights = dict[Subset, float]
 UNTESTABLE = "untestable"
@@ -400,11 +399,11 @@ class IsolateStrategy(Strategy):
         if self.outcome is not None:
             return False
         if not self.reproduced:
-            return self._check_reproduced()
+            return check_reproduced(self)
         changed = False
         for chain in self.chains:
             if not chain.finished:
-                changed |= self._harvest(chain)
+                changed |= harvest(self, chain)
         for suspect in self.suspects:
             if suspect.state in (VERIFYING, SINGLE):
                 changed |= verify_suspect(self, suspect)
@@ -413,7 +412,7 @@ class IsolateStrategy(Strategy):
                 changed |= verify_pair(self, pair)
         if changed:
             return True
-        return self.quiescent() and self._explain()
+        return self.quiescent() and explain(self)
 
     def quiescent(self) -> bool:
         return (
@@ -422,150 +421,13 @@ class IsolateStrategy(Strategy):
             and all(p.state != VERIFYING for p in self.pairs)
         )
 
-    def _check_reproduced(self) -> bool:
-        cfg, ev = self.settings, self.evidence
-        for end, name in ((self.good, "good"), (self.bad, "bad")):
-            if self.untestable(end):
-                self.outcome = "inconclusive"
-                self.note = f"the {name} configuration could not be measured"
-                return True
-        counts = min(ev.count(self.good), ev.count(self.bad))
-        if counts < cfg.reproduce_min_per_endpoint:
-            return False
-        total = self.total()
-        assert total is not None
-        lo, hi = total.interval(cfg.reproduce_confidence)
-        small = self.min_effect is not None and hi < self.min_effect
-        if lo > 0.0 and not small:
-            self.reproduced = True
-            self.start_chain(self.good, tuple(range(self.n_differences)), "search")
-        elif hi < 0.0:
-            self.outcome = "reversed"
-        elif small or counts >= cfg.reproduce_max_per_endpoint:
-            self.outcome = "not_reproducible"
-        else:
-            return False
-        return True
-
     def start_chain(
         self, base: Subset, order: tuple[int, ...], origin: str, owner: int | None = None
     ) -> bool:
-        """Start a prefix chain unless it is empty or was searched before."""
-        key = (base, order)
-        if not order or key in self.chain_keys:
-            return False
-        self.chain_keys.add(key)
-        # One step per chain (no partial splits): further causes are found by the explain
-        # checks' residual chains, and every step is verified both ways anyway.
-        bisect = BisectStrategy(
-            len(order) + 1,
-            direction=self.direction,
-            confidence=self.settings.search_confidence,
-            min_effect_pct=self.log_to_pct(self.tolerance()),
-            settings=BisectSettings(explain_fraction=0.0),
-        )
-        chain = Chain(base, order, origin, bisect, owner=owner)
-        for observation in self.consumed:
-            chain.feed(self.subset(observation.point), observation)
-        chain.initial = len(chain.observations)
-        self.chains.append(chain)
-        return True
-
-    def _harvest(self, chain: Chain) -> bool:
-        """Turn a chain's found step into a suspect (or a pair); close the chain when done."""
-        verdict = chain.current()
-        changed = False
-        for culprit in verdict.culprits if verdict.status != "budget_exhausted" else ():
-            members = chain.culprit_members(culprit.point, culprit.range)
-            if members in chain.harvested:
-                continue
-            chain.harvested.add(members)
-            changed = True
-            if chain.origin == "partner" and chain.owner is not None:
-                add_pair(self, self.suspects[chain.owner], frozenset(members))
-            else:
-                add_suspect(self, frozenset(members), chain.context_before(members), chain.origin)
-        cfg = self.settings
-        limit = cfg.chain_trials_base + cfg.chain_trials_per_bit * math.ceil(
-            math.log2(len(chain.order) + 1)
-        )
-        if verdict.done or len(chain.observations) - chain.initial >= limit:
-            chain.finished = True
-            chain.note = verdict.status if verdict.done else "gave up: no clear step"
-            if not verdict.done and not chain.harvested:
-                self._harvest_guess(chain, verdict.posterior)
-            owner = self.suspects[chain.owner] if chain.owner is not None else None
-            if owner is not None and not chain.harvested and owner.state == NEEDS_PARTNER:
-                if verdict.status == "not_reproducible":
-                    # Its context adds nothing on top of it: it hurts alone after all.
-                    reverify(self, owner, "its context adds nothing")
-                else:
-                    partner_not_found(self, owner)
-            changed = True
-        return changed
-
-    def _harvest_guess(self, chain: Chain, posterior: Sequence[float]) -> None:
-        """A chain that gave up (several steps blur a one-step model) still hands over its most
-        probable step: testing it both ways is cheap and decides."""
-        if len(posterior) < 2:
-            return
-        point = max(range(1, len(posterior)), key=posterior.__getitem__)
-        members = chain.culprit_members(point, None)
-        chain.harvested.add(members)
-        if chain.origin == "partner" and chain.owner is not None:
-            add_pair(self, self.suspects[chain.owner], frozenset(members))
-        else:
-            add_suspect(self, frozenset(members), chain.context_before(members), chain.origin)
+        """Start a prefix chain unless it is empty or was searched before (partner searches in
+        :mod:`isolate_verify` start them too)."""
+        return start_chain(self, base, order, origin, owner)
 
     def search_orders(self, differences: Sequence[int]) -> list[tuple[int, ...]]:
-        """Orders in which a residual or partner search may walk its differences: ascending, then
-        (if a search found nothing real) descending, then from the middle outwards. A new order
-        puts the steps at new prefixes, so a second search is new evidence, not a replay."""
-        ascending = tuple(sorted(differences))
-        middle = len(ascending) // 2
-        outwards = [ascending[middle]] if ascending else []
-        for offset in range(1, len(ascending)):
-            for index in (middle - offset, middle + offset):
-                if 0 <= index < len(ascending):
-                    outwards.append(ascending[index])
-        orders = [ascending, ascending[::-1], tuple(outwards)]
-        return list(dict.fromkeys(orders[: self.settings.chain_attempts]))
-
-    def _explain(self) -> bool:
-        """All work done: does the named set explain the change? Start a chain if not."""
-        named = self.named()
-        remaining = tuple(sorted(self.bad - named))
-        cap = self.settings.final_max_per_subset
-        checks = self.explain_checks(named)
-        if not checks and named != self.bad:
-            self.outcome = "inconclusive"
-            self.note = "neither explain check could be measured"
-            return True
-        unexplained = False
-        for weights, tested, base in checks:
-            decision = self.decision(weights, tested, cap, self.settings.residual_confidence)
-            if decision is None:
-                return False
-            if decision == PRESENT:
-                if any(self.start_chain(base, order, "residual")
-                       for order in self.search_orders(remaining)):
-                    return True
-                if self.evidence.count(tested) < cap:
-                    return False  # searched already and nothing found: more trials decide
-                unexplained = True  # capped: the answer's probability says how much it matters
-        if not named:
-            self.outcome = "inconclusive" if unexplained else "not_reproducible"
-            self.note = "a change remains that no single difference or pair explains" \
-                if unexplained else ""
-            return True
-        if math.prod(self.claim_probabilities()) >= self.confidence:
-            self.outcome = "found"
-            return True
-        if not final_wanted(self, Counter()):
-            self.outcome = "inconclusive"
-            self.note = (
-                "a change remains that no single difference or pair explains" if unexplained
-                else "the answer's probability stays below the requested confidence"
-            )
-            return True
-        return False
+        """Orders to walk ``differences`` in, one per search attempt (:mod:`isolate_search`)."""
+        return search_orders(self.settings, differences)
