@@ -1,0 +1,128 @@
+"""Notice when a node's system state changes between the trials of one run.
+
+Strategies compare trials of different candidates as if the node under them stayed the same:
+a bisect reuses every finished trial of a commit, a resumed run reuses the trials of the day
+before. If the driver was upgraded, the power limit lowered or a package reinstalled in between,
+trials before and after measure different systems, and a posterior that mixes them can name
+the wrong commit with high confidence. Telemetry marks a trial *suspect* when its GPUs change
+*during* the trial; this watch compares each trial's fingerprint with the previous trial's on the
+same node, so a change *between* trials (or across an interruption) is reported too.
+
+Only settled state counts: driver, CUDA and NCCL versions, GPU model, memory, maximum clock,
+persistence mode, uncorrected ECC errors, the power limit and clock locks (compared only between
+trials that asked for the same clock policy, since a policy is a factor a trial sets), installed
+packages, the kernel and the interpreter. Readings that move on their own (the current PCIe
+link generation drops at idle, foreign processes come and go, the boot id changes with a reboot
+that changes nothing else) are left out: telemetry and the suspect mark cover those.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+
+from orchestrator.fingerprint_diff import Difference, diff
+from orchestrator.records import NOT_EVIDENCE_PHASES
+from orchestrator.store import TrialRow
+
+# fingerprint_diff categories that describe the node rather than the candidate.
+_SYSTEM_CATEGORIES = {"driver", "nccl", "clock", "gpu", "package", "kernel"}
+
+
+@dataclass(frozen=True)
+class SystemChange:
+    """The node's state changed between trial ``before`` and trial ``after`` (store ids)."""
+
+    node: str
+    before: int
+    after: int
+    differences: tuple[Difference, ...]
+
+    @property
+    def summary(self) -> str:
+        shown = "; ".join(d.label for d in self.differences[:4])
+        more = len(self.differences) - 4
+        return shown + (f"; and {more} more" if more > 0 else "")
+
+    @property
+    def message(self) -> str:
+        return (f"the system on {self.node} changed between trials {self.before} and "
+                f"{self.after} ({self.summary}): trials before and after measure different "
+                "systems, and the answer assumes they do not")
+
+    def to_json(self) -> dict:
+        return {"node": self.node, "before_trial": self.before, "after_trial": self.after,
+                "differences": [d.to_json() for d in self.differences],
+                "summary": self.summary}
+
+
+def _comparable(fingerprint: Mapping, with_gpu: bool) -> dict:
+    """The settled system part of a fingerprint, in the shape :func:`diff` reads: of the host,
+    only the kernel (the boot id and hostname say nothing about performance by themselves)."""
+    host = fingerprint.get("host", {}) or {}
+    return {
+        "gpu": (fingerprint.get("gpu", {}) or {}) if with_gpu else {},
+        "packages": fingerprint.get("packages", {}) or {},
+        "host": {"kernel": host.get("kernel")},
+    }
+
+
+def system_differences(before: Mapping, after: Mapping) -> list[Difference]:
+    """Settled system differences between two trial fingerprints of one node. GPU state is
+    compared only when both trials could read it (a failed read is not a change)."""
+    with_gpu = bool(before.get("gpu")) and bool(after.get("gpu"))
+    out = [d for d in diff(_comparable(before, with_gpu), _comparable(after, with_gpu))
+           if d.category in _SYSTEM_CATEGORIES]
+    if before.get("python") and after.get("python") and before["python"] != after["python"]:
+        out.append(Difference("package", "python", before["python"], after["python"]))
+    return out
+
+
+class SystemWatch:
+    """Feed it finished trials in store order; it returns the changes it sees.
+
+    A trial is compared with the last trial on the same node that asked for the same clock
+    policy for clocks and power limits (a policy sets those on purpose), and with the last trial
+    on the node for everything else. Trials without a fingerprint (they failed before the
+    server was prepared) are skipped, and so are reference trials: they measure the node as it
+    was then on purpose, and no strategy takes them as evidence.
+    """
+
+    def __init__(self) -> None:
+        self._last: dict[tuple[str, str], tuple[int, Mapping]] = {}
+        self._state: dict[str, tuple[int, Mapping]] = {}
+        self.changes: list[SystemChange] = []
+
+    def feed(self, row: TrialRow) -> SystemChange | None:
+        result = row.result
+        if result is None or not result.fingerprint or row.phase in NOT_EVIDENCE_PHASES:
+            return None
+        fingerprint = result.fingerprint
+        key = (row.node, row.candidate.clock)
+        previous = self._state.get(row.node)
+        same_policy = self._last.get(key)
+        self._last[key] = (row.id, fingerprint)
+        self._state[row.node] = (row.id, fingerprint)
+        if previous is None:
+            return None
+        found = [d for d in system_differences(previous[1], fingerprint) if d.category != "clock"]
+        before = previous[0]
+        if same_policy is not None:
+            clocks = [d for d in system_differences(same_policy[1], fingerprint)
+                      if d.category == "clock"]
+            if clocks and not found:
+                before = same_policy[0]
+            found += clocks
+        if not found:
+            return None
+        change = SystemChange(row.node, before, row.id, tuple(found))
+        self.changes.append(change)
+        return change
+
+    def feed_all(self, rows: Iterable[TrialRow]) -> list[SystemChange]:
+        return [c for c in (self.feed(r) for r in rows) if c is not None]
+
+
+def system_changes(rows: Sequence[TrialRow]) -> list[SystemChange]:
+    """Every change between consecutive finished trials of each node, in store order."""
+    return SystemWatch().feed_all(r for r in rows if r.finished)
