@@ -15,6 +15,7 @@ from orchestrator.controller import RETRYABLE, Controller
 from orchestrator.records import NOT_EVIDENCE_PHASES, Candidate
 from orchestrator.store import RunStore, TrialRow
 from orchestrator.strategies.base import Observation, Strategy, Verdict
+from orchestrator.system_watch import SystemChange, SystemWatch
 
 
 def observation(row: TrialRow, point: int, metric: str, final_attempt: int) -> Observation | None:
@@ -60,7 +61,8 @@ class FixedPoints:
 
 def replay(store: RunStore, points: PointMap, metric: str, retries: int) -> list[Observation]:
     """Observations from the stored trials of these points: a same candidate measured earlier
-    in the run (same node state) is evidence too; reference trials are not."""
+    in the run is evidence too (:func:`drive` reports a node whose system changed in between);
+    reference trials are not."""
     obs = []
     for row in store.trials():
         if row.phase in NOT_EVIDENCE_PHASES:
@@ -81,10 +83,18 @@ def drive(
     *,
     metric: str,
     on_verdict: Callable[[Verdict, int], None] | None = None,
+    on_system_change: Callable[[SystemChange], None] | None = None,
 ) -> Verdict:
-    """Run trials until the strategy is done (or proposes nothing while nothing runs)."""
+    """Run trials until the strategy is done (or proposes nothing while nothing runs).
+
+    ``on_system_change`` hears of every change of a node's system state between its trials
+    (:mod:`orchestrator.system_watch`), including one across an interruption: the first trial
+    of a resumed run is compared with the node's last trial before it.
+    """
     pmap: PointMap = FixedPoints(points) if isinstance(points, Sequence) else points
     observations = replay(controller.store, pmap, metric, controller.retries)
+    watch = SystemWatch()
+    watch.feed_all(r for r in controller.store.trials() if r.finished)  # told when they happened
     final_attempt = controller.retries + 1
     verdict = strategy.verdict(observations)
     while True:
@@ -97,6 +107,9 @@ def drive(
         if not controller.in_flight():
             break
         for row in controller.wait():
+            change = watch.feed(row)
+            if change is not None and on_system_change is not None:
+                on_system_change(change)
             o = observation(row, pmap.point(row.candidate), metric, final_attempt)
             if o is not None:
                 observations.append(o)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import signal
@@ -15,6 +16,7 @@ import pytest
 from orchestrator.commands import bisect
 from orchestrator.config.compose import compose_config
 from orchestrator.store import RunStore
+from orchestrator.targets.sim import gpu_state
 from orchestrator.targets.sim.scenario import generate_scenario
 
 pytestmark = pytest.mark.slow
@@ -76,7 +78,7 @@ def test_unbuildable_commits_are_skipped_not_slow(tmp_path, ray_session):
             assert row.outcome.value == "launch_failed" and not row.result.measurements
 
 
-def test_kill_controller_then_resume_reuses_finished_trials(tmp_path):
+def test_kill_controller_then_resume_reuses_finished_trials(tmp_path, capsys):
     scenario = generate_scenario(tmp_path / "sc", 100, 3, "one_culprit")
     truth = scenario.truth
     runs = tmp_path / "runs"
@@ -101,16 +103,29 @@ def test_kill_controller_then_resume_reuses_finished_trials(tmp_path):
     before = {r.id: (r.outcome, r.candidate.key) for r in store.trials() if r.finished}
     store.close()
     assert len(before) >= 7
+    # While it was down, the node's driver was upgraded: the resumed run must say that its
+    # trials before and after measure different systems (this one does not change timings).
+    for state_file in (runs / ".nodes").glob("*/gpu_state.json"):
+        gpu_state.save(state_file, dataclasses.replace(gpu_state.load(state_file),
+                                                       driver_version="595.10.02"))
     from orchestrator.cli import run as cli_run
 
+    capsys.readouterr()
     code = cli_run(["resume", str(runs / "killme")] + [])
     assert code == 0
+    printed = capsys.readouterr().out
+    assert "the system on local-" in printed and "595.10.02" in printed
     store = RunStore.open(db)
     after = {r.id: (r.outcome, r.candidate.key) for r in store.trials()}
     for tid, (outcome, key) in before.items():
         assert after[tid] == (outcome, key)  # untouched and still there
     doc = json.loads((runs / "killme" / "findings.json").read_text())
     assert doc["findings"][0]["id"] == truth["culprits"][0]["sha"]
+    changes = doc["system_changes"]
+    assert changes and {c["node"] for c in changes} <= {"local-0", "local-1"}
+    for change in changes:  # found where it happened: across the interruption
+        assert change["before_trial"] in before and change["after_trial"] not in before
+        assert [d["key"] for d in change["differences"]] == ["driver_version"]
     ok_before = {t for t, (o, _) in before.items() if o.value == "ok"}
     assert ok_before <= set(doc["findings"][0]["evidence"]) | {
         r.id for r in store.trials() if r.outcome and r.outcome.value == "ok"}

@@ -189,6 +189,7 @@ def _check_findings(doc: dict, run_dir: Path, study: optuna.Study, final: list[T
     assert best["after_key"] == confirmed["key"] != best["before_key"] == doc["baseline"]["key"]
     assert study.user_attrs["confirm"] == [best["before_key"], best["after_key"]]
     assert sorted(best["evidence"]) == sorted(r.id for r in confirm_rows)
+    assert doc["system_changes"] == []  # 200 restarts on 4 nodes, no false alarm
     search = _values_by_key(final, {"search", "baseline"})
     confirm = _values_by_key(final, {"confirm"})
     for side in (doc["baseline"], confirmed):

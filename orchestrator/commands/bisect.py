@@ -27,6 +27,7 @@ from orchestrator.rundir import create_run, running, runs_root
 from orchestrator.store import RunStore
 from orchestrator.strategies.base import Verdict
 from orchestrator.strategies.bisect import BisectStrategy
+from orchestrator.system_watch import SystemChange, system_changes
 from orchestrator.workspace import CommitInfo
 
 EXIT_INCONCLUSIVE = 3
@@ -173,6 +174,9 @@ def execute(cfg, ctl: Controller, run_dir: Path, commits, points, weights, out,
             for line in reproduction_notice(v, str(cfg.metric), budget):
                 say(line)
 
+    def system_changed(change: SystemChange) -> None:
+        (progress.note if progress is not None else out.print)(f"warning: {change.message}")
+
     if progress is not None:
         progress.set_total(expected_bisect_trials(len(commits)) + len(ctl.store.trials()))
 
@@ -185,13 +189,18 @@ def execute(cfg, ctl: Controller, run_dir: Path, commits, points, weights, out,
         def on_verdict(v: Verdict, n: int) -> None:
             announce(v, out.print)
             out.print(f"  {_progress_line(v, commits, n)}")
-    verdict = drive(ctl, strategy, points, metric=str(cfg.metric), on_verdict=on_verdict)
+    verdict = drive(ctl, strategy, points, metric=str(cfg.metric), on_verdict=on_verdict,
+                    on_system_change=system_changed)
     rows = ctl.store.trials()
     doc = findings.bisect_findings(run_id=ctl.store.run_id, metric=str(cfg.metric), verdict=verdict,
                                    commits=commits, keys=[p.key for p in points], rows=rows)
+    changes = system_changes(rows)
+    doc["system_changes"] = [c.to_json() for c in changes]
     path = findings.write(run_dir, doc, findings_name)
     out.print(render.findings_table(doc))
     out.print(verdict.message)
+    for change in changes:
+        out.print(f"warning: {change.message}")
     out.print(f"findings: {path}")
     return verdict, doc
 

@@ -31,6 +31,7 @@ from orchestrator.metrics import check_metric, regression_direction
 from orchestrator.records import Candidate
 from orchestrator.rundir import create_run, running
 from orchestrator.strategies.isolate import IsolateStrategy
+from orchestrator.system_watch import system_changes
 from orchestrator.targets.base import UNSET
 
 _KIND = {"commit": "commit", "patch": "patch", "env": "env", "clock": "clock", "server": "system"}
@@ -117,7 +118,8 @@ def execute(cfg: DictConfig, ctl: Controller, run_dir: Path, good: dict, changes
     out.print(f"isolating {len(changes)} difference(s) on {metric}: "
               + "; ".join(labels[:6]) + (" ..." if len(labels) > 6 else ""))
     verdict = drive(ctl, strategy, points, metric=metric,
-                    on_verdict=lambda v, n: out.print(f"  [{v.status}] {n} trials"))
+                    on_verdict=lambda v, n: out.print(f"  [{v.status}] {n} trials"),
+                    on_system_change=lambda c: out.print(f"warning: {c.message}"))
     rows = ctl.store.trials()
     good_key = points.candidate(0).key
     items = []
@@ -149,9 +151,13 @@ def execute(cfg: DictConfig, ctl: Controller, run_dir: Path, good: dict, changes
            "cleared": [changes[i].to_json() for i in verdict.cleared],
            "differences": [c.to_json() for c in changes],
            "findings": [{"rank": i.pop("rank"), **i} for i in items]}
+    system = system_changes(rows)
+    doc["system_changes"] = [c.to_json() for c in system]
     path = findings.write(run_dir, doc, findings_name)
     out.print(render.findings_table(doc))
     out.print(verdict.message)
+    for change in system:
+        out.print(f"warning: {change.message}")
     if verdict.cleared:
         out.print(f"cleared ({len(verdict.cleared)}): "
                   + ", ".join(changes[i].label for i in verdict.cleared[:12])

@@ -38,6 +38,7 @@ from orchestrator.sweep.search import (
 )
 from orchestrator.sweep.space import SearchSpace
 from orchestrator.sweep.study import make_sampler, open_study, storage_url
+from orchestrator.system_watch import SystemWatch, system_changes
 
 EXIT_INCONCLUSIVE = 3
 PLAN_FILE = "sweep.json"
@@ -123,6 +124,8 @@ def execute(cfg: DictConfig, ctl: Controller, run_dir: Path, space: SearchSpace,
               f"trials, then up to {settings.confirm_reserve} confirming, on {len(ctl.nodes)} "
               f"node(s); study {storage_url(run_dir)}")
     shown = len(search.events)
+    watch = SystemWatch()
+    watch.feed_all(r for r in ctl.store.trials() if r.finished)  # told when they happened
     if progress is not None:
         confirm = settings.confirm_min_rounds * (settings.confirm_top + 1)
         progress.set_total(settings.budget + confirm + len(ctl.store.trials()) - search.spent)
@@ -133,6 +136,9 @@ def execute(cfg: DictConfig, ctl: Controller, run_dir: Path, space: SearchSpace,
         if not ctl.in_flight():
             break
         for row in ctl.wait():
+            change = watch.feed(row)
+            if change is not None:
+                (progress.note if progress is not None else out.print)(f"warning: {change.message}")
             if parse_phase(row.phase or "") is None:
                 continue  # not one of ours (a controller shared with another experiment)
             o = observation(row, 0, metric, final_attempt)
@@ -151,6 +157,8 @@ def execute(cfg: DictConfig, ctl: Controller, run_dir: Path, space: SearchSpace,
     doc = report.sweep_findings(run_id=ctl.store.run_id, metric=metric, search=search,
                                 result=result, importances=importances,
                                 rows=ctl.store.trials())
+    system = system_changes(ctl.store.trials())
+    doc["system_changes"] = [c.to_json() for c in system]
     out.print(report.leaders_table(search, metric))
     if importances.values:
         out.print(report.importance_table(importances))
@@ -158,6 +166,8 @@ def execute(cfg: DictConfig, ctl: Controller, run_dir: Path, space: SearchSpace,
         out.print(f"parameter importance ({importances.evaluator}): {importances.note}")
     out.print(render.findings_table(doc))
     out.print(result.message)
+    for change in system:
+        out.print(f"warning: {change.message}")
     return result, doc
 
 

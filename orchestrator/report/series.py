@@ -20,6 +20,7 @@ from orchestrator.metrics import METRICS
 from orchestrator.records import Candidate
 from orchestrator.report.collect import RunData
 from orchestrator.store import TrialRow
+from orchestrator.system_watch import system_changes
 
 PHASE_MS_METRICS = ("verify_ms", "draft_ms", "decode_ms")
 PHASE_OTHER_METRICS = ("accept_len", "cuda_graph_share")
@@ -375,10 +376,10 @@ def _reported(data: RunData) -> list[FingerprintDiff]:
 def fingerprint_diffs(data: RunData) -> list[FingerprintDiff]:
     """What differed between the environments the report compares.
 
-    Three views, each only when it has something to say: what an experiment listed itself, the
-    two sides of the run (bisect endpoints or the top finding's pair), and what changed on the
-    node between the run's first and last fingerprinted trial (code left out): the drift that
-    turns "same code" into a different result, the seed's situation.
+    Views, each only when it has something to say: what an experiment listed itself, the two
+    sides of the run (bisect endpoints or the top finding's pair), and every change of a node's
+    settled system state between two of its trials (:mod:`orchestrator.system_watch`): the drift
+    that turns "same code" into a different result, the seed's situation.
     """
     out = _reported(data)
     sides = fingerprint_sides(data)
@@ -389,12 +390,7 @@ def fingerprint_diffs(data: RunData) -> list[FingerprintDiff]:
                                           after[-1].result.fingerprint)
             if diffs:
                 out.append(FingerprintDiff(f"{sides[0].label} vs {sides[1].label}", tuple(diffs)))
-    every = _fingerprinted(data.rows)
-    if len(every) >= 2:
-        drift = [d for d in fingerprint_diff.diff(every[0].result.fingerprint,
-                                                  every[-1].result.fingerprint)
-                 if d.category != "code"]
-        if drift:
-            out.append(FingerprintDiff(f"during the run: trial {every[0].id} vs trial"
-                                       f" {every[-1].id}", tuple(drift)))
+    for change in system_changes(data.rows):
+        out.append(FingerprintDiff(f"during the run, on {change.node}: trial {change.before} vs"
+                                   f" trial {change.after}", change.differences))
     return out
