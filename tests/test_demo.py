@@ -36,6 +36,9 @@ def test_demo_tells_the_whole_story_and_matches_the_truth(tmp_path, ray_session,
     ranked = json.loads((run_dir / "findings.json").read_text())
     experiments = [doc["experiment"] for doc in ranked["sources"]]
     assert experiments == ["bisect", "compare", "isolate", "sweep"]
+    # Its reference trials replay the node as it was then, on purpose: no system change, and
+    # none among the trials of the experiments (the isolate one sets clock policies).
+    assert ranked["system_changes"] == [] and "the system on" not in printed
 
     # The planted code culprit is the top commit finding; the system causes were isolated.
     commits = [f for f in ranked["findings"] if f["kind"] == "commit"]

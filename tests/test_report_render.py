@@ -337,3 +337,18 @@ def test_compare_differences_are_listed_and_ranked_after_causes(tmp_path):
     experiments = T.experiments_table(data.ranked)
     assert experiments.rows[1][:5] == ("compare", "verify_ms", "not_reproduced", "2",
                                        "+52.0% [+40.0, +65.0]")
+
+
+def test_the_combined_findings_name_each_system_change(data):
+    """The fixture lowers the power limit from trial 8 on, on both nodes: one change each,
+    found at the first trial that saw it."""
+    changes = data.ranked["system_changes"]
+    assert sorted(c["node"] for c in changes) == ["local-0", "local-1"]
+    for change in changes:
+        assert change["after_trial"] >= 8 > change["before_trial"]
+        (diff,) = change["differences"]
+        assert (diff["key"], diff["reference"], diff["now"]) == ("power_limit_w", 600, 450)
+    views = [v.title for v in S.fingerprint_diffs(data)]
+    for change in changes:
+        assert (f"during the run, on {change['node']}: trial {change['before_trial']} vs trial"
+                f" {change['after_trial']}") in views

@@ -26,6 +26,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from orchestrator.store import TrialRow
+from orchestrator.system_watch import system_changes
 
 # Metrics whose interval tells "which part of the server moved": the three phase timings, the
 # draft acceptance and the share of verify passes that ran inside a CUDA graph.
@@ -113,8 +114,9 @@ def rank(
     `experiment` (the one whose record is kept), `experiments` (all that named it), `metric`
     (that experiment's metric), `moved` (phase metrics whose interval excludes zero),
     `suspect_trials`, `failed_trials` and `measured_trials` (from `rows`, when given). At the top
-    it adds `experiments` (one summary per document) and `sources` (the documents themselves,
-    so a combined file can be ranked again without losing anything).
+    it adds `experiments` (one summary per document), `system_changes` (from `rows`: every
+    change of a node's system between its trials) and `sources` (the documents themselves, so
+    a combined file can be ranked again without losing anything).
     """
     rows_by_id = {r.id: r for r in rows}
     merged: dict[tuple[str, str], dict] = {}
@@ -158,6 +160,7 @@ def rank(
         "verdict": combined_verdict(docs),
         "experiments": experiment_summaries(docs),
         "findings": findings,
+        "system_changes": [c.to_json() for c in system_changes(rows)],
         "sources": [copy.deepcopy(dict(d)) for d in docs],
     }
 
