@@ -27,6 +27,11 @@ from orchestrator.store import TrialRow
 
 # fingerprint_diff categories that describe the node rather than the candidate.
 _SYSTEM_CATEGORIES = {"driver", "nccl", "clock", "gpu", "package", "kernel"}
+# GPU readings that are None (or "") only when NVML could not read them: a gap, not a change.
+# (An unset clock lock is None too, so `sm_clock_locked_mhz` is not among them.)
+_READINGS = {"driver_version", "cuda_driver_version", "nccl_version", "power_limit_w",
+             "applications_clock_sm_mhz", "sm_clock_max_mhz", "persistence_mode", "ecc_errors",
+             "name", "memory_total_mib"}
 
 
 @dataclass(frozen=True)
@@ -67,12 +72,18 @@ def _comparable(fingerprint: Mapping, with_gpu: bool) -> dict:
     }
 
 
+def _unread(difference: Difference) -> bool:
+    return difference.key in _READINGS and (difference.reference in (None, "")
+                                            or difference.now in (None, ""))
+
+
 def system_differences(before: Mapping, after: Mapping) -> list[Difference]:
     """Settled system differences between two trial fingerprints of one node. GPU state is
-    compared only when both trials could read it (a failed read is not a change)."""
+    compared only when both trials could read it, field by field (a failed read is not a
+    change)."""
     with_gpu = bool(before.get("gpu")) and bool(after.get("gpu"))
     out = [d for d in diff(_comparable(before, with_gpu), _comparable(after, with_gpu))
-           if d.category in _SYSTEM_CATEGORIES]
+           if d.category in _SYSTEM_CATEGORIES and not _unread(d)]
     if before.get("python") and after.get("python") and before["python"] != after["python"]:
         out.append(Difference("package", "python", before["python"], after["python"]))
     return out
