@@ -93,10 +93,11 @@ def test_nodes_are_watched_separately_and_failed_reads_are_not_changes(store):
     that failed before its fingerprint, or whose GPU read failed, is skipped for the GPU part."""
     _trial(store, _fingerprint(), node="local-0")
     _trial(store, _fingerprint(packages={"torch": "2.8.0"}), node="local-1")
-    _trial(store, None, node="local-0", outcome=Outcome.PREPARE_FAILED)
-    _trial(store, _fingerprint(gpu={}), node="local-0")
     _trial(store, _fingerprint(gpu__gpus__1__power_limit_w=None, gpu__driver_version=""),
            node="local-0")
+    _trial(store, None, node="local-0", outcome=Outcome.PREPARE_FAILED)
+    _trial(store, _fingerprint(gpu={}), node="local-0")
+    _trial(store, _fingerprint(), node="local-0")
     _trial(store, _fingerprint(packages={"torch": "2.8.0"}), node="local-1")
     assert system_changes(store.trials()) == []
     later = _trial(store, _fingerprint(packages={"torch": "2.9.1", "triton": "3.5.0"}),
