@@ -10,6 +10,7 @@ from rich.console import Console
 from rich.table import Table
 
 from orchestrator.store import TrialRow
+from orchestrator.strategies.base import probability_text
 
 # (metric key, column title, format)
 TRIAL_COLUMNS = (
@@ -30,7 +31,7 @@ TRIAL_COLUMNS = (
 
 def probability(p: float) -> str:
     """Three decimals, but never a rounded-up certainty: 0.99996 shows as >0.999."""
-    return ">0.999" if p > 0.999 else f"{p:.3f}"
+    return probability_text(p)
 
 
 def _fmt(fmt: str, value: float | None) -> str:

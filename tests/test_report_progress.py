@@ -74,6 +74,8 @@ def test_verdicts_print_only_when_they_change():
     assert len(lines) == 2
     assert "best abc123 p=0.420 · [searching]" in lines[0]
     assert "best abc123 p=0.995 · [verifying]" in lines[1]
+    progress.on_verdict("found", "abc123", 0.99996)
+    assert "best abc123 p>0.999 · [found]" in buf.getvalue().splitlines()[-1]
 
 
 def test_rows_count_once_even_with_their_events():

@@ -78,6 +78,10 @@ def test_seed_verify_cases_are_found_with_the_stated_confidence():
         assert verdict.status == "found" and verdict.top.point == oracle.culprit, case
         assert verdict.top.probability >= 0.99
         assert trials <= 40, (case, trials)
+        # A posterior is never 1: a near-certain one reads ">0.999", never a rounded "1.000".
+        assert "1.000" not in verdict.message
+        if verdict.top.probability > 0.999:
+            assert "with probability >0.999" in verdict.message
 
 
 @pytest.mark.parametrize("seed", range(6))

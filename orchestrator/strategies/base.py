@@ -29,6 +29,13 @@ TERMINAL_STATUSES = frozenset(
 )
 
 
+
+def probability_text(p: float) -> str:
+    """Three decimals, but never a rounded-up certainty: 0.99996 reads >0.999, not 1.000.
+    A posterior is never 1, and the messages a user acts on should not say so."""
+    return ">0.999" if p > 0.999 else f"{p:.3f}"
+
+
 @dataclass(frozen=True)
 class Observation:
     """One finished trial at one point of the ordered candidate list.

@@ -13,7 +13,7 @@ import math
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from orchestrator.strategies.base import Verdict
+from orchestrator.strategies.base import Verdict, probability_text
 from orchestrator.strategies.isolate_plan import CONFIRMED, NEEDS_PARTNER, SINGLE, VERIFYING
 from orchestrator.strategies.isolate_stats import PRESENT, Subset
 
@@ -181,7 +181,7 @@ def _culprit_sentence(culprit: IsolateCulprit) -> str:
         text = f"one or more of {names} {_pct(culprit.effect_pct)}{_ci(culprit.effect_ci)}"
     else:
         text = f"{names} {_pct(culprit.effect_pct)}{_ci(culprit.effect_ci)}"
-    text += f" (P = {culprit.probability:.3f}"
+    text += f" (P = {probability_text(culprit.probability)}"
     text += ")" if culprit.verified else ", not verified)"
     return text
 
@@ -226,7 +226,7 @@ def describe(strategy: IsolateStrategy) -> IsolateVerdict:
         if cleared:
             message += f"The other {len(cleared)} differences are cleared: without the named " \
                 f"causes bad measures {_pct(residual_pct)}{_ci(residual_ci)} from good."
-        message += f" Probability of this answer {probability:.3f}."
+        message += f" Probability of this answer {probability_text(probability)}."
     elif status == "inconclusive":
         message = f"Inconclusive after {ev.n_trials} trials: {strategy.note or 'no answer'}."
         if sentences:

@@ -6,7 +6,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from orchestrator.strategies.base import Culprit, Verdict
+from orchestrator.strategies.base import Culprit, Verdict, probability_text
 
 if TYPE_CHECKING:
     from orchestrator.strategies.bisect import BisectStrategy, Segment
@@ -34,11 +34,11 @@ def _culprit_sentence(culprit: Culprit) -> str:
         lo, hi = culprit.range
         where = (
             f"the first bad commit is one of points {lo + 1}..{hi} (untestable commits hide "
-            f"which) with probability {culprit.probability:.3f}"
+            f"which) with probability {probability_text(culprit.probability)}"
         )
     else:
         where = f"point {culprit.point} is the first bad commit with probability " \
-            f"{culprit.probability:.3f}"
+            f"{probability_text(culprit.probability)}"
     if culprit.effect_pct is None:
         return where
     sentence = f"{where}; against its parent it changes the metric by " \
@@ -127,7 +127,7 @@ def describe(strategy: BisectStrategy) -> Verdict:
             f"{ev.n_trials} trials (endpoint change so far {change})"
         if guess is not None:
             message += f"; most likely first bad commit: point {guess.point} " \
-                f"(P = {guess.probability:.3f})"
+                f"(P = {probability_text(guess.probability)})"
         message += "."
     top_culprit = max(culprits, key=lambda c: c.probability) if culprits else None
     return Verdict(
