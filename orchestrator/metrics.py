@@ -5,6 +5,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from orchestrator.errors import UserError
@@ -39,14 +40,35 @@ EFFECT_METRICS = ("verify_ms", "draft_ms", "decode_ms", "accept_len", "output_th
                   "tpot_ms_p50", "ttft_ms_p50", "cuda_graph_share")
 
 
-def check_metric(name: str, *, custom: bool = False) -> MetricInfo:
+# Server-phase metrics that exist only with speculative decoding (the EAGLE cycle's draft and
+# verify) and only without it (a plain decode step).
+SPECULATIVE_ONLY = ("verify_ms", "draft_ms")
+PLAIN_ONLY = ("decode_ms",)
+
+
+def check_metric(name: str, *, custom: bool = False, target: Mapping | None = None) -> MetricInfo:
     """The metric's description. `custom`: the target reports metrics of its own (the
-    `command` target's JSON line), so any name is accepted, lower taken as better."""
+    `command` target's JSON line), so any name is accepted, lower taken as better.
+
+    `target` (its configuration): refuse a phase metric its servers never report, before a
+    single restart is spent. Without this, every trial "succeeds" with no value and the run
+    ends saying an endpoint could not be measured, which sends the user to the wrong place."""
     info = METRICS.get(name)
     if info is None:
         if custom and name.replace("_", "").replace(".", "").isalnum():
             return MetricInfo(name, "", False, "client")
         raise UserError(f"unknown metric {name!r} (known: {', '.join(METRICS)})")
+    if target is not None and not custom:
+        speculative = target.get("speculative_algorithm")
+        if speculative and name in PLAIN_ONLY:
+            raise UserError(f"{name} is measured only without speculative decoding, and "
+                            f"target.speculative_algorithm is {speculative}: use verify_ms or "
+                            "draft_ms (the phases of its cycle) or a client metric such as "
+                            "tpot_ms_p50")
+        if not speculative and name in SPECULATIVE_ONLY:
+            raise UserError(f"{name} is measured only with speculative decoding, and "
+                            "target.speculative_algorithm is not set: use decode_ms or a "
+                            "client metric such as tpot_ms_p50")
     return info
 
 

@@ -35,7 +35,7 @@ EXIT_INCONCLUSIVE = 3
 
 def validate(cfg: DictConfig) -> None:
     common.check_common(cfg)
-    check_metric(str(cfg.metric), custom=cfg.target.name == "command")
+    check_metric(str(cfg.metric), custom=cfg.target.name == "command", target=cfg.target)
     regression_direction(str(cfg.metric), str(cfg.direction))
     if not cfg.good or not cfg.bad:
         raise UserError("bisect needs both endpoints: good=REF bad=REF")

@@ -82,7 +82,7 @@ def run(cfg: DictConfig) -> int:
         raise UserError("compare needs a reference: sleuth compare reference=RUN_DIR_OR_FINGERPRINT")
     common.check_common(cfg)
     metric = str(cfg.metric)
-    check_metric(metric)
+    check_metric(metric, target=cfg.target)
     ref = load_reference(cfg, str(ref_arg))
     if not cfg.repo:
         if not ref.get("repo"):

@@ -222,7 +222,7 @@ def reference_good(candidate: Candidate, changes: list[Change]) -> dict:
 
 def run(cfg: DictConfig) -> int:
     common.check_common(cfg)
-    check_metric(str(cfg.metric))
+    check_metric(str(cfg.metric), target=cfg.target)
     if not 0.5 < float(cfg.confidence) < 1.0:
         raise UserError(f"confidence must be between 0.5 and 1 (exclusive), got {cfg.confidence}")
     if cfg.max_trials is not None and int(cfg.max_trials) < 4:
