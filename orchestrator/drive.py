@@ -38,6 +38,22 @@ def observation(row: TrialRow, point: int, metric: str, final_attempt: int) -> O
     return None
 
 
+def unreported(rows: Sequence[TrialRow], metric: str) -> str | None:
+    """A line for the user when trials ran fine but did not report ``metric``.
+
+    Such trials count as unmeasurable points (an experiment cannot use them), so a run whose
+    target never reports the metric ends "could not be measured"; this says why, and what
+    the trials did report."""
+    silent = [r for r in rows if r.outcome is not None and r.outcome.measured and r.result
+              and r.result.value(metric) is None]
+    if not silent:
+        return None
+    reported = sorted({k for r in silent for k in r.result.metric_names()})
+    return (f"{len(silent)} trial(s) ran but reported no {metric}"
+            + (f"; they reported: {', '.join(reported)}" if reported else "")
+            + ". Check that the server exports it, or choose one of those with metric=NAME.")
+
+
 class PointMap(Protocol):
     """Strategy points <-> candidates. A list of candidates is the fixed case (bisect); an
     isolating strategy grows its points (subsets of differences) as it goes."""

@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 
 from orchestrator.controller import RETRYABLE
-from orchestrator.drive import observation
+from orchestrator.drive import observation, unreported
 from orchestrator.records import Candidate, Measurement, Outcome, TrialResult
 from orchestrator.store import TrialRow
 
@@ -44,3 +44,13 @@ def test_measured_and_interrupted_trials():
     assert observation(_row(Outcome.OK), 0, "verify_ms", FINAL_ATTEMPT).value == 18.0
     assert observation(_row(Outcome.INTERRUPTED, attempt=FINAL_ATTEMPT), 0, "verify_ms",
                        FINAL_ATTEMPT) is None  # re-run, never evidence
+
+
+def test_trials_that_ran_but_did_not_report_the_metric_are_named_with_what_they_did_report():
+    """They count as unmeasurable points; without this line the run would only say that an
+    endpoint could not be measured."""
+    rows = [_row(Outcome.OK), _row(Outcome.LAUNCH_FAILED, attempt=FINAL_ATTEMPT), _row(Outcome.OK)]
+    assert unreported(rows, "verify_ms") is None
+    line = unreported(rows, "decode_ms")
+    assert line is not None and line.startswith("2 trial(s) ran but reported no decode_ms")
+    assert "they reported: verify_ms" in line

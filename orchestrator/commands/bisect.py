@@ -18,7 +18,7 @@ from omegaconf import DictConfig, OmegaConf
 from orchestrator import findings, render
 from orchestrator.commands import common
 from orchestrator.controller import Controller
-from orchestrator.drive import drive
+from orchestrator.drive import drive, unreported
 from orchestrator.errors import UserError
 from orchestrator.metrics import check_metric, regression_direction
 from orchestrator.progress import Progress, expected_bisect_trials, verdict_best
@@ -201,6 +201,9 @@ def execute(cfg, ctl: Controller, run_dir: Path, commits, points, weights, out,
     out.print(verdict.message)
     for change in changes:
         out.print(f"warning: {change.message}")
+    silent = unreported(rows, str(cfg.metric))
+    if silent:
+        out.print(f"warning: {silent}")
     out.print(f"findings: {path}")
     return verdict, doc
 

@@ -24,7 +24,7 @@ from orchestrator import findings, render
 from orchestrator.commands import common, compare
 from orchestrator.controller import Controller
 from orchestrator.differences import Change, apply, changes_between, changes_from_system
-from orchestrator.drive import drive
+from orchestrator.drive import drive, unreported
 from orchestrator.errors import UserError
 from orchestrator.fingerprint_diff import Difference
 from orchestrator.metrics import check_metric, regression_direction
@@ -158,6 +158,9 @@ def execute(cfg: DictConfig, ctl: Controller, run_dir: Path, good: dict, changes
     out.print(verdict.message)
     for change in system:
         out.print(f"warning: {change.message}")
+    silent = unreported(rows, metric)
+    if silent:
+        out.print(f"warning: {silent}")
     if verdict.cleared:
         out.print(f"cleared ({len(verdict.cleared)}): "
                   + ", ".join(changes[i].label for i in verdict.cleared[:12])
