@@ -33,7 +33,7 @@ from rich.table import Table
 from rich.text import Text
 
 from orchestrator.store import TrialRow
-from orchestrator.strategies.base import Verdict, probability_text
+from orchestrator.strategies.base import Verdict, probability_relation
 
 _STARTED = re.compile(r"^trial (\d+) started on (\S+): (.*?)(?: \(([^()]*)\))?$")
 _FINISHED = re.compile(r"^trial (\d+) on (\S+) (\S+) in ([0-9.]+)s")
@@ -68,12 +68,6 @@ def format_duration(seconds: float | None) -> str:
         return f"{minutes}m{secs:02d}s"
     hours, minutes = divmod(minutes, 60)
     return f"{hours}h{minutes:02d}m"
-
-
-def _relation(probability: float, pad: str = "") -> str:
-    """``=0.420`` or ``>0.999`` (a near-certain posterior is never shown as 1.000)."""
-    text = probability_text(probability)
-    return text[0] + pad + text[1:] if text.startswith(">") else "=" + pad + text
 
 
 @dataclass(frozen=True)
@@ -227,7 +221,7 @@ class Progress:
         if s.mean_duration is not None:
             parts.append(f"trial {s.mean_duration:.1f}s avg")
         if s.best_label:
-            prob = "" if s.probability is None else f" p{_relation(s.probability)}"
+            prob = "" if s.probability is None else f" p{probability_relation(s.probability, '')}"
             parts.append(f"best {s.best_label}{prob}")
         parts.append(f"[{s.status}]")
         if s.eta_s is not None:
@@ -249,7 +243,7 @@ class Progress:
                           Text(r.label if r else ""))
         best = "none yet" if not s.best_label else (
             s.best_label + ("" if s.probability is None else
-                            f"  P {_relation(s.probability, ' ')}"))
+                            f"  P {probability_relation(s.probability)}"))
         total = f" of ~{s.total_hint}" if s.total_hint else ""
         summary = Text(
             f"{s.done}{total} trials done ({s.failed} failed) · status {s.status} · best: {best}\n"

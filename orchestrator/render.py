@@ -82,6 +82,16 @@ def console() -> Console:
                    width=None if sys.stdout.isatty() else 160)
 
 
+def finding_id(finding: dict, width: int = 40) -> str:
+    """A finding's id as a table shows it: a commit by its first 12 hex digits, a patch (or a
+    pair of them) by file name rather than a path truncated to its directory."""
+    raw = str(finding.get("id", ""))
+    if finding.get("kind") == "commit":
+        return raw[:12]
+    short = " + ".join(part.rsplit("/", 1)[-1] for part in raw.split(" + "))
+    return short if len(short) <= width else short[: width - 3] + "..."
+
+
 def findings_table(doc: dict, max_without_probability: int = 5) -> Table:
     """Ranked findings with probability and the effect on the run's metric. Differences that
     were listed but not tested (no probability) are capped; findings.json has them all."""
@@ -97,7 +107,7 @@ def findings_table(doc: dict, max_without_probability: int = 5) -> Table:
         e = f.get("effect", {}).get(metric)
         eff = f"{e['pct']:+.1f}% [{e['ci'][0]:+.1f}, {e['ci'][1]:+.1f}]" if e else "-"
         prob = f.get("probability")
-        table.add_row(str(f["rank"]), f["kind"], str(f["id"])[:12],
+        table.add_row(str(f["rank"]), f["kind"], finding_id(f),
                       "-" if prob is None else probability(prob), eff, f.get("phase") or "-",
                       f.get("summary", ""))
     hidden = len(others) - max(0, max_without_probability)

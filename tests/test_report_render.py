@@ -26,6 +26,7 @@ from orchestrator.commands import bisect
 from orchestrator.config.compose import compose_config
 from orchestrator.drive import observation
 from orchestrator.records import Candidate, Measurement, Outcome, TrialResult
+from orchestrator.render import finding_id
 from orchestrator.report import load_run, write_report
 from orchestrator.report import series as S
 from orchestrator.report import tables as T
@@ -33,6 +34,7 @@ from orchestrator.report.html import render_html
 from orchestrator.report.markdown import md_escape, render_markdown
 from orchestrator.report.plots import make_plots
 from orchestrator.store import RunStore
+from orchestrator.strategies.base import probability_relation, probability_text
 from orchestrator.workspace import CommitInfo
 
 N, CULPRIT, BROKEN = 16, 9, 4
@@ -352,3 +354,20 @@ def test_the_combined_findings_name_each_system_change(data):
     for change in changes:
         assert (f"during the run, on {change['node']}: trial {change['before_trial']} vs trial"
                 f" {change['after_trial']}") in views
+
+
+def test_tables_show_a_commit_by_its_hash_and_a_patch_by_its_file_name():
+    """A patch's id is its path: cut to 12 characters it showed only the directory."""
+    assert finding_id({"kind": "commit", "id": _sha(3)}) == _sha(3)[:12]
+    pair = {"kind": "patch", "id": "/srv/work/patches/11-kimi-shared-gate.patch + "
+                                    "/srv/work/patches/12-chat-template-cache.patch"}
+    assert finding_id(pair, width=60) == "11-kimi-shared-gate.patch + 12-chat-template-cache.patch"
+    assert finding_id(pair) == "11-kimi-shared-gate.patch + 12-chat-t..."
+    assert finding_id({"kind": "env", "id": "NCCL_PROTO"}) == "NCCL_PROTO"
+
+
+def test_a_near_certain_probability_is_never_rounded_to_one():
+    assert probability_text(0.99996) == ">0.999" and probability_text(0.9994) == ">0.999"
+    assert probability_text(0.9987) == "0.999" and probability_relation(0.42) == "= 0.420"
+    assert probability_relation(0.99996) == "> 0.999"
+    assert probability_relation(0.99996, "") == ">0.999"

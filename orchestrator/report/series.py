@@ -18,6 +18,7 @@ from orchestrator import fingerprint_diff
 from orchestrator.fingerprint_diff import Difference
 from orchestrator.metrics import METRICS
 from orchestrator.records import Candidate
+from orchestrator.render import finding_id
 from orchestrator.report.collect import RunData
 from orchestrator.store import TrialRow
 from orchestrator.system_watch import system_changes
@@ -227,7 +228,7 @@ def phase_pairs(data: RunData, max_findings: int = 3) -> list[PhasePair]:
     for f in data.ranked.get("findings", [])[:max_findings]:
         cands = finding_candidates(data, f)
         if cands:
-            pairs.append(phase_pair(data.rows, *cands, f"#{f['rank']} {f['kind']} {str(f['id'])[:12]}"))
+            pairs.append(phase_pair(data.rows, *cands, f"#{f['rank']} {f['kind']} {finding_id(f)}"))
     if data.plan:
         good, bad = data.plan.candidates[0], data.plan.candidates[-1]
         pairs.append(phase_pair(data.rows, good, bad, "bisect endpoints (good vs bad)"))

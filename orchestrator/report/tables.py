@@ -13,6 +13,7 @@ from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from orchestrator.render import finding_id
 from orchestrator.render import probability as fmt_probability
 from orchestrator.report import series as S
 from orchestrator.report.collect import RunData
@@ -69,7 +70,7 @@ def findings_table(ranked: Mapping) -> TextTable:
         rows.append((
             str(f.get("rank", "")),
             str(f.get("kind", "")),
-            str(f.get("id", ""))[:12],
+            finding_id(f),
             ", ".join(f.get("experiments") or [str(f.get("experiment", ""))]),
             "-" if prob is None else fmt_probability(float(prob)),
             f"{metric} {fmt_effect(effect.get(metric))}" if metric else "-",
@@ -103,7 +104,7 @@ def effects_table(finding: Mapping) -> TextTable:
         ))
     return TextTable(
         f"effects-{finding.get('rank')}",
-        f"#{finding.get('rank')} {finding.get('kind')} {str(finding.get('id', ''))[:12]}: effect per metric",
+        f"#{finding.get('rank')} {finding.get('kind')} {finding_id(finding)}: effect per metric",
         ("metric", "change [95% CI]", "interval excludes 0", "before", "after", "trials"),
         tuple(rows),
     )

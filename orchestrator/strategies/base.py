@@ -36,6 +36,12 @@ def probability_text(p: float) -> str:
     return ">0.999" if p > 0.999 else f"{p:.3f}"
 
 
+def probability_relation(p: float, pad: str = " ") -> str:
+    """``= 0.994`` or ``> 0.999``: what follows a "P" in a sentence."""
+    text = probability_text(p)
+    return text[0] + pad + text[1:] if text.startswith(">") else "=" + pad + text
+
+
 @dataclass(frozen=True)
 class Observation:
     """One finished trial at one point of the ordered candidate list.

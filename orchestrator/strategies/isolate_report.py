@@ -13,7 +13,7 @@ import math
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from orchestrator.strategies.base import Verdict, probability_text
+from orchestrator.strategies.base import Verdict, probability_relation, probability_text
 from orchestrator.strategies.isolate_plan import CONFIRMED, NEEDS_PARTNER, SINGLE, VERIFYING
 from orchestrator.strategies.isolate_stats import PRESENT, Subset
 
@@ -181,7 +181,7 @@ def _culprit_sentence(culprit: IsolateCulprit) -> str:
         text = f"one or more of {names} {_pct(culprit.effect_pct)}{_ci(culprit.effect_ci)}"
     else:
         text = f"{names} {_pct(culprit.effect_pct)}{_ci(culprit.effect_ci)}"
-    text += f" (P = {probability_text(culprit.probability)}"
+    text += f" (P {probability_relation(culprit.probability)}"
     text += ")" if culprit.verified else ", not verified)"
     return text
 

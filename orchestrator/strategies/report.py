@@ -6,7 +6,12 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from orchestrator.strategies.base import Culprit, Verdict, probability_text
+from orchestrator.strategies.base import (
+    Culprit,
+    Verdict,
+    probability_relation,
+    probability_text,
+)
 
 if TYPE_CHECKING:
     from orchestrator.strategies.bisect import BisectStrategy, Segment
@@ -127,7 +132,7 @@ def describe(strategy: BisectStrategy) -> Verdict:
             f"{ev.n_trials} trials (endpoint change so far {change})"
         if guess is not None:
             message += f"; most likely first bad commit: point {guess.point} " \
-                f"(P = {probability_text(guess.probability)})"
+                f"(P {probability_relation(guess.probability)})"
         message += "."
     top_culprit = max(culprits, key=lambda c: c.probability) if culprits else None
     return Verdict(
