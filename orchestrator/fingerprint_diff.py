@@ -112,7 +112,21 @@ def diff(ref: Mapping, now: Mapping) -> list[Difference]:
             out.append(Difference("kernel" if key != "hostname" else "gpu", key, rh.get(key),
                                   nh.get(key)))
     rgit, ngit = ref.get("git", {}) or {}, now.get("git", {}) or {}
-    if rgit.get("sha") != ngit.get("sha") or rgit.get("patches") != ngit.get("patches"):
+    if rgit.get("sha") != ngit.get("sha"):
         out.append(Difference("code", "git", rgit.get("sha"), ngit.get("sha"),
                               "different code: compare the same candidate, or bisect"))
+    elif (rgit.get("patches") or {}) != (ngit.get("patches") or {}):
+        before, after = _patch_list(rgit, ngit), _patch_list(ngit, rgit)
+        out.append(Difference("code", "patches", before, after,
+                              f"different patches on commit {str(rgit.get('sha'))[:12]}:"
+                              " isolate tests them one by one"))
     return sorted(out, key=lambda d: (d.rank, d.key))
+
+
+def _patch_list(side: Mapping, other: Mapping) -> str:
+    """One side's patches by file name; a name both sides apply with different contents is
+    marked "(changed)". "none" when the side applies no patch."""
+    mine, theirs = side.get("patches") or {}, other.get("patches") or {}
+    names = [name + (" (changed)" if name in theirs and theirs[name] != digest else "")
+             for name, digest in sorted(mine.items())]
+    return ", ".join(names) if names else "none"
