@@ -134,4 +134,3 @@ def test_differences_are_symmetric_in_what_they_name():
     forward = system_differences(before, after)
     backward = system_differences(after, before)
     assert [d.key for d in forward] == [d.key for d in backward] == ["nccl_version"]
-
