@@ -9,6 +9,7 @@ talk to it through `submit` / `wait` / `idle_nodes` and never see Ray.
 from __future__ import annotations
 
 import dataclasses
+import logging
 import signal
 import threading
 import time
@@ -56,6 +57,11 @@ def loopback_only() -> None:
     import ray._private.ray_constants as ray_constants
 
     ray_constants.ENABLE_RAY_CLUSTER = False
+    # Recent Ray turns token authentication on for a new local cluster (good) and says so in a
+    # warning on every command (noise between sleuth's own lines): keep the first, drop the
+    # second. Its other warnings (auth disabled, for one) still show.
+    logging.getLogger("ray._private.authentication.authentication_token_setup").addFilter(
+        lambda record: "Token authentication is enabled" not in record.getMessage())
 
 
 def start_ray(cluster: Mapping) -> bool:
@@ -72,6 +78,7 @@ def start_ray(cluster: Mapping) -> bool:
             include_dashboard=False,
             _node_ip_address="127.0.0.1",  # nothing listens beyond loopback
             log_to_driver=False,
+            logging_level=logging.WARNING,  # not "Started a local Ray instance" on every run
             namespace="sleuth",
         )
     elif cluster.get("kind") == "ray":

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import importlib.metadata
 import importlib.util
+import logging
 import shutil
 import subprocess
 import tempfile
@@ -42,7 +43,7 @@ def check_ray() -> Check:
     loopback_only()
     try:
         ray.init(address="local", num_cpus=1, include_dashboard=False, _node_ip_address="127.0.0.1",
-                 log_to_driver=False, namespace="sleuth-doctor")
+                 log_to_driver=False, logging_level=logging.WARNING, namespace="sleuth-doctor")
 
         @ray.remote(num_cpus=0)
         def ping() -> str:
