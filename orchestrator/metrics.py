@@ -44,6 +44,8 @@ EFFECT_METRICS = ("verify_ms", "draft_ms", "decode_ms", "accept_len", "output_th
 # verify) and only without it (a plain decode step).
 SPECULATIVE_ONLY = ("verify_ms", "draft_ms")
 PLAIN_ONLY = ("decode_ms",)
+# Targets whose metrics come from an SGLang server (real or simulated); others report their own.
+SERVER_TARGETS = ("sim", "sglang")
 
 
 def check_metric(name: str, *, custom: bool = False, target: Mapping | None = None) -> MetricInfo:
@@ -58,7 +60,7 @@ def check_metric(name: str, *, custom: bool = False, target: Mapping | None = No
         if custom and name.replace("_", "").replace(".", "").isalnum():
             return MetricInfo(name, "", False, "client")
         raise UserError(f"unknown metric {name!r} (known: {', '.join(METRICS)})")
-    if target is not None and not custom:
+    if target is not None and not custom and target.get("name") in SERVER_TARGETS:
         speculative = target.get("speculative_algorithm")
         if speculative and name in PLAIN_ONLY:
             raise UserError(f"{name} is measured only without speculative decoding, and "
