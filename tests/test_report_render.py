@@ -359,8 +359,8 @@ def test_the_combined_findings_name_each_system_change(data):
 def test_tables_show_a_commit_by_its_hash_and_a_patch_by_its_file_name():
     """A patch's id is its path: cut to 12 characters it showed only the directory."""
     assert finding_id({"kind": "commit", "id": _sha(3)}) == _sha(3)[:12]
-    pair = {"kind": "patch", "id": "/srv/work/patches/11-kimi-shared-gate.patch + "
-                                    "/srv/work/patches/12-chat-template-cache.patch"}
+    pair = {"kind": "patch", "id": "scenario/patches/11-kimi-shared-gate.patch + "
+                                    "scenario/patches/12-chat-template-cache.patch"}
     assert finding_id(pair, width=60) == "11-kimi-shared-gate.patch + 12-chat-template-cache.patch"
     assert finding_id(pair) == "11-kimi-shared-gate.patch + 12-chat-t..."
     assert finding_id({"kind": "env", "id": "NCCL_PROTO"}) == "NCCL_PROTO"
