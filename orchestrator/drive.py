@@ -13,7 +13,7 @@ from typing import Protocol
 
 from orchestrator.controller import RETRYABLE, Controller
 from orchestrator.records import NOT_EVIDENCE_PHASES, Candidate
-from orchestrator.store import RunStore, TrialRow
+from orchestrator.store import TrialRow
 from orchestrator.strategies.base import Observation, Strategy, Verdict
 from orchestrator.system_watch import SystemChange, SystemWatch
 
@@ -75,12 +75,13 @@ class FixedPoints:
         return self._index.get(candidate.key)
 
 
-def replay(store: RunStore, points: PointMap, metric: str, retries: int) -> list[Observation]:
+def replay(rows: Sequence[TrialRow], points: PointMap, metric: str, retries: int
+           ) -> list[Observation]:
     """Observations from the stored trials of these points: a same candidate measured earlier
     in the run is evidence too (:func:`drive` reports a node whose system changed in between);
     reference trials are not."""
     obs = []
-    for row in store.trials():
+    for row in rows:
         if row.phase in NOT_EVIDENCE_PHASES:
             continue
         point = points.point(row.candidate)
@@ -108,9 +109,9 @@ def drive(
     of a resumed run is compared with the node's last trial before it.
     """
     pmap: PointMap = FixedPoints(points) if isinstance(points, Sequence) else points
-    observations = replay(controller.store, pmap, metric, controller.retries)
-    watch = SystemWatch()
-    watch.feed_all(r for r in controller.store.trials() if r.finished)  # told when they happened
+    stored = controller.store.trials()
+    observations = replay(stored, pmap, metric, controller.retries)
+    watch = SystemWatch.primed(stored)  # changes among these were told when they happened
     final_attempt = controller.retries + 1
     verdict = strategy.verdict(observations)
     while True:

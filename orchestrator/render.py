@@ -29,9 +29,7 @@ TRIAL_COLUMNS = (
 )
 
 
-def probability(p: float) -> str:
-    """Three decimals, but never a rounded-up certainty: 0.99996 shows as >0.999."""
-    return probability_text(p)
+probability = probability_text  # the tables' name for it
 
 
 def _fmt(fmt: str, value: float | None) -> str:

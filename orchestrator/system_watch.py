@@ -55,6 +55,10 @@ class SystemChange:
                 f"{self.after} ({self.summary}): trials before and after measure different "
                 "systems, and the answer assumes they do not")
 
+    @property
+    def warning(self) -> str:
+        return f"warning: {self.message}"
+
     def to_json(self) -> dict:
         return {"node": self.node, "before_trial": self.before, "after_trial": self.after,
                 "differences": [d.to_json() for d in self.differences],
@@ -100,8 +104,8 @@ class SystemWatch:
     """
 
     def __init__(self) -> None:
-        self._last: dict[tuple[str, str], tuple[int, Mapping]] = {}
-        self._state: dict[str, tuple[int, Mapping]] = {}
+        self._last_with_policy: dict[tuple[str, str], tuple[int, Mapping]] = {}
+        self._last_on_node: dict[str, tuple[int, Mapping]] = {}
         self.changes: list[SystemChange] = []
 
     def feed(self, row: TrialRow) -> SystemChange | None:
@@ -110,10 +114,10 @@ class SystemWatch:
             return None
         fingerprint = result.fingerprint
         key = (row.node, row.candidate.clock)
-        previous = self._state.get(row.node)
-        same_policy = self._last.get(key)
-        self._last[key] = (row.id, fingerprint)
-        self._state[row.node] = (row.id, fingerprint)
+        previous = self._last_on_node.get(row.node)
+        same_policy = self._last_with_policy.get(key)
+        self._last_with_policy[key] = (row.id, fingerprint)
+        self._last_on_node[row.node] = (row.id, fingerprint)
         if previous is None:
             return None
         found = [d for d in system_differences(previous[1], fingerprint) if d.category != "clock"]
@@ -130,10 +134,17 @@ class SystemWatch:
         self.changes.append(change)
         return change
 
-    def feed_all(self, rows: Iterable[TrialRow]) -> list[SystemChange]:
-        return [c for c in (self.feed(r) for r in rows) if c is not None]
+    @classmethod
+    def primed(cls, rows: Iterable[TrialRow]) -> SystemWatch:
+        """A watch that has seen the finished ``rows`` (a run's stored trials, in store order):
+        what it is fed next is compared with each node's last of them."""
+        watch = cls()
+        for row in rows:
+            if row.finished:
+                watch.feed(row)
+        return watch
 
 
 def system_changes(rows: Sequence[TrialRow]) -> list[SystemChange]:
     """Every change between consecutive finished trials of each node, in store order."""
-    return SystemWatch().feed_all(r for r in rows if r.finished)
+    return SystemWatch.primed(rows).changes

@@ -175,7 +175,7 @@ def execute(cfg, ctl: Controller, run_dir: Path, commits, points, weights, out,
                 say(line)
 
     def system_changed(change: SystemChange) -> None:
-        (progress.note if progress is not None else out.print)(f"warning: {change.message}")
+        (progress.note if progress is not None else out.print)(change.warning)
 
     if progress is not None:
         progress.set_total(expected_bisect_trials(len(commits)) + len(ctl.store.trials()))
@@ -200,7 +200,7 @@ def execute(cfg, ctl: Controller, run_dir: Path, commits, points, weights, out,
     out.print(render.findings_table(doc))
     out.print(verdict.message)
     for change in changes:
-        out.print(f"warning: {change.message}")
+        out.print(change.warning)
     silent = unreported(rows, str(cfg.metric))
     if silent:
         out.print(f"warning: {silent}")

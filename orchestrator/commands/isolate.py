@@ -119,7 +119,7 @@ def execute(cfg: DictConfig, ctl: Controller, run_dir: Path, good: dict, changes
               + "; ".join(labels[:6]) + (" ..." if len(labels) > 6 else ""))
     verdict = drive(ctl, strategy, points, metric=metric,
                     on_verdict=lambda v, n: out.print(f"  [{v.status}] {n} trials"),
-                    on_system_change=lambda c: out.print(f"warning: {c.message}"))
+                    on_system_change=lambda c: out.print(c.warning))
     rows = ctl.store.trials()
     good_key = points.candidate(0).key
     items = []
@@ -157,7 +157,7 @@ def execute(cfg: DictConfig, ctl: Controller, run_dir: Path, good: dict, changes
     out.print(render.findings_table(doc))
     out.print(verdict.message)
     for change in system:
-        out.print(f"warning: {change.message}")
+        out.print(change.warning)
     silent = unreported(rows, metric)
     if silent:
         out.print(f"warning: {silent}")

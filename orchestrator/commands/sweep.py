@@ -124,8 +124,7 @@ def execute(cfg: DictConfig, ctl: Controller, run_dir: Path, space: SearchSpace,
               f"trials, then up to {settings.confirm_reserve} confirming, on {len(ctl.nodes)} "
               f"node(s); study {storage_url(run_dir)}")
     shown = len(search.events)
-    watch = SystemWatch()
-    watch.feed_all(r for r in ctl.store.trials() if r.finished)  # told when they happened
+    watch = SystemWatch.primed(ctl.store.trials())  # changes among these were told then
     if progress is not None:
         confirm = settings.confirm_min_rounds * (settings.confirm_top + 1)
         progress.set_total(settings.budget + confirm + len(ctl.store.trials()) - search.spent)
@@ -138,7 +137,7 @@ def execute(cfg: DictConfig, ctl: Controller, run_dir: Path, space: SearchSpace,
         for row in ctl.wait():
             change = watch.feed(row)
             if change is not None:
-                (progress.note if progress is not None else out.print)(f"warning: {change.message}")
+                (progress.note if progress is not None else out.print)(change.warning)
             if parse_phase(row.phase or "") is None:
                 continue  # not one of ours (a controller shared with another experiment)
             o = observation(row, 0, metric, final_attempt)
@@ -154,10 +153,10 @@ def execute(cfg: DictConfig, ctl: Controller, run_dir: Path, space: SearchSpace,
             progress.on_verdict(*_progress_state(search), None)
     result = search.result()
     importances = importance.of_search(search, str(setup.params(cfg)["importance"]))
+    rows = ctl.store.trials()
     doc = report.sweep_findings(run_id=ctl.store.run_id, metric=metric, search=search,
-                                result=result, importances=importances,
-                                rows=ctl.store.trials())
-    system = system_changes(ctl.store.trials())
+                                result=result, importances=importances, rows=rows)
+    system = system_changes(rows)
     doc["system_changes"] = [c.to_json() for c in system]
     out.print(report.leaders_table(search, metric))
     if importances.values:
@@ -167,7 +166,7 @@ def execute(cfg: DictConfig, ctl: Controller, run_dir: Path, space: SearchSpace,
     out.print(render.findings_table(doc))
     out.print(result.message)
     for change in system:
-        out.print(f"warning: {change.message}")
+        out.print(change.warning)
     return result, doc
 
 

@@ -29,7 +29,6 @@ TERMINAL_STATUSES = frozenset(
 )
 
 
-
 def probability_text(p: float) -> str:
     """Three decimals, but never a rounded-up certainty: 0.99996 reads >0.999, not 1.000.
     A posterior is never 1, and the messages a user acts on should not say so."""
