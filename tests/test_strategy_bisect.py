@@ -158,6 +158,22 @@ def test_the_oracle_placed_reference_keeps_sleuths_phases_and_searches_at_the_kn
     assert phases[0] == "reproduce" and "search" in phases and phases[-1] == "verify"
 
 
+def test_posteriors_that_learn_the_levels_need_more_of_the_same_trials():
+    """experiments/level_cost reads one oracle-placed trial sequence with five posteriors: each
+    stops on its own, the told-everything one first, and the learned ones pay for the levels."""
+    from experiments.level_cost import VARIANTS, run_case
+
+    regime = _regime("decode_like")
+    results = [run_case(regime, case) for case in range(6)]
+    for result in results:
+        assert set(result) == set(VARIANTS)
+        assert all(trials < 400 for trials, _ in result.values())
+        assert result["known"][0] <= result["sleuth"][0]
+    assert all(result["known"][1] for result in results)
+    mean = {name: np.mean([r[name][0] for r in results]) for name in VARIANTS}
+    assert mean["known"] < mean["noise_told"] <= mean["learned"]
+
+
 def test_endpoints_that_measure_alike_are_rarely_called_reversed():
     """The reversal check is repeated after every trial while a range reproduces; its level
     shrinks with each look so that over all of them a no-change range ends "reversed" at most
