@@ -38,13 +38,19 @@ def observation(row: TrialRow, point: int, metric: str, final_attempt: int) -> O
     return None
 
 
-def unreported(rows: Sequence[TrialRow], metric: str) -> str | None:
+def unreported(rows: Sequence[TrialRow], metric: str,
+               points: Sequence[Candidate] | PointMap | None = None) -> str | None:
     """A line for the user when trials ran fine but did not report ``metric``.
 
     Such trials count as unmeasurable points (an experiment cannot use them), so a run whose
     target never reports the metric ends "could not be measured"; this says why, and what
-    the trials did report."""
+    the trials did report. Only this experiment's trials count (those of ``points`` when given,
+    never reference trials): a plain-decode reference in the same run has no ``verify_ms`` on
+    purpose."""
+    pmap = _as_map(points) if points is not None else None
     silent = [r for r in rows if r.outcome is not None and r.outcome.measured and r.result
+              and r.phase not in NOT_EVIDENCE_PHASES
+              and (pmap is None or pmap.point(r.candidate) is not None)
               and r.result.value(metric) is None]
     if not silent:
         return None
@@ -73,6 +79,10 @@ class FixedPoints:
 
     def point(self, candidate: Candidate) -> int | None:
         return self._index.get(candidate.key)
+
+
+def _as_map(points: Sequence[Candidate] | PointMap) -> PointMap:
+    return FixedPoints(points) if isinstance(points, Sequence) else points
 
 
 def replay(rows: Sequence[TrialRow], points: PointMap, metric: str, retries: int
@@ -108,7 +118,7 @@ def drive(
     (:mod:`orchestrator.system_watch`), including one across an interruption: the first trial
     of a resumed run is compared with the node's last trial before it.
     """
-    pmap: PointMap = FixedPoints(points) if isinstance(points, Sequence) else points
+    pmap = _as_map(points)
     stored = controller.store.trials()
     observations = replay(stored, pmap, metric, controller.retries)
     watch = SystemWatch.primed(stored)  # changes among these were told when they happened

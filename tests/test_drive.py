@@ -8,6 +8,8 @@ variables to the server (`env_mismatch`) proposed that same restart again, endle
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from orchestrator.controller import RETRYABLE
@@ -54,3 +56,17 @@ def test_trials_that_ran_but_did_not_report_the_metric_are_named_with_what_they_
     line = unreported(rows, "decode_ms")
     assert line is not None and line.startswith("2 trial(s) ran but reported no decode_ms")
     assert "they reported: verify_ms" in line
+
+
+def test_only_this_experiments_trials_count_as_not_reporting_the_metric():
+    """A plain-decode reference measured in the same run has no verify_ms on purpose, and a
+    trial of a candidate the experiment does not search is not its business: neither makes
+    the line (the demo's bisect and isolate warned about the two reference trials)."""
+    plain = dataclasses.replace(_row(Outcome.OK), phase="reference",
+                                result=TrialResult(Outcome.OK,
+                                                   (Measurement(0, {"decode_ms": 9.0}),)))
+    assert unreported([plain], "verify_ms") is None
+    other = dataclasses.replace(plain, phase="bisect", candidate=Candidate.make("b" * 40))
+    assert unreported([other], "verify_ms") is not None
+    assert unreported([other], "verify_ms", [Candidate.make("a" * 40)]) is None
+    assert unreported([other], "verify_ms", [other.candidate]) is not None

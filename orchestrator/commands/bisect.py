@@ -201,7 +201,7 @@ def execute(cfg, ctl: Controller, run_dir: Path, commits, points, weights, out,
     out.print(verdict.message)
     for change in changes:
         out.print(change.warning)
-    silent = unreported(rows, str(cfg.metric))
+    silent = unreported(rows, str(cfg.metric), points)
     if silent:
         out.print(f"warning: {silent}")
     out.print(f"findings: {path}")

@@ -158,7 +158,7 @@ def execute(cfg: DictConfig, ctl: Controller, run_dir: Path, good: dict, changes
     out.print(verdict.message)
     for change in system:
         out.print(change.warning)
-    silent = unreported(rows, metric)
+    silent = unreported(rows, metric, points)
     if silent:
         out.print(f"warning: {silent}")
     if verdict.cleared:
