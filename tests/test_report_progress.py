@@ -167,3 +167,47 @@ def test_the_reproduction_notice_states_the_change_the_forecast_and_a_budget_it_
     unforecast = Verdict(done=False, status="searching", n_trials=4, total_effect_pct=53.0)
     (line,) = reproduction_notice(unforecast, "verify_ms", budget=5)
     assert line.endswith("after 4 trials") and "forecast" not in line
+
+
+def _isolate_verdict(status: str, label: str | None = None, probability: float = 0.0):
+    from orchestrator.strategies.isolate_report import IsolateCulprit, IsolateVerdict
+
+    culprits = ([IsolateCulprit((0,), (label,), "single", probability)]
+                if label is not None else [])
+    return IsolateVerdict(done=status == "found", status=status, culprits=culprits)
+
+
+def test_isolate_says_when_its_phase_or_leading_cause_changes_not_after_every_trial():
+    """Off a live view, `sleuth isolate` printed '[verifying] N trials' once per trial (60
+    lines in the demo) and never what it was verifying."""
+    from orchestrator.commands.isolate import _reporter
+
+    buf = io.StringIO()
+    report = _reporter(Console(file=buf, width=200, markup=False), None)
+    report(_isolate_verdict("reproducing"), 4)
+    report(_isolate_verdict("reproducing"), 5)
+    report(_isolate_verdict("verifying", "power_limit_w", 0.8), 9)
+    report(_isolate_verdict("verifying", "power_limit_w", 0.9), 10)
+    report(_isolate_verdict("verifying", "NCCL_PROTO", 0.6), 14)
+    report(_isolate_verdict("found", "power_limit_w", 0.9999), 20)
+    assert buf.getvalue().splitlines() == [
+        "  [reproducing] 4 trials",
+        "  [verifying] 9 trials; best power_limit_w p=0.800",
+        "  [verifying] 14 trials; best NCCL_PROTO p=0.600",
+        "  [found] 20 trials; best power_limit_w p>0.999",
+    ]
+
+
+def test_a_later_experiment_takes_the_progress_line_over():
+    """In the demo one progress line serves bisect, compare and isolate in turn: the isolate
+    trials ran under "best <bisect culprit> p>0.999 · [found]" and the bisect's trial total."""
+    from orchestrator.commands.isolate import _reporter
+
+    progress, buf, _ = _plain(total=20)
+    progress.on_verdict("found", "abc123", 0.9999)
+    report = _reporter(Console(file=io.StringIO()), progress)
+    report(_isolate_verdict("reproducing"), 1)
+    line = buf.getvalue().splitlines()[-1]
+    assert "[reproducing]" in line and "abc123" not in line and "/~20" not in progress.line()
+    report(_isolate_verdict("verifying", "NCCL_PROTO", 0.7), 9)
+    assert "best NCCL_PROTO p=0.700 · [verifying]" in buf.getvalue().splitlines()[-1]

@@ -20,6 +20,7 @@ from orchestrator.controller import Controller
 from orchestrator.errors import UserError
 from orchestrator.fingerprint_diff import Difference, diff
 from orchestrator.metrics import EFFECT_METRICS, check_metric
+from orchestrator.progress import Progress
 from orchestrator.records import Candidate
 from orchestrator.rundir import create_run, find_run, running
 from orchestrator.stats.effect import log_effect
@@ -97,14 +98,15 @@ def run(cfg: DictConfig) -> int:
     run_dir, store = create_run(cfg)
     out = render.console()
     with running(store, run_dir, out) as run:
-        with Controller(cfg, store, run_dir, on_event=lambda m: out.print(f"  {m}")) as ctl:
-            doc = execute(cfg, ctl, run_dir, ref, out)
+        with Progress(out) as progress, \
+                Controller(cfg, store, run_dir, on_event=progress.on_event) as ctl:
+            doc = execute(cfg, ctl, run_dir, ref, out, progress=progress)
         run.status = "done" if doc["verdict"] != "unresolved" else "inconclusive"
         return 0 if doc["verdict"] != "unresolved" else 3
 
 
 def execute(cfg: DictConfig, ctl: Controller, run_dir: Path, ref: dict, out,
-            findings_name: str | None = None) -> dict:
+            findings_name: str | None = None, progress: Progress | None = None) -> dict:
     """Re-measure `ref["candidate"]` in batches until the decision is made; write findings."""
     params = cfg.experiment.params
     metric = str(cfg.metric)
@@ -114,6 +116,9 @@ def execute(cfg: DictConfig, ctl: Controller, run_dir: Path, ref: dict, out,
     max_trials = int(cfg.max_trials or params.get("max_trials", 9))
     min_effect = float(params.get("min_effect_pct", 3.0))
     out.print(f"re-measuring the reference candidate of {ref['name']}: {cand.label}")
+    if progress is not None:  # an earlier experiment's state would mislead
+        progress.set_total(None)
+        progress.on_verdict("comparing", None, None)
     now_rows: list = []
     verdict, eff = "unresolved", {}
     while verdict == "unresolved" and len(now_rows) < max_trials:
@@ -139,6 +144,8 @@ def execute(cfg: DictConfig, ctl: Controller, run_dir: Path, ref: dict, out,
         diffs = diff(ref["fingerprint"], measured[-1].result.fingerprint)
     doc = _findings(ctl.store.run_id, metric, verdict, eff, effects, diffs, ref,
                     [r.id for r in now_rows])
+    if progress is not None:
+        progress.on_verdict(verdict.replace("_", " "), None, None)
     doc["differences"] = [d.to_json() for d in diffs]
     path = findings.write(run_dir, doc, findings_name)
     _print(out, doc, diffs)

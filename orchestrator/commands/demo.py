@@ -194,11 +194,12 @@ def run(cfg: DictConfig) -> int:
                                                findings_name="bisect", progress=progress)
             out.print("\n== 3. now: does the earlier reference still reproduce? ==")
             ref = _reference(pair["EAGLE-3 (2 steps, topk 1)"], run_dir.name)
-            docs["compare"] = compare.execute(cfg, ctl, run_dir, ref, out, findings_name="compare")
+            docs["compare"] = compare.execute(cfg, ctl, run_dir, ref, out, findings_name="compare",
+                                              progress=progress)
             if docs["compare"]["verdict"] == "not_reproduced":
                 out.print("\n== 4. now: isolate the system differences ==")
                 result = isolate.isolate_system(cfg, ctl, run_dir, ref, docs["compare"],
-                                                common.workspace(cfg).resolve, out)
+                                                common.workspace(cfg).resolve, out, progress)
                 if result is not None:
                     docs["isolate"] = result[1]
             out.print("\n== 5. now: a short NCCL sweep on the bad commit ==")

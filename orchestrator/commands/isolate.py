@@ -28,8 +28,10 @@ from orchestrator.drive import drive, unreported
 from orchestrator.errors import UserError
 from orchestrator.fingerprint_diff import Difference
 from orchestrator.metrics import check_metric, regression_direction
+from orchestrator.progress import Progress
 from orchestrator.records import Candidate
 from orchestrator.rundir import create_run, running
+from orchestrator.strategies.base import Verdict, probability_relation
 from orchestrator.strategies.isolate import IsolateStrategy
 from orchestrator.system_watch import system_changes
 from orchestrator.targets.base import UNSET
@@ -104,8 +106,38 @@ def _check_changes(cfg: DictConfig, ws, good: dict, changes: list[Change]) -> No
             ws.resolve(str(c.bad))
 
 
+def _best(verdict: Verdict) -> tuple[str | None, float | None]:
+    """The most probable cause named so far, for the progress line."""
+    top = verdict.top
+    if top is None:
+        return None, None
+    return " + ".join(getattr(top, "labels", ())) or None, float(top.probability)
+
+
+def _reporter(out, progress: Progress | None) -> Callable[[Verdict, int], None]:
+    """Verdicts as the live progress state, or (without one) a line whenever the phase or the
+    leading cause changes: one line per trial buried the run's story in repeats."""
+    if progress is not None:
+        progress.set_total(None)  # no forecast: an earlier experiment's would mislead
+
+        def live(v: Verdict, _n: int) -> None:
+            progress.on_verdict(v.status, *_best(v))
+        return live
+    last: list[tuple[str, str | None]] = []
+
+    def plain(v: Verdict, n: int) -> None:
+        label, probability = _best(v)
+        if last and last[-1] == (v.status, label):
+            return
+        last.append((v.status, label))
+        best = (f"; best {label} p{probability_relation(probability, '')}"
+                if label is not None and probability is not None else "")
+        out.print(f"  [{v.status}] {n} trials{best}")
+    return plain
+
+
 def execute(cfg: DictConfig, ctl: Controller, run_dir: Path, good: dict, changes: list[Change],
-            resolve, out, findings_name: str | None = None):
+            resolve, out, findings_name: str | None = None, progress: Progress | None = None):
     metric = str(cfg.metric)
     labels = [c.label for c in changes]
     strategy = IsolateStrategy(
@@ -117,9 +149,9 @@ def execute(cfg: DictConfig, ctl: Controller, run_dir: Path, good: dict, changes
     points = IsolatePoints(strategy, good, changes, resolve)
     out.print(f"isolating {len(changes)} difference(s) on {metric}: "
               + "; ".join(labels[:6]) + (" ..." if len(labels) > 6 else ""))
-    verdict = drive(ctl, strategy, points, metric=metric,
-                    on_verdict=lambda v, n: out.print(f"  [{v.status}] {n} trials"),
-                    on_system_change=lambda c: out.print(c.warning))
+    say = progress.note if progress is not None else out.print
+    verdict = drive(ctl, strategy, points, metric=metric, on_verdict=_reporter(out, progress),
+                    on_system_change=lambda c: say(c.warning))
     rows = ctl.store.trials()
     good_key = points.candidate(0).key
     items = []
@@ -170,7 +202,8 @@ def execute(cfg: DictConfig, ctl: Controller, run_dir: Path, good: dict, changes
 
 
 def isolate_system(cfg: DictConfig, ctl: Controller, run_dir: Path, ref: dict, cdoc: dict,
-                   resolve, out) -> tuple[object, dict] | None:
+                   resolve, out, progress: Progress | None = None
+                   ) -> tuple[object, dict] | None:
     """Isolate the controllable differences a `compare` found; returns (verdict, findings doc),
     or None when there is nothing to test. The compare document keeps only the differences
     that were not tested (not settable per trial, or shell/session variables set aside), so
@@ -199,7 +232,7 @@ def isolate_system(cfg: DictConfig, ctl: Controller, run_dir: Path, ref: dict, c
         out.print("no controllable difference to isolate")
         return None
     good = reference_good(ref["candidate"], changes)
-    return execute(cfg, ctl, run_dir, good, changes, resolve, out, "isolate")
+    return execute(cfg, ctl, run_dir, good, changes, resolve, out, "isolate", progress)
 
 
 def differences_from_compare(doc: Mapping) -> list[Difference]:
@@ -245,22 +278,25 @@ def run(cfg: DictConfig) -> int:
     run_dir, store = create_run(cfg)
     out = render.console()
     with running(store, run_dir, out) as run:
-        with Controller(cfg, store, run_dir, on_event=lambda m: out.print(f"  {m}")) as ctl:
+        with Progress(out) as progress, \
+                Controller(cfg, store, run_dir, on_event=progress.on_event) as ctl:
             if ref is not None:
-                cdoc = compare.execute(cfg, ctl, run_dir, ref, out, findings_name="compare")
+                cdoc = compare.execute(cfg, ctl, run_dir, ref, out, findings_name="compare",
+                                       progress=progress)
                 if cdoc["verdict"] != "not_reproduced":
                     run.status = "done" if cdoc["verdict"] == "reproduced" else "inconclusive"
                     out.print("nothing to isolate: the reference "
                               + ("reproduces" if cdoc["verdict"] == "reproduced" else
                                  "could not be decided"))
                     return 0 if cdoc["verdict"] == "reproduced" else 3
-                result = isolate_system(cfg, ctl, run_dir, ref, cdoc, ws.resolve, out)
+                result = isolate_system(cfg, ctl, run_dir, ref, cdoc, ws.resolve, out, progress)
                 if result is None:
                     run.status = "inconclusive"
                     return 3
                 verdict, _ = result
             else:
-                verdict, _ = execute(cfg, ctl, run_dir, good, changes, ws.resolve, out)
+                verdict, _ = execute(cfg, ctl, run_dir, good, changes, ws.resolve, out,
+                                     progress=progress)
         if ref is not None:
             from orchestrator.report.ranking import load_docs, rank
 
