@@ -165,8 +165,10 @@ class Progress:
             self._print(self.line())
 
     def on_verdict(self, status: str, best_label: str | None, probability: float | None) -> None:
-        changed = (status, best_label, probability) != (self._status, self._best,
-                                                         self._probability)
+        # Off a terminal a line is worth printing when the phase or the leading candidate
+        # changes; a new probability shows on the next trial's line (one line per verdict
+        # doubled every trial's line).
+        changed = (status, best_label) != (self._status, self._best)
         self._status, self._best, self._probability = status, best_label, probability
         if changed and not self.live_mode:
             self._print(self.line())

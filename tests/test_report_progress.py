@@ -69,6 +69,8 @@ def test_verdicts_print_only_when_they_change():
     progress, buf, _ = _plain()
     progress.on_verdict("searching", "abc123", 0.42)
     progress.on_verdict("searching", "abc123", 0.42)
+    progress.on_verdict("searching", "abc123", 0.47)  # shows on the next trial's line
+    assert "p=0.470" in progress.line()
     progress.on_verdict("verifying", "abc123", 0.995)
     lines = buf.getvalue().splitlines()
     assert len(lines) == 2
