@@ -17,26 +17,21 @@ same (preset, commits, seed) always gives the same SHAs.
 from __future__ import annotations
 
 import json
-import os
 import random
 import re
 import shutil
-import subprocess
-import tempfile
-from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
 from orchestrator.errors import SleuthError, UserError
-from orchestrator.targets.sim import gpu_state
 from orchestrator.targets.sim import scenario_presets as material
 from orchestrator.targets.sim.profile import ADDITIVE_KEYS, MULTIPLICATIVE_KEYS
+from orchestrator.targets.sim.scenario_git import write_repo
 from orchestrator.targets.sim.scenario_presets import (
-    FRAGMENT_DIR,
     effects_of,
-    modelled_effect,
     profile_effect,
 )
+from orchestrator.targets.sim.scenario_side import write_patches, write_system
 
 MIN_COMMITS = 20
 MAX_COMMITS = 2000
@@ -317,159 +312,6 @@ def _neutral_profile_edit(history: _History) -> None:
         history.indent = 4 if history.indent == 2 else 2
 
 
-# ---------------------------------------------------------------------------------------------
-# Writing: fast-import stream, checkout, side files, truth.
-
-
-def _git_env() -> dict[str, str]:
-    """Isolate git from the user's config so hooks, templates or autocrlf cannot change bytes."""
-    isolation = {"GIT_CONFIG_NOSYSTEM": "1", "GIT_CONFIG_GLOBAL": os.devnull}
-    return {**os.environ, **isolation, "GIT_TERMINAL_PROMPT": "0"}
-
-
-def _git(repo: Path, *args: str, stdin: bytes | None = None) -> str:
-    command = ["git", "-C", str(repo), *args]
-    proc = subprocess.run(command, input=stdin, capture_output=True, env=_git_env(), check=False)
-    if proc.returncode != 0:
-        raise SleuthError(f"git {args[0]} failed: {proc.stderr.decode(errors='replace').strip()}")
-    return proc.stdout.decode()
-
-
-def _fast_import_stream(commits: list[_Commit], tags: Mapping[str, int]) -> bytes:
-    parts: list[bytes] = []
-    for commit in commits:
-        a_name, a_email, a_tz = commit.author
-        c_name, c_email, c_tz = commit.committer
-        message = commit.message.encode() + b"\n"
-        header = (
-            f"commit refs/heads/main\nmark :{commit.mark}\n"
-            f"author {a_name} <{a_email}> {commit.author_time} {a_tz}\n"
-            f"committer {c_name} <{c_email}> {commit.commit_time} {c_tz}\n"
-            f"data {len(message)}\n"
-        )
-        parts += [header.encode(), message]
-        if commit.parents:
-            parts.append(f"from :{commit.parents[0]}\n".encode())
-        parts += [f"merge :{parent}\n".encode() for parent in commit.parents[1:]]
-        for path, content in commit.changes:
-            data = content.encode()
-            parts += [f"M 100644 inline {path}\ndata {len(data)}\n".encode(), data, b"\n"]
-        parts.append(b"\n")
-    for tag, mark in tags.items():
-        parts.append(f"reset refs/tags/{tag}\nfrom :{mark}\n\n".encode())
-    parts.append(b"done\n")
-    return b"".join(parts)
-
-
-def _write_repo(repo: Path, history: _History, tags: Mapping[str, int]) -> dict[int, str]:
-    """Create the repo with one fast-import process; return mark -> SHA."""
-    repo.mkdir(parents=True)
-    _git(repo, "init", "-q", "-b", "main")
-    with tempfile.TemporaryDirectory() as scratch:
-        marks_file = Path(scratch) / "marks"
-        stream = _fast_import_stream(history.commits, tags)
-        _git(repo, "fast-import", "--quiet", "--done", f"--export-marks={marks_file}", stdin=stream)
-        marks = {}
-        for line in marks_file.read_text().splitlines():
-            mark, sha = line.split()
-            marks[int(mark.lstrip(":"))] = sha
-    _git(repo, "reset", "-q", "--hard", "main")
-    return marks
-
-
-def _write_patches(out: Path, history: _History, rng: random.Random) -> dict:
-    specs = material.patch_specs(rng)
-    (out / "patches").mkdir()
-    for i, spec in enumerate(specs):
-        when = history.clock + (i + 1) * 3600
-        name, handle, tz = rng.choice(material.AUTHORS)
-        text = material.patch_text(spec, (name, material.author_email(handle), tz), when)
-        (out / "patches" / spec.filename).write_text(text)
-    base = effects_of(history.profile)
-    harmful = [s for s in specs if s.role == "harmful"]
-    pair = [s for s in specs if s.role == "pair"]
-
-    def effect_of(chosen: list[material.PatchSpec]) -> dict:
-        fragments = {s.stem: s.fragment for s in chosen}
-        return profile_effect(base, effects_of(history.profile, fragments))
-
-    return {
-        "dir": "patches",
-        "files": [s.filename for s in specs],
-        "fragments": {s.filename: f"{FRAGMENT_DIR}/{s.stem}.json" for s in specs},
-        "harmful": harmful[0].filename,
-        "pair": [s.filename for s in pair],
-        "harmless": [s.filename for s in specs if s.role == "harmless"],
-        "effects": {
-            "harmful": effect_of(harmful),
-            "pair": effect_of(pair),
-            "pair_members_alone": [effect_of([s]) for s in pair],
-            "all": effect_of(specs),
-        },
-    }
-
-
-def _write_system(out: Path, rng: random.Random, code_profile: Mapping) -> tuple[dict, dict]:
-    """Write the reference/now system-state files; return the `system` and `env` truth.
-
-    Each change is priced alone (reference with only that factor moved) by the sim's model,
-    at the code of the bad commit, so an isolate run can be graded factor by factor.
-    """
-    reference_env, now_env = material.system_envs(rng)
-    reference_packages, now_packages = material.system_packages()
-    reference_state = gpu_state.default_state()
-    now_state = reference_state.with_all_gpus(power_limit_w=material.NOW_POWER_LIMIT_W)
-    states = {
-        "reference": {"env": reference_env, "gpu_state": gpu_state.to_dict(reference_state),
-                      "packages": reference_packages},
-        "now": {"env": now_env, "gpu_state": gpu_state.to_dict(now_state), "packages": now_packages},
-    }  # fmt: skip
-    for when, docs in states.items():
-        for what, doc in docs.items():
-            (out / f"{when}_{what}.json").write_text(material.render_json(doc))
-
-    def effect(env: Mapping[str, str], state: gpu_state.GpuState) -> dict:
-        return modelled_effect(code_profile, (reference_env, reference_state), (env, state))
-
-    def harmful(moved: dict) -> bool:
-        return any(moved[m]["pct"] >= 1.0 for m in ("verify_ms", "decode_ms"))
-
-    dropped = {k: v for k, v in reference_env.items() if k != "NCCL_PROTO"}
-    harmless_env = {**now_env, "NCCL_PROTO": reference_env["NCCL_PROTO"]}
-    harmless_vars = sorted(k for k in set(reference_env) | set(now_env)
-                           if k != "NCCL_PROTO" and reference_env.get(k) != now_env.get(k))  # fmt: skip
-    bumped, version = material.UNRELATED_PACKAGE_BUMP
-    power = reference_state.gpus[0].power_limit_w
-    changes = [
-        {"factor": "clock", "what": "power_limit_w", "gpus": [g.index for g in now_state.gpus],
-         "reference": power, "now": material.NOW_POWER_LIMIT_W,
-         "effect": effect(reference_env, now_state)},
-        {"factor": "env", "var": "NCCL_PROTO", "reference": reference_env["NCCL_PROTO"],
-         "now": None, "effect": effect(dropped, reference_state)},
-        {"factor": "packages", "name": bumped, "reference": reference_packages[bumped],
-         "now": version, "effect": {}},
-        {"factor": "env", "vars": harmless_vars, "effect": effect(harmless_env, reference_state)},
-    ]  # fmt: skip
-    for change in changes:
-        change["harmful"] = bool(change["effect"]) and harmful(change["effect"])
-    files = {when: {what: f"{when}_{what}.json" for what in docs} for when, docs in states.items()}
-    system = {**files, "changes": changes, "total_effect": effect(now_env, now_state)}
-    return system, _env_truth(code_profile, now_env, now_state)
-
-
-def _env_truth(code_profile: Mapping, now_env: Mapping, now_state: gpu_state.GpuState) -> dict:
-    """The planted env effects, each priced on top of the "now" env: what a sweep can win back."""
-    planted = [dict(entry) for entry in code_profile.get("env_effects", ())]
-    priced = []
-    for entry in planted:
-        env = {**now_env, entry["var"]: entry["value"]}
-        moved = modelled_effect(code_profile, (now_env, now_state), (env, now_state))
-        priced.append({"var": entry["var"], "value": entry["value"], "effect": moved})
-    helpful = [p for p in priced if p["effect"]["verify_ms"]["pct"] < 0]
-    return {"planted": planted, "effects": priced,
-            "worth_sweeping": {p["var"]: p["value"] for p in helpful}}  # fmt: skip
-
-
 def generate_scenario(out: Path, commits: int, seed: int, preset: str = DEFAULT_PRESET) -> Scenario:
     """Generate the scenario into `out` (created; must be absent or empty) and return it."""
     validate_request(out, commits, seed, preset)
@@ -494,7 +336,7 @@ def _generate(out: Path, commits: int, seed: int, preset: str) -> Scenario:
     rng = random.Random(f"sleuth-scenario/{preset}/{commits}/{seed}")
     root_profile = json.loads(material.render_json(_initial_profile(spec)))
     history, good_mark, good_pos, events, planted = _plan_history(spec, commits, rng)
-    marks = _write_repo(out / "repo", history, {GOOD_TAG: good_mark})
+    marks = write_repo(out / "repo", history.commits, {GOOD_TAG: good_mark})
     by_mark = {c.mark: c for c in history.commits}
 
     def listed(kind: str) -> list[str]:
@@ -528,9 +370,9 @@ def _generate(out: Path, commits: int, seed: int, preset: str) -> Scenario:
         merge = next(c for c in history.commits if c.kind == "merge")
         truth["merge"] = {"sha": marks[merge.mark], "index": merge.index, "side": listed("side")}
     if spec.patches:
-        truth["patches"] = _write_patches(out, history, rng)
+        truth["patches"] = write_patches(out, history.clock, history.profile, rng)
     if spec.system_change:
-        truth["system"], truth["env"] = _write_system(out, rng, history.profile)
+        truth["system"], truth["env"] = write_system(out, rng, history.profile)
     (out / "truth.json").write_text(material.render_json(truth))
     return Scenario(out=out, repo=out / "repo", truth=truth)
 
