@@ -37,12 +37,8 @@ from orchestrator.strategies.bisect_reproduce import check_reproduced, refuted
 from orchestrator.strategies.bisect_verify import check_verified, verify_plan
 from orchestrator.strategies.evidence import Evidence
 from orchestrator.strategies.forecast import range_forecast
-from orchestrator.strategies.posterior import (
-    RangePosterior,
-    channel_error,
-    choose_points,
-    range_posterior,
-)
+from orchestrator.strategies.placement import channel_error, choose_points
+from orchestrator.strategies.posterior import RangePosterior, range_posterior
 from orchestrator.strategies.report import describe
 
 
