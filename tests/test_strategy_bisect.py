@@ -192,3 +192,29 @@ def test_endpoints_that_measure_alike_are_rarely_called_reversed():
         outcomes[segment.outcome or "reproduced"] += 1
     assert outcomes["reversed"] <= 4, outcomes
     assert outcomes["not_reproducible"] > 200, outcomes
+
+
+def test_a_stated_minimum_effect_refutes_a_lucky_reproduction_sooner():
+    """With min_effect_pct=5 the user says a change under 5% does not matter, so the endpoints'
+    later trials test "no change" against 5%, not against half of the lucky +4.4%: the same
+    restarts end the run sooner, with the same answer."""
+    def run(min_effect_pct):
+        rng = np.random.default_rng(3)
+        lucky = {0: [19.85, 19.95], 49: [20.75, 20.85]}
+        strategy = BisectStrategy(50, min_effect_pct=min_effect_pct)
+        obs: list[Observation] = []
+        while len(obs) < 600:
+            proposals = strategy.propose(obs, [], 1)
+            if not proposals:
+                break
+            point = proposals[0].point
+            value = (lucky[point].pop(0) if lucky.get(point)
+                     else 19.9 * math.exp(0.02 * rng.standard_normal()))
+            obs.append(Observation(point, value, trial_id=len(obs)))
+        segment = strategy.segments[0]
+        assert segment.reproduction is not None  # the lucky start reproduced in both runs
+        assert strategy.verdict(obs).status == "not_reproducible"
+        return len(obs)
+
+    plain, stated = run(None), run(5.0)
+    assert stated < plain, (stated, plain)

@@ -101,7 +101,9 @@ def refuted(strategy: BisectStrategy, segment: Segment) -> str | None:
 
 def fresh_endpoint_ratio(strategy: BisectStrategy, segment: Segment) -> float:
     """Log likelihood ratio of "no change" over "a change of ``refute_fraction`` of the
-    reproduced one", from the endpoint trials that came after the reproduction (0 if none).
+    reproduced one" (or of the user's ``min_effect_pct`` when that is larger: a lucky
+    reproduction just above zero would otherwise be refuted against a change the user said
+    does not matter), from the endpoint trials that came after the reproduction (0 if none).
 
     The statistic is the difference of the fresh means, with the restart noise pooled over
     every replicated point: that is the likelihood of the location-free part of the data,
@@ -116,6 +118,8 @@ def fresh_endpoint_ratio(strategy: BisectStrategy, segment: Segment) -> float:
     if not good or not bad or not math.isfinite(sigma) or sigma <= 0.0:
         return 0.0
     floor = strategy.settings.refute_fraction * segment.reproduction.diff
+    if strategy.min_effect is not None:  # smaller changes do not count: no need to refute them
+        floor = max(floor, strategy.min_effect)
     gap = math.fsum(bad) / len(bad) - math.fsum(good) / len(good)
     variance = sigma * sigma * (1.0 / len(good) + 1.0 / len(bad))
     return floor * (floor - 2.0 * gap) / (2.0 * variance)
