@@ -84,14 +84,13 @@ def test_seed_verify_cases_are_found_with_the_stated_confidence():
             assert "with probability >0.999" in verdict.message
 
 
-@pytest.mark.parametrize("seed", range(6))
-def test_a_lucky_reproduction_is_refuted_by_the_endpoints_later_trials(seed: int):
-    """The bad endpoint's first two restarts read 4% high by luck; every other restart reads one
-    level in 2% noise. The +-1% refutation would need about 90 restarts per endpoint at that
-    noise; the sequential test on the endpoints' trials since the reproduction ends it sooner."""
+def _lucky_start(seed: int, min_effect_pct: float | None = None
+                 ) -> tuple[BisectStrategy, list[Observation]]:
+    """A 50-commit range with no change whose bad endpoint's first two restarts read 4% high by
+    luck; every other restart reads one level in 2% noise. Run to the end (600 at most)."""
     rng = np.random.default_rng(seed)
     lucky = {0: [19.85, 19.95], 49: [20.75, 20.85]}
-    strategy = BisectStrategy(50)
+    strategy = BisectStrategy(50, min_effect_pct=min_effect_pct)
     obs: list[Observation] = []
     while len(obs) < 600:
         proposals = strategy.propose(obs, [], 1)
@@ -101,6 +100,14 @@ def test_a_lucky_reproduction_is_refuted_by_the_endpoints_later_trials(seed: int
         value = (lucky[point].pop(0) if lucky.get(point)
                  else 19.9 * math.exp(0.02 * rng.standard_normal()))
         obs.append(Observation(point, value, trial_id=len(obs)))
+    return strategy, obs
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_a_lucky_reproduction_is_refuted_by_the_endpoints_later_trials(seed: int):
+    """The +-1% refutation would need about 90 restarts per endpoint at 2% noise; the
+    sequential test on the endpoints' trials since the reproduction ends a lucky start sooner."""
+    strategy, obs = _lucky_start(seed)
     segment = strategy.segments[0]
     assert segment.reproduction is not None and segment.reproduction.counts == (2, 2)
     verdict = strategy.verdict(obs)
@@ -196,23 +203,11 @@ def test_endpoints_that_measure_alike_are_rarely_called_reversed():
 
 def test_a_stated_minimum_effect_refutes_a_lucky_reproduction_sooner():
     """With min_effect_pct=5 the user says a change under 5% does not matter, so the endpoints'
-    later trials test "no change" against 5%, not against half of the lucky +4.4%: the same
-    restarts end the run sooner, with the same answer."""
-    def run(min_effect_pct):
-        rng = np.random.default_rng(3)
-        lucky = {0: [19.85, 19.95], 49: [20.75, 20.85]}
-        strategy = BisectStrategy(50, min_effect_pct=min_effect_pct)
-        obs: list[Observation] = []
-        while len(obs) < 600:
-            proposals = strategy.propose(obs, [], 1)
-            if not proposals:
-                break
-            point = proposals[0].point
-            value = (lucky[point].pop(0) if lucky.get(point)
-                     else 19.9 * math.exp(0.02 * rng.standard_normal()))
-            obs.append(Observation(point, value, trial_id=len(obs)))
-        segment = strategy.segments[0]
-        assert segment.reproduction is not None  # the lucky start reproduced in both runs
+    later trials test "no change" against 5%, not against half of the lucky +4.5%: the run
+    ends sooner, with the same answer."""
+    def run(min_effect_pct: float | None) -> int:
+        strategy, obs = _lucky_start(3, min_effect_pct)
+        assert strategy.segments[0].reproduction is not None  # the lucky start reproduced
         assert strategy.verdict(obs).status == "not_reproducible"
         return len(obs)
 
