@@ -213,3 +213,24 @@ def test_a_stated_minimum_effect_refutes_a_lucky_reproduction_sooner():
 
     plain, stated = run(None), run(5.0)
     assert stated < plain, (stated, plain)
+
+
+def test_a_long_not_reproducible_run_points_to_min_effect_pct():
+    """A no-change range can take the whole reproduce budget (96 restarts) to rule out every
+    change above 1%; the bisect command then says how a stated minimum ends such a run early."""
+    from orchestrator.commands.bisect import min_effect_hint
+
+    regime = _regime("no_change")
+    case = 0
+    verdict, trials, _ = drive(BisectStrategy(N_COMMITS, max_trials=400),
+                               VirtualOracle(regime, case), 1)
+    assert verdict.status == "not_reproducible" and trials >= 20
+    hint = min_effect_hint(verdict, {})
+    assert hint is not None and f"took {trials} restarts" in hint
+    assert "experiment.params.min_effect_pct=P" in hint
+    assert min_effect_hint(verdict, {"min_effect_pct": 10}) is None
+    # Stated, the same range ends after a few restarts, and no hint is due.
+    short, few, _ = drive(BisectStrategy(N_COMMITS, max_trials=400, min_effect_pct=20.0),
+                          VirtualOracle(regime, case), 1)
+    assert short.status == "not_reproducible" and few < 20
+    assert min_effect_hint(short, {}) is None

@@ -155,6 +155,21 @@ def reproduction_notice(verdict: Verdict, metric: str, budget: int | None) -> li
     return lines
 
 
+def min_effect_hint(verdict: Verdict, params) -> str | None:
+    """After a long "not reproducible", how to make the next such run short.
+
+    Ruling out every change above the +-1% floor can take the whole reproduce budget (48
+    restarts a side); ruling out the regression the user is actually chasing takes a few (in
+    5% noise, about 5 restarts for 20%, 12 for 10%, measured on the benchmark's no-change
+    cases)."""
+    if (verdict.status != "not_reproducible" or "min_effect_pct" in params
+            or verdict.n_trials < 20):
+        return None
+    return (f"hint: ruling out any change took {verdict.n_trials} restarts. If the regression "
+            "you are chasing is larger than some P%, experiment.params.min_effect_pct=P ends "
+            "a range without such a change after a few.")
+
+
 def execute(cfg, ctl: Controller, run_dir: Path, commits, points, weights, out,
             findings_name: str | None = None, progress=None) -> tuple[Verdict, dict]:
     """Bisect on a running controller; writes findings.json and returns the verdict and it."""
@@ -199,6 +214,9 @@ def execute(cfg, ctl: Controller, run_dir: Path, commits, points, weights, out,
     path = findings.write(run_dir, doc, findings_name)
     out.print(render.findings_table(doc))
     out.print(verdict.message)
+    hint = min_effect_hint(verdict, cfg.experiment.params)
+    if hint:
+        out.print(hint)
     for change in changes:
         out.print(change.warning)
     silent = unreported(rows, str(cfg.metric), points)
