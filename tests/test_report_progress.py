@@ -180,7 +180,7 @@ def _isolate_verdict(status: str, label: str | None = None, probability: float =
 
 
 def test_isolate_says_when_its_phase_or_leading_cause_changes_not_after_every_trial():
-    """Off a live view, `sleuth isolate` printed '[verifying] N trials' once per trial (60
+    """Off a live view, `sleuth isolate` printed '[verifying] N trials' once per trial (55
     lines in the demo) and never what it was verifying."""
     from orchestrator.commands.isolate import _reporter
 
