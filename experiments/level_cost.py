@@ -3,11 +3,12 @@
 The localization benchmark's oracle is told the true levels and the noise; sleuth has to learn
 them from the same restarts. This experiment separates that price from everything else: one
 trial sequence per case, placed by the known-levels oracle (posterior median, then the
-culprit and its parent), is read by four posteriors, and each is stopped where it first holds
+culprit and its parent), is read by five posteriors, and each is stopped where it first holds
 one commit with probability 0.99:
 
 - ``known``: told the levels and the noise (the oracle itself);
 - ``noise_told``: told the noise, levels learned (flat prior on both);
+- ``learned``: levels and noise learned (flat priors, ``p(sigma) ~ 1/sigma``);
 - ``sleuth``: sleuth's own posterior (:func:`range_posterior`: levels and noise learned, a
   half-normal step prior twice the true change wide, 10% prior on "no change");
 - ``plug_in``: the levels and noise sleuth's posterior estimates, plugged into the known-levels
