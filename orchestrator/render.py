@@ -8,6 +8,7 @@ from collections.abc import Sequence
 
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 from orchestrator.store import TrialRow
 from orchestrator.strategies.base import probability_text
@@ -90,11 +91,16 @@ def finding_id(finding: dict, width: int = 40) -> str:
     return short if len(short) <= width else short[: width - 3] + "..."
 
 
-def findings_table(doc: dict, max_without_probability: int = 5) -> Table:
+def findings_table(doc: dict, max_without_probability: int = 5) -> Table | Text:
     """Ranked findings with probability and the effect on the run's metric. Differences that
-    were listed but not tested (no probability) are capped; findings.json has them all."""
+    were listed but not tested (no probability) are capped; findings.json has them all.
+    Without findings ("not reproducible", a budget spent early) it is one line, not an empty
+    table: the verdict's message that follows says why."""
     metric = doc.get("metric", "")
-    table = Table(title=f"findings · {doc.get('experiment')} · {doc.get('verdict')}")
+    title = f"findings · {doc.get('experiment')} · {doc.get('verdict')}"
+    if not doc.get("findings"):
+        return Text(f"{title}: none")
+    table = Table(title=title)
     for col in ("rank", "kind", "id", "probability", f"{metric} effect", "phase", "summary"):
         table.add_column(col)
     items = doc.get("findings", [])

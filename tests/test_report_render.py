@@ -371,3 +371,18 @@ def test_a_near_certain_probability_is_never_rounded_to_one():
     assert probability_text(0.9987) == "0.999" and probability_relation(0.42) == "= 0.420"
     assert probability_relation(0.99996) == "> 0.999"
     assert probability_relation(0.99996, "") == ">0.999"
+
+
+def test_a_verdict_without_findings_is_one_line_not_an_empty_table():
+    """A "not reproducible" bisect printed a findings table with headers and no rows."""
+    from rich.table import Table
+
+    from orchestrator.render import findings_table
+
+    empty = findings_table({"experiment": "bisect", "verdict": "not_reproducible",
+                            "metric": "verify_ms", "findings": []})
+    assert str(empty) == "findings · bisect · not_reproducible: none"
+    one = findings_table({"experiment": "bisect", "verdict": "found", "metric": "verify_ms",
+                          "findings": [{"rank": 1, "kind": "commit", "id": _sha(3),
+                                        "probability": 0.995, "effect": {}}]})
+    assert isinstance(one, Table) and one.row_count == 1
