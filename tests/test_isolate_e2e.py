@@ -3,6 +3,11 @@
 from __future__ import annotations
 
 import json
+import os
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -10,6 +15,8 @@ import pytest
 from orchestrator.commands import isolate as isolate_cmd
 from orchestrator.commands import trial as trial_cmd
 from orchestrator.config.compose import compose_config
+from orchestrator.records import Outcome
+from orchestrator.store import RunStore
 from orchestrator.targets.sim.scenario import generate_scenario
 from orchestrator.targets.simnode import set_node_state
 
@@ -69,3 +76,50 @@ def test_patch_set_single_and_pair(tmp_path, ray_session):
         Path(p).name for p in truth["harmful"]}
     pair = {Path(p).name for p in truth["pair"]}
     assert harmful in found and pair in found, (found, truth)
+
+
+def test_kill_controller_then_resume_reuses_finished_trials(tmp_path, capsys):
+    """An isolate killed mid-run (controller and servers) finishes with `sleuth resume`: every
+    trial that had finished is evidence again, untouched; only what was cut short runs again."""
+    sc = generate_scenario(tmp_path / "sc", 30, 3, "one_culprit")
+    runs = tmp_path / "runs"
+    good = sc.truth["good"]
+    args = [sys.executable, "-m", "orchestrator", "isolate", f"repo={sc.repo}",
+            f"runs_dir={runs}", "run_id=killme", f"good.commit={good}", f"bad.commit={good}",
+            "good.env.HARMLESS=1", "good.clock=default", "bad.clock=power:450", *FAST]
+    proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            start_new_session=True)
+    db = runs / "killme" / "trials.db"
+    deadline = time.monotonic() + 120
+    finished = 0
+    while time.monotonic() < deadline and finished < 6:
+        time.sleep(0.5)
+        if db.exists():
+            store = RunStore.open(db)
+            finished = sum(1 for r in store.trials() if r.finished)
+            store.close()
+        assert proc.poll() is None, "isolate ended before it could be killed"
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    store = RunStore.open(db)
+    before = {r.id: (r.outcome, r.candidate.key) for r in store.trials() if r.finished}
+    store.close()
+    assert len(before) >= 6
+    from orchestrator.cli import run as cli_run
+
+    capsys.readouterr()
+    assert cli_run(["resume", str(runs / "killme")]) == 0
+    printed = capsys.readouterr().out
+    assert f"resuming killme: {len(before)} finished trials reused" in printed
+    store = RunStore.open(db)
+    after = {r.id: (r.outcome, r.candidate.key) for r in store.trials()}
+    assert all(after[tid] == seen for tid, seen in before.items())
+    doc = json.loads((runs / "killme" / "findings.json").read_text())
+    assert doc["verdict"] == "found"
+    assert [f["kind"] for f in doc["findings"]] == ["clock"]
+    assert [c["key"] for c in doc["cleared"]] == ["HARMLESS"]
+    # The strategy's answer rests on every trial that ran to the end, the reused ones included
+    # (the ones cut short by the kill are not evidence).
+    cut = {r.id for r in store.trials() if r.outcome == Outcome.INTERRUPTED}
+    assert not cut & set(before)
+    assert doc["n_trials"] == len(after) - len(cut)

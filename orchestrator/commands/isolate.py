@@ -15,6 +15,7 @@ set of repeated, interleaved restarts with a statistical decision (noisy delta d
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
@@ -31,6 +32,7 @@ from orchestrator.metrics import check_metric, regression_direction
 from orchestrator.progress import Progress
 from orchestrator.records import Candidate
 from orchestrator.rundir import create_run, running
+from orchestrator.store import RunStore
 from orchestrator.strategies.base import Verdict, probability_relation
 from orchestrator.strategies.isolate import IsolateStrategy
 from orchestrator.system_watch import system_changes
@@ -256,33 +258,73 @@ def reference_good(candidate: Candidate, changes: list[Change]) -> dict:
     return good
 
 
-def run(cfg: DictConfig) -> int:
+def _plan(cfg: DictConfig) -> tuple[dict | None, object, dict | None, list[Change] | None]:
+    """Check the request and work out what to test: ``(reference, workspace, good, changes)``;
+    with a reference, the differences come later, from the compare."""
     common.check_common(cfg)
     check_metric(str(cfg.metric), target=cfg.target)
     if not 0.5 < float(cfg.confidence) < 1.0:
         raise UserError(f"confidence must be between 0.5 and 1 (exclusive), got {cfg.confidence}")
     if cfg.max_trials is not None and int(cfg.max_trials) < 4:
         raise UserError(f"max_trials must be at least 4 (got {cfg.max_trials})")
-    ref = None
     if cfg.reference:
         ref = compare.load_reference(cfg, str(cfg.reference))
         cfg.repo = cfg.repo or ref.get("repo")
         ws = common.workspace(cfg)
         ws.resolve(ref["candidate"].commit)
-    else:
-        good, changes = changes_between(_spec(cfg.good), _spec(cfg.bad))
-        if not changes:
-            raise UserError("good and bad are the same configuration: nothing to isolate")
-        ws = common.workspace(cfg)
-        _check_changes(cfg, ws, good, changes)
+        return ref, ws, None, None
+    for side in ("good", "bad"):  # saved absolute, so that a resume finds them from anywhere
+        spec = _spec(cfg[side])
+        if "patches" in spec:
+            cfg[side]["patches"] = spec["patches"]
+    good, changes = changes_between(_spec(cfg.good), _spec(cfg.bad))
+    if not changes:
+        raise UserError("good and bad are the same configuration: nothing to isolate")
+    ws = common.workspace(cfg)
+    _check_changes(cfg, ws, good, changes)
+    return None, ws, good, changes
+
+
+def run(cfg: DictConfig) -> int:
+    ref, ws, good, changes = _plan(cfg)
     run_dir, store = create_run(cfg)
+    return _execute(cfg, run_dir, store, ref, ws, good, changes)
+
+
+def resume(run_dir: Path) -> int:
+    """Finish an interrupted isolate: every finished trial is evidence again (the points are
+    found back from the trials' candidates), interrupted ones are run again. With a reference,
+    a compare that had finished is not repeated."""
+    store = RunStore.open(run_dir / "trials.db")
+    try:
+        if store.command != "isolate":
+            raise UserError(f"{run_dir.name} is not an isolate run")
+        cfg = OmegaConf.create(store.config_yaml())
+        ref, ws, good, changes = _plan(cfg)
+    except BaseException:
+        store.close()
+        raise
+    lost = store.interrupt_unfinished()
+    render.console().print(f"resuming {run_dir.name}: {len(store.trials()) - len(lost)} finished"
+                           f" trials reused, {len(lost)} interrupted")
+    store.set_status("running")
+    return _execute(cfg, run_dir, store, ref, ws, good, changes)
+
+
+def _execute(cfg: DictConfig, run_dir: Path, store: RunStore, ref: dict | None, ws,
+             good: dict | None, changes: list[Change] | None) -> int:
     out = render.console()
     with running(store, run_dir, out) as run:
         with Progress(out) as progress, \
                 Controller(cfg, store, run_dir, on_event=progress.on_event) as ctl:
             if ref is not None:
-                cdoc = compare.execute(cfg, ctl, run_dir, ref, out, findings_name="compare",
-                                       progress=progress)
+                done = run_dir / "findings-compare.json"
+                if done.exists():  # a resumed run: the compare finished before
+                    cdoc = json.loads(done.read_text())
+                    out.print(f"the compare finished before: {cdoc['message']}")
+                else:
+                    cdoc = compare.execute(cfg, ctl, run_dir, ref, out, findings_name="compare",
+                                           progress=progress)
                 if cdoc["verdict"] != "not_reproduced":
                     run.status = "done" if cdoc["verdict"] == "reproduced" else "inconclusive"
                     out.print("nothing to isolate: the reference "
@@ -295,6 +337,7 @@ def run(cfg: DictConfig) -> int:
                     return 3
                 verdict, _ = result
             else:
+                assert good is not None and changes is not None
                 verdict, _ = execute(cfg, ctl, run_dir, good, changes, ws.resolve, out,
                                      progress=progress)
         if ref is not None:

@@ -20,8 +20,16 @@ def run(cfg: DictConfig) -> int:
         from orchestrator.commands import bisect
 
         return bisect.resume(run_dir)
+    if command == "isolate":
+        from orchestrator.commands import isolate
+
+        return isolate.resume(run_dir)
     if command == "sweep":
         from orchestrator.commands import sweep
 
         return sweep.resume(run_dir)
-    raise UserError(f"{run_dir.name} is a {command or 'unknown'} run: it cannot be resumed")
+    raise UserError(f"{run_dir.name} is {_article(command or 'unknown')} run: it cannot be resumed")
+
+
+def _article(word: str) -> str:
+    return ("an " if word[:1] in "aeiou" else "a ") + word
