@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -18,6 +20,27 @@ def git(repo: Path, *args: str) -> str:
            "GIT_COMMITTER_NAME": "t", "GIT_COMMITTER_EMAIL": "t@example.com"}
     return subprocess.run(["git", *args], cwd=repo, env=env, check=True, capture_output=True,
                           text=True).stdout.strip()
+
+
+def kill_after_finished(args: list[str], db: Path, count: int, pause: float = 0.5) -> None:
+    """Start a sleuth command in its own process group, wait until ``count`` of its trials
+    have finished in ``db``, then SIGKILL the group: the controller and every server it
+    started, as a crashed controller host would leave them."""
+    from orchestrator.store import RunStore
+
+    proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            start_new_session=True)
+    deadline = time.monotonic() + 120
+    finished = 0
+    while time.monotonic() < deadline and finished < count:
+        time.sleep(pause)
+        if db.exists():
+            store = RunStore.open(db)
+            finished = sum(1 for r in store.trials() if r.finished)
+            store.close()
+        assert proc.poll() is None, f"{args[3]} ended before it could be killed"
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
 
 
 def make_sim_repo(path: Path, profiles: list[dict]) -> list[str]:

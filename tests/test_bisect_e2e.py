@@ -18,6 +18,7 @@ from orchestrator.config.compose import compose_config
 from orchestrator.store import RunStore
 from orchestrator.targets.sim import gpu_state
 from orchestrator.targets.sim.scenario import generate_scenario
+from tests.conftest import kill_after_finished
 
 pytestmark = pytest.mark.slow
 
@@ -85,20 +86,8 @@ def test_kill_controller_then_resume_reuses_finished_trials(tmp_path, capsys):
     args = [sys.executable, "-m", "orchestrator", "bisect", f"repo={scenario.repo}",
             f"runs_dir={runs}", f"good={truth['good']}", f"bad={truth['bad']}", "nodes=2",
             "run_id=killme", *FAST]
-    proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                            start_new_session=True)
     db = runs / "killme" / "trials.db"
-    deadline = time.monotonic() + 120
-    finished = 0
-    while time.monotonic() < deadline and finished < 7:
-        time.sleep(0.5)
-        if db.exists():
-            store = RunStore.open(db)
-            finished = sum(1 for r in store.trials() if r.finished)
-            store.close()
-        assert proc.poll() is None, "bisect ended before it could be killed"
-    os.killpg(proc.pid, signal.SIGKILL)  # the controller and everything it started
-    proc.wait()
+    kill_after_finished(args, db, 7)
     store = RunStore.open(db)
     before = {r.id: (r.outcome, r.candidate.key) for r in store.trials() if r.finished}
     store.close()

@@ -3,11 +3,7 @@
 from __future__ import annotations
 
 import json
-import os
-import signal
-import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -19,6 +15,7 @@ from orchestrator.records import Outcome
 from orchestrator.store import RunStore
 from orchestrator.targets.sim.scenario import generate_scenario
 from orchestrator.targets.simnode import set_node_state
+from tests.conftest import kill_after_finished
 
 pytestmark = pytest.mark.slow
 
@@ -87,20 +84,8 @@ def test_kill_controller_then_resume_reuses_finished_trials(tmp_path, capsys):
     args = [sys.executable, "-m", "orchestrator", "isolate", f"repo={sc.repo}",
             f"runs_dir={runs}", "run_id=killme", f"good.commit={good}", f"bad.commit={good}",
             "good.env.HARMLESS=1", "good.clock=default", "bad.clock=power:450", *FAST]
-    proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                            start_new_session=True)
     db = runs / "killme" / "trials.db"
-    deadline = time.monotonic() + 120
-    finished = 0
-    while time.monotonic() < deadline and finished < 6:
-        time.sleep(0.5)
-        if db.exists():
-            store = RunStore.open(db)
-            finished = sum(1 for r in store.trials() if r.finished)
-            store.close()
-        assert proc.poll() is None, "isolate ended before it could be killed"
-    os.killpg(proc.pid, signal.SIGKILL)
-    proc.wait()
+    kill_after_finished(args, db, 6)
     store = RunStore.open(db)
     before = {r.id: (r.outcome, r.candidate.key) for r in store.trials() if r.finished}
     store.close()

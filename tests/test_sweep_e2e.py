@@ -3,12 +3,8 @@
 from __future__ import annotations
 
 import json
-import os
-import signal
 import sqlite3
-import subprocess
 import sys
-import time
 from pathlib import Path
 
 import optuna
@@ -20,6 +16,7 @@ from orchestrator.commands import sweep
 from orchestrator.config.compose import compose_config
 from orchestrator.drive import observation
 from orchestrator.store import RunStore
+from tests.conftest import kill_after_finished
 
 FAST = ["target.time_scale=0.02", "target.load_seconds=5", "bench.requests=2",
         "bench.output_len=32", "bench.input_len=32", "bench.warmup_requests=1",
@@ -112,20 +109,8 @@ def test_killed_sweep_resumes_without_repeating_trials(tmp_path, sim_repo):
             "metric=verify_ms", "trials=10", "nodes=2", "run_id=killme",
             "experiment.params.confirm_min_rounds=2", "experiment.params.confirm_rounds=2",
             *FAST]
-    proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                            start_new_session=True)
     db = runs / "killme" / "trials.db"
-    deadline = time.monotonic() + 120
-    finished = 0
-    while time.monotonic() < deadline and finished < 4:
-        time.sleep(0.3)
-        if db.exists():
-            store = RunStore.open(db)
-            finished = sum(1 for r in store.trials() if r.finished)
-            store.close()
-        assert proc.poll() is None, "the sweep ended before it could be killed"
-    os.killpg(proc.pid, signal.SIGKILL)  # the controller and every server it started
-    proc.wait()
+    kill_after_finished(args, db, 4, pause=0.3)
     store = RunStore.open(db)
     before = {r.id: (r.outcome, r.candidate.key, r.phase) for r in store.trials() if r.finished}
     store.close()
