@@ -64,6 +64,8 @@ class SimTargetConf(TargetConf):
     fault: str | None = None
     # Simulated GPU state file of the node; empty = a file in the node's own state directory.
     gpu_state: str = ""
+    # SGLang release the sim imitates (flags, metrics, meta_info): 0.5.23 (empty) or 0.5.9.
+    sglang_version: str = ""
 
 
 @dataclass
@@ -93,6 +95,7 @@ class SglangTargetConf(TargetConf):
     # SGLANG_ENABLE_METRICS_DEVICE_TIMER=1: per-phase seconds in /metrics (verify_ms).
     device_timer: bool = True
     # Empty = ask the installed package; set it when the nodes run an unreleased checkout.
+    # With engine=sim: the release the sim imitates (0.5.23 when empty, or 0.5.9).
     sglang_version: str = ""
     # Run `launch_server --help` before the first trial and refuse unknown flags.
     check_flags: bool = True

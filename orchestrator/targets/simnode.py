@@ -4,6 +4,11 @@ It launches `python -m orchestrator.targets.sim` with SGLang's flag names, so th
 surfaces (health, generate, metrics, logs) are exercised as on a real node. The node's simulated
 GPU state lives in a JSON file in the node's state directory; GPU control and telemetry read
 and write the same file.
+
+`target.sglang_version` picks the SGLang release the sim imitates (0.5.23 by default, or 0.5.9;
+see `orchestrator.targets.sim.dialect`); the CUDA-graph flags are spelled for it. Like the
+`sglang` target, it turns on SGLang's device timer (per-phase seconds in `/metrics`) and
+measures each repetition through `orchestrator.bench.server_measure`.
 """
 
 from __future__ import annotations
@@ -12,7 +17,10 @@ import os
 import sys
 from pathlib import Path
 
+from orchestrator.bench import server_measure
+from orchestrator.bench.client import RequestSpec
 from orchestrator.targets.base import Target, apply_unset
+from orchestrator.targets.sim.dialect import DEVICE_TIMER_ENV, Dialect, UnknownVersion, dialect
 
 
 class SimTarget(Target):
@@ -21,6 +29,17 @@ class SimTarget(Target):
     @property
     def time_scale(self) -> float:
         return float(self.conf.get("time_scale", 1.0))
+
+    @property
+    def dialect(self) -> Dialect:
+        return dialect(self.conf.get("sglang_version") or None)
+
+    def preflight(self) -> str | None:
+        try:
+            dialect(self.conf.get("sglang_version") or None)
+        except UnknownVersion as exc:
+            return f"target.sglang_version: {exc}"
+        return None
 
     @property
     def gpu_state_path(self) -> Path:
@@ -45,11 +64,15 @@ class SimTarget(Target):
                      "--speculative-num-draft-tokens", str(c["speculative_num_draft_tokens"])]
             if c.get("speculative_draft_model_path"):
                 argv += ["--speculative-draft-model-path", str(c["speculative_draft_model_path"])]
+        per_phase = self.dialect.per_phase_graph_flags
         if c.get("cuda_graph_max_bs") is not None:
-            argv += ["--cuda-graph-max-bs", str(c["cuda_graph_max_bs"])]
+            flag = "--cuda-graph-max-bs-decode" if per_phase else "--cuda-graph-max-bs"
+            argv += [flag, str(c["cuda_graph_max_bs"])]
         if c.get("disable_cuda_graph"):
-            argv.append("--disable-cuda-graph")
-        argv += ["--sim-time-scale", str(self.time_scale),
+            argv += (["--cuda-graph-backend-decode", "disabled", "--cuda-graph-backend-prefill",
+                      "disabled"] if per_phase else ["--disable-cuda-graph"])
+        argv += ["--sim-sglang-version", self.dialect.version,
+                 "--sim-time-scale", str(self.time_scale),
                  "--sim-noise-restart-cv", str(c["noise_restart_cv"]),
                  "--sim-noise-request-cv", str(c["noise_request_cv"]),
                  "--sim-load-seconds", str(c["load_seconds"]),
@@ -78,11 +101,25 @@ class SimTarget(Target):
         import json
 
         env = dict(os.environ)
+        env[DEVICE_TIMER_ENV] = "1"  # per-phase seconds in /metrics, as the sglang target sets
         if self.node_env_path.exists():
             env.update({str(k): str(v) for k, v in json.loads(self.node_env_path.read_text()).items()})
         env.update({str(k): str(v) for k, v in self.conf.get("env", {}).items()})
         env.update(candidate_env)
         return apply_unset(env)
+
+    def measure(self, base_url: str, requests: list[RequestSpec], log_path: Path) -> dict[str, float]:
+        return server_measure.measure(self, base_url, requests, log_path,
+                                      server_info=self._server_info)
+
+    def _server_info(self, base_url: str) -> dict | None:
+        import httpx
+
+        try:
+            r = httpx.get(f"{base_url}/server_info", timeout=10.0, trust_env=False)
+        except httpx.HTTPError:
+            return None
+        return r.json() if r.status_code == 200 else None
 
 
 def set_node_state(state_dir: Path, *, gpu_state_file: Path | None = None,

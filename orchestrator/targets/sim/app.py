@@ -20,6 +20,7 @@ from collections.abc import Callable, Mapping, Sequence
 from orchestrator.targets.sim import gpu_state as gpu_state_mod
 from orchestrator.targets.sim import model
 from orchestrator.targets.sim.args import ConfigError, SimConfig, parse
+from orchestrator.targets.sim.dialect import DEVICE_TIMER_ENV
 from orchestrator.targets.sim.endpoints import ServerState, SimHTTPServer
 from orchestrator.targets.sim.faults import FaultPlan, FaultSpecError, parse_faults
 from orchestrator.targets.sim.logs import SimLog, traceback_text
@@ -256,7 +257,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (OSError, ValueError) as exc:
         _die(log, traceback_text("RuntimeError", f"cannot read GPU state: {exc}", [
             ("python/sglang/srt/utils/common.py", 1801, "get_device_core_count", "torch.cuda.get_device_properties(device_id)")]))  # fmt: skip
-    metrics = SGLangMetrics(str(args["served_model_name"]))
+    device_timer = env.get(DEVICE_TIMER_ENV, "").strip().lower() in ("1", "true", "yes")
+    metrics = SGLangMetrics(str(args["served_model_name"]), config.dialect, device_timer)
     state = ServerState(config, log, metrics)
     server = _bind(config, state, faults, log)
     threading.Thread(target=server.serve_forever, name="http", daemon=True).start()
@@ -281,6 +283,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         chunked_prefill_size=int(args["chunked_prefill_size"]),
         decode_log_interval=int(args["decode_log_interval"]),
         radix_cache=not args["disable_radix_cache"],
+        device_timer=device_timer,
     )  # fmt: skip
     state.scheduler = scheduler
     with metrics.lock:
