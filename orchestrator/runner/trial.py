@@ -17,6 +17,7 @@ from orchestrator import fingerprint
 from orchestrator.bench.client import BenchError
 from orchestrator.gpu.base import ClockPolicy
 from orchestrator.records import Candidate, Measurement, Outcome, TrialResult, TrialState
+from orchestrator.redact import redact_argv
 from orchestrator.runner.process import (
     ServerProcess,
     TeardownReport,
@@ -89,6 +90,15 @@ def _env_mismatches(proc: ServerProcess, wanted: Mapping[str, str]) -> list[str]
                 shown = "missing" if got is None else f"{got!r}"
                 problems.append(f"{key}={value!r} requested but {shown} in pid {pid}")
     return problems
+
+
+def _server_environ(proc: ServerProcess) -> dict[str, str] | None:
+    """The server's own environment, read once it is ready (a launcher that execs it has
+    done so by then); None when it cannot be read (another user's process)."""
+    try:
+        return read_environ(proc.pid)
+    except OSError:
+        return None
 
 
 def _wait_ready(target: Target, proc: ServerProcess, timeout_s: float) -> None:
@@ -182,13 +192,14 @@ def run_trial(
             enter(TrialState.LAUNCHING)
             port = free_port(target.host)
             argv = target.command(worktree, port)
-            (trial_dir / "command.txt").write_text(" ".join(argv) + "\n")
+            (trial_dir / "command.txt").write_text(" ".join(redact_argv(argv)) + "\n")
             proc = launch(argv, cwd=worktree, env=env, log_path=log_path, host=target.host,
                           port=port)
             if on_process:
                 on_process(proc)
         else:  # only a benchmark command: no process to launch, probe or tear down
-            (trial_dir / "command.txt").write_text(" ".join(target.command(worktree, 0)) + "\n")
+            (trial_dir / "command.txt").write_text(
+                " ".join(redact_argv(target.command(worktree, 0))) + "\n")
         server = proc
         sampler = TelemetrySampler(gpu, spec.telemetry_interval_s, lambda: [
             *(group_members(server.pgid) if server is not None else []), *target.own_pids()
@@ -202,6 +213,7 @@ def run_trial(
         if proc is not None:
             enter(TrialState.WAITING_READY)
             _wait_ready(target, proc, spec.ready_timeout_s)
+            fingerprint.record_server_env(fp, env, _server_environ(proc))
             wanted = {**{str(k): str(v) for k, v in target.conf.get("env", {}).items()},
                       **cand.env_dict}
             problems = _env_mismatches(proc, wanted)
