@@ -53,6 +53,11 @@ _TOKEN_SHAPES = re.compile(
 _URL_USERINFO = re.compile(r"(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*://)(?P<userinfo>[^/@\s:]*(:[^/@\s]*)?)@")
 
 
+# A credential flag inside a command line kept as one string (`target.bench="... --token T"`).
+_FLAG_IN_TEXT = re.compile(r"(?P<flag>(?<![\w-])--?(?P<name>[A-Za-z][\w-]*))(?P<sep>=|\s+)"
+                           r"(?P<value>'[^']*'|\"[^\"]*\"|(?!-)[^\s'\"]+)")
+
+
 def _parts(name: str) -> list[str]:
     return [p for p in re.split(r"[^A-Za-z0-9]+", name.upper()) if p]
 
@@ -66,6 +71,8 @@ def redact_value(value: str) -> str:
     """`value` with every credential inside it replaced (unchanged when it holds none)."""
     text = _URL_USERINFO.sub(lambda m: m.group("scheme") + REDACTED + "@"
                              if m.group("userinfo") else m.group(0), str(value))
+    text = _FLAG_IN_TEXT.sub(lambda m: m.group("flag") + m.group("sep") + REDACTED
+                             if is_secret_name(m.group("name")) else m.group(0), text)
     return _TOKEN_SHAPES.sub(REDACTED, text)
 
 

@@ -21,7 +21,7 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
-from orchestrator import findings, render
+from orchestrator import caveats, findings, render
 from orchestrator.commands import common, compare
 from orchestrator.controller import Controller
 from orchestrator.differences import (
@@ -140,6 +140,16 @@ def _reporter(out, progress: Progress | None) -> Callable[[Verdict, int], None]:
     return plain
 
 
+def _qualified(effects: dict, metric: str, rows, keys: tuple[str, str]) -> dict:
+    """Effects with the caveats that make some of them not evidence (too few restarts,
+    client-side timings that follow the host's load; :mod:`orchestrator.caveats`)."""
+    fps = {k: [r.result.fingerprint for r in rows if r.candidate.key == k and r.result
+               and r.result.fingerprint] for k in keys}
+    cpus = next(((fp.get("host") or {}).get("cpus") for k in keys for fp in fps[k]), None)
+    return caveats.qualify(effects, headline=metric, cpus=cpus,
+                           loads=(caveats.mean_load(fps[keys[0]]), caveats.mean_load(fps[keys[1]])))
+
+
 def execute(cfg: DictConfig, ctl: Controller, run_dir: Path, good: dict, changes: list[Change],
             resolve, out, findings_name: str | None = None, progress: Progress | None = None):
     metric = str(cfg.metric)
@@ -163,7 +173,8 @@ def execute(cfg: DictConfig, ctl: Controller, run_dir: Path, good: dict, changes
     for culprit in sorted(verdict.culprits, key=lambda c: -c.probability):
         subset = frozenset(culprit.differences)
         with_key = points.candidate(strategy.point_of(subset)).key
-        effects = findings.effects_between(rows, good_key, with_key)
+        effects = _qualified(findings.effects_between(rows, good_key, with_key), metric, rows,
+                             (good_key, with_key))
         first = changes[culprit.differences[0]]
         pair = len(culprit.differences) > 1
         items.append({
@@ -172,8 +183,9 @@ def execute(cfg: DictConfig, ctl: Controller, run_dir: Path, good: dict, changes
             "summary": (" together with ".join(culprit.labels)
                         + (" (only together)" if culprit.kind == "interaction" else "")),
             "probability": round(float(culprit.probability), 4),
-            "effect": {m: {"pct": e["pct"], "ci": e["ci"]} for m, e in effects.items()},
-            "phase": findings.phase_moved(effects),
+            "effect": caveats.evidence_only(effects),
+            "not_evidence": caveats.not_evidence(effects),
+            "phase": findings.phase_moved(caveats.evidence_only(effects)),
             "interaction": pair and culprit.kind == "interaction",
             "differences": [changes[i].to_json() for i in culprit.differences],
             "verified": culprit.verified,
@@ -264,6 +276,7 @@ def _plan(cfg: DictConfig) -> tuple[dict | None, object, dict | None, list[Chang
         cfg.repo = cfg.repo or ref.get("repo")
         ws = common.workspace(cfg)
         ws.resolve(ref["candidate"].commit)
+        ref["adopted"] = compare.adopt_reference_config(cfg, ref, ws.resolve)
         return ref, ws, None, None
     for side in ("good", "bad"):  # saved absolute, so that a resume finds them from anywhere
         spec = _spec(cfg[side])
@@ -275,6 +288,20 @@ def _plan(cfg: DictConfig) -> tuple[dict | None, object, dict | None, list[Chang
     ws = common.workspace(cfg)
     _check_changes(cfg, ws, good, changes_between(_spec(cfg.bad), _spec(cfg.good))[0], changes)
     return None, ws, good, changes
+
+
+def refuse_redacted(cfg: DictConfig, name: str) -> None:
+    """A stored configuration with a redacted value cannot be run again as it is: the
+    secret was never written down, and launching the placeholder would measure something
+    else."""
+    from orchestrator.redact import redacted_paths
+
+    parts = {k: OmegaConf.to_container(cfg[k], resolve=True) for k in
+             ("target", "bench", "env", "good", "bad") if cfg.get(k) is not None}
+    where = redacted_paths(parts)
+    if where:
+        raise UserError(f"{name}'s configuration held secrets that were not stored"
+                        f" ({', '.join(where)}): start a new run with them on the command line")
 
 
 def run(cfg: DictConfig) -> int:
@@ -292,6 +319,7 @@ def resume(run_dir: Path) -> int:
         if store.command != "isolate":
             raise UserError(f"{run_dir.name} is not an isolate run")
         cfg = OmegaConf.create(store.config_yaml())
+        refuse_redacted(cfg, run_dir.name)
         ref, ws, good, changes = _plan(cfg)
     except BaseException:
         store.close()
@@ -307,6 +335,8 @@ def _execute(cfg: DictConfig, run_dir: Path, store: RunStore, ref: dict | None, 
              good: dict | None, changes: list[Change] | None) -> int:
     out = render.console()
     with running(store, run_dir, out) as run:
+        if ref is not None and ref.get("adopted"):
+            out.print("measuring with the reference's settings: " + ", ".join(ref["adopted"]))
         with Progress(out) as progress, \
                 Controller(cfg, store, run_dir, on_event=progress.on_event) as ctl:
             if ref is not None:
