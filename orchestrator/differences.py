@@ -26,7 +26,7 @@ from orchestrator.errors import SleuthError, UserError
 from orchestrator.fingerprint_diff import SESSION_ENV as SESSION_ENV
 from orchestrator.fingerprint_diff import Difference as SystemDifference
 from orchestrator.fingerprint_diff import is_session_env
-from orchestrator.gpu.base import format_parts, parse_parts
+from orchestrator.gpu.base import CLOCK_PARTS, format_parts, parse_parts
 from orchestrator.records import Candidate
 from orchestrator.redact import is_redacted, is_secret_name, secret_in_value
 from orchestrator.targets.base import UNSET
@@ -281,7 +281,11 @@ def changes_between(good_raw: Mapping | None, bad_raw: Mapping | None) -> tuple[
         if kind.name == "patch":  # added ones first, as a patch series reads
             keys = [k for k in kind.keys(bad) if k not in good["patches"]] + \
                    [k for k in kind.keys(good) if k not in bad["patches"]]
-        for key in sorted(keys) if kind.name in ("env", "server") else keys:
+        if kind.name in ("env", "server"):
+            keys = sorted(keys)
+        elif kind.name == "clock":
+            keys = sorted(keys, key=CLOCK_PARTS.index)
+        for key in keys:
             a, b = kind.get(good, key), kind.get(bad, key)
             if a != b:
                 changes.append(Change(kind.name, key, a, b))

@@ -148,6 +148,14 @@ def _redacted(value: object) -> bool:
     return is_redacted(value)
 
 
+# A change is called only at this level (the check runs after every batch), and only once the
+# pooled restart noise rests on this many degrees of freedom: a reference is often one restart,
+# and two or three restarts now can show almost no spread by chance, which once made a 3% luck
+# of the reference's single restart read as "system level: +3.5% [+2.9, +4.0]".
+CHANGE_CONFIDENCE = 0.99
+MIN_DF = 4
+
+
 def decide(ref: list[float], now: list[float], min_effect_pct: float, confidence: float,
            final: bool = False, bound_pct: float = 10.0) -> tuple[str, dict]:
     """reproduced | not_reproduced | unresolved, from a log-scale interval of now vs then.
@@ -156,20 +164,25 @@ def decide(ref: list[float], now: list[float], min_effect_pct: float, confidence
     restart (the common case: one number from an earlier session) still gets an honest
     interval, under the stated assumption that restart noise on the node is what it was then.
 
-    "reproduced" means the interval lies within +-`min_effect_pct`. A few reference restarts
+    "not_reproduced" needs the :data:`CHANGE_CONFIDENCE` interval to exclude no change, an
+    estimate of at least `min_effect_pct`, and :data:`MIN_DF` degrees of freedom. "reproduced"
+    means the `confidence` interval lies within +-`min_effect_pct`. A few reference restarts
     cannot pin a value that closely (the old restart's own noise stays in the estimate), so
-    once the budget is spent (`final`) an interval that still holds zero and lies within
-    +-`bound_pct` is "reproduced" with `bounded` set: no change was detected and one beyond
-    the interval's ends is ruled out, which is what the answer then says. A wider interval
-    stays "unresolved": it would rule out too little to be called a reproduction."""
+    once the budget is spent (`final`) an interval within +-`bound_pct` is "reproduced" with
+    `bounded` set: no change of the size being chased was confirmed, and one beyond the
+    interval's ends is ruled out, which is what the answer then says (with the small change
+    that may remain, when the interval excludes zero). A wider interval stays "unresolved":
+    it would rule out too little to be called a reproduction."""
     e = log_effect(ref, now, confidence=confidence)
+    strict = log_effect(ref, now, confidence=max(confidence, CHANGE_CONFIDENCE))
     lo, hi = e.ci
     bounded = False
-    if (lo > 0 or hi < 0) and abs(e.pct) >= min_effect_pct:
+    enough = len(ref) + len(now) - 2 >= MIN_DF
+    if enough and (strict.ci[0] > 0 or strict.ci[1] < 0) and abs(e.pct) >= min_effect_pct:
         verdict = "not_reproduced"
-    elif -min_effect_pct < lo and hi < min_effect_pct:
+    elif enough and -min_effect_pct < lo and hi < min_effect_pct:
         verdict = "reproduced"
-    elif final and lo <= 0.0 <= hi and -bound_pct < lo and hi < bound_pct:
+    elif final and -bound_pct < lo and hi < bound_pct:
         verdict, bounded = "reproduced", True
     else:
         verdict = "unresolved"
@@ -294,10 +307,13 @@ def _findings(run_id, metric, verdict, eff, effects, ranked, ref, trial_ids) -> 
                    " likely mechanism first")
     elif verdict == "reproduced" and eff.get("bounded"):
         n_ref, n_now = eff["n"]
+        lo, hi = eff["ci"]
+        small = ("no change detected" if lo <= 0 <= hi else
+                 f"a small change may remain (not confirmed at {CHANGE_CONFIDENCE:.0%})")
         message = (f"the reference reproduces as far as {n_ref} + {n_now} restarts can tell: "
-                   f"{metric} {pct:+.1f}% [{eff['ci'][0]:+.1f}, {eff['ci'][1]:+.1f}], no change"
-                   f" detected, one beyond {eff['ci'][0]:+.1f}% or {eff['ci'][1]:+.1f}% ruled out"
-                   " (more reference restarts would narrow it)")
+                   f"{metric} {pct:+.1f}% [{lo:+.1f}, {hi:+.1f}], {small}; a change beyond"
+                   f" {lo:+.1f}% or {hi:+.1f}% is ruled out (more reference restarts would"
+                   " narrow it)")
     elif verdict == "reproduced":
         message = f"the reference reproduces: {metric} {pct:+.1f}% [{eff['ci'][0]:+.1f}, {eff['ci'][1]:+.1f}]"
     else:
