@@ -29,6 +29,7 @@ from orchestrator.fingerprint_diff import Difference
 COMPUTE_METRICS = ("verify_ms",)  # the extend-style pass (prefill is not a server metric here)
 MEMORY_METRICS = ("decode_ms",)
 CLOCK_DROP = 0.03  # a mean SM clock under load lower by this share counts as moved
+RANK_OTHER_ENV = 8.0  # Difference.rank of a variable that steers nothing known
 _SM_CAPS = ("sm_clock_locked_mhz", "applications_clock_sm_mhz", "sm_clock_max_mhz")
 
 
@@ -135,10 +136,15 @@ def assess(d: Difference, s: Signals) -> tuple[int, str]:
         return 1, "other processes on the GPUs contend for compute and memory"
     nccl = (d.category == "nccl" or (d.category in ("env", "env_dropped")
                                      and d.key.startswith("NCCL_")))
+    stripped = d.category == "env" and d.extra.get("dropped_before_server") and \
+        d.rank < RANK_OTHER_ENV
+    if stripped:
+        return 1, "set on the node but dropped before the server (a launcher or wrapper)"
     if nccl:
         if s.clock_dropped and s.compute_bound:
-            return 2, "changes all-reduce time, but the SM clock under load dropped and only" \
-                " the compute-bound phase moved"
+            moved = ("only the compute-bound phase moved" if s.memory_pct is not None
+                     else "a clock drop explains a compute-bound slowdown")
+            return 2, f"changes all-reduce time, but the SM clock under load dropped and {moved}"
         if s.compute_pct is not None or s.memory_pct is not None:
             return 1, "changes all-reduce time, which every phase pays"
         return 2, "changes all-reduce time"

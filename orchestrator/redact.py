@@ -149,6 +149,36 @@ def redacted_paths(node: object, path: str = "") -> list[str]:
     return [path] if is_redacted(node) else []
 
 
+def secret_values(argv: Sequence[object], env: Mapping[str, str], min_len: int = 6) -> set[str]:
+    """The credentials a trial hands its server (values of secret names, credential flags,
+    URL userinfo, token shapes): what must be scrubbed from what the server writes."""
+    found: set[str] = set()
+    texts = [str(v) for v in env.values()] + [str(a) for a in argv]
+    for name, value in env.items():
+        if is_secret_name(str(name)):
+            found.add(str(value))
+    args = [str(a) for a in argv]
+    for i, arg in enumerate(args):
+        name = _flag_name(arg)
+        if name is None or not is_secret_name(name):
+            continue
+        if "=" in arg:
+            found.add(arg.split("=", 1)[1])
+        elif i + 1 < len(args) and not args[i + 1].startswith("--"):
+            found.add(args[i + 1])
+    for text in texts:
+        found |= {m.group(0) for m in _TOKEN_SHAPES.finditer(text)}
+        found |= {m.group("userinfo") for m in _URL_USERINFO.finditer(text) if m.group("userinfo")}
+    return {v for v in found if len(v) >= min_len}
+
+
+def scrub(text: str, secrets: Iterable[str]) -> str:
+    """`text` (a server's log) with every known secret and every credential shape replaced."""
+    for value in sorted(set(secrets), key=len, reverse=True):
+        text = text.replace(value, REDACTED)
+    return redact_value(text)
+
+
 def secrets_in(values: Iterable[tuple[str, str]]) -> list[str]:
     """Names among `(name, value)` pairs whose name or value is a credential."""
     return [name for name, value in values if is_secret_name(name) or secret_in_value(value)]

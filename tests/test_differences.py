@@ -152,3 +152,22 @@ def test_difference_json_round_trip_reads_the_older_env_factor_form():
     assert Difference.from_json(d.to_json()) == d
     old = {**d.to_json(), "factor": ["env", ["NCCL_PROTO", "LL128"], ["NCCL_PROTO", None]]}
     assert Difference.from_json(old).factor == ("env", "NCCL_PROTO", "LL128")
+
+
+def test_isolate_with_a_patch_that_does_not_apply_is_bad_input(tmp_path, capsys):
+    """It used to run trials (every one prepare_failed) and end inconclusive, exit 3."""
+    from orchestrator.cli import main
+    from tests.conftest import make_sim_repo
+
+    repo = tmp_path / "repo"
+    shas = make_sim_repo(repo, [{}, {"verify_mult": 1.2}])
+    patch = tmp_path / "broken.patch"
+    patch.write_text("--- a/nothere.py\n+++ b/nothere.py\n@@ -1 +1 @@\n-x\n+y\n")
+    with pytest.raises(SystemExit) as exc:
+        main(["isolate", f"repo={repo}", f"runs_dir={tmp_path / 'runs'}", f"good.commit={shas[0]}",
+              f"bad.patches=[{patch}]", "good.env.NCCL_PROTO=LL128"])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert "broken.patch" in err and len(err.strip().splitlines()) == 1
+    runs = tmp_path / "runs"
+    assert not runs.exists() or not [p for p in runs.iterdir() if not p.name.startswith(".")]

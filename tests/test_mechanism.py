@@ -42,6 +42,7 @@ def test_seed_like_scenario_ranks_the_outside_clock_lock_first():
     assert ranked[0][0].key == "sm_clock_locked_mhz"
     assert "SM clock under load" in ranked[0][1]
     keys = [d.key for d, _ in ranked]
+    assert keys[1] == "NCCL_PROTO" and "dropped before the server" in ranked[1][1]
     assert keys.index("NCCL_PROTO") < min(keys.index(k) for k in material.SEED_HARMLESS_ENV)
     assert keys.index("driver_version") < keys.index("transformers")
 

@@ -256,3 +256,41 @@ def test_trial_with_secrets_on_the_node_writes_none_and_launches_real_values(tmp
     for value in SECRET_VALUES.values():
         for piece in (value, value.split("://")[-1].split("@")[0]):
             assert piece.encode() not in written, piece
+
+
+def test_credentials_a_server_prints_are_scrubbed_from_its_log():
+    from orchestrator.redact import scrub, secret_values
+
+    argv = ["python", "-m", "sglang.launch_server", "--api-key", "k3y-ab12cd34", "--tp", "8"]
+    env = {"HF_TOKEN": "hf_" + "z" * 30, "DATABASE_URL": SECRET_VALUES["DATABASE_URL"], "X": "1"}
+    secrets = secret_values(argv, env)
+    assert {"k3y-ab12cd34", env["HF_TOKEN"], "admin:hunter2pass"} <= secrets and "1" not in secrets
+    log = (f"server_args=ServerArgs(api_key='k3y-ab12cd34', tp_size=8)\nenv HF_TOKEN={env['HF_TOKEN']}"
+           f"\nconnecting to {SECRET_VALUES['DATABASE_URL']}\n")
+    clean = scrub(log, secrets)
+    assert "k3y-ab12cd34" not in clean and "hunter2pass" not in clean and "zzzz" not in clean
+    assert "tp_size=8" in clean and "db.internal:5432" in clean
+
+
+def test_command_target_trial_leaves_no_credential_under_the_run(tmp_path, ray_session):
+    """A benchmark command that takes --token and prints it: command.txt, config.yaml, the
+    log and the store hold the placeholder, while the command itself got the real value."""
+    from orchestrator.commands import trial as trial_cmd
+    from orchestrator.config.compose import compose_config
+    from orchestrator.store import RunStore
+
+    repo = tmp_path / "repo"
+    make_sim_repo(repo, [{}])
+    secret = "t0ken-5ecret-98765"
+    script = tmp_path / "bench.py"
+    script.write_text("import sys\nprint('using', sys.argv[2])\nprint(2.5)\n")
+    bench = f"{sys.executable} {script} --token {secret}"
+    cfg = compose_config("trial", [f"repo={repo}", f"runs_dir={tmp_path / 'runs'}",
+                                   "target=command", f"target.bench='{bench}'", "metric=value",
+                                   "bench.repetitions=2", "bench.warmup_requests=0", "run_id=c"])
+    assert trial_cmd.run(cfg) == 0
+    (row,) = RunStore.open(tmp_path / "runs" / "c" / "trials.db").trials()
+    assert row.result.value("value") == 2.5
+    written = b"".join(p.read_bytes() for p in (tmp_path / "runs" / "c").rglob("*") if p.is_file())
+    assert secret.encode() not in written
+    assert b"using <redacted>" in written  # the log line is kept, the value is not
