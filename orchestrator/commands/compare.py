@@ -266,8 +266,8 @@ def execute(cfg: DictConfig, ctl: Controller, run_dir: Path, ref: dict, out,
     ranked: list[tuple[Difference, str]] = []
     if measured:
         diffs = diff(ref["fingerprint"], now_fps[-1]) + _not_reaching(now_fps[-1])
-        s = mechanism.signals(effects, ref.get("telemetry") or [],
-                              [fp.get("telemetry") for fp in now_fps])
+        ref_telemetry = ref.get("telemetry") or [fp.get("telemetry") for fp in ref_fps]
+        s = mechanism.signals(effects, ref_telemetry, [fp.get("telemetry") for fp in now_fps])
         ranked = mechanism.rank(diffs, s)
     doc = _findings(ctl.store.run_id, metric, verdict, eff, effects, ranked, ref,
                     [r.id for r in now_rows])
