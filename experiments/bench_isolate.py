@@ -181,10 +181,11 @@ def run_system_case(story: str, seed: int, *, k: int = 1, confidence: float = 0.
     from orchestrator.fingerprint_diff import diff
     from orchestrator.records import Candidate
     from orchestrator.targets.sim import scenario_presets as material
+    from orchestrator.targets.sim import scenario_system as stories
     from orchestrator.targets.sim.system_oracle import SystemOracle
 
     rng = random.Random(seed)
-    reference, now, _ = material.system_story(story, random.Random(seed))
+    reference, now, _ = stories.system_story(story, random.Random(seed))
     spec = material.PRESETS[SYSTEM_STORIES[story]]
     profile = {"verify_mult": 1.0, "decode_mult": 1.0, "verify_cuda_graph": True,
                "env_effects": [dict(e) for e in spec.env_effects]}

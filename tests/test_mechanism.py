@@ -10,13 +10,14 @@ from orchestrator import caveats, mechanism
 from orchestrator.fingerprint_diff import Difference, diff
 from orchestrator.records import Candidate
 from orchestrator.targets.sim import scenario_presets as material
+from orchestrator.targets.sim import scenario_system as stories
 from orchestrator.targets.sim.system_oracle import SystemOracle
 
 CAND = Candidate.make("0" * 40)
 
 
 def _story(name: str):
-    reference, now, _ = material.system_story(name, random.Random(3))
+    reference, now, _ = stories.system_story(name, random.Random(3))
     spec = material.PRESETS[name]
     profile = {"verify_mult": 1.0, "decode_mult": 1.0,
                "env_effects": [dict(e) for e in spec.env_effects]}
@@ -43,7 +44,7 @@ def test_seed_like_scenario_ranks_the_outside_clock_lock_first():
     assert "SM clock under load" in ranked[0][1]
     keys = [d.key for d, _ in ranked]
     assert keys[1] == "NCCL_PROTO" and "dropped before the server" in ranked[1][1]
-    assert keys.index("NCCL_PROTO") < min(keys.index(k) for k in material.SEED_HARMLESS_ENV)
+    assert keys.index("NCCL_PROTO") < min(keys.index(k) for k in stories.SEED_HARMLESS_ENV)
     assert keys.index("driver_version") < keys.index("transformers")
 
 

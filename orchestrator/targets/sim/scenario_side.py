@@ -12,6 +12,7 @@ from pathlib import Path
 
 from orchestrator.targets.sim import gpu_state
 from orchestrator.targets.sim import scenario_presets as material
+from orchestrator.targets.sim import scenario_system as stories
 from orchestrator.targets.sim.scenario_presets import (
     FRAGMENT_DIR,
     effects_of,
@@ -107,9 +108,9 @@ def write_system(out: Path, rng: random.Random, code_profile: Mapping,
 
 def _write_story(out: Path, rng: random.Random, code_profile: Mapping, story: str
                  ) -> tuple[dict, dict]:
-    """A system story of :func:`material.system_story`: files, and each change priced alone on
+    """A system story of :func:`stories.system_story`: files, and each change priced alone on
     the server's environment (the node's minus what its launcher strips)."""
-    reference, now, changes = material.system_story(story, rng)
+    reference, now, changes = stories.system_story(story, rng)
     files: dict[str, dict[str, str]] = {}
     for when, state in (("reference", reference), ("now", now)):
         docs = {"env": state.env, "gpu_state": gpu_state.to_dict(state.gpus),
@@ -118,7 +119,7 @@ def _write_story(out: Path, rng: random.Random, code_profile: Mapping, story: st
             (out / f"{when}_{what}.json").write_text(material.render_json(doc))
         files[when] = {what: f"{when}_{what}.json" for what in docs}
 
-    def effect(state: material.SystemState) -> dict:
+    def effect(state: stories.SystemState) -> dict:
         return modelled_effect(code_profile, (reference.server_env, reference.gpus),
                                (state.server_env, state.gpus))
 

@@ -24,7 +24,8 @@ from orchestrator.targets.sim import model
 from orchestrator.targets.sim.gpu_state import GpuState
 from orchestrator.targets.sim.launcher import PASS_VAR, wrapped_environment
 from orchestrator.targets.sim.noise import lognormal_factor
-from orchestrator.targets.sim.scenario_presets import EAGLE_LAUNCH, SystemState, effects_of
+from orchestrator.targets.sim.scenario_presets import EAGLE_LAUNCH, effects_of
+from orchestrator.targets.sim.scenario_system import SystemState
 
 
 class SystemOracle:
