@@ -239,8 +239,15 @@ class Change:
         return f"{kind.name_of(self.key) if self.factor != 'env' else self.key}: {before} -> {after}"
 
     def to_json(self) -> dict:
-        return {"factor": self.factor, "key": self.key, "good": self.good, "bad": self.bad,
-                "label": self.label, **({"source": self.source} if self.source else {})}
+        """`key` is the change's identity (the fingerprint field it tests, when it came from
+        one); `level_key` the factor key its levels set, when that differs."""
+        doc = {"factor": self.factor, "key": self.name, "good": self.good, "bad": self.bad,
+               "label": self.label}
+        if self.source:
+            doc["source"] = self.source
+        if self.name != self.key:
+            doc["level_key"] = self.key
+        return doc
 
     def matches(self, d: SystemDifference) -> bool:
         """Whether this change is the test of fingerprint difference `d`."""

@@ -51,7 +51,7 @@ def test_seed_replay_names_power_limit_and_nccl_proto(tmp_path, ray_session):
     base = [f"repo={sc.repo}", f"runs_dir={tmp_path / 'runs'}", *FAST]
     _set_nodes(tmp_path, sc.out, "reference")
     assert trial_cmd.run(compose_config("trial", [*base, f"commit={sc.truth['bad']}",
-                                                  "run_id=reference", "bench.repetitions=3"])) == 0
+                                                  "run_id=reference"])) == 0
     _set_nodes(tmp_path, sc.out, "now")
     code = isolate_cmd.run(compose_config("isolate", [*base, "reference=reference",
                                                       "metric=verify_ms", "run_id=iso",

@@ -296,8 +296,9 @@ def refuse_redacted(cfg: DictConfig, name: str) -> None:
     else."""
     from orchestrator.redact import redacted_paths
 
-    parts = {k: OmegaConf.to_container(cfg[k], resolve=True) for k in
-             ("target", "bench", "env", "good", "bad") if cfg.get(k) is not None}
+    parts = {k: OmegaConf.to_container(cfg[k], resolve=True) if OmegaConf.is_config(cfg[k])
+             else cfg[k] for k in ("target", "bench", "env", "good", "bad")
+             if cfg.get(k) is not None}
     where = redacted_paths(parts)
     if where:
         raise UserError(f"{name}'s configuration held secrets that were not stored"
