@@ -116,8 +116,8 @@ def adopt_reference_config(cfg: DictConfig, ref: dict, resolve=None) -> list[str
                             f"{theirs_part.get('name')} to re-measure the reference")
         same_group = default_part.get("name") == mine_part.get("name")
         for key in sorted(set(theirs_part) | set(mine_part)):
-            if key in WHERE.get(part, ()) or key not in mine_part:
-                continue
+            if key in WHERE.get(part, ()) or key not in mine_part or key not in theirs_part:
+                continue  # where it runs, or a setting one of the two versions does not have
             theirs, mine = theirs_part.get(key), mine_part.get(key)
             if theirs == mine:
                 continue
