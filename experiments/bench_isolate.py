@@ -92,6 +92,20 @@ class Outcome:
     seconds: float
 
 
+def drive(strategy: IsolateStrategy, k: int, rng: random.Random,
+          trial: Callable[[int], Observation]) -> list[Observation]:
+    """Observations until the verdict, ``k`` trials in flight finishing in random order."""
+    observations: list[Observation] = []
+    pending: list[int] = []
+    while True:
+        verdict = strategy.verdict(observations)
+        if not verdict.done and len(pending) < k:
+            pending += [p.point for p in strategy.propose(observations, pending, k - len(pending))]
+        if not pending:
+            return observations
+        observations.append(trial(pending.pop(rng.randrange(len(pending)))))
+
+
 def run_case(case: Case, seed: int, *, k: int = 1, confidence: float = 0.99,
              max_trials: int | None = None) -> Outcome:
     """Drive one case to the strategy's verdict with ``k`` simulated nodes."""
@@ -99,17 +113,9 @@ def run_case(case: Case, seed: int, *, k: int = 1, confidence: float = 0.99,
     measure = oracle(case, rng)
     strategy = IsolateStrategy(case.n_differences, direction=case.direction,
                                confidence=confidence, max_trials=max_trials)
-    observations: list[Observation] = []
-    pending: list[int] = []
     started = time.perf_counter()
-    while True:
-        verdict = strategy.verdict(observations)
-        if not verdict.done and len(pending) < k:
-            pending += [p.point for p in strategy.propose(observations, pending, k - len(pending))]
-        if not pending:
-            break
-        point = pending.pop(rng.randrange(len(pending)))
-        observations.append(Observation(point, measure(strategy.subset(point))))
+    observations = drive(strategy, k, rng,
+                         lambda point: Observation(point, measure(strategy.subset(point))))
     verdict = strategy.verdict(observations)
     named = {(c.kind, c.differences) for c in verdict.culprits}
     return Outcome(
@@ -206,21 +212,15 @@ def run_system_case(story: str, seed: int, *, k: int = 1, confidence: float = 0.
     harmful = {c.name for i, c in enumerate(changes)
                if node.truth(apply(good, changes, [i], resolve)) / truth_good - 1
                >= HARMFUL_PCT / 100}
-    observations: list[Observation] = []
-    pending: list[int] = []
     per_candidate: Counter[str] = Counter()
-    while True:
-        verdict = strategy.verdict(observations)
-        if not verdict.done and len(pending) < k:
-            pending += [p.point for p in strategy.propose(observations, pending, k - len(pending))]
-        if not pending:
-            break
-        point = pending.pop(rng.randrange(len(pending)))
+
+    def trial(point: int) -> Observation:
         cand = points.candidate(point)
         per_candidate[cand.key] += 1
-        back = points.point(cand)  # as the controller maps a stored trial back
-        observations.append(Observation(back, node.measure(cand)))
-    verdict = strategy.verdict(observations)
+        # Mapped back from the candidate, as the controller maps a stored trial back.
+        return Observation(points.point(cand), node.measure(cand))
+
+    verdict = strategy.verdict(drive(strategy, k, rng, trial))
     named = {changes[i].name for c in verdict.culprits for i in c.differences}
     return SystemOutcome(verdict.status, named, harmful, len(changes), verdict.n_trials,
                          max(per_candidate.values(), default=0), verdict.probability)

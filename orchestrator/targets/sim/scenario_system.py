@@ -13,7 +13,12 @@ import random
 from dataclasses import dataclass, replace
 
 from orchestrator.targets.sim import gpu_state
-from orchestrator.targets.sim.scenario_presets import BASE_PACKAGES, NOW_POWER_LIMIT_W
+from orchestrator.targets.sim.scenario_presets import (
+    BASE_PACKAGES,
+    NODE_ENV,
+    NOW_POWER_LIMIT_W,
+    plant_harmless,
+)
 
 # The seed-like story: variables that change between sessions and that nothing reads for
 # performance; not shell/session names, so a system-level isolate tests them (and must clear
@@ -46,28 +51,11 @@ class SystemState:
         return {k: v for k, v in self.env.items() if k not in self.strip}
 
 
-def _harmless(rng: random.Random, names: tuple[str, ...], reference: dict, now: dict) -> None:
-    for i, name in enumerate(names):
-        old, new = f"{name.lower()}-{rng.randrange(1000, 9999)}", f"{name.lower()}-{i}-now"
-        if name == "TOKENIZERS_PARALLELISM":
-            old, new = "true", "false"
-        if i % 3 == 0:  # set only then
-            reference[name] = old
-        elif i % 3 == 1:  # set only now
-            now[name] = new
-        else:  # value changed
-            reference[name], now[name] = old, new
-
-
 def system_story(name: str, rng: random.Random
                  ) -> tuple[SystemState, SystemState, list[tuple[dict, SystemState]]]:
     """(reference, now, changes): each change is its truth record and the reference system with
     only that change made, so the sim's model can price it alone."""
-    base = {
-        "HOME": "/home/infer", "USER": "infer", "LANG": "C.UTF-8", "TERM": "xterm-256color",
-        "PATH": "/usr/local/cuda/bin:/usr/local/bin:/usr/bin:/bin", "HF_HOME": "/data/hf",
-        "CUDA_VISIBLE_DEVICES": "0,1,2,3,4,5,6,7", "NCCL_IB_DISABLE": "1",
-    }  # fmt: skip
+    base = dict(NODE_ENV)
     gpus = gpu_state.default_state()
     if name == "clock_pair":
         ref = SystemState(dict(base), gpus, dict(BASE_PACKAGES))
@@ -94,7 +82,7 @@ def system_story(name: str, rng: random.Random
         return ref, now, changes
     if name == "seed_system":
         ref_env, now_env = {**base, "NCCL_PROTO": "LL128"}, {**base, "NCCL_PROTO": "LL128"}
-        _harmless(rng, SEED_HARMLESS_ENV, ref_env, now_env)
+        plant_harmless(rng, SEED_HARMLESS_ENV, ref_env, now_env)
         ref_env, now_env = dict(sorted(ref_env.items())), dict(sorted(now_env.items()))
         bumped, version = SEED_PACKAGE_BUMP
         ref = SystemState(ref_env, gpus, dict(BASE_PACKAGES))
