@@ -5,10 +5,12 @@
     sleuth isolate reference=RUN [metric=verify_ms]
 
 With explicit specs, each part (commit, patches, env, clock, server) left out on one side is
-the same as on the other. With `reference=RUN`, the reference's candidate is re-measured now
-(`compare`); if the result no longer reproduces, the controllable differences of the
-fingerprint diff (clock/power policy, environment variables) become the differences to test,
-the reference side set per trial and the "now" side being the node as it is. Each test is a
+the same as on the other. With `reference=RUN`, the reference's whole configuration is
+re-measured now (`compare`); if the result no longer reproduces, the controllable differences
+of the fingerprint diff (each clock setting on its own, environment variables of the server
+process) become the differences to test, the reference side set per trial and the "now" side
+being the node as it is. A difference the record cannot restore (a redacted value) is listed,
+never tested; a patch that does not apply is bad input before anything is written. Each test is a
 set of repeated, interleaved restarts with a statistical decision (noisy delta debugging, see
 `orchestrator/strategies/isolate.py`).
 """
