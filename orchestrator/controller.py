@@ -161,8 +161,11 @@ class Controller:
         self._old_handlers.clear()
 
     def start(self) -> None:
-        self._install_signals()
         self._started_ray = start_ray(OmegaConf.to_container(self.cfg.cluster, resolve=True))
+        # After Ray starts: ray.init installs its own SIGTERM handler (it logs "SIGTERM
+        # received" and kills the process), which would replace ours, and a SIGTERM would
+        # then end the run as killed, neither recorded interrupted nor resumable as such.
+        self._install_signals()
         try:
             for name in self._node_names():
                 self._actors[name] = self._new_actor(name)

@@ -18,6 +18,7 @@ from pathlib import Path
 from omegaconf import DictConfig, OmegaConf
 
 from orchestrator.errors import UserError
+from orchestrator.redact import redact_config
 from orchestrator.store import RunStore
 
 
@@ -45,7 +46,8 @@ def create_run(cfg: DictConfig) -> tuple[Path, RunStore]:
     except OSError as exc:
         raise UserError(f"cannot create run directory under {root}: {exc.strerror}") from exc
     try:
-        text = OmegaConf.to_yaml(cfg, resolve=True)
+        # Written down redacted (orchestrator.redact); the run itself uses `cfg` as given.
+        text = OmegaConf.to_yaml(redact_config(OmegaConf.to_container(cfg, resolve=True)))
         (run_dir / "config.yaml").write_text(text)
         store = RunStore.create(run_dir / "trials.db", run_id=run_id, command=cfg.command,
                                 config_yaml=text)

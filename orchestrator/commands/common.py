@@ -13,6 +13,7 @@ from orchestrator.fingerprint import is_secret
 from orchestrator.gpu.base import ClockPolicy
 from orchestrator.metrics import regression_direction
 from orchestrator.records import Candidate
+from orchestrator.redact import secret_in_value
 from orchestrator.rundir import runs_root
 from orchestrator.targets.registry import target_class
 from orchestrator.workspace import Workspace
@@ -47,7 +48,7 @@ def check_common(cfg: DictConfig) -> None:
         for key in env:
             if not key or key[0].isdigit() or not set(key) <= _ENV_NAME_OK:
                 raise UserError(f"invalid environment variable name {key!r}")
-            if is_secret(key):
+            if is_secret(key) or secret_in_value(str(env[key])):
                 # Config is stored in the run directory; secrets must come from the node's
                 # environment, which servers inherit and sleuth never writes down.
                 raise UserError(f"{key} looks like a secret: export it in the environment instead"

@@ -15,7 +15,13 @@ def run(cfg: DictConfig) -> int:
     run_dir = find_run(cfg, str(cfg.run_id))
     store = RunStore.open(run_dir / "trials.db")
     command = store.command
+    stored = store.config_yaml()
     store.close()
+    from omegaconf import OmegaConf
+
+    from orchestrator.commands.isolate import refuse_redacted
+
+    refuse_redacted(OmegaConf.create(stored or "{}"), run_dir.name)
     if command == "bisect":
         from orchestrator.commands import bisect
 

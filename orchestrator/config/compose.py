@@ -41,8 +41,24 @@ _OPEN_DICT_KEY = re.compile(
 )
 
 
+# An environment value is a string as typed: Hydra would read `env.X=false` as a bool and
+# `env.X=0.10` as a float, and the server would get "False" and "0.1".
+_ENV_KEY = re.compile(r"^(?:(?:target|good|bad)\.)?env\.[^=]+=")
+
+
+def _as_string(override: str) -> str:
+    key, _, value = override.partition("=")
+    if not value or value[0] in "'\"" or value.startswith("${"):
+        return override
+    # Hydra: inside quotes only the quote and backslashes right before a quote are escaped.
+    body = re.sub(r"(\\*)'", lambda m: m.group(1) * 2 + "\\'", value)
+    trailing = len(body) - len(body.rstrip("\\"))
+    return key + "='" + body + "\\" * trailing + "'"
+
+
 def _open_dict_overrides(overrides: list[str]) -> list[str]:
-    return ["++" + o if _OPEN_DICT_KEY.match(o) else o for o in overrides]
+    return ["++" + (_as_string(o) if _ENV_KEY.match(o) else o) if _OPEN_DICT_KEY.match(o) else o
+            for o in overrides]
 
 
 def _check_syntax(overrides: list[str]) -> None:

@@ -13,6 +13,7 @@ from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from orchestrator.fingerprint_diff import show_value
 from orchestrator.render import finding_id
 from orchestrator.render import probability as fmt_probability
 from orchestrator.report import series as S
@@ -185,8 +186,8 @@ def trials_table(rows: Sequence) -> TextTable:
 def fingerprint_tables(data: RunData) -> list[TextTable]:
     out = []
     for i, fd in enumerate(S.fingerprint_diffs(data)):
-        rows = tuple((d.category, d.key, "unset" if d.reference is None else str(d.reference),
-                      "unset" if d.now is None else str(d.now), d.detail,
+        rows = tuple((d.category, d.key, show_value(d.key, d.reference),
+                      show_value(d.key, d.now), d.detail,
                       "yes" if d.controllable else "no") for d in fd.differences)
         out.append(TextTable(f"fingerprint-{i}", f"Fingerprint differences: {fd.title}",
                              ("category", "field", "before", "after", "where", "controllable"),

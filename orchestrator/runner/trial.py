@@ -17,6 +17,7 @@ from orchestrator import fingerprint
 from orchestrator.bench.client import BenchError
 from orchestrator.gpu.base import ClockPolicy
 from orchestrator.records import Candidate, Measurement, Outcome, TrialResult, TrialState
+from orchestrator.redact import redact_argv, scrub, secret_values
 from orchestrator.runner.process import (
     ServerProcess,
     TeardownReport,
@@ -91,6 +92,30 @@ def _env_mismatches(proc: ServerProcess, wanted: Mapping[str, str]) -> list[str]
     return problems
 
 
+def _scrub_log(log_path: Path, argv: list[str], env: dict[str, str]) -> None:
+    """The server is gone: take out of its log the credentials it was handed (a server prints
+    its arguments, `api_key='...'`), before the log's tail is kept in the store."""
+    secrets = secret_values(argv, env)
+    if not secrets or not log_path.exists():
+        return
+    try:
+        text = log_path.read_text(errors="replace")
+        clean = scrub(text, secrets)
+        if clean != text:
+            log_path.write_text(clean)
+    except OSError:
+        pass
+
+
+def _server_environ(proc: ServerProcess) -> dict[str, str] | None:
+    """The server's own environment, read once it is ready (a launcher that execs it has
+    done so by then); None when it cannot be read (another user's process)."""
+    try:
+        return read_environ(proc.pid)
+    except OSError:
+        return None
+
+
 def _wait_ready(target: Target, proc: ServerProcess, timeout_s: float) -> None:
     deadline = time.monotonic() + timeout_s
     delay = 0.05
@@ -158,6 +183,8 @@ def run_trial(
     proc: ServerProcess | None = None
     report: TeardownReport | None = None
     fp: dict = {}
+    argv: list[str] = []
+    env: dict[str, str] = {}
     cand = spec.candidate
     gpu = None
     clock_token = None
@@ -182,13 +209,14 @@ def run_trial(
             enter(TrialState.LAUNCHING)
             port = free_port(target.host)
             argv = target.command(worktree, port)
-            (trial_dir / "command.txt").write_text(" ".join(argv) + "\n")
+            (trial_dir / "command.txt").write_text(" ".join(redact_argv(argv)) + "\n")
             proc = launch(argv, cwd=worktree, env=env, log_path=log_path, host=target.host,
                           port=port)
             if on_process:
                 on_process(proc)
         else:  # only a benchmark command: no process to launch, probe or tear down
-            (trial_dir / "command.txt").write_text(" ".join(target.command(worktree, 0)) + "\n")
+            argv = target.command(worktree, 0)
+            (trial_dir / "command.txt").write_text(" ".join(redact_argv(argv)) + "\n")
         server = proc
         sampler = TelemetrySampler(gpu, spec.telemetry_interval_s, lambda: [
             *(group_members(server.pgid) if server is not None else []), *target.own_pids()
@@ -202,6 +230,7 @@ def run_trial(
         if proc is not None:
             enter(TrialState.WAITING_READY)
             _wait_ready(target, proc, spec.ready_timeout_s)
+            fingerprint.record_server_env(fp, env, _server_environ(proc))
             wanted = {**{str(k): str(v) for k, v in target.conf.get("env", {}).items()},
                       **cand.env_dict}
             problems = _env_mismatches(proc, wanted)
@@ -251,6 +280,7 @@ def run_trial(
                           f" port {'free' if report.port_free else 'still in use'}")
             fp["teardown"] = {"signal": report.signal_used, "exit_code": report.exit_code,
                               "clean": report.clean}
+        _scrub_log(log_path, argv, env)
         if gpu is not None:
             try:
                 gpu.restore(clock_token)  # always, also after a crash or an interrupt

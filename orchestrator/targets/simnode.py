@@ -81,7 +81,27 @@ class SimTarget(Target):
             argv += ["--sim-seed", str(c["seed"])]
         if c.get("fault"):
             argv += ["--sim-fault", str(c["fault"])]
-        return self.launcher() + argv + [str(a) for a in c.get("extra_args", [])]
+        return self.launcher() + self.node_wrapper() + argv + [str(a) for a in c.get("extra_args", [])]
+
+    @property
+    def node_launcher_path(self) -> Path:
+        return self.node.state_dir / "launcher.json"
+
+    def _stripped(self) -> list[str]:
+        import json
+
+        if not self.node_launcher_path.exists():
+            return []
+        return [str(v) for v in json.loads(self.node_launcher_path.read_text()).get("strip", [])]
+
+    def node_wrapper(self) -> list[str]:
+        """The node's own launcher wrapper (`<node state>/launcher.json`), if it has one: it
+        drops inherited variables before the server starts (`targets/sim/launcher.py`)."""
+        strip = self._stripped()
+        if not strip:
+            return []
+        return [sys.executable, "-P", "-m", "orchestrator.targets.sim.launcher",
+                "--strip", ",".join(strip), "--"]
 
     def node_packages(self) -> dict[str, str] | None:
         """The simulated node's installed packages (`<node state>/packages.json`), if set."""
@@ -104,8 +124,13 @@ class SimTarget(Target):
         env[DEVICE_TIMER_ENV] = "1"  # per-phase seconds in /metrics, as the sglang target sets
         if self.node_env_path.exists():
             env.update({str(k): str(v) for k, v in json.loads(self.node_env_path.read_text()).items()})
-        env.update({str(k): str(v) for k, v in self.conf.get("env", {}).items()})
+        target_env = {str(k): str(v) for k, v in self.conf.get("env", {}).items()}
+        env.update(target_env)
         env.update(candidate_env)
+        if self._stripped():  # what sleuth passes explicitly, as `docker run -e NAME` would
+            from orchestrator.targets.sim.launcher import PASS_VAR
+
+            env[PASS_VAR] = ",".join(sorted({*target_env, *candidate_env}))
         return apply_unset(env)
 
     def measure(self, base_url: str, requests: list[RequestSpec], log_path: Path) -> dict[str, float]:
@@ -123,13 +148,14 @@ class SimTarget(Target):
 
 
 def set_node_state(state_dir: Path, *, gpu_state_file: Path | None = None,
-                   env_file: Path | None = None, packages_file: Path | None = None) -> None:
-    """Put a simulated node into a recorded system state (GPU state, login env, packages):
-    how scenarios replay "the node as it was then" and "the node as it is now"."""
+                   env_file: Path | None = None, packages_file: Path | None = None,
+                   launcher_file: Path | None = None) -> None:
+    """Put a simulated node into a recorded system state (GPU state, login env, packages, its
+    launcher wrapper): how scenarios replay "the node as it was then" and "as it is now"."""
     import shutil
 
     state_dir.mkdir(parents=True, exist_ok=True)
     for src, name in ((gpu_state_file, "gpu_state.json"), (env_file, "env.json"),
-                      (packages_file, "packages.json")):
+                      (packages_file, "packages.json"), (launcher_file, "launcher.json")):
         if src is not None:
             shutil.copyfile(src, state_dir / name)
