@@ -1,15 +1,22 @@
-"""The controller: the Ray driver. The only module that knows about Ray.
+"""The controller: the Ray driver. With `ray_cluster`, the only code that knows about Ray.
 
 It owns the node actors, keeps them busy with the trials an experiment asks for, persists every
 trial row *before* dispatching it and its result *before* anyone acts on it, and retries a
 failed launch up to `trial.retries` times (each attempt is its own recorded trial). Experiments
 talk to it through `submit` / `wait` / `idle_nodes` and never see Ray.
+
+Nodes come and go. A node whose actor or Ray node dies mid-trial is not the candidate's fault:
+the trial is recorded `interrupted` (never evidence), the same evaluation is queued and runs on
+the next live node without using up `trial.retries`, and the run goes on. A local node gets a
+fresh actor at once; on a cluster the controller looks for `sleuth_node` Ray nodes every few
+seconds and starts an actor on any that (re)joined, so a node that comes back is used again.
+Nodes start asynchronously (`hello`: info and preflight in one call), so a joining node never
+stalls the trials running elsewhere.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import logging
 import signal
 import threading
 import time
@@ -20,19 +27,31 @@ from pathlib import Path
 import ray
 from omegaconf import DictConfig, OmegaConf
 
-from orchestrator.errors import UserError
+from orchestrator.errors import DiskFull, NodeBusy, NodesLost, UserError
+from orchestrator.ray_cluster import (
+    NODE_RESOURCE,
+    loopback_only,
+    node_name,
+    sleuth_nodes,
+    start_ray,
+)
 from orchestrator.records import Candidate, Outcome, TrialResult
 from orchestrator.runner.node import NodeRunner
-from orchestrator.runner.trial import TrialSpec
+from orchestrator.runner.trial import NO_SPACE, TrialSpec, is_no_space
+from orchestrator.safe_text import printable
 from orchestrator.store import RunStore, TrialRow
 
-# A Ray node runs trials only if it offers this custom resource (one unit: one trial at a time):
-#   ray start --address HEAD:6379 --resources '{"sleuth_node": 1}'
-NODE_RESOURCE = "sleuth_node"
+__all__ = ["NODE_RESOURCE", "RETRYABLE", "Controller", "loopback_only", "node_name",
+           "sleuth_nodes", "start_ray"]
 
 # Outcomes worth another attempt: the server, not the candidate, may be at fault.
 RETRYABLE = {Outcome.LAUNCH_FAILED, Outcome.NOT_READY, Outcome.CRASHED, Outcome.HUNG,
              Outcome.BENCH_FAILED, Outcome.TEARDOWN_FAILED, Outcome.ERROR}
+
+# An evaluation whose node was lost this many times is given up (recorded `error`): a candidate
+# that takes its node down with it must not take down every node in turn.
+MAX_NODE_LOSSES = 3
+SCAN_INTERVAL_S = 2.0
 
 
 @dataclass
@@ -45,66 +64,18 @@ class _InFlight:
     attempt: int
     ref: object
     started: float
+    losses: int = 0
 
 
-def loopback_only() -> None:
-    """Make a local Ray instance bind every service to 127.0.0.1.
+@dataclass
+class _Queued:
+    """An evaluation waiting for a node (its trial was lost with its node)."""
 
-    On Linux Ray turns "127.0.0.1" into the host's routable address and listens on all
-    interfaces, which would expose an unauthenticated-by-default cluster to the network. Ray
-    keeps loopback only when its cluster mode is off, which it reads from this constant at
-    call time (it is the switch behind RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER)."""
-    import ray._private.ray_constants as ray_constants
-
-    ray_constants.ENABLE_RAY_CLUSTER = False
-    # Recent Ray turns token authentication on for a new local cluster (good) and says so in a
-    # warning on every command (noise between sleuth's own lines): keep the first, drop the
-    # second. Its other warnings (auth disabled, for one) still show.
-    logging.getLogger("ray._private.authentication.authentication_token_setup").addFilter(
-        lambda record: "Token authentication is enabled" not in record.getMessage())
-
-
-def start_ray(cluster: Mapping) -> bool:
-    """Connect to (or start) Ray. Returns True when this call started it (and must stop it)."""
-    if ray.is_initialized():
-        return False
-    if cluster.get("kind", "local") == "local":
-        loopback_only()
-        # address="local": a private instance even when another Ray runs on this machine
-        # (without it Ray joins the last cluster started here, or RAY_ADDRESS).
-        ray.init(
-            address="local",
-            num_cpus=cluster.get("num_cpus") or None,
-            include_dashboard=False,
-            _node_ip_address="127.0.0.1",  # nothing listens beyond loopback
-            log_to_driver=False,
-            logging_level=logging.WARNING,  # not "Started a local Ray instance" on every run
-            namespace="sleuth",
-        )
-    elif cluster.get("kind") == "ray":
-        # No address: Ray's own discovery (RAY_ADDRESS, or a head started on this machine).
-        address = cluster.get("address") or "auto"
-        try:
-            ray.init(address=address, log_to_driver=False, namespace="sleuth")
-        except (ConnectionError, ValueError) as exc:
-            raise UserError(f"cannot connect to the Ray cluster at {address}: {exc}") from exc
-    else:
-        raise UserError(f"unknown cluster.kind {cluster.get('kind')!r} (known: local, ray)")
-    return True
-
-
-def sleuth_nodes() -> list[dict]:
-    """Alive Ray nodes offering the `sleuth_node` resource, in a stable order."""
-    nodes = [n for n in ray.nodes()
-             if n.get("Alive") and n.get("Resources", {}).get(NODE_RESOURCE, 0) >= 1]
-    return sorted(nodes, key=lambda n: (n.get("NodeManagerHostname", ""), n["NodeID"]))
-
-
-def node_name(node: Mapping) -> str:
-    """`<hostname>-<first 8 of the Ray node id>`: readable, and unique even when two Ray nodes
-    share a host (several GPU groups on one machine, or a test cluster)."""
-    host = str(node.get("NodeManagerHostname") or node.get("NodeManagerAddress") or "node")
-    return f"{host.split('.')[0]}-{node['NodeID'][:8]}"
+    candidate: Candidate
+    phase: str
+    attempt: int
+    losses: int
+    node: str = ""
 
 
 class Controller:
@@ -120,16 +91,28 @@ class Controller:
         self.store = store
         self.run_dir = run_dir
         self.runs_dir = Path(cfg.runs_dir)
-        self.on_event = on_event or (lambda _msg: None)
+        sink = on_event or (lambda _msg: None)
+        self.on_event = lambda msg: sink(printable(msg, newlines=False))
         self._started_ray = False
         self._actors: dict[str, object] = {}
         self._busy: dict[str, _InFlight] = {}
         self._by_ref: dict[object, _InFlight] = {}
+        self._queue: list[_Queued] = []
+        self._joining: dict[object, tuple[str, object]] = {}  # hello ref -> (name, actor)
+        self._refused: set[str] = set()  # nodes that joined but cannot be used (held, preflight)
+        self._dead_ids: set[str] = set()  # Ray node ids that could not take an actor again
+        self._next_scan = 0.0
+        self._alone_since: float | None = None
         self.retries = int(cfg.trial.retries)
         self._interrupted = False
+        self._starting = False
         self._old_handlers: dict[int, object] = {}
         # cluster=ray: node name -> (Ray node id, address) the node's actor is pinned to.
         self._placement: dict[str, tuple[str, str]] = {}
+        self._clocks = clock_policies(cfg)
+        cache = cfg.get("cache") or {}
+        gb = cache.get("max_gb") if hasattr(cache, "get") else None
+        self._cache_max_bytes = int(float(gb) * 2**30) if gb else None
 
     # -- lifecycle -----------------------------------------------------------------------------
     def __enter__(self) -> Controller:
@@ -141,9 +124,10 @@ class Controller:
 
     def _on_signal(self, signum: int, _frame) -> None:
         """First Ctrl-C (or SIGTERM): stop scheduling and tear down. A second one: abort now.
+        While Ray and the nodes are still starting there is nothing to tear down: abort now.
 
         Ray's blocking calls do not let Python see SIGINT, so `wait` polls this flag."""
-        if self._interrupted:
+        if self._interrupted or self._starting:
             raise KeyboardInterrupt
         self._interrupted = True
         self.on_event(f"{signal.Signals(signum).name}: stopping; running servers are torn down"
@@ -161,24 +145,45 @@ class Controller:
         self._old_handlers.clear()
 
     def start(self) -> None:
+        self._starting = True
         self._install_signals()
-        self._started_ray = start_ray(OmegaConf.to_container(self.cfg.cluster, resolve=True))
         try:
-            for name in self._node_names():
-                self._actors[name] = self._new_actor(name)
-            infos = ray.get([a.info.remote() for a in self._actors.values()])
-            for info in infos:
-                if info.get("reaped"):
-                    self.on_event(f"node {info['name']}: stopped a server left running by an"
-                                  f" earlier controller (pids {info['reaped']})")
-            problems = ray.get([a.preflight.remote() for a in self._actors.values()])
+            self.store.ensure_reserve()
+            self._started_ray = start_ray(OmegaConf.to_container(self.cfg.cluster, resolve=True))
+            actors = {name: self._new_actor(name) for name in self._node_names()}
+            hellos = ray.get([a.hello.remote(self._clocks) for a in actors.values()])
+            held = []
+            for (name, actor), hello in zip(actors.items(), hellos, strict=True):
+                if hello.get("held_by"):
+                    held.append(self._held_message(name, hello["held_by"]))
+                    ray.kill(actor)
+                    continue
+                if hello.get("problem"):
+                    raise UserError(hello["problem"])
+                self._actors[name] = actor
+                self._say_hello(hello)
+            if held and not self._actors:
+                raise NodeBusy(held[0] + ": wait for that run to finish (a node's server and"
+                               " clocks belong to the run holding it)")
+            for line in held:
+                self.on_event(f"{line}: not used")
         except BaseException:
             self.stop()
             raise
-        for problem in problems:
-            if problem:
-                self.stop()
-                raise UserError(problem)
+        finally:
+            self._starting = False
+
+    @staticmethod
+    def _held_message(name: str, holder: Mapping) -> str:
+        since = holder.get("since")
+        when = time.strftime(" since %H:%M:%S", time.localtime(since)) if since else ""
+        return (f"node {name} is held by another sleuth run ({holder.get('run_id') or 'run ?'},"
+                f" pid {holder.get('pid')} on {holder.get('host', '?')}{when})")
+
+    def _say_hello(self, hello: Mapping) -> None:
+        if hello.get("reaped"):
+            self.on_event(f"node {hello['name']}: stopped a server left running by an"
+                          f" earlier controller (pids {hello['reaped']})")
 
     def _node_names(self) -> list[str]:
         """`local-<i>` actors on the local Ray; on a cluster, one per `sleuth_node` Ray node."""
@@ -193,11 +198,17 @@ class Controller:
         if len(offered) < want:
             self.on_event(f"nodes={want} but the cluster offers {len(offered)} sleuth node(s):"
                           f" using {len(offered)}")
+        names = []
         for node in offered[:want]:
-            self._placement[node_name(node)] = (node["NodeID"], node.get("NodeManagerAddress", ""))
-        return list(self._placement)
+            names.append(self._place(node))
+        return names
 
-    def _new_actor(self, name: str):
+    def _place(self, node: Mapping) -> str:
+        name = node_name(node)
+        self._placement[name] = (node["NodeID"], node.get("NodeManagerAddress", ""))
+        return name
+
+    def _new_actor(self, name: str, adopt: tuple[str, ...] = (), wait_s: float = 0.0):
         target = OmegaConf.to_container(self.cfg.target, resolve=True)
         bench = OmegaConf.to_container(self.cfg.bench, resolve=True)
         state_dir = self.runs_dir / ".nodes" / name
@@ -208,30 +219,47 @@ class Controller:
             options["resources"] = {NODE_RESOURCE: 1}
             options["scheduling_strategy"] = NodeAffinitySchedulingStrategy(
                 self._placement[name][0], soft=False)
-        return ray.remote(NodeRunner).options(**options).remote(name, str(state_dir), target, bench)
+        return ray.remote(NodeRunner).options(**options).remote(
+            name, str(state_dir), target, bench, self.store.run_id, adopt, wait_s)
 
     def stop(self) -> None:
-        """Tear down running servers and record their trials as interrupted (resumable)."""
-        for inflight in list(self._busy.values()):
+        """Tear down running servers and record their trials as interrupted (resumable).
+        Every step is best effort: a dead node or a full disk must not turn a clean stop into
+        a traceback."""
+        aborts = []
+        for inflight in self._busy.values():
             try:
-                ray.get(self._actors[inflight.node].abort.remote(), timeout=30)
+                aborts.append(self._actors[inflight.node].abort.remote())
             except Exception:
                 pass
+        try:
+            ray.get(aborts, timeout=30)
+        except Exception:
+            pass
+        for inflight in list(self._busy.values()):
             try:
                 self.store.finish_trial(inflight.trial_id, TrialResult(
                     Outcome.INTERRUPTED, "the controller stopped while the trial ran",
                     node=inflight.node, started_at=inflight.started, ended_at=time.time()))
-            except (KeyError, ValueError):
+            except Exception:
                 pass
         self._busy.clear()
         self._by_ref.clear()
+        self._queue.clear()
         self._restore_signals()
-        for actor in self._actors.values():
-            ray.kill(actor)
+        for actor in [*self._actors.values(), *(a for _, a in self._joining.values())]:
+            try:
+                ray.kill(actor)
+            except Exception:
+                pass
         self._actors.clear()
+        self._joining.clear()
         if self._started_ray:
-            ray.shutdown()
             self._started_ray = False
+            try:
+                ray.shutdown()
+            except Exception:
+                pass
 
     # -- scheduling ----------------------------------------------------------------------------
     @property
@@ -239,17 +267,20 @@ class Controller:
         return list(self._actors)
 
     def idle_nodes(self) -> list[str]:
-        return [n for n in self._actors if n not in self._busy]
+        """Nodes free for a new evaluation (queued retries come first)."""
+        idle = [n for n in self._actors if n not in self._busy]
+        return idle[len(self._queue):]
 
-    def in_flight(self) -> list[_InFlight]:
-        return list(self._busy.values())
+    def in_flight(self) -> list[_InFlight | _Queued]:
+        """Evaluations not yet final: running, or waiting for a node."""
+        return [*self._busy.values(), *self._queue]
 
     def submit(self, candidate: Candidate, *, phase: str = "", node: str | None = None,
-               attempt: int = 1) -> int:
+               attempt: int = 1, losses: int = 0) -> int:
         """Persist a trial row, then dispatch it to an idle node. Returns the trial id."""
         if self._interrupted:
             raise KeyboardInterrupt
-        idle = self.idle_nodes()
+        idle = [n for n in self._actors if n not in self._busy]
         if not idle:
             raise RuntimeError("no idle node")
         node = node if node in idle else idle[0]
@@ -269,9 +300,11 @@ class Controller:
             repetitions=int(self.cfg.bench.repetitions),
             warmup_requests=int(self.cfg.bench.warmup_requests),
             phase=phase,
+            cache_max_bytes=self._cache_max_bytes,
         )
         ref = self._actors[node].run.remote(spec)
-        inflight = _InFlight(trial_id, candidate, cand_id, node, phase, attempt, ref, time.time())
+        inflight = _InFlight(trial_id, candidate, cand_id, node, phase, attempt, ref, time.time(),
+                             losses)
         self._busy[node] = inflight
         self._by_ref[ref] = inflight
         self.on_event(f"trial {trial_id} started on {node}: {candidate.label} ({phase or 'trial'})")
@@ -280,44 +313,168 @@ class Controller:
     def wait(self, timeout: float | None = None) -> list[TrialRow]:
         """Block until at least one candidate evaluation is final; persist and return them.
 
-        A retryable failure is resubmitted on the same node (a new trial row); only the final
-        attempt is returned, so callers see each requested evaluation exactly once."""
+        A retryable failure is resubmitted on the same node (a new trial row); a trial lost
+        with its node is resubmitted on the next free one; only the final attempt is returned,
+        so callers see each requested evaluation exactly once. With nothing running it returns
+        at once, unless there is no node at all: then it waits for one to join."""
         done_rows: list[TrialRow] = []
         deadline = None if timeout is None else time.monotonic() + timeout
-        while not done_rows and self._by_ref:
+        while not done_rows:
             if self._interrupted:
                 raise KeyboardInterrupt
+            self._poll_nodes()
+            self._dispatch_queued()
+            if not self._by_ref:
+                if not self._queue and (self._actors or not self._joining_possible()):
+                    return done_rows
+                if deadline is not None and time.monotonic() > deadline:
+                    return done_rows
+                time.sleep(0.25)
+                continue
             ready, _ = ray.wait(list(self._by_ref), num_returns=1, timeout=0.25)
             if not ready:
                 if deadline is not None and time.monotonic() > deadline:
                     return done_rows
                 continue
             for ref in ready:
-                inflight = self._by_ref.pop(ref)
-                del self._busy[inflight.node]
-                try:
-                    result: TrialResult = ray.get(ref)
-                except Exception as exc:  # the actor died: the trial is lost, never "slow"
-                    result = TrialResult(
-                        Outcome.ERROR,
-                        f"node {inflight.node} failed: {type(exc).__name__}: {str(exc)[:300]}",
-                        node=inflight.node, started_at=inflight.started, ended_at=time.time(),
-                    )
-                    if isinstance(exc, ray.exceptions.RayActorError):
-                        # A fresh actor for the node; it reaps any server the dead one left.
-                        self._actors[inflight.node] = self._new_actor(inflight.node)
-                        ray.get(self._actors[inflight.node].info.remote())
-                result = self._with_node_identity(inflight.node, result)
-                self._persist_log(inflight, result)
-                self.store.finish_trial(inflight.trial_id, result)
-                self.on_event(self._describe(inflight, result))
-                if result.outcome in RETRYABLE and inflight.attempt <= self.retries:
-                    self.submit(inflight.candidate, phase=inflight.phase, node=inflight.node,
-                                attempt=inflight.attempt + 1)
-                    continue
-                done_rows.append(self.store.trial(inflight.trial_id))
+                row = self._finish(ref)
+                if row is not None:
+                    done_rows.append(row)
         return done_rows
 
+    def _finish(self, ref) -> TrialRow | None:
+        """Record one returned trial; resubmit it if it deserves another attempt. Returns its
+        row when the evaluation is final."""
+        inflight = self._by_ref.pop(ref)
+        del self._busy[inflight.node]
+        lost = False
+        try:
+            result: TrialResult = ray.get(ref)
+        except ray.exceptions.RayActorError as exc:  # the node actor (or its Ray node) died
+            lost = inflight.losses + 1 < MAX_NODE_LOSSES
+            self._node_lost(inflight.node, exc)
+            result = TrialResult(
+                Outcome.INTERRUPTED if lost else Outcome.ERROR,
+                f"node {inflight.node} was lost during the trial ({_first_line(exc)})"
+                + ("; it runs again on the next free node" if lost else
+                   f"; lost {MAX_NODE_LOSSES} nodes in a row, given up"),
+                node=inflight.node, started_at=inflight.started, ended_at=time.time())
+        except Exception as exc:  # the trial raised on the node: never "slow"
+            result = TrialResult(
+                Outcome.ERROR,
+                f"node {inflight.node} failed: {type(exc).__name__}: {str(exc)[:300]}",
+                node=inflight.node, started_at=inflight.started, ended_at=time.time(),
+            )
+        result = self._with_node_identity(inflight.node, result)
+        self._persist_log(inflight, result)
+        self.store.finish_trial(inflight.trial_id, result)
+        self.on_event(self._describe(inflight, result))
+        if result.outcome is Outcome.INTERRUPTED and result.detail.startswith(NO_SPACE):
+            raise DiskFull(result.detail)
+        if self.store.space_exhausted:
+            raise DiskFull(f"no space left on device for {self.store.path}")
+        if lost:
+            self._queue.append(_Queued(inflight.candidate, inflight.phase, inflight.attempt,
+                                       inflight.losses + 1))
+            return None
+        if result.outcome in RETRYABLE and inflight.attempt <= self.retries:
+            self.submit(inflight.candidate, phase=inflight.phase, node=inflight.node,
+                        attempt=inflight.attempt + 1)
+            return None
+        return self.store.trial(inflight.trial_id)
+
+    def _dispatch_queued(self) -> None:
+        while self._queue:
+            idle = [n for n in self._actors if n not in self._busy]
+            if not idle:
+                return
+            q = self._queue.pop(0)
+            self.submit(q.candidate, phase=q.phase, node=idle[0], attempt=q.attempt,
+                        losses=q.losses)
+
+    # -- nodes that leave and join -------------------------------------------------------------
+    def _node_lost(self, name: str, exc: BaseException) -> None:
+        actor = self._actors.pop(name, None)
+        if actor is not None:
+            try:
+                ray.kill(actor)
+            except Exception:
+                pass
+        self.on_event(f"node {name} lost: {_first_line(exc)}")
+        if name not in self._placement:  # a local node: a fresh actor; it reaps what is left
+            fresh = self._new_actor(name, wait_s=15.0)  # while the dead one's lock is freed
+            self._joining[fresh.hello.remote(self._clocks)] = (name, fresh)
+        else:
+            self._next_scan = 0.0  # look for it (or another node) again right away
+
+    def _joining_possible(self) -> bool:
+        return bool(self._joining) or self.cfg.cluster.kind == "ray"
+
+    def _poll_nodes(self) -> None:
+        """Admit nodes that finished starting; on a cluster, start actors on sleuth nodes that
+        (re)joined; give up when no node has been there for `cluster.rejoin_timeout_s`."""
+        if self._joining:
+            ready, _ = ray.wait(list(self._joining), num_returns=len(self._joining), timeout=0)
+            for ref in ready:
+                self._admit(ref)
+        now = time.monotonic()
+        want = int(self.cfg.nodes)
+        if (self._placement and now >= self._next_scan
+                and len(self._actors) + len(self._joining) < want):
+            self._next_scan = now + SCAN_INTERVAL_S
+            self._scan(want)
+        if self._actors:
+            self._alone_since = None
+            return
+        if self._alone_since is None:
+            self._alone_since = now
+            wait_s = float(self.cfg.cluster.get("rejoin_timeout_s", 600.0))
+            self.on_event(f"no node left: waiting up to {wait_s:g}s for a sleuth node to join")
+        elif now - self._alone_since > float(self.cfg.cluster.get("rejoin_timeout_s", 600.0)):
+            raise NodesLost("every node was lost and none joined again within"
+                            f" {self.cfg.cluster.get('rejoin_timeout_s', 600.0):g}s")
+
+    def _admit(self, ref) -> None:
+        name, actor = self._joining.pop(ref)
+        try:
+            hello = ray.get(ref)
+        except Exception as exc:  # its Ray node is gone for good
+            if name in self._placement:
+                self._dead_ids.add(self._placement[name][0])
+            self.on_event(f"node {name} cannot run trials any more: {_first_line(exc)}")
+            return
+        problem = (self._held_message(name, hello["held_by"]) if hello.get("held_by")
+                   else hello.get("problem"))
+        if problem:
+            self._refused.add(name)
+            self.on_event(f"{problem}: node {name} not used")
+            try:
+                ray.kill(actor)
+            except Exception:
+                pass
+            return
+        self._actors[name] = actor
+        self._say_hello(hello)
+        self.on_event(f"node {name} joined the run")
+
+    def _scan(self, want: int) -> None:
+        alive = [n for n in sleuth_nodes() if n["NodeID"] not in self._dead_ids]
+        names = {node_name(n) for n in alive}
+        for node in alive:
+            if len(self._actors) + len(self._joining) >= want:
+                return
+            name = node_name(node)
+            if name in self._actors or name in self._refused or any(
+                    name == j for j, _ in self._joining.values()):
+                continue
+            self._place(node)
+            host = name.rsplit("-", 1)[0]
+            adopt = tuple(str(d) for d in sorted((self.runs_dir / ".nodes").glob(f"{host}-*"))
+                          if d.is_dir() and d.name not in names)
+            actor = self._new_actor(name, adopt)
+            self._joining[actor.hello.remote(self._clocks)] = (name, actor)
+
+    # -- results ---------------------------------------------------------------------------------
     def run_one(self, candidate: Candidate, *, phase: str = "") -> TrialRow:
         """Submit one evaluation and wait for its final attempt."""
         self.submit(candidate, phase=phase)
@@ -338,9 +495,15 @@ class Controller:
     def _persist_log(self, inflight: _InFlight, result: TrialResult) -> None:
         """On a remote node the log lives there; keep its tail in the run directory."""
         log = self.run_dir / "trials" / str(inflight.trial_id) / "server.log"
-        if not log.exists() and result.log_tail:
-            log.parent.mkdir(parents=True, exist_ok=True)
-            log.write_text(result.log_tail)
+        try:
+            if not log.exists() and result.log_tail:
+                log.parent.mkdir(parents=True, exist_ok=True)
+                log.write_text(result.log_tail)
+        except OSError as exc:
+            if is_no_space(exc):
+                self.store.space_exhausted = True  # the result itself is recorded next
+                return
+            raise
 
     @staticmethod
     def _describe(inflight: _InFlight, result: TrialResult) -> str:
@@ -348,3 +511,24 @@ class Controller:
         what = result.outcome.value if result.outcome is not Outcome.OK else "ok"
         extra = f": {result.detail}" if result.detail else ""
         return f"trial {inflight.trial_id} on {inflight.node} {what} in {took:.1f}s{extra}"
+
+
+def clock_policies(cfg: DictConfig) -> list[str]:
+    """Every clock policy the configuration asks for (the run's, each side's of an isolate, a
+    sweep's clock levels): each node checks them against its GPUs before the first trial."""
+    out = {str(cfg.get("clock") or "default")}
+    for side in ("good", "bad"):
+        spec = cfg.get(side)
+        if OmegaConf.is_dict(spec) and spec.get("clock"):
+            out.add(str(spec.get("clock")))
+    space = cfg.get("space")
+    if OmegaConf.is_dict(space) and space.get("params"):
+        for param in space.params.values():
+            if param.get("kind") == "clock":
+                out.update(str(v) for v in param.get("values") or [] if v is not None)
+    return sorted(out)
+
+
+def _first_line(exc: BaseException) -> str:
+    text = " ".join(str(exc).split()) or type(exc).__name__
+    return f"{type(exc).__name__}: {text[:200]}"
