@@ -226,6 +226,9 @@ class Controller:
         """Tear down running servers and record their trials as interrupted (resumable).
         Every step is best effort: a dead node or a full disk must not turn a clean stop into
         a traceback."""
+        if not ray.is_initialized():  # refused before Ray ran: any Ray call would start it
+            self._restore_signals()
+            return
         aborts = []
         for inflight in self._busy.values():
             try:
@@ -233,7 +236,8 @@ class Controller:
             except Exception:
                 pass
         try:
-            ray.get(aborts, timeout=30)
+            if aborts:
+                ray.get(aborts, timeout=30)
         except Exception:
             pass
         for inflight in list(self._busy.values()):
