@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import errno
 import importlib
+import signal
 import sys
 from collections.abc import Sequence
 
@@ -103,6 +104,9 @@ def main(argv: Sequence[str] | None = None) -> None:
         print(f"sleuth: error: {msg}", file=sys.stderr)
         code = exc.exit_code
     except KeyboardInterrupt:
+        # Another Ctrl-C while the interpreter winds down (Ray's exit hooks) would kill it by
+        # the signal instead of exiting 130: the user has been heard, ignore the rest.
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
         print("sleuth: interrupted", file=sys.stderr)
         code = 130
     except OSError as exc:

@@ -139,6 +139,11 @@ class Controller:
         for sig in (signal.SIGINT, signal.SIGTERM):
             self._old_handlers[sig] = signal.signal(sig, self._on_signal)
 
+    def _ignore_signals(self) -> None:
+        if threading.current_thread() is threading.main_thread() and self._old_handlers:
+            for sig in self._old_handlers:
+                signal.signal(sig, signal.SIG_IGN)
+
     def _restore_signals(self) -> None:
         for sig, handler in self._old_handlers.items():
             signal.signal(sig, handler)
@@ -223,47 +228,53 @@ class Controller:
             name, str(state_dir), target, bench, self.store.run_id, adopt, wait_s)
 
     def stop(self) -> None:
-        """Tear down running servers and record their trials as interrupted (resumable).
-        Every step is best effort: a dead node or a full disk must not turn a clean stop into
-        a traceback."""
+        """Record running trials as interrupted (resumable), tear their servers down, stop the
+        actors. Recording comes first (it is quick, and a second Ctrl-C during the teardown
+        must not lose it); every step is best effort, so a dead node or a full disk cannot
+        turn a clean stop into a traceback."""
         if not ray.is_initialized():  # refused before Ray ran: any Ray call would start it
             self._restore_signals()
             return
-        aborts = []
-        for inflight in self._busy.values():
-            try:
-                aborts.append(self._actors[inflight.node].abort.remote())
-            except Exception:
-                pass
         try:
-            if aborts:
-                ray.get(aborts, timeout=30)
-        except Exception:
-            pass
-        for inflight in list(self._busy.values()):
+            for inflight in list(self._busy.values()):
+                try:
+                    self.store.finish_trial(inflight.trial_id, TrialResult(
+                        Outcome.INTERRUPTED, "the controller stopped while the trial ran",
+                        node=inflight.node, started_at=inflight.started, ended_at=time.time()))
+                except Exception:
+                    pass
+            aborts = []
+            for inflight in self._busy.values():
+                try:
+                    aborts.append(self._actors[inflight.node].abort.remote())
+                except Exception:
+                    pass
             try:
-                self.store.finish_trial(inflight.trial_id, TrialResult(
-                    Outcome.INTERRUPTED, "the controller stopped while the trial ran",
-                    node=inflight.node, started_at=inflight.started, ended_at=time.time()))
+                if aborts:
+                    ray.get(aborts, timeout=30)
             except Exception:
                 pass
-        self._busy.clear()
-        self._by_ref.clear()
-        self._queue.clear()
-        self._restore_signals()
-        for actor in [*self._actors.values(), *(a for _, a in self._joining.values())]:
-            try:
-                ray.kill(actor)
-            except Exception:
-                pass
-        self._actors.clear()
-        self._joining.clear()
-        if self._started_ray:
-            self._started_ray = False
-            try:
-                ray.shutdown()
-            except Exception:
-                pass
+        finally:
+            self._busy.clear()
+            self._by_ref.clear()
+            self._queue.clear()
+            # Quick, and must not be cut short: a Ctrl-C inside ray.shutdown() leaves Ray's
+            # core worker half torn down, and it then ends the process with exit 1.
+            self._ignore_signals()
+            for actor in [*self._actors.values(), *(a for _, a in self._joining.values())]:
+                try:
+                    ray.kill(actor)
+                except Exception:
+                    pass
+            self._actors.clear()
+            self._joining.clear()
+            if self._started_ray:
+                self._started_ray = False
+                try:
+                    ray.shutdown()
+                except Exception:
+                    pass
+            self._restore_signals()
 
     # -- scheduling ----------------------------------------------------------------------------
     @property
@@ -373,7 +384,7 @@ class Controller:
         self._persist_log(inflight, result)
         self.store.finish_trial(inflight.trial_id, result)
         self.on_event(self._describe(inflight, result))
-        if result.outcome is Outcome.INTERRUPTED and result.detail.startswith(NO_SPACE):
+        if result.detail.startswith(NO_SPACE):
             raise DiskFull(result.detail)
         if self.store.space_exhausted:
             raise DiskFull(f"no space left on device for {self.store.path}")

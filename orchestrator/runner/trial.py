@@ -40,8 +40,9 @@ from orchestrator.workspace import Workspace
 
 LOG_TAIL_BYTES = 16_384
 
-# A trial that ran out of disk ends `interrupted` with a detail starting with this; the
-# controller stops the run (resumable) instead of retrying or counting the candidate untestable.
+# A trial that ran out of disk has a detail starting with this (and ends `interrupted`, unless
+# it measured everything and only a last file could not be written); the controller stops the
+# run (resumable) instead of retrying or counting the candidate untestable.
 NO_SPACE = "no space left on device"
 # A failed trial whose disk has less free space than this is taken to have failed for lack of
 # it (a server that could not write its log dies in many ways).
@@ -358,9 +359,11 @@ def run_trial(
     if outcome is not Outcome.OK and outcome is not Outcome.INTERRUPTED and not no_space:
         free = _free_bytes(trial_dir if trial_dir.exists() else trial_dir.parent)
         no_space = free is not None and free < LOW_SPACE_BYTES
-    if no_space:  # the disk, not the candidate: stop the run, run this trial again on resume
-        outcome, measurements = Outcome.INTERRUPTED, []
-        detail = f"{NO_SPACE} on node {node} (under {trial_dir.parent}): {detail}"
+    if no_space:  # the disk, not the candidate: the run stops (resumable)
+        if outcome is not Outcome.OK:  # and this trial runs again on resume
+            outcome, measurements = Outcome.INTERRUPTED, []
+        detail = (f"{NO_SPACE} on node {node} (under {trial_dir.parent})"
+                  + (f": {detail}" if detail else ""))
     suspect = [str(telemetry.get("suspect_reason", ""))] if telemetry.get("suspect") else []
     if changed:
         suspect.append("clock/power changed during the trial, not by this run: "
