@@ -14,6 +14,7 @@ import pytest
 
 from orchestrator.errors import UserError
 from orchestrator.workspace import CommitInfo, Workspace, path_matches
+from tests.conftest import read_only_view
 
 GIT_ENV = {
     "GIT_AUTHOR_NAME": "Ada Tester",
@@ -471,31 +472,8 @@ def test_checkouts_write_nothing_into_the_users_repository(
 
 @pytest.fixture()
 def read_only_repo(repo: Path, tmp_path: Path):
-    """The repo as a user without write access sees it: a read-only bind mount where this runs
-    as root (root ignores permission bits), else permission bits."""
-    view = tmp_path / "ro-repo"
-    view.mkdir()
-    if os.geteuid() == 0:
-        mounted = subprocess.run(["mount", "--bind", str(repo), str(view)],
-                                 capture_output=True).returncode == 0
-        if mounted and subprocess.run(["mount", "-o", "remount,bind,ro", str(view)],
-                                      capture_output=True).returncode != 0:
-            subprocess.run(["umount", str(view)], check=False)
-            mounted = False
-        if not mounted:
-            pytest.skip("running as root without permission to make a read-only bind mount")
-        try:
-            yield view
-        finally:
-            subprocess.run(["umount", str(view)], check=False)
-        return
-    view.rmdir()
-    subprocess.run(["cp", "-a", str(repo), str(view)], check=True)
-    subprocess.run(["chmod", "-R", "a-w", str(view)], check=True)
-    try:
+    with read_only_view(repo, tmp_path / "ro-repo") as view:
         yield view
-    finally:
-        subprocess.run(["chmod", "-R", "u+w", str(view)], check=False)
 
 
 def test_a_read_only_repository_checks_out(
