@@ -1,17 +1,16 @@
-"""The controller: the Ray driver. With `ray_cluster`, the only code that knows about Ray.
+"""The controller: the Ray driver. With `node_pool` and `ray_cluster`, the only code that
+knows about Ray.
 
-It owns the node actors, keeps them busy with the trials an experiment asks for, persists every
-trial row *before* dispatching it and its result *before* anyone acts on it, and retries a
-failed launch up to `trial.retries` times (each attempt is its own recorded trial). Experiments
-talk to it through `submit` / `wait` / `idle_nodes` and never see Ray.
+It keeps the nodes busy with the trials an experiment asks for, persists every trial row
+*before* dispatching it and its result *before* anyone acts on it, and retries a failed launch
+up to `trial.retries` times (each attempt is its own recorded trial). Experiments talk to it
+through `submit` / `wait` / `idle_nodes` and never see Ray.
 
-Nodes come and go. A node whose actor or Ray node dies mid-trial is not the candidate's fault:
-the trial is recorded `interrupted` (never evidence), the same evaluation is queued and runs on
-the next live node without using up `trial.retries`, and the run goes on. A local node gets a
-fresh actor at once; on a cluster the controller looks for `sleuth_node` Ray nodes every few
-seconds and starts an actor on any that (re)joined, so a node that comes back is used again.
-Nodes start asynchronously (`hello`: info and preflight in one call), so a joining node never
-stalls the trials running elsewhere.
+A node whose actor or Ray node dies mid-trial is not the candidate's fault: the trial is
+recorded `interrupted` (never evidence), the same evaluation is queued and runs on the next
+live node without using up `trial.retries`, and the run goes on (`NodePool` replaces the node
+or finds it again when it comes back). A full disk, met by a node or by the store, stops the
+run as `interrupted` with every finished trial kept.
 """
 
 from __future__ import annotations
@@ -20,14 +19,15 @@ import dataclasses
 import signal
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 import ray
 from omegaconf import DictConfig, OmegaConf
 
-from orchestrator.errors import DiskFull, NodeBusy, NodesLost, UserError
+from orchestrator.errors import DiskFull
+from orchestrator.node_pool import NodePool, first_line
 from orchestrator.ray_cluster import (
     NODE_RESOURCE,
     loopback_only,
@@ -36,7 +36,6 @@ from orchestrator.ray_cluster import (
     start_ray,
 )
 from orchestrator.records import Candidate, Outcome, TrialResult
-from orchestrator.runner.node import NodeRunner
 from orchestrator.runner.trial import NO_SPACE, TrialSpec, is_no_space
 from orchestrator.safe_text import printable
 from orchestrator.store import RunStore, TrialRow
@@ -51,7 +50,6 @@ RETRYABLE = {Outcome.LAUNCH_FAILED, Outcome.NOT_READY, Outcome.CRASHED, Outcome.
 # An evaluation whose node was lost this many times is given up (recorded `error`): a candidate
 # that takes its node down with it must not take down every node in turn.
 MAX_NODE_LOSSES = 3
-SCAN_INTERVAL_S = 2.0
 
 
 @dataclass
@@ -94,22 +92,14 @@ class Controller:
         sink = on_event or (lambda _msg: None)
         self.on_event = lambda msg: sink(printable(msg, newlines=False))
         self._started_ray = False
-        self._actors: dict[str, object] = {}
+        self.pool = NodePool(cfg, self.runs_dir, store.run_id, clock_policies(cfg), self.on_event)
         self._busy: dict[str, _InFlight] = {}
         self._by_ref: dict[object, _InFlight] = {}
         self._queue: list[_Queued] = []
-        self._joining: dict[object, tuple[str, object]] = {}  # hello ref -> (name, actor)
-        self._refused: set[str] = set()  # nodes that joined but cannot be used (held, preflight)
-        self._dead_ids: set[str] = set()  # Ray node ids that could not take an actor again
-        self._next_scan = 0.0
-        self._alone_since: float | None = None
         self.retries = int(cfg.trial.retries)
         self._interrupted = False
         self._starting = False
         self._old_handlers: dict[int, object] = {}
-        # cluster=ray: node name -> (Ray node id, address) the node's actor is pinned to.
-        self._placement: dict[str, tuple[str, str]] = {}
-        self._clocks = clock_policies(cfg)
         cache = cfg.get("cache") or {}
         gb = cache.get("max_gb") if hasattr(cache, "get") else None
         self._cache_max_bytes = int(float(gb) * 2**30) if gb else None
@@ -155,77 +145,16 @@ class Controller:
         try:
             self.store.ensure_reserve()
             self._started_ray = start_ray(OmegaConf.to_container(self.cfg.cluster, resolve=True))
-            actors = {name: self._new_actor(name) for name in self._node_names()}
-            hellos = ray.get([a.hello.remote(self._clocks) for a in actors.values()])
-            held = []
-            for (name, actor), hello in zip(actors.items(), hellos, strict=True):
-                if hello.get("held_by"):
-                    held.append(self._held_message(name, hello["held_by"]))
-                    ray.kill(actor)
-                    continue
-                if hello.get("problem"):
-                    raise UserError(hello["problem"])
-                self._actors[name] = actor
-                self._say_hello(hello)
-            if held and not self._actors:
-                raise NodeBusy(held[0] + ": wait for that run to finish (a node's server and"
-                               " clocks belong to the run holding it)")
-            for line in held:
-                self.on_event(f"{line}: not used")
+            self.pool.start()
         except BaseException:
             self.stop()
             raise
         finally:
             self._starting = False
 
-    @staticmethod
-    def _held_message(name: str, holder: Mapping) -> str:
-        since = holder.get("since")
-        when = time.strftime(" since %H:%M:%S", time.localtime(since)) if since else ""
-        return (f"node {name} is held by another sleuth run ({holder.get('run_id') or 'run ?'},"
-                f" pid {holder.get('pid')} on {holder.get('host', '?')}{when})")
-
-    def _say_hello(self, hello: Mapping) -> None:
-        if hello.get("reaped"):
-            self.on_event(f"node {hello['name']}: stopped a server left running by an"
-                          f" earlier controller (pids {hello['reaped']})")
-
-    def _node_names(self) -> list[str]:
-        """`local-<i>` actors on the local Ray; on a cluster, one per `sleuth_node` Ray node."""
-        want = int(self.cfg.nodes)
-        if self.cfg.cluster.kind != "ray":
-            return [f"local-{i}" for i in range(want)]
-        offered = sleuth_nodes()
-        if not offered:
-            raise UserError(f"no Ray node offers the {NODE_RESOURCE!r} resource: start each GPU"
-                            " node with ray start --address HEAD:PORT --resources"
-                            f" '{{\"{NODE_RESOURCE}\": 1}}'")
-        if len(offered) < want:
-            self.on_event(f"nodes={want} but the cluster offers {len(offered)} sleuth node(s):"
-                          f" using {len(offered)}")
-        names = []
-        for node in offered[:want]:
-            names.append(self._place(node))
-        return names
-
-    def _place(self, node: Mapping) -> str:
-        name = node_name(node)
-        self._placement[name] = (node["NodeID"], node.get("NodeManagerAddress", ""))
-        return name
-
-    def _new_actor(self, name: str, adopt: tuple[str, ...] = (), wait_s: float = 0.0):
-        target = OmegaConf.to_container(self.cfg.target, resolve=True)
-        bench = OmegaConf.to_container(self.cfg.bench, resolve=True)
-        state_dir = self.runs_dir / ".nodes" / name
-        options: dict = {"num_cpus": 0, "max_concurrency": 4, "max_restarts": 0}
-        if name in self._placement:  # pinned to its Ray node; the resource admits one actor
-            from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
-
-            options["resources"] = {NODE_RESOURCE: 1}
-            options["scheduling_strategy"] = NodeAffinitySchedulingStrategy(
-                self._placement[name][0], soft=False)
-        return ray.remote(NodeRunner).options(**options).remote(
-            name, str(state_dir), target, bench, self.store.run_id, adopt, wait_s)
+    @property
+    def _actors(self) -> dict[str, object]:
+        return self.pool.actors
 
     def stop(self) -> None:
         """Record running trials as interrupted (resumable), tear their servers down, stop the
@@ -261,13 +190,7 @@ class Controller:
             # Quick, and must not be cut short: a Ctrl-C inside ray.shutdown() leaves Ray's
             # core worker half torn down, and it then ends the process with exit 1.
             self._ignore_signals()
-            for actor in [*self._actors.values(), *(a for _, a in self._joining.values())]:
-                try:
-                    ray.kill(actor)
-                except Exception:
-                    pass
-            self._actors.clear()
-            self._joining.clear()
+            self.pool.kill_all()
             if self._started_ray:
                 self._started_ray = False
                 try:
@@ -337,10 +260,10 @@ class Controller:
         while not done_rows:
             if self._interrupted:
                 raise KeyboardInterrupt
-            self._poll_nodes()
+            self.pool.poll()
             self._dispatch_queued()
             if not self._by_ref:
-                if not self._queue and (self._actors or not self._joining_possible()):
+                if not self._queue and (self._actors or not self.pool.may_grow()):
                     return done_rows
                 if deadline is not None and time.monotonic() > deadline:
                     return done_rows
@@ -367,10 +290,10 @@ class Controller:
             result: TrialResult = ray.get(ref)
         except ray.exceptions.RayActorError as exc:  # the node actor (or its Ray node) died
             lost = inflight.losses + 1 < MAX_NODE_LOSSES
-            self._node_lost(inflight.node, exc)
+            self.pool.lost(inflight.node, first_line(exc))
             result = TrialResult(
                 Outcome.INTERRUPTED if lost else Outcome.ERROR,
-                f"node {inflight.node} was lost during the trial ({_first_line(exc)})"
+                f"node {inflight.node} was lost during the trial ({first_line(exc)})"
                 + ("; it runs again on the next free node" if lost else
                    f"; lost {MAX_NODE_LOSSES} nodes in a row, given up"),
                 node=inflight.node, started_at=inflight.started, ended_at=time.time())
@@ -407,88 +330,6 @@ class Controller:
             self.submit(q.candidate, phase=q.phase, node=idle[0], attempt=q.attempt,
                         losses=q.losses)
 
-    # -- nodes that leave and join -------------------------------------------------------------
-    def _node_lost(self, name: str, exc: BaseException) -> None:
-        actor = self._actors.pop(name, None)
-        if actor is not None:
-            try:
-                ray.kill(actor)
-            except Exception:
-                pass
-        self.on_event(f"node {name} lost: {_first_line(exc)}")
-        if name not in self._placement:  # a local node: a fresh actor; it reaps what is left
-            fresh = self._new_actor(name, wait_s=15.0)  # while the dead one's lock is freed
-            self._joining[fresh.hello.remote(self._clocks)] = (name, fresh)
-        else:
-            self._next_scan = 0.0  # look for it (or another node) again right away
-
-    def _joining_possible(self) -> bool:
-        return bool(self._joining) or self.cfg.cluster.kind == "ray"
-
-    def _poll_nodes(self) -> None:
-        """Admit nodes that finished starting; on a cluster, start actors on sleuth nodes that
-        (re)joined; give up when no node has been there for `cluster.rejoin_timeout_s`."""
-        if self._joining:
-            ready, _ = ray.wait(list(self._joining), num_returns=len(self._joining), timeout=0)
-            for ref in ready:
-                self._admit(ref)
-        now = time.monotonic()
-        want = int(self.cfg.nodes)
-        if (self._placement and now >= self._next_scan
-                and len(self._actors) + len(self._joining) < want):
-            self._next_scan = now + SCAN_INTERVAL_S
-            self._scan(want)
-        if self._actors:
-            self._alone_since = None
-            return
-        if self._alone_since is None:
-            self._alone_since = now
-            wait_s = float(self.cfg.cluster.get("rejoin_timeout_s", 600.0))
-            self.on_event(f"no node left: waiting up to {wait_s:g}s for a sleuth node to join")
-        elif now - self._alone_since > float(self.cfg.cluster.get("rejoin_timeout_s", 600.0)):
-            raise NodesLost("every node was lost and none joined again within"
-                            f" {self.cfg.cluster.get('rejoin_timeout_s', 600.0):g}s")
-
-    def _admit(self, ref) -> None:
-        name, actor = self._joining.pop(ref)
-        try:
-            hello = ray.get(ref)
-        except Exception as exc:  # its Ray node is gone for good
-            if name in self._placement:
-                self._dead_ids.add(self._placement[name][0])
-            self.on_event(f"node {name} cannot run trials any more: {_first_line(exc)}")
-            return
-        problem = (self._held_message(name, hello["held_by"]) if hello.get("held_by")
-                   else hello.get("problem"))
-        if problem:
-            self._refused.add(name)
-            self.on_event(f"{problem}: node {name} not used")
-            try:
-                ray.kill(actor)
-            except Exception:
-                pass
-            return
-        self._actors[name] = actor
-        self._say_hello(hello)
-        self.on_event(f"node {name} joined the run")
-
-    def _scan(self, want: int) -> None:
-        alive = [n for n in sleuth_nodes() if n["NodeID"] not in self._dead_ids]
-        names = {node_name(n) for n in alive}
-        for node in alive:
-            if len(self._actors) + len(self._joining) >= want:
-                return
-            name = node_name(node)
-            if name in self._actors or name in self._refused or any(
-                    name == j for j, _ in self._joining.values()):
-                continue
-            self._place(node)
-            host = name.rsplit("-", 1)[0]
-            adopt = tuple(str(d) for d in sorted((self.runs_dir / ".nodes").glob(f"{host}-*"))
-                          if d.is_dir() and d.name not in names)
-            actor = self._new_actor(name, adopt)
-            self._joining[actor.hello.remote(self._clocks)] = (name, actor)
-
     # -- results ---------------------------------------------------------------------------------
     def run_one(self, candidate: Candidate, *, phase: str = "") -> TrialRow:
         """Submit one evaluation and wait for its final attempt."""
@@ -500,9 +341,9 @@ class Controller:
 
     def _with_node_identity(self, node: str, result: TrialResult) -> TrialResult:
         """On a cluster the Ray node a trial ran on is part of its fingerprint."""
-        if node not in self._placement or not result.fingerprint:
+        if node not in self.pool.placement or not result.fingerprint:
             return result
-        node_id, address = self._placement[node]
+        node_id, address = self.pool.placement[node]
         fp = dict(result.fingerprint)
         fp["host"] = {**fp.get("host", {}), "ray_node_id": node_id, "ray_node_address": address}
         return dataclasses.replace(result, fingerprint=fp)
@@ -542,8 +383,3 @@ def clock_policies(cfg: DictConfig) -> list[str]:
             if param.get("kind") == "clock":
                 out.update(str(v) for v in param.get("values") or [] if v is not None)
     return sorted(out)
-
-
-def _first_line(exc: BaseException) -> str:
-    text = " ".join(str(exc).split()) or type(exc).__name__
-    return f"{type(exc).__name__}: {text[:200]}"

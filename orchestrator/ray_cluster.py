@@ -1,7 +1,7 @@
-"""Connecting to Ray: the controller's half that knows Ray's process model and quirks.
+"""Connecting to Ray: the part of the controller that knows Ray's process model and quirks.
 
-Kept beside `controller.py` (and like it, the only other module that imports Ray) so the
-scheduling code reads without the start-up details:
+Kept beside `controller.py` and `node_pool.py` (with them, the only code that imports Ray) so
+the scheduling code reads without the start-up details:
 
 - a local instance binds to loopback only and runs in a session of its own, so the terminal's
   Ctrl-C reaches the controller and not Ray's gcs/raylet (which would die under it and turn a

@@ -45,12 +45,12 @@ import os
 import sqlite3
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
 
 from orchestrator.errors import DiskFull, UserError
-from orchestrator.records import Candidate, Measurement, Outcome, TrialResult
+from orchestrator.records import Candidate, TrialResult
+from orchestrator.store.rows import TrialRow, read_trials
 
 SCHEMA_VERSION = 1
 
@@ -89,30 +89,6 @@ CREATE TABLE IF NOT EXISTS fingerprints(
     trial_id INTEGER PRIMARY KEY REFERENCES trials(id), json TEXT NOT NULL);
 CREATE INDEX IF NOT EXISTS trials_by_candidate ON trials(candidate_id);
 """
-
-
-@dataclass(frozen=True)
-class TrialRow:
-    """A stored trial with its candidate: what strategies and reports read."""
-
-    id: int
-    candidate_id: int
-    candidate: Candidate
-    node: str
-    phase: str
-    attempt: int
-    state: str
-    outcome: Outcome | None
-    detail: str
-    started_at: float | None
-    ended_at: float | None
-    log_path: str
-    suspect: bool
-    result: TrialResult | None  # None while unfinished
-
-    @property
-    def finished(self) -> bool:
-        return self.outcome is not None
 
 
 class RunStore:
@@ -401,62 +377,9 @@ class RunStore:
     def trials(self, *, where: str = "1", params: tuple = ()) -> list[TrialRow]:
         """All trials (optionally filtered by a SQL condition on alias `t`), oldest first."""
         try:
-            return self._trials(where, params)
+            return read_trials(self._conn, where, params)
         except sqlite3.DatabaseError as exc:
             if isinstance(exc, sqlite3.OperationalError) and "locked" in str(exc):
                 raise
             raise UserError(f"{self.path} is not a readable sleuth run store"
                             f" ({' '.join(str(exc).split())[:200]})") from exc
-
-    def _trials(self, where: str, params: tuple) -> list[TrialRow]:
-        rows = self._conn.execute(
-            "SELECT t.id, t.candidate_id, c.spec_json, t.node, t.phase, t.attempt, t.state,"
-            " t.outcome, t.detail, t.started_at, t.ended_at, t.log_path, t.suspect,"
-            " t.suspect_reason, f.json"
-            " FROM trials t JOIN candidates c ON c.id = t.candidate_id"
-            " LEFT JOIN fingerprints f ON f.trial_id = t.id"
-            f" WHERE {where} ORDER BY t.id",
-            params,
-        ).fetchall()
-        meas: dict[int, dict[int, dict[str, float]]] = {}
-        states: dict[int, list[tuple[str, float]]] = {}
-        ids = [r[0] for r in rows]
-        if ids:
-            marks = ",".join("?" * len(ids))
-            for tid, rep, metric, value in self._conn.execute(
-                f"SELECT trial_id, repetition, metric, value FROM measurements"
-                f" WHERE trial_id IN ({marks}) ORDER BY trial_id, repetition", ids
-            ):
-                meas.setdefault(tid, {}).setdefault(rep, {})[metric] = value
-            for tid, state, at in self._conn.execute(
-                f"SELECT trial_id, state, at FROM trial_states WHERE trial_id IN ({marks})"
-                " ORDER BY rowid", ids
-            ):
-                states.setdefault(tid, []).append((state, at))
-        out = []
-        for (tid, cid, spec, node, phase, attempt, state, outcome, detail, started, ended,
-             log_path, suspect, suspect_reason, fp) in rows:
-            result = None
-            if outcome is not None:
-                result = TrialResult(
-                    outcome=Outcome(outcome),
-                    detail=detail or "",
-                    measurements=tuple(
-                        Measurement(rep, metrics) for rep, metrics in sorted(meas.get(tid, {}).items())
-                    ),
-                    states=tuple(states.get(tid, ())),
-                    started_at=started or 0.0,
-                    ended_at=ended or 0.0,
-                    node=node or "",
-                    fingerprint=json.loads(fp) if fp else {},
-                    suspect=bool(suspect),
-                    suspect_reason=suspect_reason or "",
-                )
-            out.append(TrialRow(
-                id=tid, candidate_id=cid, candidate=Candidate.from_json(json.loads(spec)),
-                node=node or "", phase=phase or "", attempt=attempt, state=state,
-                outcome=Outcome(outcome) if outcome else None, detail=detail or "",
-                started_at=started, ended_at=ended, log_path=log_path or "",
-                suspect=bool(suspect), result=result,
-            ))
-        return out

@@ -25,7 +25,6 @@ import os
 import re
 import secrets
 import shutil
-import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
@@ -35,18 +34,15 @@ from git.exc import GitCommandError, InvalidGitRepositoryError, NoSuchPathError
 
 from orchestrator.errors import UserError
 from orchestrator.safe_text import printable
+from orchestrator.workspace.cache import WorktreeCache, disk_usage
 from orchestrator.workspace.commits import LOG_OPTIONS, CommitInfo, parse_log, touches_paths
 from orchestrator.workspace.locking import (
-    LOCKS_DIRNAME,
-    MIRRORS_DIRNAME,
-    STATE_DIRNAME,
     TEMP_PREFIX,
     exclusive_lock,
     key_of_entry,
     release,
     sha256_hex,
     shared_lock,
-    try_exclusive,
     worktree_key,
 )
 
@@ -113,7 +109,9 @@ class Workspace:
         # validation) leaves nothing behind.
         self.cache_dir = Path(cache_dir).expanduser().resolve()
         self.max_bytes = max_bytes
+        self.cache = WorktreeCache(self.cache_dir, max_bytes)
         self._mirror_repo: git.Repo | None = None
+        self._mirror_at: Path | None = None
 
     # ----------------------------------------------------------------- refs and ranges
 
@@ -201,9 +199,9 @@ class Workspace:
         key = worktree_key(full_sha, self.patch_hashes(patch_files))
         final = self.cache_dir / key
         self.cache_dir.mkdir(parents=True, exist_ok=True)
-        with exclusive_lock(self._lock_path(key)):
+        with exclusive_lock(self.cache.lock_path(key)):
             if self._is_intact(final, full_sha, key):
-                self._touch(key)
+                self.cache.touch(key)
                 return final
             self._remove_worktree(final)
             mirror = self._mirror()
@@ -212,12 +210,12 @@ class Workspace:
                 mirror.git.worktree("add", "--detach", str(temp), full_sha, env=_NO_HOOKS_ENV)
                 for patch_file in patch_files:
                     self._apply_patch(temp, patch_file, full_sha)
-                self._write_state(key, full_sha, self.dirty_diff_hash(temp), _disk_usage(temp))
+                self.cache.write_state(key, full_sha, self.dirty_diff_hash(temp), disk_usage(temp))
                 mirror.git.worktree("move", str(temp), str(final))
             except BaseException:
                 self._remove_worktree(temp)
                 raise
-        self._evict(keep=key)
+        self.cache.evict(key, lambda k: self._remove_worktree(self.cache_dir / k))
         return final
 
     @contextmanager
@@ -227,7 +225,7 @@ class Workspace:
         full_sha = self.resolve(sha)
         patch_files = [self._patch_file(patch) for patch in patches]
         key = worktree_key(full_sha, self.patch_hashes(patch_files))
-        use = shared_lock(self._use_path(key))
+        use = shared_lock(self.cache.use_path(key))
         try:
             yield self.checkout(full_sha, patch_files)
         finally:
@@ -269,17 +267,17 @@ class Workspace:
             if path.parent == self.cache_dir:
                 keys.add(key_of_entry(path.name))
         for key in sorted(k for k in keys if k):
-            with exclusive_lock(self._lock_path(key)):
+            with exclusive_lock(self.cache.lock_path(key)):
                 for entry in self.cache_dir.glob(f"{TEMP_PREFIX}{key}-*"):
                     self._remove_worktree(entry)
                 self._remove_worktree(self.cache_dir / key)
-                self._state_path(key).unlink(missing_ok=True)
+                self.cache.state_path(key).unlink(missing_ok=True)
         if self._mirror_path().is_dir():
             self._mirror().git.worktree("prune")
 
     def cache_usage(self) -> int:
         """Bytes the cache's worktrees take, as measured when each was made."""
-        return sum(size for _, _, size in self._entries())
+        return self.cache.usage()
 
     # ----------------------------------------------------------------- the private repository
 
@@ -288,92 +286,24 @@ class Workspace:
         return (Path(self._repo.common_dir) / "objects").resolve()
 
     def _mirror_path(self) -> Path:
-        key = sha256_hex(str(self._objects_dir()).encode())[:16]
-        return self.cache_dir / MIRRORS_DIRNAME / f"{self.repo_path.name[:40]}-{key}.git"
+        if self._mirror_at is None:
+            self._mirror_at = self.cache.mirror_path(self._objects_dir(), self.repo_path.name)
+        return self._mirror_at
 
-    def _mirror(self) -> git.Repo:
-        """The private bare repository the worktrees hang off, made once per user repo (a
-        directory, a config and one line of alternates: no objects copied, no refs)."""
-        if self._mirror_repo is not None:
-            return self._mirror_repo
-        path = self._mirror_path()
-        alternates = path / "objects" / "info" / "alternates"
-        if not alternates.is_file():
-            with exclusive_lock(self.cache_dir / LOCKS_DIRNAME / f"{path.name}.lock"):
-                if not alternates.is_file():
-                    self._make_mirror(path)
-        self._mirror_repo = git.Repo(path)
-        return self._mirror_repo
-
-    def _make_mirror(self, path: Path) -> None:
-        temp = path.with_name(f"{TEMP_PREFIX}{path.name}-{secrets.token_hex(4)}")
+    def _object_format(self) -> str:
         try:
             fmt = self._repo.git.rev_parse("--show-object-format", env=_READ_ONLY_ENV).strip()
         except GitCommandError:
-            fmt = "sha1"
-        try:
-            git.Git().init("--bare", "--quiet", f"--object-format={fmt or 'sha1'}", str(temp))
-            # Never gc here: the user's objects are borrowed, and nothing here needs packing.
-            mirror = git.Git(str(temp))
-            mirror.config("--file", str(temp / "config"), "gc.auto", "0")
-            mirror.config("--file", str(temp / "config"), "core.hooksPath", os.devnull)
-            (temp / "objects" / "info").mkdir(parents=True, exist_ok=True)
-            (temp / "objects" / "info" / "alternates").write_text(f"{self._objects_dir()}\n")
-            path.parent.mkdir(parents=True, exist_ok=True)
-            shutil.rmtree(path, ignore_errors=True)  # a half-made one from a crash
-            os.replace(temp, path)
-        except BaseException:
-            shutil.rmtree(temp, ignore_errors=True)
-            raise
+            fmt = ""
+        return fmt or "sha1"
 
-    # ----------------------------------------------------------------- the size cap
-
-    def _entries(self) -> list[tuple[float, str, int]]:
-        """(last use, key, bytes) of every finished worktree in the cache."""
-        out = []
-        if not self.cache_dir.is_dir():
-            return out
-        for entry in self.cache_dir.iterdir():
-            key = key_of_entry(entry.name)
-            if key is None or entry.name != key:  # temporary entries are someone's build
-                continue
-            state_path = self._state_path(key)
-            try:
-                used = state_path.stat().st_mtime
-                size = int(json.loads(state_path.read_text()).get("size_bytes") or 0)
-            except (OSError, ValueError):
-                used, size = 0.0, 0
-            out.append((used, key, size or _disk_usage(entry)))
-        return out
-
-    def _touch(self, key: str) -> None:
-        try:
-            os.utime(self._state_path(key))
-        except OSError:
-            pass
-
-    def _evict(self, keep: str) -> None:
-        """Remove least recently used worktrees until the cache fits `max_bytes`; skip the
-        one just made and any a trial holds."""
-        if self.max_bytes is None:
-            return
-        entries = sorted(self._entries())
-        total = sum(size for _, _, size in entries)
-        for _, key, size in entries:
-            if total <= self.max_bytes:
-                break
-            if key == keep:
-                continue
-            use = try_exclusive(self._use_path(key))
-            if use is None:
-                continue  # a trial runs from it
-            try:
-                with exclusive_lock(self._lock_path(key)):
-                    self._remove_worktree(self.cache_dir / key)
-                    self._state_path(key).unlink(missing_ok=True)
-            finally:
-                release(use, self._use_path(key))
-            total -= size
+    def _mirror(self) -> git.Repo:
+        """The private bare repository the worktrees hang off (see `cache.py`)."""
+        if self._mirror_repo is None:
+            path = self.cache.ensure_mirror(self._mirror_path(), self._objects_dir(),
+                                            self._object_format)
+            self._mirror_repo = git.Repo(path)
+        return self._mirror_repo
 
     # ----------------------------------------------------------------- internals
 
@@ -394,29 +324,11 @@ class Workspace:
                 f"patch {patch_file} does not apply to commit {sha[:12]} ({_first_line(error)})"
             ) from None
 
-    def _state_path(self, key: str) -> Path:
-        return self.cache_dir / STATE_DIRNAME / f"{key}.json"
-
-    def _lock_path(self, key: str) -> Path:
-        return self.cache_dir / LOCKS_DIRNAME / f"{key}.lock"
-
-    def _use_path(self, key: str) -> Path:
-        return self.cache_dir / LOCKS_DIRNAME / f"{key}.use"
-
-    def _write_state(self, key: str, sha: str, diff_hash: str | None, size: int) -> None:
-        """Record what an intact worktree looks like, atomically (temp file + rename)."""
-        state_path = self._state_path(key)
-        state_path.parent.mkdir(parents=True, exist_ok=True)
-        temp = state_path.with_name(f"{state_path.name}.{os.getpid()}.tmp")
-        temp.write_text(json.dumps({"sha": sha, "diff_hash": diff_hash, "size_bytes": size,
-                                    "made_at": time.time()}))
-        os.replace(temp, state_path)
-
     def _is_intact(self, path: Path, sha: str, key: str) -> bool:
         """A worktree may be reused only if it is exactly what checkout() would build."""
         try:
             link = (path / ".git").read_text()
-            state = json.loads(self._state_path(key).read_text())
+            state = json.loads(self.cache.state_path(key).read_text())
         except (OSError, ValueError):
             return False
         # One made by an older sleuth hangs off the user's repository: rebuild it here.
@@ -461,22 +373,3 @@ class Workspace:
             else:
                 path.unlink()
 
-
-def _disk_usage(path: Path) -> int:
-    """Bytes of disk the files under `path` take (what the cache cap counts)."""
-    total = 0
-    stack = [str(path)]
-    while stack:
-        try:
-            with os.scandir(stack.pop()) as it:
-                for entry in it:
-                    try:
-                        if entry.is_dir(follow_symlinks=False):
-                            stack.append(entry.path)
-                        else:
-                            total += entry.stat(follow_symlinks=False).st_blocks * 512
-                    except OSError:
-                        continue
-        except OSError:
-            continue
-    return total
