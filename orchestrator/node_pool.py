@@ -10,6 +10,8 @@ that another run holds, or whose preflight fails, is left alone with one line.
 
 from __future__ import annotations
 
+import os
+import socket
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -20,6 +22,7 @@ from omegaconf import DictConfig, OmegaConf
 from orchestrator.errors import NodeBusy, NodesLost, UserError
 from orchestrator.ray_cluster import NODE_RESOURCE, node_name, sleuth_nodes
 from orchestrator.runner.node import NodeRunner
+from orchestrator.runner.process import start_time
 
 SCAN_INTERVAL_S = 2.0
 # A fresh actor for a lost local node waits this long for its predecessor's node lock.
@@ -43,6 +46,10 @@ class NodePool:
         self._dead_ids: set[str] = set()  # Ray node ids that could not take an actor again
         self._next_scan = 0.0
         self._alone_since: float | None = None
+        # This process, as its actors record it: an actor whose controller is gone is an
+        # orphan a later run may end rather than be refused by it.
+        self.controller = {"pid": os.getpid(), "start_time": start_time(os.getpid()),
+                           "host": socket.gethostname()}
 
     # -- start ---------------------------------------------------------------------------------
     def start(self) -> None:
@@ -97,7 +104,7 @@ class NodePool:
             options["scheduling_strategy"] = NodeAffinitySchedulingStrategy(
                 self.placement[name][0], soft=False)
         return ray.remote(NodeRunner).options(**options).remote(
-            name, str(state_dir), target, bench, self.run_id, adopt, wait_s)
+            name, str(state_dir), target, bench, self.run_id, adopt, wait_s, self.controller)
 
     def _say_hello(self, hello: Mapping) -> None:
         if hello.get("reaped"):

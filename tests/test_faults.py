@@ -365,3 +365,56 @@ def test_a_double_ctrl_c_at_a_terminal_exits_130(tmp_path, sim_repo):
     store = RunStore.open(run / "trials.db", readonly=True)
     assert store.status() == "interrupted"
     assert [r.outcome for r in store.trials()] == [Outcome.INTERRUPTED]
+
+
+HOLDER = r"""
+import fcntl, json, os, socket, sys, time
+from orchestrator.runner.process import start_time
+node, controller = sys.argv[1], json.loads(sys.argv[2])
+fd = os.open(os.path.join(node, "node.lock"), os.O_RDWR | os.O_CREAT)
+fcntl.flock(fd, fcntl.LOCK_EX)
+with open(os.path.join(node, "holder.json"), "w") as f:
+    json.dump({"pid": os.getpid(), "start_time": start_time(os.getpid()), "run_id": "old",
+               "host": socket.gethostname(), "controller": controller}, f)
+print("holding", flush=True)
+time.sleep(300)
+"""
+
+
+@pytest.mark.parametrize("controller_alive", [True, False])
+def test_a_node_held_by_an_orphan_is_taken_over(tmp_path, monkeypatch, controller_alive):
+    """An actor whose controller was SIGKILLed still holds the node for a moment: a resumed run
+    waits for it (and ends it if it lingers), while a live run's node is refused at once."""
+    import socket
+    import sys
+
+    from omegaconf import OmegaConf
+
+    from orchestrator.runner import node as node_mod
+    from orchestrator.runner.process import start_time
+
+    monkeypatch.setattr(node_mod, "ORPHAN_WAIT_S", 0.5)
+    cfg = _cfg(tmp_path, tmp_path)
+    node = tmp_path / "runs" / ".nodes" / "local-0"
+    node.mkdir(parents=True)
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    controller = ({"pid": os.getpid(), "start_time": start_time(os.getpid())} if controller_alive
+                  else {"pid": gone.pid, "start_time": "1"})
+    holder = subprocess.Popen(
+        [sys.executable, "-c", HOLDER, str(node),
+         json.dumps({**controller, "host": socket.gethostname()})],
+        cwd=tmp_path, stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "holding"
+        runner = node_mod.NodeRunner("local-0", str(node), OmegaConf.to_container(cfg.target),
+                                     OmegaConf.to_container(cfg.bench), run_id="new")
+        if controller_alive:
+            assert runner.held_by["run_id"] == "old" and holder.poll() is None
+        else:
+            assert runner.held_by is None and holder.wait(timeout=10) == -9
+            assert json.loads((node / "holder.json").read_text())["run_id"] == "new"
+    finally:
+        if holder.poll() is None:
+            holder.kill()
+            holder.wait()

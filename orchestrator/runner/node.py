@@ -11,6 +11,10 @@ life (the kernel drops it when the actor dies, however it dies), and writes who 
 (`holder.json`: pid and its start time, host, run id). A second run on the same `runs_dir` finds
 the node held, touches nothing, and says by whom: it can never take the first run's live
 server for a leftover and kill it, nor set its clocks under the first run's trial.
+
+The holder also names its controller. An actor whose controller is gone (SIGKILLed) is an
+orphan that Ray is about to reap; a new run (or `sleuth resume` of the same one) waits for it,
+and after `ORPHAN_WAIT_S` ends it, instead of refusing a node nobody uses any more.
 """
 
 from __future__ import annotations
@@ -28,7 +32,7 @@ from pathlib import Path
 
 from orchestrator.gpu.base import ClockPolicy
 from orchestrator.records import Outcome, TrialResult, TrialState
-from orchestrator.runner.process import ServerProcess, group_members
+from orchestrator.runner.process import ServerProcess, group_members, start_time
 from orchestrator.runner.trial import TrialSpec, clock_problem, run_trial
 from orchestrator.targets.base import NodeContext
 from orchestrator.targets.registry import make_target
@@ -36,11 +40,13 @@ from orchestrator.workspace.locking import release, try_exclusive
 
 NODE_LOCK = "node.lock"
 HOLDER_FILE = "holder.json"
+ORPHAN_WAIT_S = 20.0
 
 
 class NodeRunner:
     def __init__(self, name: str, state_dir: str, target_conf: Mapping, bench_conf: Mapping,
-                 run_id: str = "", adopt: Sequence[str] = (), wait_s: float = 0.0):
+                 run_id: str = "", adopt: Sequence[str] = (), wait_s: float = 0.0,
+                 controller: Mapping | None = None):
         self.name = name
         self.context = NodeContext(name=name, state_dir=Path(state_dir))
         self.context.state_dir.mkdir(parents=True, exist_ok=True)
@@ -54,10 +60,16 @@ class NodeRunner:
         self._aborted = False
         self.reaped: list[int] = []
         self.clock_restored = False
+        self.controller = dict(controller or {})
         self.held_by = self._hold(run_id)
+        if self.held_by is not None and _orphaned(self.held_by):
+            wait_s = max(wait_s, ORPHAN_WAIT_S)
         deadline = time.monotonic() + wait_s  # a replacement waits for its predecessor to die
         while self.held_by is not None and time.monotonic() < deadline:
             time.sleep(0.2)
+            self.held_by = self._hold(run_id)
+        if self.held_by is not None and _orphaned(self.held_by):
+            _end(self.held_by)  # still there: an actor nobody will ever use again
             self.held_by = self._hold(run_id)
         if self.held_by is None:  # ours: clean up what an earlier holder left behind
             self.reaped = self._reap_leftover(self._pidfile)
@@ -84,7 +96,7 @@ class NodeRunner:
                 return _read_json(holder) or {"pid": None}
         pid = os.getpid()
         doc = {"pid": pid, "start_time": self._start_time(pid), "host": socket.gethostname(),
-               "run_id": run_id, "since": time.time()}
+               "run_id": run_id, "since": time.time(), "controller": self.controller}
         tmp = holder.with_name(f"{HOLDER_FILE}.{pid}.tmp")
         tmp.write_text(json.dumps(doc))
         tmp.replace(holder)
@@ -114,13 +126,7 @@ class NodeRunner:
     def _pidfile(self) -> Path:
         return self.context.state_dir / "server.json"
 
-    @staticmethod
-    def _start_time(pid: int) -> str | None:
-        try:
-            stat = Path(f"/proc/{pid}/stat").read_text()
-        except OSError:
-            return None
-        return stat[stat.rfind(")") + 2:].split()[19]
+    _start_time = staticmethod(start_time)
 
     def _record_server(self, proc: ServerProcess | None) -> None:
         if proc is None:
@@ -283,8 +289,27 @@ def _read_json(path: Path) -> dict | None:
     return doc if isinstance(doc, dict) else None
 
 
-def _alive(holder: Mapping) -> bool:
-    """The holder process still runs (same host, same pid, same start time)."""
-    if holder.get("host") != socket.gethostname() or not holder.get("pid"):
-        return holder.get("host") != socket.gethostname()  # another host's: assume it lives
-    return NodeRunner._start_time(int(holder["pid"])) == holder.get("start_time")
+def _alive(process: Mapping) -> bool:
+    """The process (pid, start time, host) still runs. One on another host is assumed to."""
+    if process.get("host") != socket.gethostname():
+        return True
+    pid = process.get("pid")
+    return bool(pid) and start_time(int(pid)) == process.get("start_time")
+
+
+def _orphaned(holder: Mapping) -> bool:
+    """A holding actor whose controller (on this host) is gone."""
+    controller = holder.get("controller") or {}
+    return bool(controller.get("pid")) and not _alive(controller) and _alive(holder)
+
+
+def _end(holder: Mapping) -> None:
+    """SIGKILL an orphaned actor (its server dies with it: PR_SET_PDEATHSIG), then wait."""
+    pid = int(holder["pid"])
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        return
+    deadline = time.monotonic() + 5
+    while _alive(holder) and time.monotonic() < deadline:
+        time.sleep(0.05)
