@@ -70,7 +70,8 @@ def own_session() -> None:
 
 def probe(address: str, timeout_s: float) -> None:
     """Refuse, in one line, an address where nothing accepts a connection."""
-    host, sep, port = address.strip().rpartition(":")
+    hostport = address.strip().split("://", 1)[-1].split("/", 1)[0]  # ray://HOST:PORT too
+    host, sep, port = hostport.rpartition(":")
     if not sep or not port.isdigit() or not host:
         raise UserError(f"cluster.address {address!r} is not HOST:PORT")
     try:

@@ -47,6 +47,7 @@ def create_run(cfg: DictConfig) -> tuple[Path, RunStore]:
         raise UserError(f"run directory {run_dir} already exists")
     cfg.run_id = run_id
     cfg.runs_dir = str(root)
+    made_root = not root.exists()
     try:
         root.mkdir(parents=True, exist_ok=True)
         run_dir.mkdir()
@@ -63,6 +64,7 @@ def create_run(cfg: DictConfig) -> tuple[Path, RunStore]:
             raise DiskFull(f"no space left on device under {root}: free some space") from exc
         raise
     store.fresh = True
+    store.made_root = made_root
     return run_dir, store
 
 
@@ -119,6 +121,11 @@ def running(store: RunStore, run_dir: Path, out) -> Iterator[RunState]:
         if fresh and store.on_first_trial is not None:  # refused before anything ran
             store.close()
             shutil.rmtree(run_dir, ignore_errors=True)
+            if store.made_root:
+                try:
+                    run_dir.parent.rmdir()  # runs_dir itself, when this run made it
+                except OSError:
+                    pass  # not empty: another run (or the caches) lives there
             state.status = ""
             raise
         if isinstance(exc, KeyboardInterrupt):

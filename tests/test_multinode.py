@@ -257,16 +257,19 @@ def test_losing_a_ray_node_mid_bisect_retries_its_trial_and_a_node_that_returns_
                 cwd=ROOT, env=cluster.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                 text=True, start_new_session=True)
             deadline = time.monotonic() + 240
-            while True:  # until a few trials are done and one runs on each node
+            seen: set[int] = set()
+            while True:  # until a few trials are done and another has just begun
                 rows = _finished(db)
                 done = {r.id: r.outcome for r in rows if r.finished}
-                running = [r for r in rows if not r.finished]
-                if len(done) >= 3 and running:
+                fresh = [r for r in rows if not r.finished and r.id not in seen]
+                if len(done) >= 3 and fresh and seen:
                     break
+                seen |= {r.id for r in rows}
                 assert time.monotonic() < deadline and proc.poll() is None, proc.communicate()
-                time.sleep(0.2)
-            victim = running[0]
+                time.sleep(0.1)
+            victim = fresh[0]  # its server has seconds of work ahead: lost mid-trial
             os.kill(cluster.raylet_of(victim.node.rsplit("-", 1)[1]), signal.SIGKILL)
+            killed_at = time.time()
             cluster.add_node()  # the machine comes back (a new Ray node id)
             out, err = proc.communicate(timeout=300)
         finally:
@@ -287,6 +290,11 @@ def test_losing_a_ray_node_mid_bisect_retries_its_trial_and_a_node_that_returns_
     assert again and again[0].node != victim.node  # retried on a live node
     nodes = {r.node for r in rows if r.outcome is Outcome.OK}
     assert len(nodes) == 3, nodes  # the two first nodes and the one that came back
+    first_nodes = {r.node for r in rows if r.id <= victim.id}
+    back = min(r.started_at for r in rows if r.node not in first_nodes and r.started_at)
+    print(f"node loss: noticed after {lost.ended_at - killed_at:.1f}s, trial running again"
+          f" after {again[0].started_at - killed_at:.1f}s, the returned node's first trial"
+          f" after {back - killed_at:.1f}s; {len(rows)} trials in all")
     assert "joined the run" in out
     # The user's repository: read-only, and nothing registered in it.
     assert git(scenario.repo, "worktree", "list", "--porcelain") == worktrees_before

@@ -102,6 +102,7 @@ class RunStore:
         self.space_exhausted = False
         # True for a store this process created (`rundir.create_run`), not for a resumed one.
         self.fresh = False
+        self.made_root = False  # and made runs_dir for it (removed too if the run is refused)
         # Called once, just after the first trial row is written (the run directory is then
         # announced: see `rundir.running`).
         self.on_first_trial: Callable[[], None] | None = None
