@@ -236,11 +236,11 @@ def tiny_disk(tmp_path):
 
 
 def _fill(path: Path) -> None:
-    with open(path, "wb") as f:
+    """Write `path` until the disk is full (unbuffered: nothing is left to flush at close)."""
+    with open(path, "wb", buffering=0) as f:
         try:
             while True:
                 f.write(b"\0" * (1 << 16))
-                f.flush()
         except OSError:
             pass
 

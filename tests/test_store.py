@@ -151,11 +151,10 @@ def test_a_full_disk_still_keeps_the_trial_that_just_finished(tiny_disk):
     store = _store(tiny_disk)
     store.ensure_reserve()
     tid = store.begin_trial(store.candidate_id(Candidate.make("b" * 40)), node="local-0")
-    with open(tiny_disk / "filler", "wb") as f:  # someone else fills the disk
+    with open(tiny_disk / "filler", "wb", buffering=0) as f:  # someone else fills the disk
         try:
             while True:
                 f.write(b"\0" * 65536)
-                f.flush()
         except OSError:
             pass
     store.finish_trial(tid, TrialResult(  # a large result: it needs the reserve to fit
