@@ -6,11 +6,14 @@ Exit codes (DESIGN.md): 0 done, 1 failure, 2 bad input (one line on stderr, noth
 
 from __future__ import annotations
 
+import errno
 import importlib
+import signal
 import sys
 from collections.abc import Sequence
 
 from orchestrator.errors import SleuthError, UserError
+from orchestrator.safe_text import printable
 
 COMMANDS = {
     "trial": "run one isolated, measured trial of a candidate",
@@ -97,12 +100,20 @@ def main(argv: Sequence[str] | None = None) -> None:
     try:
         code = run(sys.argv[1:] if argv is None else argv)
     except SleuthError as exc:
-        msg = " ".join(str(exc).split())
+        msg = " ".join(printable(str(exc)).split())
         print(f"sleuth: error: {msg}", file=sys.stderr)
         code = exc.exit_code
     except KeyboardInterrupt:
+        # Another Ctrl-C while the interpreter winds down (Ray's exit hooks) would kill it by
+        # the signal instead of exiting 130: the user has been heard, ignore the rest.
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
         print("sleuth: interrupted", file=sys.stderr)
         code = 130
+    except OSError as exc:
+        if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
+            raise
+        print(f"sleuth: error: no space left on device: {printable(str(exc))}", file=sys.stderr)
+        code = 1
     sys.exit(code)
 
 

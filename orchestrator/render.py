@@ -1,4 +1,9 @@
-"""Terminal rendering (rich). Computation lives elsewhere; this only lays numbers out."""
+"""Terminal rendering (rich). Computation lives elsewhere; this only lays numbers out.
+
+Everything printed may hold repository text (commit subjects, patch names, server log lines):
+the console and the tables here pass it through `safe_text.printable`, so no terminal escape
+from a commit message reaches the user's terminal.
+"""
 
 from __future__ import annotations
 
@@ -10,6 +15,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from orchestrator.safe_text import printable
 from orchestrator.store import TrialRow
 from orchestrator.strategies.base import probability_text
 
@@ -43,7 +49,9 @@ def trial_table(row: TrialRow) -> Table:
     """One row per repetition plus the trial mean, for the metrics the trial measured."""
     result = row.result
     present = [c for c in TRIAL_COLUMNS if result and result.values(c[0])]
-    table = Table(title=f"trial {row.id} · {row.candidate.label} · {row.outcome.value if row.outcome else 'running'}")
+    table = Table(title=printable(f"trial {row.id} · {row.candidate.label} · "
+                                  f"{row.outcome.value if row.outcome else 'running'}",
+                                  newlines=False))
     table.add_column("rep", justify="right")
     for _, title, _ in present:
         table.add_column(title, justify="right")
@@ -61,9 +69,9 @@ def trials_summary(rows: Sequence[TrialRow]) -> Table:
         table.add_column(col)
     for r in rows:
         secs = (r.ended_at - r.started_at) if r.ended_at and r.started_at else None
-        table.add_row(str(r.id), r.node, r.phase, r.candidate.label,
+        table.add_row(str(r.id), r.node, r.phase, printable(r.candidate.label, newlines=False),
                       r.outcome.value if r.outcome else "running",
-                      _fmt("{:.1f}", secs), (r.detail or "")[:80])
+                      _fmt("{:.1f}", secs), printable(r.detail or "", newlines=False)[:80])
     return table
 
 
@@ -72,13 +80,24 @@ def mean_of(rows: Sequence[TrialRow], metric: str) -> float | None:
     return statistics.fmean(vals) if vals else None
 
 
+class SafeConsole(Console):
+    """A rich console whose plain-string arguments lose their control characters first.
+
+    Rich renders a string as text, but passes ESC and most C0 bytes through to the terminal;
+    strings printed here often quote repository text (an event line naming a patch, a
+    verdict naming a commit). Renderables (tables, panels) are built from cleaned cells."""
+
+    def print(self, *objects, **kwargs) -> None:  # type: ignore[override]
+        super().print(*(printable(o) if isinstance(o, str) else o for o in objects), **kwargs)
+
+
 def console() -> Console:
     """Rich on a terminal; wide plain tables when output goes to a file or pipe."""
     import sys
 
     # markup=False: commit subjects and server output are printed as text, never interpreted.
-    return Console(highlight=False, soft_wrap=False, markup=False,
-                   width=None if sys.stdout.isatty() else 160)
+    return SafeConsole(highlight=False, soft_wrap=False, markup=False,
+                       width=None if sys.stdout.isatty() else 160)
 
 
 def finding_id(finding: dict, width: int = 40) -> str:
@@ -99,7 +118,7 @@ def findings_table(doc: dict, max_without_probability: int = 5) -> Table | Text:
     metric = doc.get("metric", "")
     title = f"findings · {doc.get('experiment')} · {doc.get('verdict')}"
     if not doc.get("findings"):
-        return Text(f"{title}: none")
+        return Text(printable(f"{title}: none"))
     table = Table(title=title)
     for col in ("rank", "kind", "id", "probability", f"{metric} effect", "phase", "summary"):
         table.add_column(col)
@@ -111,9 +130,9 @@ def findings_table(doc: dict, max_without_probability: int = 5) -> Table | Text:
         e = f.get("effect", {}).get(metric)
         eff = f"{e['pct']:+.1f}% [{e['ci'][0]:+.1f}, {e['ci'][1]:+.1f}]" if e else "-"
         prob = f.get("probability")
-        table.add_row(str(f["rank"]), f["kind"], finding_id(f),
+        table.add_row(str(f["rank"]), f["kind"], printable(finding_id(f), newlines=False),
                       "-" if prob is None else probability(prob), eff, f.get("phase") or "-",
-                      f.get("summary", ""))
+                      printable(f.get("summary", ""), newlines=False))
     hidden = len(others) - max(0, max_without_probability)
     if hidden > 0:
         table.add_row("", "", "", "", "", "", f"... {hidden} more untested difference(s) in"

@@ -294,3 +294,73 @@ def test_command_target_trial_leaves_no_credential_under_the_run(tmp_path, ray_s
     written = b"".join(p.read_bytes() for p in (tmp_path / "runs" / "c").rglob("*") if p.is_file())
     assert secret.encode() not in written
     assert b"using <redacted>" in written  # the log line is kept, the value is not
+# --------------------------------------------------------------- terminal escapes
+
+HOSTILE = "retitle\x1b]0;pwned\x07 \x1b[31mred\x1b[0m over\rwrite\x08 \x9b2J bidi\u202eexe"
+CONTROLS = [chr(c) for c in (*range(0x00, 0x09), *range(0x0b, 0x20), *range(0x7f, 0xa0))]
+
+
+def _clean(text: str) -> bool:
+    return not any(c in text for c in CONTROLS) and "\u202e" not in text
+
+
+def test_printable_drops_whole_escape_sequences():
+    from orchestrator.safe_text import printable
+
+    assert printable(HOSTILE) == "retitle red overwrite  bidiexe"
+    assert printable("line one\r\nline two\ttab") == "line one\nline two\ttab"
+    assert printable("a\nb", newlines=False) == "a b"
+    assert printable("plain subject") == "plain subject"
+
+
+def test_commit_text_is_cleaned_where_it_enters(tmp_path):
+    from tests.conftest import git
+
+    repo = tmp_path / "repo"
+    make_sim_repo(repo, [{}])
+    (repo / "f.txt").write_text("x")
+    git(repo, "add", "-A")
+    subprocess.run(["git", "-c", "user.name=Mallory\x1b[8m", "-c", "user.email=m@example.com",
+                    "commit", "-q", "-m", HOSTILE], cwd=repo, check=True)
+    from orchestrator.workspace import Workspace
+
+    (commit,) = Workspace(repo, tmp_path / "cache").commits_between("HEAD~1", "HEAD")[1:]
+    assert commit.subject == "retitle red overwrite  bidiexe"
+    assert _clean(commit.author) and "Mallory" in commit.author
+
+
+def test_no_escape_from_repository_text_reaches_the_terminal_or_a_report(
+        tmp_path, capsys, monkeypatch):
+    from tests import test_report_render
+
+    monkeypatch.setattr(test_report_render, "EVIL", HOSTILE)
+    run = test_report_render.build_bisect_run(tmp_path / "runs", run_id="evil")
+    with pytest.raises(SystemExit) as exc:
+        main(["report", str(run["run_dir"])])
+    assert exc.value.code == 0
+    printed = capsys.readouterr().out
+    assert "retitle red" in printed  # the subject is shown, its escapes are not
+    assert _clean(printed.replace("\n", "")), repr(printed)
+    for name in ("report.md", "report.html"):
+        text = (run["run_dir"] / name).read_text()
+        assert "retitle red" in text and _clean(text.replace("\n", "")), name
+
+
+def test_a_hostile_ref_is_not_echoed_raw_in_the_error_line(tmp_path, capsys):
+    repo = tmp_path / "repo"
+    make_sim_repo(repo, [{}])
+    with pytest.raises(SystemExit) as exc:
+        main(["trial", f"repo={repo}", f"runs_dir={tmp_path / 'runs'}", "commit='x\x1b]0;t\x07y'"])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and _clean(err.rstrip("\n"))
+    assert "x\\x1b]0;t\\x07y" in err  # shown, escaped, rather than sent to the terminal
+
+
+def test_server_log_tails_are_cleaned(tmp_path):
+    from orchestrator.runner.trial import last_lines, log_tail
+
+    log = tmp_path / "server.log"
+    log.write_bytes(b"starting\n\x1b[2J\x1b]0;owned\x07fatal: \x1b[31mCUDA error\x1b[0m\r\n")
+    assert _clean(log_tail(log).replace("\n", ""))
+    assert last_lines(log) == "starting | fatal: CUDA error"

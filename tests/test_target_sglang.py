@@ -24,6 +24,7 @@ from orchestrator.bench.sglang_log import log_metrics, parse_decode
 from orchestrator.cli import run as cli_run
 from orchestrator.commands import bisect
 from orchestrator.config.compose import compose_config
+from orchestrator.errors import UserError
 from orchestrator.records import Outcome
 from orchestrator.store import RunStore
 from orchestrator.targets import sglang_versions as v
@@ -345,7 +346,8 @@ def test_preflight_against_the_sim_help(tmp_path):
     assert "0.5.20" in unknown.preflight() and "0.5.9 and 0.5.23" in unknown.preflight()
     unset = _target(tmp_path)
     assert "target.model_path" in unset.preflight()
-    assert "sglang or sim" in _target(tmp_path, "launcher=vllm").preflight()
+    with pytest.raises(UserError, match="launcher must be one of sglang, sim"):
+        _target(tmp_path, "launcher=vllm")  # refused when the configuration is composed
 
 
 def test_features_without_preflight_come_from_the_installed_version(tmp_path):

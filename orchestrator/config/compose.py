@@ -14,6 +14,7 @@ from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
 from omegaconf import DictConfig, OmegaConf
 
+from orchestrator.config.checks import check_values
 from orchestrator.config.schema import register
 from orchestrator.errors import UserError
 
@@ -129,6 +130,7 @@ def compose_config(
         OmegaConf.to_container(cfg, resolve=True, throw_on_missing=True)
     except Exception as exc:
         raise UserError(f"bad configuration: {_first_line(exc)}") from exc
+    check_values(cfg)  # numbers and names, once, for every command
     return cfg
 
 

@@ -17,6 +17,7 @@ from collections.abc import Sequence
 from orchestrator.report import tables as T
 from orchestrator.report.collect import RunData
 from orchestrator.report.plots import Plot
+from orchestrator.safe_text import printable
 
 CSP = "default-src 'none'; img-src data:; style-src 'unsafe-inline'"
 
@@ -38,7 +39,7 @@ pre { background: #f5f5f5; padding: 8px; overflow-x: auto; font-size: 12px; }
 
 
 def esc(text: object) -> str:
-    return html.escape(str(text), quote=True)
+    return html.escape(printable(text), quote=True)
 
 
 def html_table(table: T.TextTable, highlight_first: bool = False) -> str:

@@ -2,7 +2,8 @@
 
 Every cell is untrusted text (a commit subject may hold `|`, `*`, `<script>` or a newline), so
 each is escaped: HTML-significant characters as entities, Markdown punctuation with a
-backslash, line breaks folded to spaces. A table cell can therefore neither split the table,
+backslash, line breaks folded to spaces, and control characters (a terminal escape in a commit
+message) dropped. A table cell can therefore neither split the table,
 nor format text, nor become HTML in a renderer that passes HTML through.
 """
 
@@ -14,12 +15,13 @@ from collections.abc import Sequence
 from orchestrator.report import tables as T
 from orchestrator.report.collect import RunData
 from orchestrator.report.plots import Plot
+from orchestrator.safe_text import printable
 
 _MD_PUNCT = re.compile(r"([\\`*_{}\[\]()#+!|~])")
 
 
 def md_escape(text: object) -> str:
-    s = " ".join(str(text).split())
+    s = " ".join(printable(text).split())
     s = s.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
     return _MD_PUNCT.sub(r"\\\1", s)
 
