@@ -28,6 +28,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from orchestrator.errors import DiskFull
 from orchestrator.node_pool import NodePool, first_line
+from orchestrator.packages import plan as packages
 from orchestrator.ray_cluster import (
     NODE_RESOURCE,
     loopback_only,
@@ -103,6 +104,7 @@ class Controller:
         cache = cfg.get("cache") or {}
         gb = cache.get("max_gb") if hasattr(cache, "get") else None
         self._cache_max_bytes = int(float(gb) * 2**30) if gb else None
+        self._overlays = packages.settings(cfg).to_json()  # where pinned packages are built
 
     # -- lifecycle -----------------------------------------------------------------------------
     def __enter__(self) -> Controller:
@@ -246,6 +248,7 @@ class Controller:
             warmup_requests=int(self.cfg.bench.warmup_requests),
             phase=phase,
             cache_max_bytes=self._cache_max_bytes,
+            extra={"packages": self._overlays},
         )
         ref = self._actors[node].run.remote(spec)
         inflight = _InFlight(trial_id, candidate, cand_id, node, phase, attempt, ref, time.time(),

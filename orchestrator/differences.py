@@ -1,18 +1,19 @@
 """The differences between two candidate specs, as factors an isolating strategy can toggle.
 
 A *spec* is a candidate description with each part optional: `commit`, `patches`, `env`,
-`clock`, `server`. A commit, clock or server setting left out on one side is the same as on the
-other side; patches and env variables are what that side lists (none listed: no patches, no
-override), so `good.env.NCCL_PROTO=LL128 bad.patches=[a.patch]` means "bad lacks the variable
-and has the patch". Each difference can be applied to the good spec on its own; applying all of
-them gives the bad spec.
+`clock`, `server`, `packages`. A commit, clock or server setting left out on one side is the
+same as on the other side; patches, env variables and package pins are what that side lists
+(none listed: no patches, no override, the node's own packages), so `good.env.NCCL_PROTO=LL128
+bad.patches=[a.patch] bad.packages=[flashinfer-python==0.2.3]` means "bad lacks the variable,
+has the patch and runs flashinfer 0.2.3 over the node's packages". Each difference can be
+applied to the good spec on its own; applying all of them gives the bad spec.
 
 **One change, one factor level.** A change sets one key of one *factor kind* (a commit, a
 patch, an env variable, one clock policy part such as the power limit or the SM clock lock, a
-server setting) to its good or its bad level; a level of None means "not set by the candidate:
-as the node (or the target config) has it". Every kind is a small :class:`FactorKind` that
-reads and writes its level in a spec and in a candidate, so a new controllable kind (package
-versions) is one class in :data:`KINDS` and one part of :class:`~orchestrator.records.Candidate`.
+server setting, one package's version) to its good or its bad level; a level of None means
+"not set by the candidate: as the node (or the target config) has it". Every kind is a small :class:`FactorKind` that
+reads and writes its level in a spec and in a candidate: package versions are the
+:class:`_Package` kind and the `packages` part of :class:`~orchestrator.records.Candidate`.
 """
 
 from __future__ import annotations
@@ -27,13 +28,15 @@ from orchestrator.fingerprint_diff import SESSION_ENV as SESSION_ENV
 from orchestrator.fingerprint_diff import Difference as SystemDifference
 from orchestrator.fingerprint_diff import is_session_env
 from orchestrator.gpu.base import CLOCK_PARTS, format_parts, parse_parts
+from orchestrator.packages.pins import pins_of
 from orchestrator.records import Candidate
 from orchestrator.redact import is_redacted, is_secret_name, secret_in_value
 from orchestrator.targets.base import UNSET
 
-PARTS = ("commit", "patches", "env", "clock", "server")
+PARTS = ("commit", "patches", "env", "clock", "server", "packages")
 Spec = dict  # {"commit": str, "patches": [path], "env": {var: value}, "clock": {part: value},
-#             "server": {setting: value}}: every part present (see `normalize`)
+#             "server": {setting: value}, "packages": {name: version}}: every part present
+#             (see `normalize`)
 
 _CLOCK_NAMES = {"power": ("power limit", " W"), "locked": ("SM clock lock", " MHz"),
                 "mem_locked": ("memory clock lock", " MHz"),
@@ -197,8 +200,38 @@ class _Server(FactorKind):
         return list(spec["server"])
 
 
+class _Package(FactorKind):
+    """One distribution's version, installed over the node's for the trial (an overlay);
+    None: the node's own (an overlay can replace a package, never remove one)."""
+
+    name, finding_kind = "package", "package"
+
+    def get(self, spec, key):
+        return spec["packages"].get(key)
+
+    def set(self, spec, key, level):
+        if level is None:
+            spec["packages"].pop(key, None)
+        else:
+            spec["packages"][key] = str(level)
+
+    def of_candidate(self, cand, key):
+        return cand.package_dict.get(key)
+
+    def keys(self, spec):
+        return list(spec["packages"])
+
+    def show(self, key, level):
+        return "as the node has it" if level is None else str(level)
+
+    def check(self, key, level):
+        super().check(key, level)
+        if level is not None:
+            pins_of({key: level})
+
+
 KINDS: dict[str, FactorKind] = {k.name: k for k in (_Commit(), _Patch(), _Env(), _Clock(),
-                                                    _Server())}
+                                                    _Server(), _Package())}
 
 
 @dataclass(frozen=True)
@@ -266,7 +299,8 @@ def normalize(raw: Mapping | None) -> Spec:
             "env": {str(k): str(v) for k, v in dict(raw.get("env") or {}).items()
                     if v is not None},
             "clock": dict(clock) if isinstance(clock, Mapping) else parse_parts(str(clock)),
-            "server": dict(raw.get("server") or {})}
+            "server": dict(raw.get("server") or {}),
+            "packages": pins_of(raw.get("packages"))}
 
 
 def changes_between(good_raw: Mapping | None, bad_raw: Mapping | None) -> tuple[Spec, list[Change]]:
@@ -288,7 +322,7 @@ def changes_between(good_raw: Mapping | None, bad_raw: Mapping | None) -> tuple[
         if kind.name == "patch":  # added ones first, as a patch series reads
             keys = [k for k in kind.keys(bad) if k not in good["patches"]] + \
                    [k for k in kind.keys(good) if k not in bad["patches"]]
-        if kind.name in ("env", "server"):
+        if kind.name in ("env", "server", "package"):
             keys = sorted(keys)
         elif kind.name == "clock":
             keys = sorted(keys, key=CLOCK_PARTS.index)
@@ -340,7 +374,8 @@ def candidate_of(spec: Spec, resolve: Callable[[str], str]) -> Candidate:
             raise SleuthError(f"a candidate would be launched with a redacted value ({level})")
     return Candidate.make(resolve(str(spec["commit"])), sorted(spec["patches"]),
                           {k: str(v) for k, v in spec["env"].items()},
-                          format_parts(spec["clock"]), spec["server"] or None)
+                          format_parts(spec["clock"]), spec["server"] or None,
+                          spec["packages"])
 
 
 def level_of(change: Change, cand: Candidate, resolve: Callable[[str], str]) -> bool:

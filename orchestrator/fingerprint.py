@@ -137,6 +137,15 @@ def all_packages() -> dict[str, str]:
     return dict(sorted(out.items()))
 
 
+def package_fields(pkgs: Mapping[str, str]) -> dict:
+    """`packages`, `pip_freeze_sha256` and `key_versions` of a fingerprint, from the versions
+    the server runs with (the node's, or what an overlay replaced them with)."""
+    freeze = "\n".join(f"{k}=={v}" for k, v in sorted(pkgs.items()))
+    return {"packages": {k: pkgs[k] for k in sorted(pkgs)},
+            "pip_freeze_sha256": hashlib.sha256(freeze.encode()).hexdigest(),
+            "key_versions": {k: pkgs.get(k) for k in PACKAGES if pkgs.get(k)}}
+
+
 def _read(path: str) -> str | None:
     try:
         return Path(path).read_text().strip()
@@ -171,11 +180,7 @@ def collect(
     fp = basic(commit=commit, patches=patches, requested_env=requested_env,
                server_env=server_env, node=node)
     fp["git"]["dirty_diff"] = dirty_diff
-    pkgs = dict(packages) if packages is not None else all_packages()
-    freeze = "\n".join(f"{k}=={v}" for k, v in sorted(pkgs.items()))
-    fp["packages"] = {k: pkgs[k] for k in sorted(pkgs)}
-    fp["pip_freeze_sha256"] = hashlib.sha256(freeze.encode()).hexdigest()
-    fp["key_versions"] = {k: pkgs.get(k) for k in PACKAGES if pkgs.get(k)}
+    fp.update(package_fields(dict(packages) if packages is not None else all_packages()))
     fp["host"].update(system_info())
     fp["clock_policy"] = clock
     fp["gpu"] = dict(gpu or {})

@@ -15,6 +15,7 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from orchestrator.packages.pins import canonical
 from orchestrator.redact import is_redacted
 from orchestrator.targets.base import UNSET
 
@@ -209,6 +210,31 @@ def _env_diffs(ref: Mapping, now: Mapping) -> list[Difference]:
     return out
 
 
+# sleuth's own distribution: an overlay of it would replace the tool, not the server.
+_NOT_OVERLAID = frozenset({"sleuth"})
+
+
+def _package_diffs(ref: Mapping, now: Mapping) -> list[Difference]:
+    """Installed versions then and now. A package the reference had is controllable: an
+    overlay (`orchestrator/packages`) installs its reference version over the node's for a
+    trial. One installed only since cannot be taken away by an overlay."""
+    out = []
+    for name in sorted(set(ref) | set(now)):
+        a, b = ref.get(name), now.get(name)
+        if a == b:
+            continue
+        category = "nccl" if "nccl" in name else "package"
+        if a is None:
+            out.append(Difference(category, name, a, b, "installed since the reference: an"
+                                  " overlay can replace a package, not remove one"))
+        elif name in _NOT_OVERLAID or is_redacted(a):
+            out.append(Difference(category, name, a, b))
+        else:
+            out.append(Difference(category, name, a, b, "", True,
+                                  ("package", canonical(name), str(a))))
+    return out
+
+
 def diff(ref: Mapping, now: Mapping) -> list[Difference]:
     """Differences between a reference fingerprint and a current one, most plausible first."""
     out: list[Difference] = []
@@ -218,11 +244,7 @@ def diff(ref: Mapping, now: Mapping) -> list[Difference]:
         if rg.get(key) != ng.get(key):
             out.append(Difference(category, key, rg.get(key), ng.get(key)))
     out += _gpu_field_diffs(rg, ng)
-    rp, np_ = ref.get("packages", {}) or {}, now.get("packages", {}) or {}
-    for name in sorted(set(rp) | set(np_)):
-        if rp.get(name) != np_.get(name):
-            category = "nccl" if "nccl" in name else "package"
-            out.append(Difference(category, name, rp.get(name), np_.get(name)))
+    out += _package_diffs(ref.get("packages", {}) or {}, now.get("packages", {}) or {})
     out += _env_diffs(ref, now)
     rh, nh = ref.get("host", {}) or {}, now.get("host", {}) or {}
     for key in ("kernel", "boot_id", "hostname"):

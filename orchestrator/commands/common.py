@@ -12,6 +12,7 @@ from orchestrator.errors import UserError
 from orchestrator.fingerprint import is_secret
 from orchestrator.gpu.base import ClockPolicy
 from orchestrator.metrics import regression_direction
+from orchestrator.packages import plan as packages
 from orchestrator.records import Candidate
 from orchestrator.redact import secret_in_value
 from orchestrator.rundir import runs_root
@@ -46,6 +47,7 @@ def check_common(cfg: DictConfig) -> None:
                                 " of passing it in the configuration (sleuth stores configs)")
         check_env(env)
     ClockPolicy.parse(str(cfg.clock))
+    packages.check_settings(cfg)
     regression_direction(str(cfg.metric), str(cfg.direction))
     root = runs_root(cfg)
     probe = root if root.exists() else next((p for p in root.parents if p.exists()), root)
@@ -54,7 +56,8 @@ def check_common(cfg: DictConfig) -> None:
 
 
 def candidate(cfg: DictConfig, ws: Workspace) -> Candidate:
-    """The candidate described by commit / patches / env / clock, with refs resolved to SHAs."""
+    """The candidate described by commit / patches / env / clock / packages, with refs resolved
+    to SHAs; a pin pip cannot install is refused here, before anything is written."""
     sha = ws.resolve(str(cfg.commit))
     patches = []
     for p in cfg.patches:
@@ -62,7 +65,10 @@ def candidate(cfg: DictConfig, ws: Workspace) -> Candidate:
         if not path.is_file():
             raise UserError(f"patch file not found: {p}")
         patches.append(str(path))
-    cand = Candidate.make(sha, patches, {str(k): str(v) for k, v in cfg.env.items()}, cfg.clock)
+    pins = packages.fixed_pins(cfg)
+    cand = Candidate.make(sha, patches, {str(k): str(v) for k, v in cfg.env.items()}, cfg.clock,
+                          packages=pins)
     if patches:
         ws.checkout(sha, patches)  # proves the patches apply before anything is written
+    packages.require(cfg, pins)
     return cand

@@ -26,6 +26,8 @@ from orchestrator.errors import UserError
 from orchestrator.fingerprint import relevant_env
 from orchestrator.fingerprint_diff import Difference, diff
 from orchestrator.metrics import EFFECT_METRICS, check_metric
+from orchestrator.packages import plan as packages
+from orchestrator.packages.pins import pin_list
 from orchestrator.progress import Progress
 from orchestrator.records import Candidate
 from orchestrator.redact import is_redacted, redact_config
@@ -102,6 +104,10 @@ def adopt_reference_config(cfg: DictConfig, ref: dict, resolve=None) -> list[str
         conflicts.append(f"env {env} (the reference ran {cand.env_dict or 'none'})")
     if list(cfg.patches):
         conflicts.append("patches= (the reference's own patches are re-applied)")
+    pins = packages.fixed_pins(cfg)
+    if pins and pins != cand.package_dict:
+        ran = ", ".join(cand.packages) or "the node's own packages"
+        conflicts.append(f"packages=[{', '.join(pin_list(pins))}] (the reference ran {ran})")
     config = ref.get("config") or {}
     adopted: list[str] = []
     for part in ("target", "bench"):
@@ -210,6 +216,7 @@ def run(cfg: DictConfig) -> int:
     ref_values = ref["values"].get(metric, [])
     if not ref_values:
         raise UserError(f"the reference has no measured {metric} value")
+    packages.require(cfg, cand.package_dict)  # the reference's own pins, built again if need be
     run_dir, store = create_run(cfg)
     out = render.console()
     with running(store, run_dir, out) as run:

@@ -4,12 +4,14 @@
                    bad.patches=[a.patch,b.patch] bad.clock=power:300 [metric=verify_ms]
     sleuth isolate reference=RUN [metric=verify_ms]
 
-With explicit specs, each part (commit, patches, env, clock, server) left out on one side is
-the same as on the other. With `reference=RUN`, the reference's whole configuration is
-re-measured now (`compare`); if the result no longer reproduces, the controllable differences
-of the fingerprint diff (each clock setting on its own, environment variables of the server
-process) become the differences to test, the reference side set per trial and the "now" side
-being the node as it is. A difference the record cannot restore (a redacted value) is listed,
+With explicit specs, each part (commit, clock, server) left out on one side is the same as on
+the other; patches, env variables and package pins are what each side lists (`packages=[...]`
+pins both sides, each side's own pins win). With `reference=RUN`, the reference's whole
+configuration is re-measured now (`compare`); if the result no longer reproduces, the
+controllable differences of the fingerprint diff (each clock setting on its own, environment
+variables of the server process, package versions when a package source is given) become the
+differences to test, the reference side set per trial and the "now" side being the node as it
+is. A difference the record cannot restore (a redacted value) is listed,
 never tested; a patch that does not apply is bad input before anything is written. Each test is a
 set of repeated, interleaved restarts with a statistical decision (noisy delta debugging, see
 `orchestrator/strategies/isolate.py`).
@@ -39,7 +41,9 @@ from orchestrator.differences import (
 from orchestrator.drive import drive, unreported
 from orchestrator.errors import SleuthError, UserError
 from orchestrator.fingerprint_diff import NOT_FROM_RECORD, Difference
-from orchestrator.metrics import check_metric, regression_direction
+from orchestrator.metrics import EFFECT_METRICS, check_metric, regression_direction
+from orchestrator.packages import plan as packages
+from orchestrator.packages.pins import pins_of
 from orchestrator.progress import Progress
 from orchestrator.records import Candidate
 from orchestrator.rundir import create_run, running
@@ -110,6 +114,7 @@ def _check_changes(cfg: DictConfig, ws, good: dict, bad: dict, changes: list[Cha
         sha = ws.resolve(str(side.get("commit", "HEAD")))
         if side.get("patches"):
             ws.checkout(sha, list(side["patches"]))
+    packages.require(cfg, good["packages"], bad["packages"])
 
 
 def _best(verdict: Verdict) -> tuple[str | None, float | None]:
@@ -171,12 +176,14 @@ def execute(cfg: DictConfig, ctl: Controller, run_dir: Path, good: dict, changes
                     on_system_change=lambda c: say(c.warning))
     rows = ctl.store.trials()
     good_key = points.candidate(0).key
+    # The run's own metric too (a command target's `value` is none of the SGLang metrics).
+    measured = (*EFFECT_METRICS, *([metric] if metric not in EFFECT_METRICS else []))
     items = []
     for culprit in sorted(verdict.culprits, key=lambda c: -c.probability):
         subset = frozenset(culprit.differences)
         with_key = points.candidate(strategy.point_of(subset)).key
-        effects = _qualified(findings.effects_between(rows, good_key, with_key), metric, rows,
-                             (good_key, with_key))
+        effects = _qualified(findings.effects_between(rows, good_key, with_key, measured),
+                             metric, rows, (good_key, with_key))
         first = changes[culprit.differences[0]]
         pair = len(culprit.differences) > 1
         items.append({
@@ -229,9 +236,13 @@ def isolate_system(cfg: DictConfig, ctl: Controller, run_dir: Path, ref: dict, c
     the run's one ranking does not list a tested difference twice."""
     diffs = differences_from_compare(cdoc)
     all_env = bool(cfg.experiment.params.get("all_env", False))
-    changes = changes_from_system(diffs, all_env=all_env)
+    changes, no_package = packages.testable(cfg, changes_from_system(diffs, all_env=all_env))
     untested = [d for d in diffs if not any(c.matches(d) for c in changes)]
-    aside = [d for d in untested if d.controllable]
+    if no_package:
+        out.print(f"package changes not tested ({len(no_package)}): "
+                  + "; ".join(f"{k}: {why.removeprefix('not tested: ')}"
+                              for k, why in list(no_package.items())[:6]))
+    aside = [d for d in untested if d.controllable and d.key not in no_package]
     if aside:
         out.print(f"set aside {len(aside)} shell/session variable(s), not tested"
                   f" (experiment.params.all_env=true tests them): "
@@ -249,6 +260,7 @@ def isolate_system(cfg: DictConfig, ctl: Controller, run_dir: Path, ref: dict, c
     for f in cdoc["findings"]:
         detail = f["difference"].get("detail", "")
         f["untested"] = (NOT_FROM_RECORD if NOT_FROM_RECORD in detail
+                         else no_package[f["id"]] if f["id"] in no_package
                          else "set aside: shell/session variable" if f["difference"]["controllable"]
                          else "not settable per trial")
     findings.write(run_dir, cdoc, "compare")
@@ -279,17 +291,28 @@ def _plan(cfg: DictConfig) -> tuple[dict | None, object, dict | None, list[Chang
         ws = common.workspace(cfg)
         ws.resolve(ref["candidate"].commit)
         ref["adopted"] = compare.adopt_reference_config(cfg, ref, ws.resolve)
+        packages.require(cfg, ref["candidate"].package_dict)
         return ref, ws, None, None
     for side in ("good", "bad"):  # saved absolute, so that a resume finds them from anywhere
         spec = _spec(cfg[side])
         if "patches" in spec:
             cfg[side]["patches"] = spec["patches"]
-    good, changes = changes_between(_spec(cfg.good), _spec(cfg.bad))
+    good, changes = changes_between(*_with_fixed_pins(cfg, _spec(cfg.good), _spec(cfg.bad)))
     if not changes:
         raise UserError("good and bad are the same configuration: nothing to isolate")
     ws = common.workspace(cfg)
-    _check_changes(cfg, ws, good, changes_between(_spec(cfg.bad), _spec(cfg.good))[0], changes)
+    bad = changes_between(*reversed(_with_fixed_pins(cfg, _spec(cfg.good), _spec(cfg.bad))))[0]
+    _check_changes(cfg, ws, good, bad, changes)
     return None, ws, good, changes
+
+
+def _with_fixed_pins(cfg: DictConfig, good: dict, bad: dict) -> tuple[dict, dict]:
+    """`packages=[...]` pins both sides; a side's own pin of the same package wins."""
+    fixed = packages.fixed_pins(cfg)
+    if not fixed:
+        return good, bad
+    return tuple({**side, "packages": {**fixed, **pins_of(side.get("packages"))}}
+                 for side in (good, bad))
 
 
 def refuse_redacted(cfg: DictConfig, name: str) -> None:

@@ -59,7 +59,28 @@ def _as_string(override: str) -> str:
 
 def _open_dict_overrides(overrides: list[str]) -> list[str]:
     return ["++" + (_as_string(o) if _ENV_KEY.match(o) else o) if _OPEN_DICT_KEY.match(o) else o
-            for o in overrides]
+            for o in map(_pins_override, overrides)]
+
+
+# Package pins (`packages=[flashinfer-python==0.2.3]`, `good.packages=[...]`): Hydra cannot
+# read `==` inside an unquoted list, so each pin is quoted; `packages=` itself names the pins of
+# the `packages` settings group (`packages.find_links=DIR` sits beside them).
+_PINS_KEY = re.compile(r"^(\+{0,2})((?:good|bad)\.packages|packages(?:\.pins)?)=(.*)$", re.S)
+
+
+def _pins_override(override: str) -> str:
+    m = _PINS_KEY.match(override)
+    if not m:
+        return override
+    prefix, key, value = m.groups()
+    value = value.strip()
+    items = value[1:-1] if value.startswith("[") and value.endswith("]") else value
+    quoted = []
+    for item in (i.strip() for i in items.split(",")):
+        if item:
+            quoted.append(item if item[0] in "'\"" else "'" + item.replace("'", "\\'") + "'")
+    key = "packages.pins" if key == "packages" else key
+    return f"{prefix}{key}=[{','.join(quoted)}]"
 
 
 def _check_syntax(overrides: list[str]) -> None:
@@ -106,6 +127,7 @@ def compose_config(
     if not CONF_DIR.is_dir():
         raise UserError(f"sleuth's config directory is missing: {CONF_DIR}")
     register()
+    overrides = [_pins_override(o) for o in overrides]
     _check_syntax(overrides)
     extra: list[str] = []
     if config_dir is not None:

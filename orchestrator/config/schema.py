@@ -185,6 +185,9 @@ class CommandTargetConf(TargetConf):
     server: str = ""  # optional; `{port}` is replaced by the trial's port
     ready_url: str = ""  # optional; default: ready when the port accepts connections
     shell: bool = False  # run the strings with /bin/sh -c instead of splitting them
+    # The interpreter of the project's code, for package overlays: empty = the first word of
+    # the server (or bench) command when it is a Python interpreter, else sleuth's own.
+    python: str = ""
     bench_timeout_s: float = ranged(600.0, gt=0)
     build_timeout_s: float = ranged(3600.0, gt=0)
 
@@ -235,6 +238,25 @@ class CacheConf:
     set), bounded: past `max_gb` the least recently used checkouts are removed."""
 
     max_gb: float = ranged(20.0, gt=0)
+
+
+@dataclass
+class PackagesConf:
+    """The `packages` factor's settings (see `orchestrator/packages`, docs/packages.md).
+
+    `pins` are installed over the node's packages for every candidate of the run (a bisect
+    under a fixed overlay): `packages=[flashinfer-python==0.2.3]` on the command line sets
+    them. Overlays are built with pip from `find_links` (a wheel directory: offline, unless
+    `index_url` is given too) or `index_url`, else from pip's own configuration; a system-level
+    isolate tests package changes only when one of the two is given."""
+
+    pins: list[str] = field(default_factory=list)
+    find_links: str = ""  # a directory of wheels (more: pip_args=[--find-links,DIR2])
+    index_url: str = ""
+    pip_args: list[str] = field(default_factory=list)
+    # Overlays under runs_dir/.cache/overlays; past this the least recently used are removed.
+    max_gb: float = ranged(20.0, gt=0)
+    timeout_s: float = ranged(1800.0, gt=0)
 
 
 @dataclass
@@ -317,6 +339,7 @@ class Config:
     cluster: ClusterConf = field(default_factory=ClusterConf)
     trial: TrialConf = field(default_factory=TrialConf)
     cache: CacheConf = field(default_factory=CacheConf)
+    packages: PackagesConf = field(default_factory=PackagesConf)
     experiment: ExperimentConf = field(default_factory=ExperimentConf)
 
 

@@ -24,6 +24,7 @@ from pathlib import Path
 from orchestrator import fingerprint
 from orchestrator.bench.client import BenchError
 from orchestrator.gpu.base import ClockPolicy, GpuControl
+from orchestrator.packages import trial as packages
 from orchestrator.records import Candidate, Measurement, Outcome, TrialResult, TrialState
 from orchestrator.redact import redact_argv, scrub, secret_values
 from orchestrator.runner.process import (
@@ -266,6 +267,7 @@ def run_trial(
     sampler: TelemetrySampler | None = None
     telemetry: dict = {}
     lease = None
+    overlays = None
     changed: list[str] = []
     no_space = False
     try:
@@ -287,12 +289,15 @@ def run_trial(
             if on_clock and clock_token is not None:
                 on_clock(clock_token)  # persisted, so a killed node still gets it restored
             gpu_snapshot = gpu.snapshot()
-        except Exception as exc:  # checkout, patch, build or clocks: cannot be tested
+            overlays = packages.lease(spec.extra, cand.package_dict, target.python_executable())
+        except Exception as exc:  # checkout, patch, build, clocks, overlays: cannot be tested
             if is_no_space(exc):
                 raise
             raise TrialFailure(Outcome.PREPARE_FAILED, f"{type(exc).__name__}: {exc}") from exc
 
         env = target.environment(cand.env_dict)
+        if overlays is not None:  # pinned packages first on PYTHONPATH / LD_LIBRARY_PATH
+            env = target.environment({**cand.env_dict, **overlays.variables(env)})
         if target.has_server:
             enter(TrialState.LAUNCHING)
             port = free_port(target.host)
@@ -325,6 +330,10 @@ def run_trial(
             if problems:
                 raise TrialFailure(Outcome.ENV_MISMATCH, "; ".join(problems[:5]))
         base_url = proc.base_url if proc is not None else ""
+        if overlays is not None:  # what the server really imported, before any measurement
+            problems = packages.verify(target, overlays, proc, base_url, env, worktree, fp)
+            if problems:
+                raise TrialFailure(Outcome.ENV_MISMATCH, "; ".join(problems[:5]))
 
         enter(TrialState.WARMING_UP)
         if spec.warmup_requests > 0:
@@ -385,6 +394,8 @@ def run_trial(
                 outcome = Outcome.ERROR if outcome is Outcome.OK else outcome
         if lease is not None:
             lease.__exit__(None, None, None)
+        if overlays is not None:
+            overlays.release()
         enter(TrialState.DONE)
     if outcome is not Outcome.OK and outcome is not Outcome.INTERRUPTED and not no_space:
         free = _free_bytes(trial_dir if trial_dir.exists() else trial_dir.parent)

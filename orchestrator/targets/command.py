@@ -27,9 +27,11 @@ import json
 import math
 import os
 import shlex
+import shutil
 import signal
 import socket
 import subprocess
+import sys
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -173,6 +175,25 @@ class CommandTarget(Target):
             except ValueError as exc:
                 return f"target.{key} cannot be split into arguments ({exc}): {text!r}"
         return None
+
+    def python_executable(self) -> str:
+        """`target.python`, else the first word of the server (or bench) command when it is a
+        Python interpreter (found on the trial's PATH), else sleuth's own: package overlays
+        are built for it."""
+        from orchestrator.packages.probe import python_invocation
+
+        if self.conf.get("python"):
+            return str(self.conf["python"])
+        text = str(self.conf.get("server") or self.conf.get("bench") or "")
+        try:
+            invocation = python_invocation(self.argv(self._fill(text, port=0)), ".")
+        except ValueError:
+            invocation = None
+        if invocation is not None:
+            found = shutil.which(invocation[0][0], path=(self._trial_env or os.environ).get("PATH"))
+            if found:
+                return found
+        return sys.executable
 
     def command(self, worktree: Path, port: int) -> list[str]:
         """The server's argv; without a server, the benchmark's (for the trial's record)."""

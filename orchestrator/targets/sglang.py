@@ -180,7 +180,9 @@ class SglangTarget(Target):
                   "sglang-version": c.get("sglang_version"),
                   "noise-restart-cv": c.get("noise_restart_cv"),
                   "noise-request-cv": c.get("noise_request_cv"), "seed": c.get("seed"),
-                  "fault": c.get("fault"), "gpu-state": self.gpu_state_path}
+                  "fault": c.get("fault"), "gpu-state": self.gpu_state_path,
+                  "packages": (self.node.state_dir / "packages.json"
+                               if (self.node.state_dir / "packages.json").exists() else None)}
         return {sim_env_name(k): str(v) for k, v in values.items() if v not in (None, "")}
 
     def environment(self, candidate_env: Mapping[str, str]) -> dict[str, str]:
@@ -211,9 +213,24 @@ class SglangTarget(Target):
             return SimGpuControl(self.gpu_state_path)
         return super().gpu_control()
 
+    def python_executable(self) -> str:
+        return sys.executable if self.simulated else self.python
+
+    def imported_packages(self, server, base_url, env, cwd, names, libraries) -> dict:
+        """A probe of the server process; the sim reports its own (`GET /sim/packages`)."""
+        if self.simulated:
+            from orchestrator.targets.simnode import sim_report
+
+            return sim_report(base_url)
+        return super().imported_packages(server, base_url, env, cwd, names, libraries)
+
     def node_packages(self) -> dict[str, str] | None:
-        """Packages of the interpreter that runs SGLang, when it is not this one."""
-        if self.simulated or self.python == sys.executable:
+        """Packages of the interpreter that runs SGLang, when it is not this one (the sim's:
+        its node's `packages.json`, if any)."""
+        if self.simulated:
+            path = self.node.state_dir / "packages.json"
+            return json.loads(path.read_text()) if path.exists() else None
+        if self.python == sys.executable:
             return None
         if self._packages is None:
             code = ("import importlib.metadata as m, json; print(json.dumps({(d.metadata['Name']"
