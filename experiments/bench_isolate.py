@@ -20,8 +20,10 @@ fingerprints are diffed, the controllable differences become changes, and each c
 strategy asks for is built by `apply` and measured by the sim's model. Stories: ``clock_pair``
 (power limit and SM lock changed together), ``launcher_strip`` (NCCL_ALGO dropped by a
 launcher wrapper), ``seed_system`` (an SM lock, a stripped NCCL variable, 20 harmless
-variables, a driver and a package bump). Correct: "found", the named differences are exactly
-those whose effect alone is above 3%.
+variables, a driver and a package bump), ``nccl_upgrade`` (the NCCL wheel upgraded into the
+sim's 2.28 regression, a harmless package bump whose old wheel exists, one without, a changed
+variable; a package change is tested only when its old wheel exists). Correct: "found", the
+named differences are exactly those whose effect alone is above 3%.
 
 Usage: ``python experiments/bench_isolate.py [--cases 200] [--seed 0] [--k 1] [--heavy]``
        ``python experiments/bench_isolate.py --system [--cases 50]``
@@ -153,7 +155,8 @@ def random_case(rng: random.Random, *, heavy_tails: bool = False) -> Case:
 
 
 SYSTEM_STORIES = {"clock_pair": "clock_pair", "launcher_strip": "launcher_strip",
-                  "seed_system": "seed_system"}  # story -> preset (for its env effects)
+                  "seed_system": "seed_system",
+                  "nccl_upgrade": "nccl_upgrade"}  # story -> preset (for its env effects)
 HARMFUL_PCT = 3.0
 
 
@@ -199,6 +202,9 @@ def run_system_case(story: str, seed: int, *, k: int = 1, confidence: float = 0.
     node = SystemOracle(now, profile, restart_cv=restart_cv, rng=rng)
     base = Candidate.make("0" * 40)
     changes = changes_from_system(diff(then.fingerprint(base), node.fingerprint(base)))
+    # A package change is tested only when its old wheel is in the package source (the
+    # story's wheel directory), as `sleuth isolate packages.find_links=DIR` does.
+    changes = [c for c in changes if c.factor != "package" or (c.key, c.good) in reference.wheels]
     good = reference_good(base, changes)
 
     def resolve(ref: str) -> str:

@@ -77,6 +77,8 @@ class SimTarget(Target):
                  "--sim-noise-request-cv", str(c["noise_request_cv"]),
                  "--sim-load-seconds", str(c["load_seconds"]),
                  "--sim-gpu-state", str(self.gpu_state_path)]
+        if self.node_packages_path.exists():
+            argv += ["--sim-packages", str(self.node_packages_path)]
         if c.get("seed") is not None:
             argv += ["--sim-seed", str(c["seed"])]
         if c.get("fault"):
@@ -87,28 +89,39 @@ class SimTarget(Target):
     def node_launcher_path(self) -> Path:
         return self.node.state_dir / "launcher.json"
 
-    def _stripped(self) -> list[str]:
+    def _launcher(self, key: str) -> list[str]:
         import json
 
         if not self.node_launcher_path.exists():
             return []
-        return [str(v) for v in json.loads(self.node_launcher_path.read_text()).get("strip", [])]
+        return [str(v) for v in json.loads(self.node_launcher_path.read_text()).get(key, [])]
+
+    def _stripped(self) -> list[str]:
+        return self._launcher("strip")
 
     def node_wrapper(self) -> list[str]:
         """The node's own launcher wrapper (`<node state>/launcher.json`), if it has one: it
         drops inherited variables before the server starts (`targets/sim/launcher.py`)."""
-        strip = self._stripped()
-        if not strip:
+        strip, drop = self._stripped(), self._launcher("drop")
+        if not strip and not drop:
             return []
         return [sys.executable, "-P", "-m", "orchestrator.targets.sim.launcher",
-                "--strip", ",".join(strip), "--"]
+                "--strip", ",".join(strip), "--drop", ",".join(drop), "--"]
+
+    @property
+    def node_packages_path(self) -> Path:
+        return self.node.state_dir / "packages.json"
 
     def node_packages(self) -> dict[str, str] | None:
         """The simulated node's installed packages (`<node state>/packages.json`), if set."""
         import json
 
-        path = self.node.state_dir / "packages.json"
+        path = self.node_packages_path
         return json.loads(path.read_text()) if path.exists() else None
+
+    def imported_packages(self, server, base_url, env, cwd, names, libraries) -> dict:
+        """What the sim server found and loaded, as it reports it (`GET /sim/packages`)."""
+        return sim_report(base_url)
 
     @property
     def node_env_path(self) -> Path:
@@ -145,6 +158,19 @@ class SimTarget(Target):
         except httpx.HTTPError:
             return None
         return r.json() if r.status_code == 200 else None
+
+
+def sim_report(base_url: str) -> dict:
+    """A sim server's own account of its packages; RuntimeError when it gives none."""
+    import httpx
+
+    try:
+        r = httpx.get(f"{base_url}/sim/packages", timeout=10.0, trust_env=False)
+    except httpx.HTTPError as exc:
+        raise RuntimeError(f"GET /sim/packages failed: {exc}") from exc
+    if r.status_code != 200:
+        raise RuntimeError(f"GET /sim/packages answered {r.status_code}")
+    return {**r.json(), "source": "the sim server's report"}
 
 
 def set_node_state(state_dir: Path, *, gpu_state_file: Path | None = None,

@@ -37,6 +37,7 @@ SIM_FLAGS: tuple[tuple[str, Any, Any, str], ...] = (
     ("load-seconds", float, 20.0, "modeled model-loading time before the server is healthy"),
     ("fault", str, None, "fault spec, e.g. crash_after:3 or degrade:5,never_ready"),
     ("sglang-version", str, DEFAULT_VERSION, "SGLang release to imitate: 0.5.23 or 0.5.9"),
+    ("packages", str, None, "the node's installed packages, a JSON file of name -> version"),
 )
 GRAPH_BACKENDS = ("full", "breakable", "disabled")  # 0.5.23 --cuda-graph-backend-{decode,prefill}
 
@@ -132,6 +133,7 @@ class SimConfig:
     time_scale: float
     seed: int | None
     gpu_state_path: str | None
+    packages_path: str | None
     profile_path: str
     noise_restart_cv: float
     noise_request_cv: float
@@ -254,6 +256,7 @@ def resolve(ns: argparse.Namespace, env: Mapping[str, str]) -> SimConfig:
         time_scale=values["time-scale"],
         seed=values["seed"],
         gpu_state_path=values["gpu-state"],
+        packages_path=values["packages"],
         profile_path=values["profile"],
         noise_restart_cv=max(0.0, values["noise-restart-cv"]),
         noise_request_cv=max(0.0, values["noise-request-cv"]),

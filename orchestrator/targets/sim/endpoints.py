@@ -48,6 +48,7 @@ class ServerState:
         self.status = "starting"
         self.started_at = time.time()
         self.scheduler_info: dict[str, Any] = {}
+        self.packages: dict[str, Any] = {}  # what it found on its paths (sim/packages.py)
 
     @property
     def served_model_name(self) -> str:
@@ -161,6 +162,7 @@ class Handler(BaseHTTPRequestHandler):
             "/flush_cache": ({"GET", "POST"}, self.flush_cache),
             "/generate": ({"POST", "PUT"}, self.generate),
             "/v1/completions": ({"POST"}, self.completions),
+            "/sim/packages": ({"GET"}, self.sim_packages),  # the sim's own; not SGLang's
         }
         if path not in routes or (
             path == "/metrics" and not self.state.config.server_args["enable_metrics"]
@@ -206,6 +208,13 @@ class Handler(BaseHTTPRequestHandler):
         self._json(200, {**self.state.config.server_args, **self.state.scheduler_info,
                          "internal_states": internal,
                          "version": self.state.config.dialect.version})  # fmt: skip
+
+    def sim_packages(self) -> None:
+        """The versions this server found and loaded (a real SGLang has no such route: there
+        a probe of the server process reads them)."""
+        if self._starting():
+            return
+        self._json(200, self.state.packages)
 
     def model_info(self) -> None:
         if self._starting():

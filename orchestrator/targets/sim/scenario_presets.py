@@ -179,6 +179,9 @@ PRESETS = {spec.name: spec for spec in (
                "stripped by a launcher, 20 harmless env differences, a driver and a package "
                "bump", (), system_change=True, system_story="seed_system",
                env_effects=({"var": "NCCL_PROTO", "value": "LL128", "allreduce_mult": 0.3},)),
+    PresetSpec("nccl_upgrade", "no culprit in range: the node's NCCL wheel went 2.27.5 -> 2.28.3"
+               " (slower all-reduce), two harmless package bumps and a changed variable; the"
+               " old wheels are in wheels/", (), system_change=True, system_story="nccl_upgrade"),
 )}
 ONE_CULPRIT_CHOICES = ("verify_53", "verify_30", "verify_decode")
 

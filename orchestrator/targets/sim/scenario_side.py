@@ -10,7 +10,9 @@ import random
 from collections.abc import Mapping
 from pathlib import Path
 
+from orchestrator.packages.wheels import write_wheel
 from orchestrator.targets.sim import gpu_state
+from orchestrator.targets.sim import packages as sim_packages
 from orchestrator.targets.sim import scenario_presets as material
 from orchestrator.targets.sim import scenario_system as stories
 from orchestrator.targets.sim.scenario_presets import (
@@ -118,10 +120,15 @@ def _write_story(out: Path, rng: random.Random, code_profile: Mapping, story: st
         for what, doc in docs.items():
             (out / f"{when}_{what}.json").write_text(material.render_json(doc))
         files[when] = {what: f"{when}_{what}.json" for what in docs}
+    for name, version in reference.wheels:
+        write_wheel(out / "wheels", name, version, wheel_files(name, version),
+                    f"{name} as the simulated node had it")
+    if reference.wheels:
+        files["wheels"] = "wheels"  # type: ignore[assignment]
 
     def effect(state: stories.SystemState) -> dict:
-        return modelled_effect(code_profile, (reference.server_env, reference.gpus),
-                               (state.server_env, state.gpus))
+        return modelled_effect(code_profile, (reference.server_env, reference.model_gpus()),
+                               (state.server_env, state.model_gpus()))
 
     priced = []
     for record, moved in changes:
@@ -132,6 +139,17 @@ def _write_story(out: Path, rng: random.Random, code_profile: Mapping, story: st
     system = {**files, "changes": priced, "total_effect": effect(now),
               "launcher": {"now_strips": list(now.strip)}}
     return system, env_truth(code_profile, now.server_env, now.gpus)
+
+
+def wheel_files(name: str, version: str) -> dict[str, str | bytes]:
+    """What a simulated node's wheel holds: the NCCL one its shared library (which the sim
+    finds on LD_LIBRARY_PATH and never loads), any other one a module with its version."""
+    if name in sim_packages.NCCL_DISTRIBUTIONS:
+        return {"nvidia/nccl/__init__.py": "",
+                f"nvidia/nccl/lib/{sim_packages.NCCL_LIBRARY}":
+                    f"simulated NCCL {version}: not a real shared library\n".encode()}
+    module = name.replace("-", "_")
+    return {f"{module}/__init__.py": f"__version__ = {version!r}\n"}
 
 
 def env_truth(code_profile: Mapping, now_env: Mapping, now_state: gpu_state.GpuState) -> dict:

@@ -10,9 +10,11 @@ price it alone. Pure functions of a `random.Random` handed in by the caller.
 from __future__ import annotations
 
 import random
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 
 from orchestrator.targets.sim import gpu_state
+from orchestrator.targets.sim.packages import nccl_of
 from orchestrator.targets.sim.scenario_presets import (
     BASE_PACKAGES,
     NODE_ENV,
@@ -34,6 +36,11 @@ SEED_LOCK_MHZ = 1600  # 66% of the maximum: verify +44%, decode ~+7%
 CLOCK_PAIR_LOCK_MHZ = 1900
 NOW_DRIVER_VERSION = "595.45.04"
 SEED_PACKAGE_BUMP = ("transformers", "4.57.3")
+# The package story: the node's NCCL wheel upgraded into the sim's 2.28 regression, a harmless
+# package bumped whose old wheel the node still has, one bumped without its old wheel.
+NCCL_UPGRADE = ("nvidia-nccl-cu12", "2.28.3")
+HARMLESS_PACKAGE_BUMP = ("xgrammar", "0.1.29")
+UNCACHED_PACKAGE_BUMP = ("safetensors", "0.7.0")
 
 
 @dataclass(frozen=True)
@@ -45,10 +52,19 @@ class SystemState:
     gpus: gpu_state.GpuState
     packages: dict[str, str]
     strip: tuple[str, ...] = ()
+    # (name, version) wheels the node's package cache holds (the scenario writes them to
+    # `wheels/`, for `packages.find_links`).
+    wheels: tuple[tuple[str, str], ...] = ()
 
     @property
     def server_env(self) -> dict[str, str]:
         return {k: v for k, v in self.env.items() if k not in self.strip}
+
+    def model_gpus(self, pins: Mapping[str, str] | None = None) -> gpu_state.GpuState:
+        """The GPU state as the sim's model prices it: with the NCCL version its installed
+        packages (with `pins` over them, an overlay that took effect) load."""
+        packages = {**self.packages, **(pins or {})}
+        return replace(self.gpus, nccl_version=nccl_of(packages, self.gpus.nccl_version))
 
 
 def system_story(name: str, rng: random.Random
@@ -110,6 +126,27 @@ def system_story(name: str, rng: random.Random
               "now": version}, SystemState(ref_env, gpus, now.packages)),
         ]
         return ref, now, changes
+    if name == "nccl_upgrade":
+        return _nccl_upgrade(base, gpus)
     raise ValueError(f"unknown system story {name!r}")
+
+
+def _nccl_upgrade(base: dict[str, str], gpus: gpu_state.GpuState
+                  ) -> tuple[SystemState, SystemState, list[tuple[dict, SystemState]]]:
+    """Same code, same GPUs, same environment but one variable: the node's packages were
+    upgraded, NCCL into the sim's 2.28 regression (verify and decode pay for every all-reduce)."""
+    ref_env, now_env = {**base, "TRANSFORMERS_VERBOSITY": "warning"}, dict(base)
+    bumps = (NCCL_UPGRADE, HARMLESS_PACKAGE_BUMP, UNCACHED_PACKAGE_BUMP)
+    ref_pkgs = dict(BASE_PACKAGES)
+    now_pkgs = {**ref_pkgs, **dict(bumps)}
+    wheels = tuple((n, ref_pkgs[n]) for n, _ in bumps[:2])
+    ref = SystemState(ref_env, gpus, ref_pkgs, wheels=wheels)
+    now = SystemState(now_env, gpus, now_pkgs, wheels=wheels)
+    changes = [({"factor": "packages", "name": n, "reference": ref_pkgs[n], "now": v,
+                 "wheel": (n, ref_pkgs[n]) in wheels},
+                SystemState(ref_env, gpus, {**ref_pkgs, n: v})) for n, v in bumps]
+    changes.append(({"factor": "env", "var": "TRANSFORMERS_VERBOSITY", "reference": "warning",
+                     "now": None}, SystemState(now_env, gpus, ref_pkgs)))
+    return ref, now, changes
 
 

@@ -44,7 +44,9 @@ class SystemOracle:
         return intended, wrapped_environment(handed, list(self.state.strip))
 
     def gpus(self, cand: Candidate) -> GpuState:
-        return with_policy(self.state.gpus, ClockPolicy.parse(cand.clock))
+        """The GPUs under the candidate's clock policy, with the NCCL its packages load (its
+        pins over the node's: an overlay that took effect)."""
+        return with_policy(self.state.model_gpus(cand.package_dict), ClockPolicy.parse(cand.clock))
 
     def truth(self, cand: Candidate) -> float:
         _, env = self.environments(cand)
@@ -61,8 +63,8 @@ class SystemOracle:
         fp = {
             "git": {"sha": cand.commit, "patches": {}},
             "env": {"requested": whole_env(cand.env_dict), "server": whole_env(intended)},
-            "packages": dict(self.state.packages),
-            "gpu": snapshot_of(gpus),
+            "packages": {**self.state.packages, **cand.package_dict},
+            "gpu": snapshot_of(with_policy(self.state.gpus, ClockPolicy.parse(cand.clock))),
             "host": {"kernel": "6.8.0", "hostname": "node-a"},
             "clock_policy": cand.clock,
             "telemetry": {"n_samples": len(clocks),
