@@ -15,6 +15,7 @@ import pytest
 from orchestrator.commands import isolate as isolate_cmd
 from orchestrator.commands import trial as trial_cmd
 from orchestrator.config.compose import compose_config
+from orchestrator.packages.plan import NO_SOURCE
 from orchestrator.records import Outcome
 from orchestrator.redact import REDACTED
 from orchestrator.store import RunStore
@@ -129,8 +130,8 @@ def test_seed_like_scenario_compare_ranks_the_clock_and_isolate_names_both_cause
                                                                                  ray_session):
     """An outside SM clock lock, NCCL_PROTO stripped by a launcher wrapper, 20 harmless env
     differences, a driver and a package bump: compare puts the lock first, isolate names the
-    lock and the stripped variable and clears the 20; the driver and the package, which no
-    trial can set, stay listed as not settable."""
+    lock and the stripped variable and clears the 20; the driver, which no trial can set, and
+    the package, without a package source to install its old version from, stay listed."""
     sc = generate_scenario(tmp_path / "sc", 30, 4, "seed_system")
     base = [f"repo={sc.repo}", f"runs_dir={tmp_path / 'runs'}", *FAST]
     _set_nodes(tmp_path, sc.out, "reference")
@@ -153,7 +154,8 @@ def test_seed_like_scenario_compare_ranks_the_clock_and_isolate_names_both_cause
     harmless = set(sc.truth["system"]["changes"][2]["vars"])
     assert len(harmless) == 20 and harmless <= cleared
     untested = {f["id"]: f["untested"] for f in compare["findings"]}
-    assert untested["driver_version"] == untested["transformers"] == "not settable per trial"
+    assert untested["driver_version"] == "not settable per trial"
+    assert untested["transformers"] == NO_SOURCE  # no package source given: listed, not tested
     _never_launched_redacted(run_dir / "trials.db")
 
 
