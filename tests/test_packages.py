@@ -310,3 +310,44 @@ def test_nccl_228_costs_verify_time_in_the_sims_model():
         times[version] = model.predict(EAGLE_LAUNCH, {}, state, effects).verify_ms
     assert times["2.28.3"] / times["2.27.5"] - 1 > 0.08
     assert times["2.28.7"] <= times["2.27.5"]
+
+
+# -- every candidate of a run under a fixed overlay ----------------------------------------------
+def test_a_bisect_runs_every_candidate_under_the_fixed_overlay(tmp_path, wheels):
+    from conftest import make_sim_repo
+
+    from orchestrator.commands import bisect
+
+    shas = make_sim_repo(tmp_path / "repo", [{}, {}, {"verify_mult": 1.5}])
+    cfg = compose_config("bisect", [f"repo={tmp_path / 'repo'}", f"good={shas[0]}",
+                                    f"bad={shas[2]}", f"runs_dir={tmp_path / 'runs'}",
+                                    "packages=[slowimp==2.0]", f"packages.find_links={wheels}"])
+    from orchestrator.commands import common
+
+    common.check_common(cfg)
+    _, points, _ = bisect.plan(cfg)
+    assert [p.commit for p in points] == shas and {p.packages for p in points} == {
+        ("slowimp==2.0",)}
+    assert not (tmp_path / "runs").exists() or not [
+        p for p in (tmp_path / "runs").iterdir() if not p.name.startswith(".")]
+
+
+def test_a_sweep_keeps_the_fixed_overlay():
+    from orchestrator.sweep.space import SearchSpace
+
+    space = SearchSpace.from_conf({"name": "s", "params": {
+        "NCCL_PROTO": {"kind": "env", "values": ["LL", "Simple"]}}})
+    base = Candidate.make("0" * 40, packages=["torch==2.9.1"])
+    cand = space.candidate(base, {"NCCL_PROTO": "LL"}, {})
+    assert cand.packages == ("torch==2.9.1",) and cand.env_dict == {"NCCL_PROTO": "LL"}
+
+
+def test_compare_refuses_pins_that_change_the_reference():
+    from orchestrator.commands import compare
+
+    ref = {"candidate": Candidate.make("a" * 40, packages=["torch==2.9.1"]), "config": {}}
+    compare.adopt_reference_config(compose_config("compare", ["packages=[torch==2.9.1]"]), ref)
+    with pytest.raises(UserError, match=r"packages=\[torch==2\.8\.0\] \(the reference ran "
+                                        r"torch==2\.9\.1\)"):
+        compare.adopt_reference_config(compose_config("compare", ["packages=[torch==2.8.0]"]),
+                                       ref)
