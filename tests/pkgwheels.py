@@ -44,3 +44,19 @@ def pip_wheel(work: Path, out: Path, name: str, version: str, files: Mapping[str
     wheels = sorted(out.glob(f"{name.replace('-', '_')}-{version}-*.whl"))
     assert wheels, done.stdout
     return wheels[0]
+
+
+SLOW_INIT = "import time\ntime.sleep(0.08)\n__version__ = '2.0'\n"
+
+
+def build_test_wheels(base: Path) -> Path:
+    """The tests' wheel directory: `slowimp` 1.0 and 2.0 (80 ms longer to import), built with
+    pip, and a simulated node's NCCL 2.27.5 wheel."""
+    from orchestrator.packages.wheels import write_wheel
+    from orchestrator.targets.sim.scenario_side import wheel_files
+
+    out = base / "dist"
+    pip_wheel(base / "src", out, "slowimp", "1.0", {"slowimp/__init__.py": "__version__ = '1.0'\n"})
+    pip_wheel(base / "src", out, "slowimp", "2.0", {"slowimp/__init__.py": SLOW_INIT})
+    write_wheel(out, "nvidia-nccl-cu12", "2.27.5", wheel_files("nvidia-nccl-cu12", "2.27.5"))
+    return out

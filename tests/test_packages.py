@@ -12,7 +12,7 @@ import threading
 from pathlib import Path
 
 import pytest
-from pkgwheels import pip_wheel
+from pkgwheels import build_test_wheels
 
 from orchestrator.config.compose import compose_config
 from orchestrator.differences import apply, changes_between, changes_from_system, level_of
@@ -22,27 +22,18 @@ from orchestrator.packages import trial as pkg_trial
 from orchestrator.packages.overlay import OverlayCache, OverlayError, OverlaySet, OverlaySettings
 from orchestrator.packages.pins import parse_pin, pins_of
 from orchestrator.packages.probe import mapped_libraries, python_invocation, report_of_command
-from orchestrator.packages.wheels import write_wheel
 from orchestrator.records import Candidate
 from orchestrator.targets.sim import model
 from orchestrator.targets.sim import packages as sim_packages
 from orchestrator.targets.sim.gpu_state import default_state
 from orchestrator.targets.sim.scenario_presets import EAGLE_LAUNCH, effects_of
-from orchestrator.targets.sim.scenario_side import wheel_files
-
-SLOW_INIT = "import time\ntime.sleep(0.08)\n__version__ = '2.0'\n"
 
 
 @pytest.fixture(scope="session")
 def wheels(tmp_path_factory) -> Path:
-    """Two versions of one small package (2.0 takes 80 ms longer to import) and a simulated
-    NCCL wheel, built once per session with `pip wheel`, offline."""
-    base = tmp_path_factory.mktemp("wheels")
-    out = base / "dist"
-    pip_wheel(base / "src", out, "slowimp", "1.0", {"slowimp/__init__.py": "__version__ = '1.0'\n"})
-    pip_wheel(base / "src", out, "slowimp", "2.0", {"slowimp/__init__.py": SLOW_INIT})
-    write_wheel(out, "nvidia-nccl-cu12", "2.27.5", wheel_files("nvidia-nccl-cu12", "2.27.5"))
-    return out
+    """Two versions of one small package built with `pip wheel`, offline, and a simulated
+    NCCL wheel: once per session."""
+    return build_test_wheels(tmp_path_factory.mktemp("wheels"))
 
 
 def _settings(root: Path, wheels: Path, **kw) -> OverlaySettings:

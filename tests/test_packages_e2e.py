@@ -15,22 +15,19 @@ from pathlib import Path
 
 import pytest
 from conftest import git
-from pkgwheels import pip_wheel
+from pkgwheels import build_test_wheels
 
 from orchestrator.commands import isolate as isolate_cmd
 from orchestrator.commands import trial as trial_cmd
 from orchestrator.config.compose import compose_config
-from orchestrator.packages.wheels import write_wheel
 from orchestrator.records import Outcome
 from orchestrator.store import RunStore
 from orchestrator.targets.sim.scenario import generate_scenario
-from orchestrator.targets.sim.scenario_side import wheel_files
 from orchestrator.targets.simnode import set_node_state
 
 SIM_FAST = ["target.time_scale=0.02", "target.load_seconds=5", "bench.requests=2",
             "bench.output_len=32", "bench.input_len=32", "bench.warmup_requests=1",
             "bench.repetitions=2", "trial.ready_timeout_s=30", "trial.retries=0"]
-SLOW_INIT = "import time\ntime.sleep(0.08)\n__version__ = '2.0'\n"
 BENCH = textwrap.dedent("""\
     import json, time
     t0 = time.perf_counter()
@@ -41,12 +38,9 @@ BENCH = textwrap.dedent("""\
 
 @pytest.fixture(scope="module")
 def wheels(tmp_path_factory) -> Path:
-    base = tmp_path_factory.mktemp("e2e-wheels")
-    out = base / "dist"
-    pip_wheel(base / "src", out, "slowimp", "1.0", {"slowimp/__init__.py": "__version__ = '1.0'\n"})
-    pip_wheel(base / "src", out, "slowimp", "2.0", {"slowimp/__init__.py": SLOW_INIT})
-    write_wheel(out, "nvidia-nccl-cu12", "2.27.5", wheel_files("nvidia-nccl-cu12", "2.27.5"))
-    return out
+    """Two versions of one small package built with `pip wheel`, offline, and a simulated
+    NCCL wheel: once per module."""
+    return build_test_wheels(tmp_path_factory.mktemp("e2e-wheels"))
 
 
 def _rows(run_dir: Path):

@@ -363,9 +363,17 @@ class OverlaySet:
 
     @classmethod
     def lease(cls, settings: OverlaySettings, pins: Mapping[str, str], python: str) -> OverlaySet:
+        """Build (if need be) and hold the overlays of `pins`. One removed by another node's
+        size cap between its build and this hold is built again."""
         cache = OverlayCache(settings)
-        overlays = [cache.ensure(format_pin(n, v), python) for n, v in sorted(pins.items())]
-        return cls(cache, overlays, cache.hold(overlays))
+        for _ in range(3):
+            overlays = [cache.ensure(format_pin(n, v), python) for n, v in sorted(pins.items())]
+            held = cache.hold(overlays)
+            if all(cache._read(o.path.name) is not None for o in overlays):
+                return cls(cache, overlays, held)
+            cache.release_held(held)
+        raise OverlayError("the overlays of " + ", ".join(sorted(pins)) + " keep being removed"
+                           " by the cache's size cap: raise packages.max_gb")
 
     def variables(self, env: Mapping[str, str]) -> dict[str, str]:
         """`PYTHONPATH` and `LD_LIBRARY_PATH` with the overlays first, before what `env` has."""

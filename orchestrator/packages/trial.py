@@ -74,7 +74,10 @@ def verify(target, overlays: OverlaySet, server, base_url: str, env: Mapping[str
            cwd: Path, fp: dict) -> list[str]:
     """Ask the target what the server imported, record it in `fp`, and return why the pins
     did not take effect (empty when they did). Not being able to tell is a problem too: a
-    measurement is only taken under versions that were read back."""
+    measurement is only taken under versions that were read back. A server that has already
+    exited is left to the next step, which records the crash."""
+    if server is not None and server.poll() is not None:
+        return []
     try:
         report = target.imported_packages(server, base_url, env, cwd,
                                           [o.name for o in overlays.overlays],
