@@ -236,7 +236,12 @@ def isolate_system(cfg: DictConfig, ctl: Controller, run_dir: Path, ref: dict, c
     the run's one ranking does not list a tested difference twice."""
     diffs = differences_from_compare(cdoc)
     all_env = bool(cfg.experiment.params.get("all_env", False))
-    changes, no_package = packages.testable(cfg, changes_from_system(diffs, all_env=all_env))
+    found = changes_from_system(diffs, all_env=all_env)
+    pinned = [c.key for c in found if c.factor == "package"]
+    if pinned and packages.settings(cfg).configured:
+        out.print(f"installing the reference versions of {len(pinned)} package(s) into overlays:"
+                  f" {', '.join(pinned[:8])}{' ...' if len(pinned) > 8 else ''}")
+    changes, no_package = packages.testable(cfg, found)
     untested = [d for d in diffs if not any(c.matches(d) for c in changes)]
     if no_package:
         out.print(f"package changes not tested ({len(no_package)}): "
