@@ -210,6 +210,11 @@ def test_python_invocation_reads_the_flags_that_change_sys_path():
         ["python3", "-I"], "-")
     assert python_invocation(["python", "-sE", "-m", "x"], "/w") == (["python", "-Es"], "/w")
     assert python_invocation(["bash", "-c", "python x.py"], "/w") is None
+    # letters joined with -m / -c, and options that take a value
+    assert python_invocation(["python", "-Im", "x"], "/w") == (["python", "-I"], "-")
+    assert python_invocation(["python", "-sc", "print(1)"], "/w") == (["python", "-s"], "/w")
+    assert python_invocation(["python", "-X", "importtime", "-m", "x"], "/w") == (["python"], "/w")
+    assert python_invocation(["python", "-m", "x", "-I"], "/w") == (["python"], "/w")
 
 
 def test_the_probe_sees_what_the_interpreter_imports(tmp_path, wheels):

@@ -101,23 +101,28 @@ def python_invocation(cmdline: Sequence[str], cwd: str) -> tuple[list[str], str]
     if start is None:  # not Python (a launcher prefix such as numactl is skipped)
         return None
     cmdline = cmdline[start:]
-    flags: list[str] = []
+    letters: set[str] = set()
     path0 = cwd
     i = 1
     while i < len(cmdline):
         arg = cmdline[i]
-        if arg in ("-m", "-c") or not arg.startswith("-") or arg == "-":
-            if arg not in ("-m", "-c", "-"):
+        if not arg.startswith("-") or arg == "-":
+            if arg != "-":  # a script: its directory comes first on sys.path
                 path0 = os.path.dirname(os.path.realpath(os.path.join(cwd, arg)))
             break
         if arg in ("-X", "-W", "--check-hash-based-pycs"):
             i += 2
             continue
-        letters = set(arg[1:]) if not arg.startswith("--") else set()
-        if letters & _PATH_FLAGS and letters <= set("IEsSPBbdOquvRx"):
-            flags.append("-" + "".join(sorted(letters & _PATH_FLAGS)))
+        if arg.startswith("--"):
+            i += 1
+            continue
+        head = re.split("[mcXW]", arg[1:], maxsplit=1)[0]  # `-Im mod`: -I, then -m
+        letters |= set(head) & _PATH_FLAGS
+        if len(head) < len(arg) - 1 and arg[1 + len(head)] in "mc":
+            break
         i += 1
-    if any("I" in f or "P" in f for f in flags):
+    flags = ["-" + "".join(sorted(letters))] if letters else []
+    if letters & {"I", "P"}:
         path0 = "-"
     return [cmdline[0], *flags], path0
 
