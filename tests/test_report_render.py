@@ -61,7 +61,7 @@ def _metrics(verify: float, rng: random.Random) -> dict:
 
 def build_bisect_run(root: Path, run_id: str = "syn") -> dict:
     """A finished synthetic bisect run directory (see the module docstring)."""
-    cfg = compose_config("bisect", [f"runs_dir={root}", "metric=verify_ms", "nodes=2",
+    cfg = compose_config("bisect", ["target=sim", f"runs_dir={root}", "metric=verify_ms", "nodes=2",
                                     "trial.retries=0", f"run_id={run_id}"])
     run_dir = root / run_id
     run_dir.mkdir(parents=True)
@@ -254,7 +254,7 @@ def test_report_command_prints_tables_and_paths(run, capsys):
     assert exit_info.value.code == 0
     out = capsys.readouterr().out
     assert f"report: {run['run_dir'] / 'report.html'}" in out
-    assert _sha(CULPRIT)[:12] in out and "Ranked findings" in out
+    assert _sha(CULPRIT)[:12] in out and "Causes (" in out and out.startswith("run syn")
     assert f'#1 commit {_sha(CULPRIT)[:12]} "{EVIL}"' in out  # printed as typed, no markup
     for name in ("report.md", "report.html", "plots/posterior.png"):
         assert (run["run_dir"] / name).stat().st_size > 1000
@@ -294,7 +294,7 @@ def test_second_experiment_is_ranked_in_and_findings_rewritten(tmp_path):
 
 
 def test_a_run_without_measurements_still_reports(tmp_path):
-    cfg = compose_config("trial", [f"runs_dir={tmp_path}"])
+    cfg = compose_config("trial", ["target=sim", f"runs_dir={tmp_path}"])
     run_dir = tmp_path / "empty"
     run_dir.mkdir()
     store = RunStore.create(run_dir / "trials.db", run_id="empty", command="trial",

@@ -18,7 +18,7 @@ from orchestrator.targets.sim import gpu_state
 from orchestrator.targets.sim.scenario import generate_scenario
 from orchestrator.targets.simnode import set_node_state
 
-FAST = ["target.time_scale=0.02", "target.load_seconds=5", "bench.requests=2",
+FAST = ["target=sim", "target.time_scale=0.02", "target.load_seconds=5", "bench.requests=2",
         "bench.output_len=32", "bench.input_len=32", "bench.warmup_requests=1",
         "bench.repetitions=2", "trial.ready_timeout_s=30", "trial.retries=0",
         "trial.telemetry_interval_s=0.1"]
@@ -148,8 +148,8 @@ def test_compare_measures_the_reference_configuration_not_the_command_line(tmp_p
     base = [f"repo={repo}", f"runs_dir={tmp_path / 'runs'}", *FAST]
     assert trial_cmd.run(compose_config("trial", [*base, f"commit={shas[0]}", "run_id=ref",
                                                   "target.speculative_num_steps=4"])) == 0
-    cfg = compose_config("compare", [f"repo={repo}", f"runs_dir={tmp_path / 'runs'}",
-                                     "reference=ref", "run_id=cmp"])
+    cfg = compose_config("compare", ["target=sim", f"repo={repo}",
+                                     f"runs_dir={tmp_path / 'runs'}", "reference=ref", "run_id=cmp"])
     code = compare_cmd.run(cfg)
     doc = json.loads((tmp_path / "runs" / "cmp" / "findings.json").read_text())
     assert doc["verdict"] != "not_reproduced", doc["message"]

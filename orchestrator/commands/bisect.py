@@ -110,11 +110,10 @@ def resume(run_dir: Path) -> int:
         store.close()
         raise UserError(f"{run_dir.name} is a {command or 'unknown'} run, not a bisect")
     cfg = OmegaConf.create(store.config_yaml())
-    lost = store.interrupt_unfinished()
+    store.interrupt_unfinished()
     commits, points, weights = _load_plan(run_dir)
     out = render.console()
-    out.print(f"resuming {run_dir.name}: {len(store.trials()) - len(lost)} finished trials reused,"
-              f" {len(lost)} interrupted")
+    out.print(common.resume_notice(run_dir, store))
     store.set_status("running")
     return _execute(cfg, run_dir, store, commits, points, weights)
 

@@ -23,7 +23,7 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
-from orchestrator import caveats, findings, render
+from orchestrator import answer, caveats, findings, render
 from orchestrator.commands import common, compare
 from orchestrator.controller import Controller
 from orchestrator.differences import (
@@ -204,6 +204,12 @@ def execute(cfg: DictConfig, ctl: Controller, run_dir: Path, good: dict, changes
            "findings": [{"rank": i.pop("rank"), **i} for i in items]}
     system = system_changes(rows)
     doc["system_changes"] = [c.to_json() for c in system]
+    bad_key = points.candidate(strategy.point_of(frozenset(range(len(changes))))).key
+    total = findings.effects_between(rows, good_key, bad_key)
+    if total:
+        doc["total_effect"] = total
+    doc["answer"] = answer.for_isolate(
+        doc, mechanism=findings.mechanism_between(rows, good_key, bad_key, "good", "bad"))
     path = findings.write(run_dir, doc, findings_name)
     out.print(render.findings_table(doc))
     out.print(verdict.message)
@@ -327,9 +333,8 @@ def resume(run_dir: Path) -> int:
     except BaseException:
         store.close()
         raise
-    lost = store.interrupt_unfinished()
-    render.console().print(f"resuming {run_dir.name}: {len(store.trials()) - len(lost)} finished"
-                           f" trials reused, {len(lost)} interrupted")
+    store.interrupt_unfinished()
+    render.console().print(common.resume_notice(run_dir, store))
     store.set_status("running")
     return _execute(cfg, run_dir, store, ref, ws, good, changes)
 
