@@ -51,6 +51,18 @@ def test_demo_tells_the_whole_story_and_matches_the_truth(tmp_path, ray_session,
                 for f in doc["findings"] for d in f["differences"]}
     assert {"NCCL_PROTO", "power_limit_w"} <= isolated
 
+    # Same code, different result: the compare ranks the fingerprint diff by mechanism (the
+    # SM clock under load dropped with the power cap and verify, compute-bound, moved: the
+    # power limit leads, clocks before packages), the controllable ones marked.
+    compare = next(d for d in ranked["sources"] if d["experiment"] == "compare")
+    assert compare["verdict"] == "not_reproduced", compare["message"]
+    keys = [d["key"] for d in compare["differences"]]
+    assert keys[0] == "power_limit_w" and keys.index("power_limit_w") < keys.index("rich")
+    by_key = {d["key"]: d for d in compare["differences"]}
+    assert by_key["power_limit_w"]["controllable"]
+    assert by_key["NCCL_PROTO"]["factor"] == ["env", "NCCL_PROTO", "LL128"]
+    assert compare["total_effect"]["verify_ms"]["ci"][0] > 20
+
     # One answer names all three causes, each with an interval, and they add up: the
     # remainder is a few percent at most (NCCL_PROTO's saving is a smaller share of a verify
     # pass the culprit made longer, so the effects do not compose exactly).

@@ -139,26 +139,33 @@ def remainder(whole: LogChange, parts: Iterable[LogChange]) -> LogChange:
     return LogChange(whole.diff - named.diff, se, df)
 
 
-# What "explained" tolerates: a remainder confidently smaller than this many percent, or than
-# this share of the change itself (effects that do not compose exactly, such as an all-reduce
-# saving that is a smaller part of a longer verify pass, leave a few percent either way).
-MIN_TOLERANCE_PCT = 3.0
-TOLERANCE_SHARE = 0.1
+# What "explained" tolerates, on the log scale: the remainder's interval must rule out anything
+# more than a quarter of the change (or 3%, whichever is larger) being left, and a remainder
+# that is confidently not zero must be small: a tenth of the change or 3%. Effects that do not
+# compose exactly (an all-reduce saving that is a smaller share of a verify pass the culprit
+# made longer) leave a few percent either way; that is reported, not hidden.
+MIN_TOLERANCE = math.log1p(0.03)
+BOUND_SHARE = 0.25
+SMALL_SHARE = 0.10
 
 
-def tolerance_pct(whole: LogChange, min_pct: float = MIN_TOLERANCE_PCT) -> float:
-    return max(min_pct, TOLERANCE_SHARE * abs(whole.pct))
+def tolerance(whole: LogChange, share_of_change: float = BOUND_SHARE) -> float:
+    """A log-scale tolerance: `share_of_change` of the change, at least 3%."""
+    return max(MIN_TOLERANCE, share_of_change * abs(whole.diff))
 
 
-def explains(whole: LogChange, parts: Iterable[LogChange], confidence: float = CONFIDENCE,
-             min_pct: float = MIN_TOLERANCE_PCT) -> bool:
-    """Whether the named parts account for the whole: what they leave is confidently small,
-    its interval within +-:func:`tolerance_pct` of zero. A noisy cause cannot pass by luck
-    (its width widens the remainder's interval), and neither can a change nobody named."""
+def explains(whole: LogChange, parts: Iterable[LogChange],
+             confidence: float = CONFIDENCE) -> bool:
+    """Whether the named parts account for the whole: their remainder's interval lies within
+    +-:func:`tolerance` (a quarter of the change; nothing sizable can be left), and where the
+    interval excludes zero the remainder is small (a tenth of the change). A noisy cause cannot
+    pass by luck (its width widens the remainder's interval), nor can a change nobody named;
+    too few restarts for so narrow a bound give "not explained", with the remainder shown."""
     rest = remainder(whole, list(parts))
-    lo, hi = rest.interval(confidence)
-    tol = tolerance_pct(whole, min_pct)
-    return -tol <= lo and hi <= tol
+    lo, hi = rest.log_interval(confidence)
+    if not (-tolerance(whole) <= lo and hi <= tolerance(whole)):
+        return False
+    return lo <= 0 <= hi or abs(rest.diff) <= tolerance(whole, SMALL_SHARE)
 
 
 def share(part: LogChange, whole: LogChange) -> float | None:
