@@ -16,17 +16,17 @@ from orchestrator.errors import SleuthError, UserError
 from orchestrator.safe_text import printable
 
 COMMANDS = {
-    "investigate": "why did it get slower? from a reference run (or good..bad) to one answer",
-    "trial": "isolated, measured trials of one candidate (restarts=N makes a reference)",
-    "bisect": "find the commit(s) between good=REF and bad=REF that moved a metric",
+    "investigate": "why is it slower? from a reference run (or good..bad) to an answer",
+    "trial": "measured trials of one candidate (restarts=N makes a reference)",
+    "bisect": "the commit(s) between good=REF and bad=REF that moved a metric",
     "resume": "finish an interrupted run: sleuth resume RUN",
-    "report": "a run's answer and ranked findings: terminal, report.md, report.html",
-    "isolate": "which differences between good.* and bad.* (or a reference run and now) cause it",
-    "compare": "re-measure a reference run's candidate now; if it no longer reproduces, diff the system",
+    "report": "a run's answer and findings: terminal, report.md, report.html",
+    "isolate": "which differences between good.* and bad.* (or since a reference)",
+    "compare": "re-measure a reference now; if it differs, diff the system",
     "demo": "build a scenario repo and investigate it on the simulated node",
-    "scenario": "generate a scenario repo with planted causes (out=DIR commits=N seed=S preset=P)",
+    "scenario": "generate a scenario repo with planted causes (out=DIR preset=P)",
     "doctor": "check this machine: git, Ray, NVML/GPUs, sglang, runs/ writable",
-    "sweep": "search a space of settings (space=nccl_pcie ...) for the fastest, rank the knobs",
+    "sweep": "search a space of settings (space=nccl_pcie) for the fastest",
 }
 
 # Commands whose first plain argument names a run (id or directory).

@@ -97,8 +97,7 @@ def phase_moved(effects: dict) -> str | None:
 
 def commit_summary(commit: CommitInfo, metric: str, effects: dict) -> str:
     e = effects.get(metric)
-    moved = (f"{metric} {e['pct']:+.1f}% [{e['ci'][0]:+.1f}, {e['ci'][1]:+.1f}]" if e
-             else f"{metric} changed")
+    moved = f"{metric} {text.change_text(e, metric)}" if e else f"{metric} changed"
     return f"commit {commit.sha[:12]} \"{commit.subject}\": {moved}"
 
 

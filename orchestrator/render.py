@@ -159,22 +159,29 @@ def findings_table(doc: dict, max_without_probability: int = 5) -> Table | Text:
     title = f"findings · {doc.get('experiment')} · {doc.get('verdict')}"
     if not doc.get("findings"):
         return Text(printable(f"{title}: none"))
+    from orchestrator.answer.text import change_text
+
     table = Table(title=title)
-    for col in ("rank", "kind", "id", "probability", f"{metric} effect", "phase", "summary"):
-        table.add_column(col)
     items = doc.get("findings", [])
+    with_phase = any(f.get("phase") for f in items)  # SGLang servers name the phase
+    columns = ["rank", "kind", "id", "probability", f"{metric} effect"]
+    columns += ["phase"] * with_phase + ["summary"]
+    for col in columns:
+        table.add_column(col)
     causes = [f for f in items if f.get("probability") is not None]
     others = [f for f in items if f.get("probability") is None]
     shown = causes + others[:max(0, max_without_probability)]
     for f in shown:
         e = f.get("effect", {}).get(metric)
-        eff = f"{e['pct']:+.1f}% [{e['ci'][0]:+.1f}, {e['ci'][1]:+.1f}]" if e else "-"
+        detail = (f.get("effect_detail") or {}).get(metric) or {}
+        eff = change_text({**detail, **e}, metric) if e else "-"
         prob = f.get("probability")
-        table.add_row(str(f["rank"]), f["kind"], printable(finding_id(f), newlines=False),
-                      "-" if prob is None else probability(prob), eff, f.get("phase") or "-",
-                      printable(f.get("summary", ""), newlines=False))
+        row = [str(f["rank"]), f["kind"], printable(finding_id(f), newlines=False),
+               "-" if prob is None else probability(prob), eff]
+        row += [f.get("phase") or "-"] * with_phase
+        table.add_row(*row, printable(f.get("summary", ""), newlines=False))
     hidden = len(others) - max(0, max_without_probability)
     if hidden > 0:
-        table.add_row("", "", "", "", "", "", f"... {hidden} more untested difference(s) in"
-                      " findings.json")
+        table.add_row(*[""] * (len(columns) - 1), f"... {hidden} more untested difference(s)"
+                      " in findings.json")
     return table

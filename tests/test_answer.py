@@ -122,7 +122,7 @@ def _compare_doc() -> dict:
         {"id": "driver_version", "probability": None, "untested": "not settable per trial",
          "difference": {"label": "driver: 590.48.01 -> 595.45.04"}},
         *[{"id": f"SSH_{i}", "probability": None, "untested": "set aside: shell/session variable",
-           "difference": {"label": f"SSH_{i}: a -> b"}} for i in range(12)],
+           "difference": {"key": f"SSH_{i}", "label": f"SSH_{i}: a -> b"}} for i in range(12)],
     ]
     return {"experiment": "compare", "metric": "verify_ms", "verdict": "not_reproduced",
             "total_effect": {"verify_ms": {"pct": 29.0, "ci": [25.0, 33.0],
@@ -155,7 +155,7 @@ def test_the_investigation_sentence_names_each_cause_and_the_rest():
     groups = {g["reason"]: g for g in a["not_tested"]}
     assert groups["set aside: shell/session variable"]["count"] == 12
     assert groups["set aside: shell/session variable"]["line"].startswith(
-        "12 shell/session variables changed, not tested: SSH_0 a -> b")
+        "12 shell/session variables changed, not tested: SSH_0, SSH_1,")
     assert "..." in groups["set aside: shell/session variable"]["line"]  # 8 shown, not 12
 
 

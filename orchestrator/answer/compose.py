@@ -84,8 +84,11 @@ def not_tested(compare_doc: Mapping | None) -> list[dict]:
     for f in compare_doc.get("findings", []):
         d = f.get("difference") or {}
         reason = f.get("untested") or "not tested yet"
-        label = str(d.get("label") or f.get("id"))
-        groups.setdefault(reason, []).append(T.change_label(label))
+        if reason.startswith("set aside"):  # a shell's own variables: their names say enough
+            item = str(d.get("key") or f.get("id"))
+        else:
+            item = T.change_label(str(d.get("label") or f.get("id")))
+        groups.setdefault(reason, []).append(item)
     order = ["not tested yet", "not settable per trial", "set aside: shell/session variable"]
     out = []
     for reason in sorted(groups, key=lambda r: order.index(r) if r in order else len(order)):
@@ -104,7 +107,8 @@ def not_tested(compare_doc: Mapping | None) -> list[dict]:
 
 
 def _clause(label: str, change: Mapping) -> str:
-    return f"{label} {T.pct_text(change['pct'])} {T.interval_text(change['ci'])}".rstrip()
+    pct = change["pct"]
+    return f"{label} {T.pct_text(pct)} {T.interval_text(change['ci'], pct)}".rstrip()
 
 
 def assemble(metric: str, whole: LogChange | None, causes: Sequence[dict], *, lead: str,

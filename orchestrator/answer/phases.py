@@ -86,7 +86,7 @@ def _pair(pair: Mapping | None, unit: str, fmt=number) -> str | None:
 
 def describe(doc: Mapping) -> str:
     """One line: the phases with their changes, then CUDA graphs, SM clock and power."""
-    parts = [f"{_PHASE_NAMES[m]} {pct_text(e['pct'])} {interval_text(e['ci'])}"
+    parts = [f"{_PHASE_NAMES[m]} {pct_text(e['pct'])} {interval_text(e['ci'], e['pct'])}"
              for m, e in doc.get("phases", {}).items()]
     if doc.get("accept_len"):
         e = doc["accept_len"]

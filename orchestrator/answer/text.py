@@ -59,14 +59,16 @@ def pct_text(pct: float | None, *, sign: bool = True) -> str:
     return f"{pct:+.1f}%" if sign else f"{pct:.1f}%"
 
 
-def interval_text(ci) -> str:
-    """`[+47.1, +59.2]`, or `[x250, x360]` for large changes; empty when there is none."""
+def interval_text(ci, pct: float | None = None) -> str:
+    """`[+47.1, +59.2]`, or `[x250, x360]` when the change itself (`pct`, else both ends)
+    reads as a ratio: an interval is in the estimate's units. Empty when there is none."""
     if not ci or len(ci) != 2 or not all(isinstance(v, int | float) for v in ci):
         return ""
     lo, hi = ci
     if not (math.isfinite(lo) and math.isfinite(hi)):
         return "[unbounded]"
-    if large(lo) and large(hi):
+    as_ratio = large(pct) if pct is not None else (large(lo) and large(hi))
+    if as_ratio and lo > -100:
         return f"[{_ratio_text(_ratio(lo))}, {_ratio_text(_ratio(hi))}]"
     return f"[{lo:+.1f}, {hi:+.1f}]"
 
@@ -78,7 +80,7 @@ def change_text(effect: Mapping | None, metric: str = "", *, interval: bool = Tr
     pct = float(effect["pct"])
     text = pct_text(pct)
     if interval:
-        ci = interval_text(effect.get("ci"))
+        ci = interval_text(effect.get("ci"), pct)
         text += f" {ci}" if ci else ""
     before, after = effect.get("before"), effect.get("after")
     if large(pct) and isinstance(before, int | float) and isinstance(after, int | float):

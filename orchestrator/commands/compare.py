@@ -23,6 +23,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from orchestrator import answer, caveats, findings, mechanism, render
 from orchestrator.answer import phases
+from orchestrator.answer.text import change_text
 from orchestrator.commands import common
 from orchestrator.controller import Controller
 from orchestrator.errors import UserError
@@ -330,7 +331,7 @@ def _findings(run_id, metric, verdict, eff, effects, ranked, ref, trial_ids) -> 
     assumption = (effects.get(metric) or {}).get("assumption")
     if verdict == "not_reproduced":
         message = (f"same code, same configuration, different result -> system level: {metric}"
-                   f" is {pct:+.1f}% [{eff['ci'][0]:+.1f}, {eff['ci'][1]:+.1f}] against the"
+                   f" is {change_text(eff, metric)} against the"
                    f" reference; {len(ranked)} difference(s) in the fingerprint, the most"
                    " likely mechanism first")
     elif verdict == "reproduced" and eff.get("bounded"):

@@ -193,6 +193,7 @@ def execute(cfg: DictConfig, ctl: Controller, run_dir: Path, good: dict, changes
             "verified": culprit.verified,
             "evidence": [r.id for r in rows if r.candidate.key in (good_key, with_key)],
             "effect_detail": effects,
+            "before_key": good_key, "after_key": with_key,
         })
     for rank, item in enumerate(items, 1):
         item["rank"] = rank

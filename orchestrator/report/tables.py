@@ -20,6 +20,7 @@ from orchestrator.render import finding_id
 from orchestrator.render import probability as fmt_probability
 from orchestrator.report import series as S
 from orchestrator.report.collect import RunData
+from orchestrator.report.fingerprints import fingerprint_diffs
 from orchestrator.report.ranking import excludes_zero
 
 
@@ -217,7 +218,7 @@ def candidates_table(data: RunData) -> TextTable:
         vals = [p.value for p in s.points if not p.suspect]
         mean = statistics.fmean(vals) if vals else None
         sd = statistics.stdev(vals) if len(vals) > 1 else None
-        rows.append((s.label, str(len(vals)), str(sum(p.suspect for p in s.points)),
+        rows.append((s.full or s.label, str(len(vals)), str(sum(p.suspect for p in s.points)),
                      str(len(s.failed)), _fmt_number(mean), _fmt_number(sd),
                      ", ".join(str(p.trial_id) for p in s.points)))
     return TextTable("candidates", f"Candidates on {data.metric} (trial-level)",
@@ -247,7 +248,7 @@ def trials_table(rows: Sequence) -> TextTable:
 
 def fingerprint_tables(data: RunData) -> list[TextTable]:
     out = []
-    for i, fd in enumerate(S.fingerprint_diffs(data)):
+    for i, fd in enumerate(fingerprint_diffs(data)):
         rows = tuple((d.category, d.key, show_value(d.key, d.reference),
                       show_value(d.key, d.now), d.detail,
                       "yes" if d.controllable else "no") for d in fd.differences)
