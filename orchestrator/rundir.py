@@ -104,7 +104,10 @@ def running(store: RunStore, run_dir: Path, out) -> Iterator[RunState]:
     A run this process just created that is refused before its first trial (bad input only
     the nodes can judge, Ctrl-C while Ray starts) is removed again: nothing written."""
     announced = False
-    header = f"run directory: {run_dir}" + (SIMULATED_NOTE if _simulated(store) else "")
+    simulated = _simulated(store)
+    header = f"run directory: {run_dir}" + (" · simulated node" if simulated else "")
+    if simulated:  # before anything else the run prints
+        out.print(SIMULATED_NOTE)
 
     def announce() -> None:
         nonlocal announced
@@ -157,7 +160,7 @@ def running(store: RunStore, run_dir: Path, out) -> Iterator[RunState]:
                 out.print(f"run directory: {run_dir}")
 
 
-SIMULATED_NOTE = " · simulated node (target=sim): modeled times, no GPU was measured"
+SIMULATED_NOTE = "simulated node (target=sim): modeled times, no GPU was measured"
 RESUMABLE = ("bisect", "isolate", "sweep", "investigate")
 
 
