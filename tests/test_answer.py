@@ -217,7 +217,7 @@ def test_mechanism_names_the_phase_and_the_gpu_state():
 
 
 def test_tolerance_follows_the_size_of_the_change():
-    assert combine.tolerance(LogChange(math.log(1.05), 0.01, 5)) == pytest.approx(math.log(1.03))
+    assert combine.tolerance(LogChange(math.log(1.05), 0.01, 5)) == pytest.approx(math.log(1.04))
     assert combine.tolerance(LogChange(math.log(2.0), 0.01, 5)) == pytest.approx(
         0.25 * math.log(2.0))
     # A confidently non-zero remainder passes only while it is small (an inexact composition).

@@ -50,13 +50,13 @@ def _nodes(tmp_path: Path, out: Path, when: str) -> None:
 
 
 def _reference(tmp_path: Path, preset: str, commit_key: str = "good"):
-    """A scenario, and a 2-restart reference trial of one of its commits on the node as it was
+    """A scenario, and a 3-restart reference trial of one of its commits on the node as it was
     (then the nodes are switched to now)."""
     sc = generate_scenario(tmp_path / "sc", 20, 1, preset)
     base = [f"repo={sc.repo}", f"runs_dir={tmp_path / 'runs'}", *FAST]
     _nodes(tmp_path, sc.out, "reference")
     assert trial_cmd.run(compose_config("trial", [*base, f"commit={sc.truth[commit_key]}",
-                                                  "restarts=2", "run_id=reference"])) == 0
+                                                  "restarts=3", "run_id=reference"])) == 0
     _nodes(tmp_path, sc.out, "now")
     return sc, base
 

@@ -140,17 +140,20 @@ def remainder(whole: LogChange, parts: Iterable[LogChange]) -> LogChange:
 
 
 # What "explained" tolerates, on the log scale: the remainder's interval must rule out anything
-# more than a quarter of the change (or 3%, whichever is larger) being left, and a remainder
-# that is confidently not zero must be small: a tenth of the change or 3%. Effects that do not
+# more than a quarter of the change (or 4%, whichever is larger) being left, and a remainder
+# that is confidently not zero must be small: a tenth of the change or 4%. The floor is what
+# a few restarts per side resolve on a noisy node: an 8% change measured with two or three
+# restarts leaves a remainder interval about 4-5 points wide even when one cause explains it
+# all, and a 3% floor made such answers "not explained" one run in two. Effects that do not
 # compose exactly (an all-reduce saving that is a smaller share of a verify pass the culprit
 # made longer) leave a few percent either way; that is reported, not hidden.
-MIN_TOLERANCE = math.log1p(0.03)
+MIN_TOLERANCE = math.log1p(0.04)
 BOUND_SHARE = 0.25
 SMALL_SHARE = 0.10
 
 
 def tolerance(whole: LogChange, share_of_change: float = BOUND_SHARE) -> float:
-    """A log-scale tolerance: `share_of_change` of the change, at least 3%."""
+    """A log-scale tolerance: `share_of_change` of the change, at least 4%."""
     return max(MIN_TOLERANCE, share_of_change * abs(whole.diff))
 
 

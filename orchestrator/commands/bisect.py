@@ -23,6 +23,7 @@ from orchestrator.errors import UserError
 from orchestrator.metrics import check_metric, regression_direction
 from orchestrator.progress import Progress, expected_bisect_trials, verdict_best
 from orchestrator.records import Candidate
+from orchestrator.report.terminal import print_answer
 from orchestrator.rundir import create_run, running, runs_root
 from orchestrator.store import RunStore
 from orchestrator.strategies.base import Verdict
@@ -230,7 +231,8 @@ def _execute(cfg, run_dir: Path, store: RunStore, commits, points, weights) -> i
     with running(store, run_dir, out) as run:
         with Progress(out) as progress, \
                 Controller(cfg, store, run_dir, on_event=progress.on_event) as ctl:
-            verdict, _ = execute(cfg, ctl, run_dir, commits, points, weights, out,
-                                 progress=progress)
+            verdict, doc = execute(cfg, ctl, run_dir, commits, points, weights, out,
+                                   progress=progress)
+        print_answer(out, doc.get("answer"))
         run.status = "done" if verdict.status == "found" else "inconclusive"
         return 0 if verdict.status == "found" else EXIT_INCONCLUSIVE

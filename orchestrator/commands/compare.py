@@ -33,6 +33,7 @@ from orchestrator.metrics import EFFECT_METRICS, check_metric
 from orchestrator.progress import Progress
 from orchestrator.records import Candidate, Outcome
 from orchestrator.redact import is_redacted, redact_config
+from orchestrator.report.terminal import print_answer
 from orchestrator.rundir import create_run, find_run, running
 from orchestrator.stats.effect import log_difference, log_effect
 from orchestrator.store import RunStore
@@ -229,6 +230,7 @@ def run(cfg: DictConfig) -> int:
         with Progress(out) as progress, \
                 Controller(cfg, store, run_dir, on_event=progress.on_event) as ctl:
             doc = execute(cfg, ctl, run_dir, ref, out, progress=progress)
+        print_answer(out, doc.get("answer"))
         run.status = "done" if doc["verdict"] != "unresolved" else "inconclusive"
         return 0 if doc["verdict"] != "unresolved" else 3
 

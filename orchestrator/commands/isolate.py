@@ -371,9 +371,12 @@ def _execute(cfg: DictConfig, run_dir: Path, store: RunStore, ref: dict | None, 
                 assert good is not None and changes is not None
                 verdict, _ = execute(cfg, ctl, run_dir, good, changes, ws.resolve, out,
                                      progress=progress)
-        if ref is not None:
-            from orchestrator.report.ranking import load_docs, rank
+        from orchestrator.report.ranking import load_docs, rank
+        from orchestrator.report.terminal import print_answer
 
-            findings.write(run_dir, rank(load_docs(run_dir), store.trials()))
+        ranked = rank(load_docs(run_dir), store.trials())
+        if ref is not None:
+            findings.write(run_dir, ranked)
+        print_answer(out, ranked.get("answer"))
         run.status = "done" if verdict.status == "found" else "inconclusive"
         return 0 if verdict.status == "found" else 3

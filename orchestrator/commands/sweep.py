@@ -25,6 +25,7 @@ from orchestrator.drive import observation
 from orchestrator.errors import UserError
 from orchestrator.progress import Progress
 from orchestrator.records import Candidate
+from orchestrator.report.terminal import print_answer
 from orchestrator.rundir import create_run, running, runs_root
 from orchestrator.store import RunStore
 from orchestrator.sweep import importance, report, setup
@@ -185,6 +186,7 @@ def _execute(cfg: DictConfig, run_dir: Path, store: RunStore, space: SearchSpace
             result, doc = execute(cfg, ctl, run_dir, space, settings, base, out,
                                   progress=progress)
         out.print(f"findings: {findings.write(run_dir, doc)}")
+        print_answer(out, doc.get("answer"))
         if result.status == "no_data":
             return 1  # the run stays "failed"
         conclusive = result.status in ("found", "baseline_best")
