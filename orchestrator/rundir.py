@@ -104,12 +104,16 @@ def running(store: RunStore, run_dir: Path, out) -> Iterator[RunState]:
     A run this process just created that is refused before its first trial (bad input only
     the nodes can judge, Ctrl-C while Ray starts) is removed again: nothing written."""
     announced = False
+    simulated = _simulated(store)
+    header = f"run directory: {run_dir}" + (" · simulated node" if simulated else "")
+    if simulated:  # before anything else the run prints
+        out.print(SIMULATED_NOTE)
 
     def announce() -> None:
         nonlocal announced
         if not announced:
             announced = True
-            out.print(f"run directory: {run_dir}")
+            out.print(header)
 
     fresh = store.fresh and not store.trials()
     if fresh:
@@ -132,6 +136,7 @@ def running(store: RunStore, run_dir: Path, out) -> Iterator[RunState]:
             raise
         if isinstance(exc, KeyboardInterrupt):
             state.status = "interrupted"
+            out.print(resume_hint(store.command, run_dir))
             raise
         if isinstance(exc, RunInterrupted) or no_space(exc):
             state.status = "interrupted"
@@ -155,8 +160,38 @@ def running(store: RunStore, run_dir: Path, out) -> Iterator[RunState]:
                 out.print(f"run directory: {run_dir}")
 
 
+SIMULATED_NOTE = "simulated node (target=sim): modeled times, no GPU was measured"
+RESUMABLE = ("bisect", "isolate", "sweep", "investigate")
+
+
+def _simulated(store: RunStore) -> bool:
+    from orchestrator.targets.registry import is_simulated
+
+    try:
+        cfg = OmegaConf.create(store.config_yaml() or "{}")
+        return is_simulated(cfg.get("target"))
+    except Exception:  # noqa: BLE001 - a header is no reason to fail a run
+        return False
+
+
+def run_argument(run_dir: Path) -> str:
+    """How to name a run on the command line: its id, and its runs_dir unless it is ./runs."""
+    if run_dir.parent == Path("runs").resolve():
+        return run_dir.name
+    return f"{run_dir.name} runs_dir={run_dir.parent}"
+
+
+def resume_hint(command: str, run_dir: Path) -> str:
+    """The line a stopped run ends with: how to continue it, or that it cannot be."""
+    if command in RESUMABLE:
+        return (f"interrupted: every finished trial is kept; continue with: sleuth resume"
+                f" {run_argument(run_dir)}")
+    return (f"interrupted: the finished trials are kept in {run_dir}; a {command} run is not"
+            " resumable, run it again")
+
+
 def _interrupted_message(exc: BaseException, run_dir: Path) -> str:
     what = str(exc) if isinstance(exc, SleuthError) else f"no space left on device ({exc})"
     hint = "free some space" if no_space(exc) else "when the nodes are back"
     return (f"{what}; run {run_dir.name} is interrupted with every finished trial kept:"
-            f" {hint}, sleuth resume {run_dir.name}")
+            f" {hint}, sleuth resume {run_argument(run_dir)}")

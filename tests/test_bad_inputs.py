@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 import subprocess
 import sys
 import time
@@ -132,8 +133,23 @@ CASES = [
      "does not accept --no-such-flag"),
     ("unreachable cluster", ["trial", "repo={repo}", "cluster=ray", "cluster.address=127.0.0.1:1"],
      "cannot reach the Ray cluster at 127.0.0.1:1"),
+    # No silent simulator: without SGLang the default target refuses and names the others.
+    ("default target without SGLang", ["trial", "repo={repo}"], "target=sim"),
+    ("default target names target=command", ["trial", "repo={repo}"], "target=command"),
+    ("investigate without a reference or a range", ["investigate", "repo={repo}"],
+     "reference=RUN"),
+    ("investigate with good but no bad", ["investigate", "repo={repo}", "good={s0}"],
+     "good=REF bad=REF"),
+    ("investigate against a missing run", ["investigate", "repo={repo}", "reference=nope"],
+     "no run"),
+    ("sweep in the bisect's direction words", ["sweep", "repo={repo}", "space=nccl_quick",
+                                              "direction=up"], "maximize"),
+    ("cfg of hydra", ["trial", "--cfg", "hydra"], "--cfg job"),
 ]
 
+# Commands that run trials: their cases name target=sim, except those about the default.
+RUNS_TRIALS = ("trial", "bisect", "compare", "isolate", "sweep", "investigate")
+DEFAULT_TARGET = {"default target without SGLang", "default target names target=command"}
 # Cases judged on the nodes: they start Ray (the session's instance, to keep this quick).
 AT_LAUNCH = {"clock beyond the GPUs", "server flag the installed server rejects"}
 # Cases that need a process where Ray is not running yet: run through the real entry point.
@@ -153,11 +169,16 @@ def test_bad_input_found_at_launch(ray_session, world, capsys, monkeypatch, name
 
 
 def _refused(world, capsys, monkeypatch, name, argv, needle):
+    if name in DEFAULT_TARGET and importlib.util.find_spec("sglang") is not None:
+        pytest.skip("SGLang is installed here: the default target can run")
     fill = {"repo": world["repo"], "base": world["base"], "runs": world["runs"],
             "side": world["side"], **{f"s{i}": s for i, s in enumerate(world["shas"])}}
     args = [a.format(**fill) for a in argv]
     if args[0] not in ("frobnicate", "scenario") and "--config-dir" not in args:
         args.append(f"runs_dir={world['runs']}")
+    if args[0] in RUNS_TRIALS and not any(a.startswith("target=") for a in args) \
+            and name not in DEFAULT_TARGET:
+        args.append("target=sim")  # the cases mean the simulated node (the default is SGLang)
     monkeypatch.chdir(world["base"])
     before = _tree(world["base"])
     started = time.monotonic()

@@ -164,7 +164,7 @@ def test_isolate_with_a_patch_that_does_not_apply_is_bad_input(tmp_path, capsys)
     patch = tmp_path / "broken.patch"
     patch.write_text("--- a/nothere.py\n+++ b/nothere.py\n@@ -1 +1 @@\n-x\n+y\n")
     with pytest.raises(SystemExit) as exc:
-        main(["isolate", f"repo={repo}", f"runs_dir={tmp_path / 'runs'}", f"good.commit={shas[0]}",
+        main(["isolate", "target=sim", f"repo={repo}", f"runs_dir={tmp_path / 'runs'}", f"good.commit={shas[0]}",
               f"bad.patches=[{patch}]", "good.env.NCCL_PROTO=LL128"])
     assert exc.value.code == 2
     err = capsys.readouterr().err

@@ -20,7 +20,7 @@ from orchestrator.runner.process import group_members
 from orchestrator.store import RunStore
 from orchestrator.targets.sim import gpu_state
 
-FAST = ["target.time_scale=0.02", "target.load_seconds=5", "bench.requests=2",
+FAST = ["target=sim", "target.time_scale=0.02", "target.load_seconds=5", "bench.requests=2",
         "bench.output_len=32", "bench.input_len=32", "bench.warmup_requests=1",
         "bench.repetitions=2", "trial.ready_timeout_s=4", "trial.retries=1",
         "bench.request_timeout_s=2", "trial.grace_s=2", "clock=power:400"]

@@ -87,7 +87,7 @@ def test_secrets_in_config_are_refused(tmp_path, capsys):
     repo = tmp_path / "repo"
     make_sim_repo(repo, [{}])
     with pytest.raises(SystemExit) as exc:
-        main(["trial", f"repo={repo}", f"runs_dir={tmp_path / 'runs'}", "env.HF_TOKEN=hf_secret"])
+        main(["trial", "target=sim", f"repo={repo}", f"runs_dir={tmp_path / 'runs'}", "env.HF_TOKEN=hf_secret"])
     assert exc.value.code == 2
     err = capsys.readouterr().err
     assert "HF_TOKEN" in err and "hf_secret" not in err
@@ -180,7 +180,7 @@ def test_secret_values_in_a_candidate_are_refused(tmp_path, capsys):
     repo = tmp_path / "repo"
     make_sim_repo(repo, [{}])
     with pytest.raises(SystemExit) as exc:
-        main(["trial", f"repo={repo}", f"runs_dir={tmp_path / 'runs'}",
+        main(["trial", "target=sim", f"repo={repo}", f"runs_dir={tmp_path / 'runs'}",
               f"env.DATABASE_URL={SECRET_VALUES['DATABASE_URL']}"])
     assert exc.value.code == 2
     err = capsys.readouterr().err
@@ -216,7 +216,7 @@ def test_isolate_refuses_a_redacted_level_and_resume_a_redacted_config(tmp_path,
     repo = tmp_path / "repo"
     make_sim_repo(repo, [{}])
     with pytest.raises(SystemExit) as exc:
-        main(["isolate", f"repo={repo}", f"runs_dir={tmp_path / 'runs'}",
+        main(["isolate", "target=sim", f"repo={repo}", f"runs_dir={tmp_path / 'runs'}",
               "good.env.NCCL_PROTO=LL128", f"bad.env.NCCL_PROTO={REDACTED}"])
     assert exc.value.code == 2 and "redacted" in capsys.readouterr().err
     assert not (tmp_path / "runs").exists() or not any(
@@ -240,7 +240,7 @@ def test_trial_with_secrets_on_the_node_writes_none_and_launches_real_values(tmp
     node.mkdir(parents=True)
     (node / "env.json").write_text(json.dumps(SECRET_VALUES))
     cfg = compose_config("trial", [
-        f"repo={repo}", f"runs_dir={tmp_path / 'runs'}", "target.time_scale=0.02",
+        "target=sim", f"repo={repo}", f"runs_dir={tmp_path / 'runs'}", "target.time_scale=0.02",
         "target.load_seconds=5", "bench.requests=2", "bench.output_len=32", "bench.input_len=32",
         "bench.warmup_requests=1", "bench.repetitions=1", "trial.retries=0",
         "env.TOKENIZERS_PARALLELISM=false", "env.NCCL_IB_PKEY=0", "run_id=t"])
@@ -350,7 +350,7 @@ def test_a_hostile_ref_is_not_echoed_raw_in_the_error_line(tmp_path, capsys):
     repo = tmp_path / "repo"
     make_sim_repo(repo, [{}])
     with pytest.raises(SystemExit) as exc:
-        main(["trial", f"repo={repo}", f"runs_dir={tmp_path / 'runs'}", "commit='x\x1b]0;t\x07y'"])
+        main(["trial", "target=sim", f"repo={repo}", f"runs_dir={tmp_path / 'runs'}", "commit='x\x1b]0;t\x07y'"])
     assert exc.value.code == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and _clean(err.rstrip("\n"))

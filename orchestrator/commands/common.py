@@ -48,7 +48,13 @@ def check_common(cfg: DictConfig) -> None:
         check_env(env)
     ClockPolicy.parse(str(cfg.clock))
     packages.check_settings(cfg)
-    regression_direction(str(cfg.metric), str(cfg.direction))
+    if cfg.get("command") == "sweep":  # a sweep optimises: maximize | minimize (or auto)
+        from orchestrator.sweep.setup import maximize
+
+        maximize(str(cfg.metric), str(cfg.direction))
+    else:  # the others explain a regression: increase | decrease (or auto)
+        regression_direction(str(cfg.metric), str(cfg.direction))
+    check_target_available(cfg)
     root = runs_root(cfg)
     probe = root if root.exists() else next((p for p in root.parents if p.exists()), root)
     if not os.access(probe, os.W_OK):
@@ -72,3 +78,44 @@ def candidate(cfg: DictConfig, ws: Workspace) -> Candidate:
         ws.checkout(sha, patches)  # proves the patches apply before anything is written
     packages.require(cfg, pins)
     return cand
+
+
+def check_target_available(cfg: DictConfig) -> None:
+    """The default target is a real SGLang server; on a machine without SGLang a run would
+    start, fail every launch and end "untestable". Say so before anything is written, and name
+    the two targets that need no SGLang. On a Ray cluster the nodes judge for themselves
+    (their preflight runs `launch_server --help`), since the controller host need not have it."""
+    target = cfg.target
+    if str(target.name) != "sglang" or str(target.get("engine") or "sglang") == "sim":
+        return
+    if str(cfg.cluster.kind) != "local":
+        return
+    python = str(target.get("python") or "")
+    if python:
+        import subprocess
+
+        try:
+            found = subprocess.run([python, "-c", "import importlib.util as u, sys;"
+                                    " sys.exit(u.find_spec('sglang') is None)"],
+                                   capture_output=True, timeout=60).returncode == 0
+        except (OSError, subprocess.TimeoutExpired):
+            found = False
+    else:
+        import importlib.util
+
+        found = importlib.util.find_spec("sglang") is not None
+    if not found:
+        where = f"target.python={python}" if python else "this Python"
+        raise UserError(f"SGLang is not installed for {where}, and the default target is a real"
+                        " SGLang server: add target=sim to run on the simulated node, or"
+                        " target=command 'target.bench=CMD' to time any benchmark command")
+
+
+def resume_notice(run_dir: Path, store) -> str:
+    """What a resumed run starts from: trials that finished (reused as evidence) and trials
+    that were interrupted (never evidence; what is still needed runs again)."""
+    rows = store.trials()
+    interrupted = sum(1 for r in rows if r.outcome is not None and r.outcome.value == "interrupted")
+    finished = sum(1 for r in rows if r.finished) - interrupted
+    return (f"resuming {run_dir.name}: {finished} finished trial{'s' if finished != 1 else ''}"
+            f" reused, {interrupted} interrupted (not evidence; what is still needed runs again)")

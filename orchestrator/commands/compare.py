@@ -14,12 +14,16 @@ server's own environment both times) lists what changed, ranked by the mechanism
 from __future__ import annotations
 
 import json
+import math
 import os
+import statistics
 from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
-from orchestrator import caveats, findings, mechanism, render
+from orchestrator import answer, caveats, findings, mechanism, render
+from orchestrator.answer import phases
+from orchestrator.answer.text import change_text
 from orchestrator.commands import common
 from orchestrator.controller import Controller
 from orchestrator.errors import UserError
@@ -29,10 +33,11 @@ from orchestrator.metrics import EFFECT_METRICS, check_metric
 from orchestrator.packages import plan as packages
 from orchestrator.packages.pins import pin_list
 from orchestrator.progress import Progress
-from orchestrator.records import Candidate
+from orchestrator.records import Candidate, Outcome
 from orchestrator.redact import is_redacted, redact_config
+from orchestrator.report.terminal import print_answer
 from orchestrator.rundir import create_run, find_run, running
-from orchestrator.stats.effect import log_effect
+from orchestrator.stats.effect import log_difference, log_effect
 from orchestrator.store import RunStore
 
 # Settings that say where a trial runs rather than what it measures: the compare's own apply.
@@ -83,7 +88,11 @@ def _user_set(cfg: DictConfig) -> DictConfig:
     by the user (or by a config group the user chose)."""
     from orchestrator.config.compose import compose_config
 
-    return compose_config(str(cfg.command), [])
+    name = str(cfg.target.get("name") or "")
+    group = [f"target={name}"] if name else []
+    if name == "command":  # its one required key; the user's own always differs from this
+        group.append("target.bench=true")
+    return compose_config(str(cfg.command), group)
 
 
 def adopt_reference_config(cfg: DictConfig, ref: dict, resolve=None) -> list[str]:
@@ -179,7 +188,9 @@ def decide(ref: list[float], now: list[float], min_effect_pct: float, confidence
     interval's ends is ruled out, which is what the answer then says (with the small change
     that may remain, when the interval excludes zero). A wider interval stays "unresolved":
     it would rule out too little to be called a reproduction."""
-    e = log_effect(ref, now, confidence=confidence)
+    logs = ([math.log(v) for v in ref], [math.log(v) for v in now])
+    d = log_difference(*logs, confidence=confidence)
+    e = d.to_effect(len(ref), len(now), confidence)
     strict = log_effect(ref, now, confidence=max(confidence, CHANGE_CONFIDENCE))
     lo, hi = e.ci
     bounded = False
@@ -193,7 +204,8 @@ def decide(ref: list[float], now: list[float], min_effect_pct: float, confidence
     else:
         verdict = "unresolved"
     return verdict, {"pct": e.pct, "ci": [lo, hi], "p_value": e.p_value, "n": [len(ref), len(now)],
-                     "bounded": bounded}
+                     "bounded": bounded, "log": [d.diff, d.se, d.df],
+                     "before": statistics.fmean(ref), "after": statistics.fmean(now)}
 
 
 def run(cfg: DictConfig) -> int:
@@ -225,6 +237,7 @@ def run(cfg: DictConfig) -> int:
         with Progress(out) as progress, \
                 Controller(cfg, store, run_dir, on_event=progress.on_event) as ctl:
             doc = execute(cfg, ctl, run_dir, ref, out, progress=progress)
+        print_answer(out, doc.get("answer"))
         run.status = "done" if doc["verdict"] != "unresolved" else "inconclusive"
         return 0 if doc["verdict"] != "unresolved" else 3
 
@@ -243,8 +256,21 @@ def execute(cfg: DictConfig, ctl: Controller, run_dir: Path, ref: dict, out,
     if progress is not None:  # an earlier experiment's state would mislead
         progress.set_total(None)
         progress.on_verdict("comparing", None, None)
-    now_rows: list = []
+    # A resumed run's finished compare trials count (an interrupted one is run again).
+    now_rows: list = [r for r in ctl.store.trials() if r.phase == "compare" and r.finished
+                      and r.candidate.key == cand.key and r.outcome is not Outcome.INTERRUPTED]
     verdict, eff = "unresolved", {}
+
+    def decide_now() -> tuple[str, dict]:
+        now_vals = [v for r in now_rows if r.outcome.measured and not r.suspect
+                    and (v := r.result.value(metric)) is not None]
+        if len(now_vals) < 2:
+            return "unresolved", eff
+        return decide(ref_values, now_vals, min_effect, 0.95, final=len(now_rows) >= max_trials,
+                      bound_pct=float(params.get("bound_pct", 10.0)))
+
+    if now_rows:
+        verdict, eff = decide_now()
     while verdict == "unresolved" and len(now_rows) < max_trials:
         for _ in range(min(batch, max_trials - len(now_rows))):
             while not ctl.idle_nodes():
@@ -252,12 +278,7 @@ def execute(cfg: DictConfig, ctl: Controller, run_dir: Path, ref: dict, out,
             ctl.submit(cand, phase="compare")
         while ctl.in_flight():
             now_rows += ctl.wait()
-        now_vals = [v for r in now_rows if r.outcome.measured and not r.suspect
-                    and (v := r.result.value(metric)) is not None]
-        if len(now_vals) >= 2:
-            verdict, eff = decide(ref_values, now_vals, min_effect, 0.95,
-                                  final=len(now_rows) >= max_trials,
-                                  bound_pct=float(params.get("bound_pct", 10.0)))
+        verdict, eff = decide_now()
     measured = [r for r in now_rows if r.outcome and r.outcome.measured and not r.suspect]
     effects = {}
     for m in EFFECT_METRICS:
@@ -281,6 +302,16 @@ def execute(cfg: DictConfig, ctl: Controller, run_dir: Path, ref: dict, out,
     if progress is not None:
         progress.on_verdict(verdict.replace("_", " "), None, None)
     doc["differences"] = [d.to_json() for d, _ in ranked]
+    doc["answer"] = answer.for_compare(
+        doc, mechanism=phases.mechanism(
+            ref["values"], {m: [v for r in measured if (v := r.result.value(m)) is not None]
+                            for m in phases.SIDE_METRICS},
+            ref.get("telemetry") or [fp.get("telemetry") for fp in ref_fps],
+            [fp.get("telemetry") for fp in now_fps], before_label="reference",
+            after_label="now"),
+        next_step=(f"sleuth investigate reference={ref['name']} (tests the controllable"
+                   " differences)" if ref.get("run", True) and verdict == "not_reproduced"
+                   else ""))
     path = findings.write(run_dir, doc, findings_name)
     _print(out, doc, ranked)
     out.print(f"findings: {path}")
@@ -309,7 +340,7 @@ def _findings(run_id, metric, verdict, eff, effects, ranked, ref, trial_ids) -> 
     assumption = (effects.get(metric) or {}).get("assumption")
     if verdict == "not_reproduced":
         message = (f"same code, same configuration, different result -> system level: {metric}"
-                   f" is {pct:+.1f}% [{eff['ci'][0]:+.1f}, {eff['ci'][1]:+.1f}] against the"
+                   f" is {change_text(eff, metric)} against the"
                    f" reference; {len(ranked)} difference(s) in the fingerprint, the most"
                    " likely mechanism first")
     elif verdict == "reproduced" and eff.get("bounded"):
@@ -346,7 +377,8 @@ def _findings(run_id, metric, verdict, eff, effects, ranked, ref, trial_ids) -> 
             "message": message, "reference": {"name": ref["name"], "trials": ref.get("trials", []),
                           "run": ref.get("run", True)},
             "total_effect": {m: {k: e[k] for k in ("pct", "ci", "n", "evidence", "caveat",
-                                                   "assumption") if k in e}
+                                                   "assumption", "log", "before", "after")
+                                 if k in e}
                              for m, e in effects.items()},
             "n_trials": len(trial_ids), "findings": items}
 

@@ -25,7 +25,7 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
-from orchestrator import caveats, findings, render
+from orchestrator import answer, caveats, findings, render
 from orchestrator.commands import common, compare
 from orchestrator.controller import Controller
 from orchestrator.differences import (
@@ -200,6 +200,7 @@ def execute(cfg: DictConfig, ctl: Controller, run_dir: Path, good: dict, changes
             "verified": culprit.verified,
             "evidence": [r.id for r in rows if r.candidate.key in (good_key, with_key)],
             "effect_detail": effects,
+            "before_key": good_key, "after_key": with_key,
         })
     for rank, item in enumerate(items, 1):
         item["rank"] = rank
@@ -211,6 +212,12 @@ def execute(cfg: DictConfig, ctl: Controller, run_dir: Path, good: dict, changes
            "findings": [{"rank": i.pop("rank"), **i} for i in items]}
     system = system_changes(rows)
     doc["system_changes"] = [c.to_json() for c in system]
+    bad_key = points.candidate(strategy.point_of(frozenset(range(len(changes))))).key
+    total = findings.effects_between(rows, good_key, bad_key)
+    if total:
+        doc["total_effect"] = total
+    doc["answer"] = answer.for_isolate(
+        doc, mechanism=findings.mechanism_between(rows, good_key, bad_key, "good", "bad"))
     path = findings.write(run_dir, doc, findings_name)
     out.print(render.findings_table(doc))
     out.print(verdict.message)
@@ -355,9 +362,8 @@ def resume(run_dir: Path) -> int:
     except BaseException:
         store.close()
         raise
-    lost = store.interrupt_unfinished()
-    render.console().print(f"resuming {run_dir.name}: {len(store.trials()) - len(lost)} finished"
-                           f" trials reused, {len(lost)} interrupted")
+    store.interrupt_unfinished()
+    render.console().print(common.resume_notice(run_dir, store))
     store.set_status("running")
     return _execute(cfg, run_dir, store, ref, ws, good, changes)
 
@@ -393,9 +399,12 @@ def _execute(cfg: DictConfig, run_dir: Path, store: RunStore, ref: dict | None, 
                 assert good is not None and changes is not None
                 verdict, _ = execute(cfg, ctl, run_dir, good, changes, ws.resolve, out,
                                      progress=progress)
-        if ref is not None:
-            from orchestrator.report.ranking import load_docs, rank
+        from orchestrator.report.ranking import load_docs, rank
+        from orchestrator.report.terminal import print_answer
 
-            findings.write(run_dir, rank(load_docs(run_dir), store.trials()))
+        ranked = rank(load_docs(run_dir), store.trials())
+        if ref is not None:
+            findings.write(run_dir, ranked)
+        print_answer(out, ranked.get("answer"))
         run.status = "done" if verdict.status == "found" else "inconclusive"
         return 0 if verdict.status == "found" else 3

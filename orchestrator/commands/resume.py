@@ -30,6 +30,10 @@ def run(cfg: DictConfig) -> int:
         from orchestrator.commands import isolate
 
         return isolate.resume(run_dir)
+    if command == "investigate":
+        from orchestrator.commands import investigate
+
+        return investigate.resume(run_dir)
     if command == "sweep":
         from orchestrator.commands import sweep
 

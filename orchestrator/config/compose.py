@@ -106,10 +106,18 @@ def _check_syntax(overrides: list[str]) -> None:
 # trials, so a restart scatters by about 3%, while the space's best is only 4% better than the
 # baseline and the LL variants are 2-3% off it: with two restarts each, 2 of 3 demos confirmed
 # an LL variant, or none.
+#
+# `investigate recover=true` ends with the same grid, two restarts a configuration: short,
+# and on a real node's lower noise usually enough to bring back a lost setting.
 COMMAND_DEFAULTS: dict[str, list[str]] = {
-    "demo": ["nodes=3", "space=nccl_quick", "trials=48", "sampler=grid",
+    "demo": ["target=sim", "nodes=3", "space=nccl_quick", "trials=48", "sampler=grid",
              "experiment.params.restarts=4"],
+    "investigate": ["space=nccl_quick", "trials=24", "sampler=grid"],
 }
+
+# `target=command` reports its own metrics; without `metric=` its bench's bare number
+# (`value`) is the metric, not SGLang's verify_ms.
+TARGET_METRICS = {"command": "value"}
 
 
 def compose_config(
@@ -152,6 +160,10 @@ def compose_config(
         OmegaConf.to_container(cfg, resolve=True, throw_on_missing=True)
     except Exception as exc:
         raise UserError(f"bad configuration: {_first_line(exc)}") from exc
+    if not any(o.lstrip("+~").split("=", 1)[0] == "metric" for o in overrides):
+        default_metric = TARGET_METRICS.get(str(cfg.target.get("name")))
+        if default_metric:
+            cfg.metric = default_metric
     check_values(cfg)  # numbers and names, once, for every command
     return cfg
 

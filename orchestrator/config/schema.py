@@ -5,9 +5,9 @@ type is rejected before anything runs. The YAML files under `conf/` only choose 
 shape of the configuration lives here, in one place.
 
 Groups (one YAML file per option under `conf/<group>/`):
-  target/      the system under test: `sim` (embedded simulated SGLang node), `sglang` (a real
-               SGLang server; `launcher=sim` puts the sim behind the same adapter), `command`
-               (any repository with a benchmark command).
+  target/      the system under test: `sglang` (a real SGLang server, the default;
+               `launcher=sim` puts the sim behind the same adapter), `sim` (the embedded
+               simulated SGLang node), `command` (any repository with a benchmark command).
   bench/       the fixed, seeded request set each repetition sends.
   cluster/     where trials run: `local` (a Ray instance started for the run).
   experiment/  strategy tuning for the command (`trial`, `bisect`, ...).
@@ -188,6 +188,9 @@ class CommandTargetConf(TargetConf):
     # The interpreter of the project's code, for package overlays: empty = the first word of
     # the server (or bench) command when it is a Python interpreter, else sleuth's own.
     python: str = ""
+    # Worktree directories put first on PYTHONPATH (those that exist), so a bench script kept
+    # outside the repository imports the commit's code rather than an installed copy.
+    pythonpath: list[str] = field(default_factory=lambda: [".", "src"])
     bench_timeout_s: float = ranged(600.0, gt=0)
     build_timeout_s: float = ranged(3600.0, gt=0)
 
@@ -325,8 +328,13 @@ class Config:
     trials: int = ranged(40, ge=1)
     sampler: str = "tpe"
     space: SpaceConf | None = None
-    # `sleuth compare` / `sleuth isolate`: an earlier run (or fingerprint file) to compare with.
+    # `sleuth compare` / `isolate` / `investigate`: an earlier run (or fingerprint file) that
+    # measured the good state.
     reference: str | None = None
+    # `sleuth investigate recover=true`: end with a short sweep of `space` on the bad commit.
+    recover: bool = False
+    # `sleuth trial restarts=N`: N trials (server restarts) of the candidate, e.g. a reference.
+    restarts: int = ranged(1, ge=1, le=10_000)
     # `sleuth scenario`: where to write, how many commits, which planted causes.
     out: str | None = None
     commits: int = ranged(100, ge=1)

@@ -48,6 +48,16 @@ class RunData:
     def config(self) -> DictConfig:
         return OmegaConf.create(self.config_yaml or "{}")
 
+    @property
+    def simulated(self) -> bool:
+        """A run on the simulated node: every report of it says so in its header."""
+        from orchestrator.targets.registry import is_simulated
+
+        try:
+            return is_simulated(self.config.get("target"))
+        except Exception:  # noqa: BLE001 - an unreadable config: no claim either way
+            return False
+
     def row(self, trial_id: int) -> TrialRow | None:
         return next((r for r in self.rows if r.id == trial_id), None)
 

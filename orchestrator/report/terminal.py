@@ -7,7 +7,7 @@ escapes in a commit message) are dropped first.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from rich.console import Console
@@ -15,13 +15,13 @@ from rich.table import Table
 from rich.text import Text
 
 from orchestrator.report import tables as T
+from orchestrator.report.answer import causes_table, detail_lines
 from orchestrator.report.collect import RunData
 from orchestrator.safe_text import printable
 
-# Columns of the findings table worth their terminal width (the rest is in the files).
-# Summaries follow the table as lines of their own: in a column they wrap into a narrow tower.
-_TERMINAL_FINDING_COLUMNS = ("rank", "kind", "id", "experiment", "P(cause)", "effect [95% CI]",
-                             "phase", "accept len", "cuda graph share", "trials", "flags")
+# Columns of the findings table worth their terminal width (the rest is in the files): an
+# 80-column terminal holds these. Summaries follow the table as lines of their own.
+_TERMINAL_FINDING_COLUMNS = ("rank", "id", "P(cause)", "effect [95% CI]", "phase")
 MAX_TERMINAL_ROWS = 40
 
 
@@ -39,18 +39,45 @@ def rich_table(table: T.TextTable, columns: Sequence[str] | None = None,
     return out
 
 
+def print_answer(console: Console, answer: Mapping | None) -> None:
+    """The answer as a run ends with it and a report opens with it."""
+    if not answer:
+        return
+    console.print(Text(printable(f"answer: {answer.get('sentence', '')}")))
+    table = causes_table(answer)
+    if table.rows:
+        console.print(rich_table(table, ("cause", table.headers[1], "share", "P(cause)")))
+    for line in detail_lines(answer):
+        console.print(Text(printable(line)))
+
+
 def print_report(console: Console, data: RunData, paths: Sequence[Path] = ()) -> None:
+    if data.simulated:
+        console.print(Text(f"run {data.run_id} · simulated node (modeled times, no GPU"
+                           " measured)"))
+    print_answer(console, data.ranked.get("answer"))
     console.print(rich_table(T.run_table(data)))
-    console.print(rich_table(T.experiments_table(data.ranked)))
+    console.print(rich_table(T.experiments_table(data.ranked),
+                             ("experiment", "verdict", "findings", "total change")))
+    causes = T.split_findings(data.ranked)[0]
     console.print(rich_table(T.findings_table(data.ranked), _TERMINAL_FINDING_COLUMNS,
                              max_rows=MAX_TERMINAL_ROWS))
-    for f in data.ranked.get("findings", [])[:MAX_TERMINAL_ROWS]:
+    for f in causes[:MAX_TERMINAL_ROWS]:
         console.print(Text(printable(f"  #{f.get('rank')} {f.get('summary', '')}")))
-    top = data.ranked.get("findings", [])[:1]
-    for f in top:
-        console.print(rich_table(T.effects_table(f)))
+    for line in T.untested_lines(data.ranked):
+        console.print(Text(printable(f"not tested: {line}")))
+    settings = T.settings_table(data.ranked)
+    if settings.rows:
+        console.print(rich_table(settings, ("setting", "effect [95% CI]", "P(better)"),
+                                 max_rows=MAX_TERMINAL_ROWS))
+    for f in causes[:1]:
+        console.print(rich_table(T.effects_table(f), ("metric", "change [95% CI]", "before",
+                                                      "after", "trials")))
     for fp in T.fingerprint_tables(data):
-        console.print(rich_table(fp, max_rows=MAX_TERMINAL_ROWS))
-    console.print(rich_table(T.candidates_table(data), max_rows=MAX_TERMINAL_ROWS))
+        console.print(rich_table(fp, ("category", "field", "before", "after", "controllable"),
+                                 max_rows=MAX_TERMINAL_ROWS))
+    console.print(rich_table(T.candidates_table(data), ("candidate", "measured", "failed",
+                                                        "mean", "sd"),
+                             max_rows=MAX_TERMINAL_ROWS))
     for path in paths:
         console.print(Text(f"report: {path}"))

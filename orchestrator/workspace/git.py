@@ -161,11 +161,34 @@ class Workspace:
         if not between:
             raise UserError(f"no commits between good {good!r} and bad {bad!r}")
         if first_parent and between[0].parents[:1] != (good_sha,):
+            merge = self._merge_bringing(good_sha, between)
+            instead = (f"; the nearest first-parent commit that contains it is {merge.sha[:12]}"
+                       f" ({merge.subject[:60]}): use good={merge.sha[:12]}, or"
+                       if merge is not None else ";")
             raise UserError(
                 f"good {good!r} is not on the first-parent history of bad {bad!r} "
-                "(it came in through a merge); turn off first-parent mode to search it"
+                f"(it came in through a merge){instead} first_parent=false to search every"
+                " commit of the range"
             )
         return [*self._log("--no-walk", good_sha), *between]
+
+    def _merge_bringing(self, good_sha: str, mainline: list[CommitInfo]) -> CommitInfo | None:
+        """The first mainline commit that has `good` as an ancestor (the merge that brought it
+        in); ancestry only grows along the first-parent chain, so a binary search finds it."""
+        lo, hi = 0, len(mainline) - 1
+        if not self._repo.is_ancestor(good_sha, mainline[hi].sha):
+            return None
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if self._repo.is_ancestor(good_sha, mainline[mid].sha):
+                hi = mid
+            else:
+                lo = mid + 1
+        return mainline[lo]
+
+    def commit_info(self, ref: str) -> CommitInfo:
+        """One commit's record (subject, author, files), as `commits_between` lists it."""
+        return self._log("--no-walk", self.resolve(ref))[0]
 
     def _log(self, *rev_args: str) -> list[CommitInfo]:
         raw = self._repo.git.log(

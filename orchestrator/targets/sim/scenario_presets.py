@@ -171,6 +171,9 @@ PRESETS = {spec.name: spec for spec in (
     PresetSpec("clock_pair", "no culprit in range: power limit 600 -> 450 W and an SM clock "
                "lock at 1900 MHz, both set from outside since the reference", (),
                system_change=True, system_story="clock_pair"),
+    PresetSpec("power_commit", "a +30% verify culprit, and the power limit lowered 600 -> "
+               "450 W since the reference", ("verify_30",), system_change=True,
+               system_story="power_limit"),
     PresetSpec("launcher_strip", "no culprit in range: NCCL_ALGO=Tree is in the node's "
                "environment, and a launcher wrapper now strips it before the server", (),
                system_change=True, system_story="launcher_strip",

@@ -89,6 +89,13 @@ def system_story(name: str, rng: random.Random
                          ref.packages)),
         ]
         return ref, now, changes
+    if name == "power_limit":
+        ref = SystemState(dict(base), gpus, dict(BASE_PACKAGES))
+        now_gpus = gpus.with_all_gpus(power_limit_w=NOW_POWER_LIMIT_W)
+        now = SystemState(dict(base), now_gpus, dict(BASE_PACKAGES))
+        changes = [({"factor": "clock", "what": "power_limit_w", "reference": 600,
+                     "now": NOW_POWER_LIMIT_W}, now)]
+        return ref, now, changes
     if name == "launcher_strip":
         env = {**base, "NCCL_ALGO": "Tree"}
         ref = SystemState(env, gpus, dict(BASE_PACKAGES))
