@@ -316,7 +316,7 @@ def test_a_bisect_runs_every_candidate_under_the_fixed_overlay(tmp_path, wheels)
 
     shas = make_sim_repo(tmp_path / "repo", [{}, {}, {"verify_mult": 1.5}])
     cfg = compose_config("bisect", [f"repo={tmp_path / 'repo'}", f"good={shas[0]}",
-                                    f"bad={shas[2]}", f"runs_dir={tmp_path / 'runs'}",
+                                    f"bad={shas[2]}", f"runs_dir={tmp_path / 'runs'}", "target=sim",
                                     "packages=[slowimp==2.0]", f"packages.find_links={wheels}"])
     from orchestrator.commands import common
 

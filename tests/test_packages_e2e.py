@@ -25,7 +25,7 @@ from orchestrator.store import RunStore
 from orchestrator.targets.sim.scenario import generate_scenario
 from orchestrator.targets.simnode import set_node_state
 
-SIM_FAST = ["target.time_scale=0.02", "target.load_seconds=5", "bench.requests=2",
+SIM_FAST = ["target=sim", "target.time_scale=0.02", "target.load_seconds=5", "bench.requests=2",
             "bench.output_len=32", "bench.input_len=32", "bench.warmup_requests=1",
             "bench.repetitions=2", "trial.ready_timeout_s=30", "trial.retries=0"]
 BENCH = textwrap.dedent("""\
