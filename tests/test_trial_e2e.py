@@ -57,7 +57,7 @@ def test_trial_end_to_end(tmp_path, sim_repo, ray_session, capsys):
     log = Path(row.log_path)
     assert log.is_file() and "Decode batch" in log.read_text()
     out = capsys.readouterr().out
-    assert str(run_dir) in out and "verify ms" in out
+    assert str(run_dir) in out and "verify" in out and "ms per pass" in out
 
 
 def test_env_propagation_failure_detected(tmp_path, sim_repo, ray_session):
