@@ -240,8 +240,12 @@ def run_trial(
     on_state: Callable[[TrialState], None] | None = None,
     on_process: Callable[[ServerProcess | None], None] | None = None,
     on_clock: Callable[[object], None] | None = None,
+    workspace: Callable[[TrialSpec], Workspace] | None = None,
 ) -> tuple[TrialResult, TeardownReport | None]:
-    """Run one trial to completion. Never raises for server misbehaviour: it is the result."""
+    """Run one trial to completion. Never raises for server misbehaviour: it is the result.
+
+    `workspace` gives the spec's Workspace; a node passes one it keeps across its trials, so a
+    worktree it verified and nothing touched since is not verified by git again."""
     trial_dir = Path(spec.trial_dir)
     log_path = trial_dir / "server.log"
     states: list[tuple[str, float]] = []
@@ -272,7 +276,8 @@ def run_trial(
         enter(TrialState.PREPARING)
         try:
             trial_dir.mkdir(parents=True, exist_ok=True)
-            ws = Workspace(spec.repo, spec.cache_dir, max_bytes=spec.cache_max_bytes)
+            ws = (workspace(spec) if workspace is not None else
+                  Workspace(spec.repo, spec.cache_dir, max_bytes=spec.cache_max_bytes))
             held = ws.lease(cand.commit, cand.patches)
             worktree = held.__enter__()  # held until teardown: the cache cap leaves it alone
             lease = held
@@ -312,7 +317,7 @@ def run_trial(
         fp = fingerprint.collect(
             commit=cand.commit, patches=cand.patches, requested_env=cand.env_dict,
             server_env=env, node=node, gpu=gpu_snapshot, clock=cand.clock,
-            dirty_diff=ws.dirty_diff_hash(worktree), packages=target.node_packages(),
+            dirty_diff=ws.worktree_diff_hash(worktree), packages=target.node_packages(),
         )
 
         if proc is not None:
