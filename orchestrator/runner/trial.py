@@ -191,9 +191,24 @@ def _server_environ(proc: ServerProcess) -> dict[str, str] | None:
         return None
 
 
+# Readiness is polled every READY_POLL_S for the first READY_FAST_S (a fast server, the sim, a
+# small model: each poll's latency is added to every trial), then less and less often, up to
+# once a second (a large model loading for minutes does not need 20 probes a second).
+READY_POLL_S = 0.05
+READY_FAST_S = 10.0
+READY_MAX_POLL_S = 1.0
+
+
+def ready_delay(waited_s: float) -> float:
+    """Seconds until the next readiness probe, `waited_s` after the launch."""
+    if waited_s < READY_FAST_S:
+        return READY_POLL_S
+    return min(READY_MAX_POLL_S, READY_POLL_S * 1.5 ** ((waited_s - READY_FAST_S) / 2.0 + 1))
+
+
 def _wait_ready(target: Target, proc: ServerProcess, timeout_s: float) -> None:
-    deadline = time.monotonic() + timeout_s
-    delay = 0.05
+    started = time.monotonic()
+    deadline = started + timeout_s
     while True:
         code = proc.poll()
         if code is not None:
@@ -207,8 +222,7 @@ def _wait_ready(target: Target, proc: ServerProcess, timeout_s: float) -> None:
             raise TrialFailure(
                 Outcome.NOT_READY, f"server alive but not ready after {timeout_s:g}s"
             )
-        time.sleep(delay)
-        delay = min(delay * 1.5, 1.0)
+        time.sleep(ready_delay(time.monotonic() - started))
 
 
 def _classify_bench_error(exc: BenchError, proc: ServerProcess | None, what: str) -> TrialFailure:

@@ -41,7 +41,7 @@ from pathlib import Path
 
 import httpx
 
-from orchestrator.bench import server_measure
+from orchestrator.bench import http, server_measure
 from orchestrator.bench.client import BenchError, RequestSpec
 from orchestrator.targets import sglang_versions as versions
 from orchestrator.targets.base import Target, apply_unset
@@ -282,7 +282,7 @@ class SglangTarget(Target):
     def server_info(self, base_url: str) -> dict | None:
         for path in self.features.server_info_paths:
             try:
-                r = httpx.get(f"{base_url}{path}", timeout=10.0, trust_env=False)
+                r = http.get(f"{base_url}{path}", timeout=10.0)
             except httpx.HTTPError:
                 return None
             if r.status_code == 200:
