@@ -284,6 +284,22 @@ class NodeRunner:
                                                    max_bytes=spec.cache_max_bytes)
         return ws
 
+    def close(self, timeout_s: float = 10.0) -> bool:
+        """Give the node back before this actor is killed: once no trial runs (waiting up to
+        `timeout_s`), drop the node lock and refuse any later trial. Without this the lock
+        would be freed only when the killed actor's process is gone, and a next controller of
+        the same command would find its own node held. False if a trial is still running."""
+        if not self._lock.acquire(timeout=max(0.0, timeout_s)):
+            return False  # kept: no trial can start after close
+        if self.held_by is None:
+            self.held_by = {"pid": os.getpid(), "closed": True}
+            if self._node_lock is not None:
+                release(self._node_lock)
+                self._node_lock = None
+            else:  # held through the holder file alone (a filesystem without flock)
+                (self.context.state_dir / HOLDER_FILE).unlink(missing_ok=True)
+        return True
+
     def abort(self) -> bool:
         """Tear down the running server now (Ctrl-C): the trial ends as interrupted."""
         self._aborted = True
