@@ -174,12 +174,17 @@ def all_packages() -> dict[str, str]:
         if name:
             out[name.lower()] = version
     listing = dict(sorted(out.items()))
-    # A directory changed within the last moments may change again within the same timestamp
-    # tick, which its mtime would not show: such a listing is not kept (git's "racy" rule).
-    recent = time.time_ns() - RACY_NS
-    if all(part[1] is None or part[3] < recent for part in signature):
+    if settled(signature):
         _listing = (signature, listing)
     return dict(listing)
+
+
+def settled(signature: tuple) -> bool:
+    """Whether a listing read under `signature` may be kept: a directory changed within the
+    last moments may change again within the same timestamp tick, which its mtime would not
+    show (git's "racy" rule), so such a listing is read again next time."""
+    recent = time.time_ns() - RACY_NS
+    return all(part[1] is None or part[3] < recent for part in signature)
 
 
 def _read(path: str) -> str | None:

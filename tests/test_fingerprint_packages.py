@@ -135,3 +135,40 @@ def test_collect_records_the_cached_listing(site):
                              node="local-0")
     assert fp["packages"]["torch"] == "2.9.0"
     assert fp["key_versions"]["torch"] == "2.9.0"
+
+
+def test_a_separate_sglang_interpreter_is_listed_again_when_its_site_changes(tmp_path,
+                                                                            monkeypatch):
+    """target.python: the server's own interpreter is asked once, and again after an upgrade."""
+    import subprocess
+
+    from orchestrator.targets import sglang as sglang_target
+    from orchestrator.targets.base import NodeContext
+    from orchestrator.targets.registry import make_target
+
+    site = tmp_path / "server-site"
+    site.mkdir()
+    fake_dist(site, "sglang", "0.5.9")
+    age(site)
+    python = tmp_path / "python"
+    python.write_text(f"#!/bin/sh\nPYTHONPATH={site} exec {sys.executable} \"$@\"\n")
+    python.chmod(0o755)
+    runs: list[int] = []
+    real_run = subprocess.run
+
+    def counted(*args, **kwargs):
+        runs.append(1)
+        return real_run(*args, **kwargs)
+
+    monkeypatch.setattr(sglang_target.subprocess, "run", counted)
+    target = make_target({"name": "sglang", "python": str(python)}, {},
+                         NodeContext(name="n", state_dir=tmp_path / "node"))
+    assert target.node_packages()["sglang"] == "0.5.9"
+    assert target.node_packages()["sglang"] == "0.5.9"
+    assert len(runs) == 1
+    for f in (site / "sglang-0.5.9.dist-info").iterdir():
+        f.unlink()
+    (site / "sglang-0.5.9.dist-info").rmdir()
+    fake_dist(site, "sglang", "0.5.23")  # upgraded between two trials
+    assert target.node_packages()["sglang"] == "0.5.23"
+    assert len(runs) == 2
