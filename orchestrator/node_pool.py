@@ -195,10 +195,12 @@ class NodePool:
         """End every actor. Each first gives its node back (`NodeRunner.close`: once no trial
         runs, it drops the node lock), so a next controller in this process finds the node
         free at once instead of held until the killed actor's process is gone; an actor that
-        does not answer within `close_s` is killed all the same (the kernel frees its lock)."""
+        does not answer within `close_s` is killed all the same (the kernel frees its lock).
+        An actor still joining is killed without being asked: it may be blocked waiting for its
+        node lock, and a close queued behind that would hold the stop for all of `close_s`."""
         actors = [*self.actors.values(), *(a for _, a in self._joining.values())]
         closing = []
-        for actor in actors:
+        for actor in self.actors.values():
             try:
                 closing.append(actor.close.remote(close_s))
             except Exception:

@@ -166,3 +166,29 @@ def test_a_closed_node_actor_gives_its_node_back_while_its_process_lives(tmp_pat
     spec = TrialSpec(trial_id=1, candidate=Candidate.make("a" * 40), repo=str(tmp_path),
                      cache_dir=str(tmp_path / "cache"), trial_dir=str(tmp_path / "t"))
     assert first.run(spec).outcome.value == "error"  # and the closed one runs nothing more
+
+
+def test_stopping_asks_only_started_actors_to_close_and_kills_every_one(monkeypatch):
+    """An actor still starting may be blocked waiting for its node lock; a close sent to it
+    would queue behind that and hold the stop for the whole close wait."""
+    from orchestrator import node_pool
+
+    class Actor:
+        def __init__(self, name):
+            self.name, self.asked = name, False
+            self.close = type("M", (), {"remote": lambda _, s: self._closed(s)})()
+
+        def _closed(self, close_s):
+            self.asked = True
+            return f"close-{self.name}"
+
+    waited, killed = [], []
+    monkeypatch.setattr(node_pool.ray, "wait", lambda refs, **kw: waited.append(refs))
+    monkeypatch.setattr(node_pool.ray, "kill", lambda actor: killed.append(actor.name))
+    pool = object.__new__(node_pool.NodePool)
+    started, joining = Actor("started"), Actor("joining")
+    pool.actors, pool._joining = {"n0": started}, {"hello-ref": ("n1", joining)}
+    pool.kill_all(close_s=5)
+    assert started.asked and not joining.asked
+    assert waited == [["close-started"]]
+    assert sorted(killed) == ["joining", "started"] and not pool.actors and not pool._joining
