@@ -192,3 +192,14 @@ def test_stopping_asks_only_started_actors_to_close_and_kills_every_one(monkeypa
     assert started.asked and not joining.asked
     assert waited == [["close-started"]]
     assert sorted(killed) == ["joining", "started"] and not pool.actors and not pool._joining
+
+
+def test_the_decision_time_benchmark_drives_the_strategy_to_its_culprit():
+    """experiments/overhead_strategy.py measures the strategy through its public API; a small
+    size keeps it working as the strategy changes (its timings are the benchmark's, not this)."""
+    from experiments.overhead_strategy import one_size
+
+    row = one_size(300, seed=3, profile=True)
+    assert row["status"] == "found" and row["found"]
+    assert row["decisions"] >= 5 and row["propose_ms"] > 0 and row["verdict_ms"] > 0
+    assert row["profile"] and "ms/decision" in row["profile"][0]
