@@ -92,11 +92,11 @@ class Controller:
         self.runs_dir = Path(cfg.runs_dir)
         sink = on_event or (lambda _msg: None)
         self.on_event = lambda msg: sink(printable(msg, newlines=False))
-        self._started_ray = False
         self.pool = NodePool(cfg, self.runs_dir, store.run_id, clock_policies(cfg), self.on_event)
         self._busy: dict[str, _InFlight] = {}
         self._by_ref: dict[object, _InFlight] = {}
         self._queue: list[_Queued] = []
+        self._candidate_ids: dict[str, int] = {}
         self.retries = int(cfg.trial.retries)
         self._interrupted = False
         self._starting = False
@@ -148,7 +148,8 @@ class Controller:
         self._install_signals()
         try:
             self.store.ensure_reserve()
-            self._started_ray = start_ray(OmegaConf.to_container(self.cfg.cluster, resolve=True))
+            start_ray(OmegaConf.to_container(self.cfg.cluster, resolve=True),
+                      nodes=int(self.cfg.nodes))
             # Again after Ray starts: ray.init installs its own SIGTERM handler (it logs
             # "SIGTERM received" and kills the process), which would replace ours, and a
             # SIGTERM would then end the run as killed, neither recorded interrupted nor
@@ -196,16 +197,11 @@ class Controller:
             self._busy.clear()
             self._by_ref.clear()
             self._queue.clear()
-            # Quick, and must not be cut short: a Ctrl-C inside ray.shutdown() leaves Ray's
-            # core worker half torn down, and it then ends the process with exit 1.
+            # Quick, and must not be cut short (an actor half given back holds its node). Ray
+            # itself stays up for the rest of the command (`ray_cluster.start_ray`): a next
+            # controller of the same command starts no instance of its own.
             self._ignore_signals()
             self.pool.kill_all()
-            if self._started_ray:
-                self._started_ray = False
-                try:
-                    ray.shutdown()
-                except Exception:
-                    pass
             self._restore_signals()
 
     # -- scheduling ----------------------------------------------------------------------------
@@ -231,10 +227,13 @@ class Controller:
         if not idle:
             raise RuntimeError("no idle node")
         node = node if node in idle else idle[0]
-        cand_id = self.store.candidate_id(candidate)
-        trial_id = self.store.begin_trial(cand_id, node=node, phase=phase, attempt=attempt)
-        trial_dir = self.run_dir / "trials" / str(trial_id)
-        self.store.set_log_path(trial_id, str(trial_dir / "server.log"))
+        cand_id = self._candidate_ids.get(candidate.key)
+        if cand_id is None:  # a candidate's id never changes within a store
+            cand_id = self._candidate_ids[candidate.key] = self.store.candidate_id(candidate)
+        trials = self.run_dir / "trials"
+        trial_id = self.store.begin_trial(cand_id, node=node, phase=phase, attempt=attempt,
+                                          log_path=lambda tid: str(trials / str(tid) / "server.log"))
+        trial_dir = trials / str(trial_id)
         spec = TrialSpec(
             trial_id=trial_id,
             candidate=candidate,

@@ -18,6 +18,7 @@ import platform
 import re
 import socket
 import sys
+import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
@@ -84,14 +85,16 @@ def host_load() -> list[float] | None:
         return None
 
 
+def _normalized(name: str) -> str:
+    """A distribution name as PEP 503 compares them (`Flashinfer_Python` = `flashinfer-python`)."""
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
 def package_versions(names: Sequence[str] = PACKAGES) -> dict[str, str]:
-    out = {}
-    for name in names:
-        try:
-            out[name] = importlib.metadata.version(name)
-        except importlib.metadata.PackageNotFoundError:
-            continue
-    return out
+    """The versions of `names` that are installed (from the cached listing, see
+    :func:`all_packages`), keyed as given."""
+    installed = {_normalized(k): v for k, v in all_packages().items()}
+    return {name: installed[_normalized(name)] for name in names if _normalized(name) in installed}
 
 
 def file_hash(path: str | Path) -> str:
@@ -127,14 +130,61 @@ def basic(
     }
 
 
+def site_signature(paths: Sequence[str] | None = None) -> tuple:
+    """What says an installed-package listing is still current: every import path (`sys.path`),
+    with its directory's device, inode and mtime. pip, uv and conda install, upgrade and remove
+    a distribution by adding or removing its `*.dist-info` (or `.egg-info`) directory in a
+    site directory, which changes that directory's mtime; a site directory replaced wholesale
+    (a new venv at the same path) has a new inode; a changed `sys.path` is another tuple.
+    Python's own `importlib.metadata` keys its directory-listing cache on the same mtime."""
+    out = []
+    for entry in sys.path if paths is None else paths:
+        path = entry or os.getcwd()  # "" is the working directory
+        try:
+            st = os.stat(path)
+        except OSError:
+            out.append((path, None))
+            continue
+        out.append((path, st.st_dev, st.st_ino, st.st_mtime_ns))
+    return tuple(out)
+
+
+RACY_NS = 2_000_000_000
+
+# The last listing and the signature it was read under (one per process: a node actor lists
+# its site-packages once, not on every trial).
+_listing: tuple[tuple, dict[str, str]] | None = None
+
+
 def all_packages() -> dict[str, str]:
-    """Every installed distribution, `name -> version` (what `pip freeze` would list)."""
+    """Every installed distribution, `name -> version` (what `pip freeze` would list).
+
+    Parsing every distribution's metadata costs tens of milliseconds (about 0.1 ms each), and
+    a node asks on every trial: the listing is kept and read again only when
+    :func:`site_signature` changes, so a package installed, upgraded or removed between two
+    trials is in the second one's fingerprint."""
+    global _listing
+    signature = site_signature()
+    if _listing is not None and _listing[0] == signature:
+        return dict(_listing[1])
     out = {}
     for dist in importlib.metadata.distributions():
-        name = dist.metadata["Name"]
+        meta = dist.metadata  # parsed once: `dist.version` would parse the file again
+        name, version = meta["Name"], meta["Version"]
         if name:
-            out[name.lower()] = dist.version
-    return dict(sorted(out.items()))
+            out[name.lower()] = version
+    listing = dict(sorted(out.items()))
+    if settled(signature):
+        _listing = (signature, listing)
+    return dict(listing)
+
+
+def settled(signature: tuple) -> bool:
+    """Whether a listing read under `signature` may be kept: a directory changed within the
+    last moments may change again within the same timestamp tick, which its mtime would not
+    show (git's "racy" rule), so such a listing is read again next time."""
+    recent = time.time_ns() - RACY_NS
+    return all(part[1] is None or part[3] < recent for part in signature)
 
 
 def package_fields(pkgs: Mapping[str, str]) -> dict:

@@ -25,6 +25,8 @@ from orchestrator.runner.node import NodeRunner
 from orchestrator.runner.process import start_time
 
 SCAN_INTERVAL_S = 2.0
+# How long stopping waits for each actor to give its node back before killing it.
+CLOSE_WAIT_S = 10.0
 # A fresh actor for a lost local node waits this long for its predecessor's node lock.
 REPLACEMENT_WAIT_S = 15.0
 
@@ -189,8 +191,26 @@ class NodePool:
             actor = self._new_actor(name, adopt)
             self._joining[actor.hello.remote(self.clocks)] = (name, actor)
 
-    def kill_all(self) -> None:
-        for actor in [*self.actors.values(), *(a for _, a in self._joining.values())]:
+    def kill_all(self, close_s: float = CLOSE_WAIT_S) -> None:
+        """End every actor. Each first gives its node back (`NodeRunner.close`: once no trial
+        runs, it drops the node lock), so a next controller in this process finds the node
+        free at once instead of held until the killed actor's process is gone; an actor that
+        does not answer within `close_s` is killed all the same (the kernel frees its lock).
+        An actor still joining is killed without being asked: it may be blocked waiting for its
+        node lock, and a close queued behind that would hold the stop for all of `close_s`."""
+        actors = [*self.actors.values(), *(a for _, a in self._joining.values())]
+        closing = []
+        for actor in self.actors.values():
+            try:
+                closing.append(actor.close.remote(close_s))
+            except Exception:
+                pass
+        if closing:
+            try:
+                ray.wait(closing, num_returns=len(closing), timeout=close_s)
+            except Exception:
+                pass
+        for actor in actors:
             _kill(actor)
         self.actors.clear()
         self._joining.clear()

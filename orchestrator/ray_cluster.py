@@ -7,14 +7,22 @@ the scheduling code reads without the start-up details:
   Ctrl-C reaches the controller and not Ray's gcs/raylet (which would die under it and turn a
   clean interrupt into a traceback);
 - a cluster address is probed before Ray is asked to connect: Ray retries an unreachable head
-  for minutes and ignores Ctrl-C meanwhile, sleuth says so in one line within seconds.
+  for minutes and ignores Ctrl-C meanwhile, sleuth says so in one line within seconds;
+- the start-up is on every command's critical path, so a local instance starts lean (no
+  dashboard head, autoscaler monitor or log monitor; one prestarted worker per node) and once
+  per process: every controller of a command uses it, and it stops when the process exits.
 """
 
 from __future__ import annotations
 
+import atexit
 import logging
+import os
+import signal
 import socket
-from collections.abc import Mapping
+import threading
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 
 import ray
 
@@ -83,23 +91,131 @@ def probe(address: str, timeout_s: float) -> None:
         raise UserError(f"cannot reach the Ray cluster at {address}: {why}") from None
 
 
-def start_ray(cluster: Mapping) -> bool:
-    """Connect to (or start) Ray. Returns True when this call started it (and must stop it)."""
+# Head processes a private local instance does without (`lean_head`): the dashboard head
+# (with include_dashboard=False Ray still starts it, for usage-stats reporting only), the
+# autoscaler monitor (nothing autoscales a one-machine instance) and the log monitor (it only
+# streams worker logs to the driver, and log_to_driver is off; the logs stay in the session
+# directory). Each is a Python process that imports Ray (about a CPU-second each, on the cores
+# the first trial needs) and `ray.init` waits for the dashboard head to publish its address.
+LEAN_SKIPS = ("start_api_server", "start_monitor", "start_log_monitor")
+
+
+@contextmanager
+def lean_head() -> Iterator[None]:
+    """Start the next local Ray head without the processes in `LEAN_SKIPS`.
+
+    Ray has no option for this (`ray start` has hidden ones, `ray.init` none), so the three
+    `Node` methods are no-ops while this is active and restored after. Should a Ray release
+    rename them, nothing is skipped and Ray starts as usual."""
+    try:
+        from ray._private.node import Node
+    except ImportError:  # pragma: no cover - a Ray without the module: start as usual
+        yield
+        return
+    saved = {name: Node.__dict__[name] for name in LEAN_SKIPS if name in Node.__dict__}
+    try:
+        for name in saved:
+            setattr(Node, name, lambda self, *args, **kwargs: None)
+        yield
+    finally:
+        for name, method in saved.items():
+            setattr(Node, name, method)
+
+
+def local_workers(cluster: Mapping, nodes: int | None) -> int | None:
+    """`num_cpus` for the local instance: the configured value, or else as many as there are
+    nodes. Ray prestarts one Python worker per CPU while it starts; sleuth's node actors take
+    no CPU resource and each needs exactly one worker, so more than `nodes` of them only load
+    the machine while the first trial waits."""
+    configured = cluster.get("num_cpus")
+    if configured:
+        return int(configured)
+    if nodes:
+        return max(1, min(int(nodes), os.cpu_count() or 1))
+    return None
+
+
+# The Ray this process started or connected to, and for which settings. It is kept for the
+# whole command, not one controller's life: a command that runs controllers one after the other
+# (the demo: the reference measurement, then now) starts its local instance once. It stops when
+# the process exits (`stop_owned`, at exit) or when a later controller wants another cluster.
+_owned: tuple[tuple, str] | None = None
+_exit_hook = False
+
+
+def _settings(cluster: Mapping, nodes: int | None) -> tuple:
+    kind = cluster.get("kind", "local")
+    if kind == "local":
+        return (kind, local_workers(cluster, nodes))
+    return (kind, cluster.get("address") or "auto")
+
+
+def _instance() -> str:
+    """Which running Ray this is (its GCS address), so another one is never taken for ours."""
+    try:
+        return str(ray.get_runtime_context().gcs_address)
+    except Exception:  # pragma: no cover - not initialized after all
+        return ""
+
+
+def stop_owned() -> None:
+    """Shut down the Ray this process started, if it still runs; signals are ignored meanwhile
+    (a Ctrl-C inside ray.shutdown() leaves Ray's core worker half torn down, and it then ends
+    the process with exit 1 instead of the exit code the command chose)."""
+    global _owned
+    owned, _owned = _owned, None
+    if owned is None or not ray.is_initialized() or _instance() != owned[1]:
+        return
+    main = threading.current_thread() is threading.main_thread()
+    saved = {sig: signal.signal(sig, signal.SIG_IGN) for sig in (signal.SIGINT, signal.SIGTERM)
+             } if main else {}
+    try:
+        ray.shutdown()
+    except Exception:
+        pass
+    finally:
+        for sig, handler in saved.items():
+            signal.signal(sig, handler)
+
+
+def start_ray(cluster: Mapping, nodes: int | None = None) -> bool:
+    """Connect to (or start) Ray, once per process. Returns True when this call started it.
+
+    A Ray already running in this process is used as it is when this process did not start it
+    (a test session's, an embedding program's) or when it was started for the same settings;
+    one this process started for other settings is stopped first."""
+    global _owned, _exit_hook
+    want = _settings(cluster, nodes)
     if ray.is_initialized():
-        return False
+        if _owned is None or _owned[1] != _instance():
+            _owned = None
+            return False  # not ours: used as it is, as ever
+        if _owned[0] == want:
+            return False
+        stop_owned()
+    _connect(cluster, nodes)
+    _owned = (want, _instance())
+    if not _exit_hook:
+        atexit.register(stop_owned)  # runs before Ray's own exit hook (registered earlier)
+        _exit_hook = True
+    return True
+
+
+def _connect(cluster: Mapping, nodes: int | None) -> None:
     if cluster.get("kind", "local") == "local":
         loopback_only()
         # address="local": a private instance even when another Ray runs on this machine
         # (without it Ray joins the last cluster started here, or RAY_ADDRESS).
-        ray.init(
-            address="local",
-            num_cpus=cluster.get("num_cpus") or None,
-            include_dashboard=False,
-            _node_ip_address="127.0.0.1",  # nothing listens beyond loopback
-            log_to_driver=False,
-            logging_level=logging.WARNING,  # not "Started a local Ray instance" on every run
-            namespace="sleuth",
-        )
+        with lean_head():
+            ray.init(
+                address="local",
+                num_cpus=local_workers(cluster, nodes),
+                include_dashboard=False,
+                _node_ip_address="127.0.0.1",  # nothing listens beyond loopback
+                log_to_driver=False,
+                logging_level=logging.WARNING,  # not "Started a local Ray instance" every run
+                namespace="sleuth",
+            )
     elif cluster.get("kind") == "ray":
         # No address: Ray's own discovery (RAY_ADDRESS, or a head started on this machine).
         address = cluster.get("address") or "auto"
@@ -113,7 +229,6 @@ def start_ray(cluster: Mapping) -> bool:
             raise UserError(f"cannot connect to the Ray cluster at {address}: {msg}") from exc
     else:
         raise UserError(f"unknown cluster.kind {cluster.get('kind')!r} (known: local, ray)")
-    return True
 
 
 def sleuth_nodes() -> list[dict]:

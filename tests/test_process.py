@@ -3,11 +3,16 @@
 from __future__ import annotations
 
 import socket
+import subprocess
 import sys
 import time
 
+import pytest
+
+from orchestrator.runner import process
 from orchestrator.runner.process import (
     free_port,
+    group_exists,
     group_members,
     launch,
     port_in_use,
@@ -70,3 +75,67 @@ def test_port_in_use_sees_a_listener():
         s.listen()
         assert port_in_use("127.0.0.1", s.getsockname()[1])
     assert not port_in_use("127.0.0.1", free_port())
+
+
+def test_group_members_answers_an_empty_group_without_a_scan(monkeypatch, tmp_path):
+    proc = _start(tmp_path, "polite")
+    members = group_members(proc.pgid)
+    assert proc.pid in members and len(members) == 2  # the server and its forked worker
+    proc.teardown(grace_s=5)
+    assert group_members(proc.pgid) == []  # (an orphaned zombie worker may keep the scan)
+
+    proc = launch(["sleep", "600"], cwd=tmp_path, env={"PATH": "/usr/bin:/bin"},
+                  log_path=tmp_path / "sleep.log", host="127.0.0.1", port=free_port())
+    assert group_members(proc.pgid) == [proc.pid]
+    assert proc.teardown(grace_s=5).clean
+
+    def no_scan(*_a, **_k):
+        raise AssertionError("an empty group needs no scan of /proc")
+
+    monkeypatch.setattr(process.os, "scandir", no_scan)
+    assert group_members(proc.pgid) == []
+    assert not group_exists(proc.pgid)
+
+
+# Launches `sleep` through `launch` (as a node does), prints its pid, then waits to be killed.
+LAUNCHER = r"""
+import sys
+from pathlib import Path
+from orchestrator.runner import process
+if sys.argv[1] == "fallback":
+    process._setpriv.cache_clear()
+    process._setpriv = lambda: None
+proc = process.launch(["sleep", "600"], cwd=Path("."), env={"PATH": "/usr/bin:/bin"},
+                      log_path=Path(sys.argv[2]), host="127.0.0.1", port=1)
+print(proc.pid, flush=True)
+sys.stdin.read()
+"""
+
+
+@pytest.mark.parametrize("how", ["setpriv", "fallback"])
+def test_a_server_dies_with_the_process_that_launched_it(tmp_path, how):
+    if how == "setpriv" and process._setpriv() is None:
+        pytest.skip("util-linux setpriv with --pdeathsig is not installed")
+    launcher = subprocess.Popen([sys.executable, "-c", LAUNCHER, how, str(tmp_path / "log")],
+                                stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    server = int(launcher.stdout.readline())
+    assert process.start_time(server) is not None
+    time.sleep(0.2)  # the server is past its exec
+    launcher.kill()  # SIGKILL: no cleanup code runs in the launcher
+    launcher.wait()
+    deadline = time.monotonic() + 10
+    while process.group_members(server) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert process.group_members(server) == []
+
+
+def test_the_death_signal_wrapper_leaves_an_unrunnable_command_to_popen(tmp_path):
+    argv, preexec = process.dying_with_parent(["./no-such-bench"], tmp_path, {"PATH": "/bin"})
+    assert argv == ["./no-such-bench"] and preexec is not None
+    with pytest.raises(FileNotFoundError):
+        launch(["./no-such-bench"], cwd=tmp_path, env={"PATH": "/bin"},
+               log_path=tmp_path / "log", host="127.0.0.1", port=1)
+    if process._setpriv() is not None:
+        argv, preexec = process.dying_with_parent(["sleep", "1"], tmp_path, {"PATH": "/bin"})
+        assert argv[:4] == [process._setpriv(), "--pdeathsig", "KILL", "--"]
+        assert argv[4:] == ["sleep", "1"] and preexec is None

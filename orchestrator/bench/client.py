@@ -13,6 +13,7 @@ modeled time x scale, so this puts its numbers back in modeled units.
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import random
 import statistics
@@ -21,6 +22,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import httpx
+
+from orchestrator.bench import http
 
 
 class BenchError(Exception):
@@ -48,11 +51,17 @@ class RequestRecord:
 
 def make_requests(n: int, input_len: int, output_len: int, seed: int) -> list[RequestSpec]:
     """The same prompts for every repetition and every candidate: only the server varies."""
+    return list(_requests(n, input_len, output_len, seed))
+
+
+@functools.lru_cache(maxsize=16)
+def _requests(n: int, input_len: int, output_len: int, seed: int) -> tuple[RequestSpec, ...]:
+    # Made once per process and settings (a node asks on every trial); frozen, so shareable.
     rng = random.Random(seed)
-    return [
+    return tuple(
         RequestSpec(tuple(rng.randrange(100, 30000) for _ in range(input_len)), output_len)
         for _ in range(n)
-    ]
+    )
 
 
 def percentile(values: Sequence[float], q: float) -> float:
@@ -122,7 +131,7 @@ async def _run(
     # the whole repetition is bounded too, so nothing can wait forever.
     timeout = httpx.Timeout(timeout_s, connect=min(timeout_s, 10.0))
     sem = asyncio.Semaphore(max(1, concurrency))
-    async with httpx.AsyncClient(timeout=timeout, trust_env=False) as client:
+    async with http.async_client(timeout=timeout) as client:
 
         async def guarded(spec: RequestSpec) -> RequestRecord:
             async with sem:

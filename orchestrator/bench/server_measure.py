@@ -29,7 +29,7 @@ from pathlib import Path
 
 import httpx
 
-from orchestrator.bench import prometheus
+from orchestrator.bench import http, prometheus
 from orchestrator.bench.client import RequestSpec, run_repetition
 from orchestrator.bench.sglang_log import log_metrics
 
@@ -43,7 +43,7 @@ ACCEPT_SOURCES = (
 
 def flush_cache(base_url: str) -> bool:
     try:
-        r = httpx.post(f"{base_url}/flush_cache", timeout=30.0, trust_env=False)
+        r = http.post(f"{base_url}/flush_cache", timeout=30.0)
     except httpx.HTTPError:
         return False
     return r.status_code == 200

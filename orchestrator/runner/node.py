@@ -36,6 +36,7 @@ from orchestrator.runner.process import ServerProcess, group_members, start_time
 from orchestrator.runner.trial import TrialSpec, clock_problem, run_trial
 from orchestrator.targets.base import NodeContext
 from orchestrator.targets.registry import make_target
+from orchestrator.workspace import Workspace
 from orchestrator.workspace.locking import release, try_exclusive
 
 NODE_LOCK = "node.lock"
@@ -58,6 +59,9 @@ class NodeRunner:
         self._proc: ServerProcess | None = None
         self._leftover_pgid: int | None = None
         self._aborted = False
+        # One Workspace per (repository, cache) for the actor's life: it remembers the worktrees
+        # it verified and the commits it resolved (see Workspace._is_intact).
+        self._workspaces: dict[tuple[str, str, int | None], Workspace] = {}
         self.reaped: list[int] = []
         self.clock_restored = False
         self.controller = dict(controller or {})
@@ -257,7 +261,8 @@ class NodeRunner:
                 conf = {**self.target_conf, **spec.candidate.server_dict}
                 target = make_target(conf, self.bench_conf, self.context)
             result, report = run_trial(spec, target, node=self.name, on_state=on_state,
-                                       on_process=on_process, on_clock=self._record_clock)
+                                       on_process=on_process, on_clock=self._record_clock,
+                                       workspace=self._workspace)
             if report is not None and report.leftover_pids:
                 self._leftover_pgid = report.pgid  # checked (and killed) before the next trial
             if self._aborted and result.outcome is not Outcome.OK:
@@ -270,6 +275,30 @@ class NodeRunner:
         finally:
             self._current = {}
             self._lock.release()
+
+    def _workspace(self, spec: TrialSpec) -> Workspace:
+        key = (spec.repo, spec.cache_dir, spec.cache_max_bytes)
+        ws = self._workspaces.get(key)
+        if ws is None:
+            ws = self._workspaces[key] = Workspace(spec.repo, spec.cache_dir,
+                                                   max_bytes=spec.cache_max_bytes)
+        return ws
+
+    def close(self, timeout_s: float = 10.0) -> bool:
+        """Give the node back before this actor is killed: once no trial runs (waiting up to
+        `timeout_s`), drop the node lock and refuse any later trial. Without this the lock
+        would be freed only when the killed actor's process is gone, and a next controller of
+        the same command would find its own node held. False if a trial is still running."""
+        if not self._lock.acquire(timeout=max(0.0, timeout_s)):
+            return False  # kept: no trial can start after close
+        if self.held_by is None:
+            self.held_by = {"pid": os.getpid(), "closed": True}
+            if self._node_lock is not None:
+                release(self._node_lock)
+                self._node_lock = None
+            else:  # held through the holder file alone (a filesystem without flock)
+                (self.context.state_dir / HOLDER_FILE).unlink(missing_ok=True)
+        return True
 
     def abort(self) -> bool:
         """Tear down the running server now (Ctrl-C): the trial ends as interrupted."""

@@ -11,7 +11,7 @@ import statistics
 import threading
 from collections.abc import Callable, Collection
 
-from orchestrator.gpu.base import SUSPECT_REASONS, GpuControl, GpuSample
+from orchestrator.gpu.base import SUSPECT_REASONS, GpuControl, GpuSample, NoGpuControl
 
 MAX_KEPT_SAMPLES = 400
 
@@ -25,9 +25,13 @@ class TelemetrySampler:
         self.errors: list[str] = []
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="sleuth-telemetry", daemon=True)
+        # A node without GPUs has nothing to sample: no thread, and no scan of the processes
+        # (`own_pids`) on every sample of a trial that lasts milliseconds.
+        self._nothing = isinstance(gpu, NoGpuControl)
 
     def start(self) -> TelemetrySampler:
-        self._thread.start()
+        if not self._nothing:
+            self._thread.start()
         return self
 
     def _loop(self) -> None:
@@ -37,6 +41,8 @@ class TelemetrySampler:
                 return
 
     def sample_once(self) -> None:
+        if self._nothing:
+            return
         try:
             self.samples.extend(self.gpu.sample(set(self.own_pids())))
         except Exception as exc:  # telemetry must never break the trial; say it was missing
@@ -45,7 +51,8 @@ class TelemetrySampler:
 
     def stop(self) -> dict:
         self._stop.set()
-        self._thread.join(timeout=10)
+        if self._thread.is_alive():
+            self._thread.join(timeout=10)
         self.sample_once()  # one last look, so a short trial still has a sample at its end
         return summarize(self.samples, self.errors)
 

@@ -192,9 +192,24 @@ def _server_environ(proc: ServerProcess) -> dict[str, str] | None:
         return None
 
 
+# Readiness is polled every READY_POLL_S for the first READY_FAST_S (a fast server, the sim, a
+# small model: each poll's latency is added to every trial), then less and less often, up to
+# once a second (a large model loading for minutes does not need 20 probes a second).
+READY_POLL_S = 0.05
+READY_FAST_S = 10.0
+READY_MAX_POLL_S = 1.0
+
+
+def ready_delay(waited_s: float) -> float:
+    """Seconds until the next readiness probe, `waited_s` after the launch."""
+    if waited_s < READY_FAST_S:
+        return READY_POLL_S
+    return min(READY_MAX_POLL_S, READY_POLL_S * 1.5 ** ((waited_s - READY_FAST_S) / 2.0 + 1))
+
+
 def _wait_ready(target: Target, proc: ServerProcess, timeout_s: float) -> None:
-    deadline = time.monotonic() + timeout_s
-    delay = 0.05
+    started = time.monotonic()
+    deadline = started + timeout_s
     while True:
         code = proc.poll()
         if code is not None:
@@ -208,8 +223,7 @@ def _wait_ready(target: Target, proc: ServerProcess, timeout_s: float) -> None:
             raise TrialFailure(
                 Outcome.NOT_READY, f"server alive but not ready after {timeout_s:g}s"
             )
-        time.sleep(delay)
-        delay = min(delay * 1.5, 1.0)
+        time.sleep(ready_delay(time.monotonic() - started))
 
 
 def _classify_bench_error(exc: BenchError, proc: ServerProcess | None, what: str) -> TrialFailure:
@@ -241,8 +255,12 @@ def run_trial(
     on_state: Callable[[TrialState], None] | None = None,
     on_process: Callable[[ServerProcess | None], None] | None = None,
     on_clock: Callable[[object], None] | None = None,
+    workspace: Callable[[TrialSpec], Workspace] | None = None,
 ) -> tuple[TrialResult, TeardownReport | None]:
-    """Run one trial to completion. Never raises for server misbehaviour: it is the result."""
+    """Run one trial to completion. Never raises for server misbehaviour: it is the result.
+
+    `workspace` gives the spec's Workspace; a node passes one it keeps across its trials, so a
+    worktree it verified and nothing touched since is not verified by git again."""
     trial_dir = Path(spec.trial_dir)
     log_path = trial_dir / "server.log"
     states: list[tuple[str, float]] = []
@@ -274,7 +292,8 @@ def run_trial(
         enter(TrialState.PREPARING)
         try:
             trial_dir.mkdir(parents=True, exist_ok=True)
-            ws = Workspace(spec.repo, spec.cache_dir, max_bytes=spec.cache_max_bytes)
+            ws = (workspace(spec) if workspace is not None else
+                  Workspace(spec.repo, spec.cache_dir, max_bytes=spec.cache_max_bytes))
             held = ws.lease(cand.commit, cand.patches)
             worktree = held.__enter__()  # held until teardown: the cache cap leaves it alone
             lease = held
@@ -317,7 +336,7 @@ def run_trial(
         fp = fingerprint.collect(
             commit=cand.commit, patches=cand.patches, requested_env=cand.env_dict,
             server_env=env, node=node, gpu=gpu_snapshot, clock=cand.clock,
-            dirty_diff=ws.dirty_diff_hash(worktree), packages=target.node_packages(),
+            dirty_diff=ws.worktree_diff_hash(worktree), packages=target.node_packages(),
         )
 
         if proc is not None:

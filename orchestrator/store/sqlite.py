@@ -298,8 +298,11 @@ class RunStore:
 
     # -- trials ------------------------------------------------------------------------------
     def begin_trial(self, candidate_id: int, *, node: str = "", phase: str = "",
-                    attempt: int = 1) -> int:
-        """Write the trial row before anything runs, so a crash leaves a trace of it."""
+                    attempt: int = 1, log_path: Callable[[int], str] | None = None) -> int:
+        """Write the trial row before anything runs, so a crash leaves a trace of it.
+
+        `log_path(trial_id)` names its server log in the same transaction (one commit, not
+        two, per dispatched trial)."""
         now = time.time()
 
         def body(c: sqlite3.Connection) -> int:
@@ -310,6 +313,8 @@ class RunStore:
             )
             trial_id = int(cur.lastrowid)
             c.execute("INSERT INTO trial_states VALUES (?, 'pending', ?)", (trial_id, now))
+            if log_path is not None:
+                c.execute("UPDATE trials SET log_path=? WHERE id=?", (log_path(trial_id), trial_id))
             return trial_id
 
         trial_id = self._write(body)

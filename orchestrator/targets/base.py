@@ -17,7 +17,7 @@ from pathlib import Path
 
 import httpx
 
-from orchestrator.bench import prometheus
+from orchestrator.bench import http, prometheus
 from orchestrator.bench.client import RequestSpec, make_requests, run_repetition
 from orchestrator.bench.sglang_log import log_metrics
 
@@ -127,7 +127,7 @@ class Target(ABC):
     def is_ready(self, base_url: str) -> bool:
         """SGLang answers /health_generate with 200 once a real generation works."""
         try:
-            r = httpx.get(f"{base_url}/health_generate", timeout=5.0, trust_env=False)
+            r = http.get(f"{base_url}/health_generate", timeout=5.0)
         except httpx.HTTPError:
             return False
         return r.status_code == 200
@@ -135,7 +135,7 @@ class Target(ABC):
     def scrape(self, base_url: str) -> dict | None:
         """Prometheus counters, or None when the server exports none."""
         try:
-            r = httpx.get(f"{base_url}/metrics", timeout=5.0, trust_env=False)
+            r = http.get(f"{base_url}/metrics", timeout=5.0)
         except httpx.HTTPError:
             return None
         return prometheus.parse(r.text) if r.status_code == 200 else None

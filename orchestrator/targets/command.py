@@ -44,8 +44,9 @@ from pathlib import Path
 
 import httpx
 
+from orchestrator.bench import http
 from orchestrator.bench.client import BenchError, RequestSpec
-from orchestrator.runner.process import _die_with_parent, group_members
+from orchestrator.runner.process import dying_with_parent, group_members
 from orchestrator.targets.base import Target
 from orchestrator.workspace.locking import LOCKS_DIRNAME, exclusive_lock
 
@@ -90,9 +91,10 @@ def run_command(
     with open(log_path, "ab") as log:
         log.write(f"$ {shlex.join(argv)}\n".encode())
         log.flush()
-        proc = subprocess.Popen(list(argv), cwd=cwd, env=dict(env), stdin=subprocess.DEVNULL,
+        spawn, preexec = dying_with_parent(argv, cwd, env)
+        proc = subprocess.Popen(spawn, cwd=cwd, env=dict(env), stdin=subprocess.DEVNULL,
                                 stdout=subprocess.PIPE, stderr=log, start_new_session=True,
-                                preexec_fn=_die_with_parent)
+                                preexec_fn=preexec)
         if on_start:
             on_start(proc.pid)
         timed_out = False
@@ -243,7 +245,7 @@ class CommandTarget(Target):
         url = str(self.conf.get("ready_url") or "").strip()
         if url:
             try:
-                r = httpx.get(self._fill(url, base_url), timeout=5.0, trust_env=False)
+                r = http.get(self._fill(url, base_url), timeout=5.0)
             except httpx.HTTPError:
                 return False
             return 200 <= r.status_code < 300

@@ -41,7 +41,8 @@ from pathlib import Path
 
 import httpx
 
-from orchestrator.bench import server_measure
+from orchestrator import fingerprint
+from orchestrator.bench import http, server_measure
 from orchestrator.bench.client import BenchError, RequestSpec
 from orchestrator.targets import sglang_versions as versions
 from orchestrator.targets.base import Target, apply_unset
@@ -111,6 +112,8 @@ class SglangTarget(Target):
         self._worktree: Path | None = None
         self._repetition = 0
         self._packages: dict[str, str] | None = None
+        self._package_paths: list[str] | None = None  # that interpreter's sys.path
+        self._package_signature: tuple | None = None
 
     # -- what runs ---------------------------------------------------------------------------
     @property
@@ -232,12 +235,25 @@ class SglangTarget(Target):
             return json.loads(path.read_text()) if path.exists() else None
         if self.python == sys.executable:
             return None
-        if self._packages is None:
-            code = ("import importlib.metadata as m, json; print(json.dumps({(d.metadata['Name']"
-                    " or '').lower(): d.version for d in m.distributions()}))")
-            out = subprocess.run([self.python, "-c", code], capture_output=True, text=True,
-                                 timeout=120, check=False)
-            self._packages = json.loads(out.stdout) if out.returncode == 0 else {}
+        # Listed once and again only when that interpreter's site directories change (see
+        # fingerprint.all_packages): an upgrade there between two trials is in the second's.
+        if self._packages is not None and self._package_paths is not None:
+            if fingerprint.site_signature(self._package_paths) == self._package_signature:
+                return self._packages
+        code = ("import importlib.metadata as m, json, sys; print(json.dumps({'path': sys.path,"
+                " 'packages': {(d.metadata['Name'] or '').lower(): d.version"
+                " for d in m.distributions()}}))")
+        out = subprocess.run([self.python, "-c", code], capture_output=True, text=True,
+                             timeout=120, check=False)
+        try:
+            doc = json.loads(out.stdout) if out.returncode == 0 else {}
+        except ValueError:
+            doc = {}
+        self._packages = {str(k): str(v) for k, v in (doc.get("packages") or {}).items()}
+        paths = [str(p) for p in doc.get("path") or []] or None
+        signature = fingerprint.site_signature(paths) if paths else None
+        keep = signature is not None and fingerprint.settled(signature)
+        self._package_paths, self._package_signature = (paths, signature) if keep else (None, None)
         return self._packages
 
     def prepare(self, worktree: Path, trial_dir: Path) -> None:
@@ -299,7 +315,7 @@ class SglangTarget(Target):
     def server_info(self, base_url: str) -> dict | None:
         for path in self.features.server_info_paths:
             try:
-                r = httpx.get(f"{base_url}{path}", timeout=10.0, trust_env=False)
+                r = http.get(f"{base_url}{path}", timeout=10.0)
             except httpx.HTTPError:
                 return None
             if r.status_code == 200:

@@ -17,7 +17,7 @@ import os
 import sys
 from pathlib import Path
 
-from orchestrator.bench import server_measure
+from orchestrator.bench import http, server_measure
 from orchestrator.bench.client import RequestSpec
 from orchestrator.targets.base import Target, apply_unset
 from orchestrator.targets.sim.dialect import DEVICE_TIMER_ENV, Dialect, UnknownVersion, dialect
@@ -154,7 +154,7 @@ class SimTarget(Target):
         import httpx
 
         try:
-            r = httpx.get(f"{base_url}/server_info", timeout=10.0, trust_env=False)
+            r = http.get(f"{base_url}/server_info", timeout=10.0)
         except httpx.HTTPError:
             return None
         return r.json() if r.status_code == 200 else None

@@ -4,7 +4,8 @@ No git command runs here except `git init` for the private repository; `git.Work
 worktrees themselves and calls in for the rest.
 
 - State: `.state/<key>.json` says what an intact worktree is (its SHA, the hash of its applied
-  diff, its size when made); its mtime is the worktree's last use.
+  diff, its size when made); its mtime is the worktree's last use. `.state/<key>.verified.json`
+  is the snapshot of its last verification (`snapshot.py`).
 - Size cap: past `max_bytes`, the least recently used worktrees go (never the one just made,
   never one a trial holds through its `.use` lock).
 - The private repository `.repos/<name>-<id>.git`: a bare repository whose only content is one
@@ -35,6 +36,7 @@ from orchestrator.workspace.locking import (
     sha256_hex,
     try_exclusive,
 )
+from orchestrator.workspace.snapshot import Snapshot
 
 
 class WorktreeCache:
@@ -53,6 +55,33 @@ class WorktreeCache:
     def state_path(self, key: str) -> Path:
         return self.root / STATE_DIRNAME / f"{key}.json"
 
+    def snapshot_path(self, key: str) -> Path:
+        return self.root / STATE_DIRNAME / f"{key}.verified.json"
+
+    def read_snapshot(self, key: str) -> Snapshot | None:
+        """The snapshot of the worktree's last verification (`snapshot.py`), if one is kept."""
+        try:
+            return Snapshot.from_json(json.loads(self.snapshot_path(key).read_text()))
+        except (OSError, ValueError, KeyError, TypeError):
+            return None
+
+    def write_snapshot(self, key: str, snap: Snapshot) -> None:
+        """Keep a verification's snapshot, atomically; best effort (a full disk or a read-only
+        cache only means the next verification asks git)."""
+        path = self.snapshot_path(key)
+        temp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+        try:
+            temp.write_text(json.dumps(snap.to_json()))
+            os.replace(temp, path)
+        except OSError:
+            temp.unlink(missing_ok=True)
+
+    def forget_snapshot(self, key: str) -> None:
+        try:
+            self.snapshot_path(key).unlink(missing_ok=True)
+        except OSError:
+            pass
+
     def read_state(self, key: str) -> dict | None:
         try:
             doc = json.loads(self.state_path(key).read_text())
@@ -68,6 +97,16 @@ class WorktreeCache:
         temp.write_text(json.dumps({"sha": sha, "diff_hash": diff_hash, "size_bytes": size,
                                     "made_at": time.time()}))
         os.replace(temp, state_path)
+
+    def stamp(self, key: str) -> int | None:
+        """Mark the worktree used now and return "now" in this filesystem's own clock (the
+        state file's new mtime, ns): what a snapshot of the worktree is compared with."""
+        path = self.state_path(key)
+        try:
+            os.utime(path)
+            return os.stat(path).st_mtime_ns
+        except OSError:
+            return None
 
     def touch(self, key: str) -> None:
         """Mark a worktree used now (the size cap removes the least recently used first)."""
@@ -113,6 +152,7 @@ class WorktreeCache:
             try:
                 with exclusive_lock(self.lock_path(key)):
                     remove(key)
+                    self.forget_snapshot(key)
                     self.state_path(key).unlink(missing_ok=True)
             finally:
                 release(use, self.use_path(key))

@@ -45,6 +45,7 @@ from orchestrator.workspace.locking import (
     shared_lock,
     worktree_key,
 )
+from orchestrator.workspace.snapshot import MAX_FILES, Snapshot
 
 # `git log --diff-merges=first-parent` (commits_between) arrived in git 2.31;
 # `git rev-parse --end-of-options` (resolve) in 2.30 ("rev-parse: handle --end-of-options").
@@ -112,6 +113,11 @@ class Workspace:
         self.cache = WorktreeCache(self.cache_dir, max_bytes)
         self._mirror_repo: git.Repo | None = None
         self._mirror_at: Path | None = None
+        # Worktrees this workspace verified, as they were then (see `snapshot.py`), and full
+        # SHAs it has resolved (a commit id names the same commit forever): a node that keeps
+        # its Workspace does not ask git again about what nothing has changed since.
+        self._verified: dict[str, Snapshot] = {}
+        self._resolved: dict[str, str] = {}
 
     # ----------------------------------------------------------------- refs and ranges
 
@@ -121,6 +127,8 @@ class Workspace:
             raise UserError(f"a git ref must be a non-empty string, got {ref!r}")
         if ref.startswith("-") or any(char in ref for char in "\0\r\n"):
             raise UserError(f"{ref!r} is not a valid git ref (refs may not start with '-')")
+        if ref in self._resolved:
+            return self._resolved[ref]
         try:
             out = self._repo.git.rev_parse(
                 "--verify", "--quiet", "--end-of-options", f"{ref}^{{commit}}"
@@ -132,6 +140,8 @@ class Workspace:
         sha = out.strip()
         if not _FULL_SHA.fullmatch(sha):
             raise UserError(f"git ref {ref!r} does not name a single commit")
+        if sha == ref:  # a branch or tag moves; a full commit id does not
+            self._resolved[ref] = sha
         return sha
 
     def commits_between(
@@ -231,9 +241,16 @@ class Workspace:
             release(use)
 
     def _plan(self, sha: str, patches: Sequence[Path | str]) -> tuple[str, list[Path], str]:
-        full_sha = self.resolve(sha)
         patch_files = [self._patch_file(patch) for patch in patches]
-        return full_sha, patch_files, worktree_key(full_sha, self.patch_hashes(patch_files))
+        hashes = self.patch_hashes(patch_files)
+        if _FULL_SHA.fullmatch(sha):
+            # A commit id for which this cache built a worktree was resolved by git then (the
+            # state records git's full SHA): no need to ask again on every trial.
+            key = worktree_key(sha, hashes)
+            if (self.cache.read_state(key) or {}).get("sha") == sha:
+                return sha, patch_files, key
+        full_sha = self.resolve(sha)
+        return full_sha, patch_files, worktree_key(full_sha, hashes)
 
     def _checkout(self, full_sha: str, patch_files: list[Path], key: str) -> Path:
         final = self.cache_dir / key
@@ -242,6 +259,7 @@ class Workspace:
             if self._is_intact(final, full_sha, key):
                 self.cache.touch(key)
                 return final
+            self.cache.forget_snapshot(key)
             self._remove_worktree(final)
             mirror = self._mirror()
             temp = self.cache_dir / f"{TEMP_PREFIX}{key}-{os.getpid()}-{secrets.token_hex(4)}"
@@ -279,6 +297,17 @@ class Workspace:
             raise UserError(f"{path} is not a git checkout with a commit checked out") from None
         return sha256_hex(diff) if diff else None
 
+    def worktree_diff_hash(self, path: Path | str) -> str | None:
+        """`dirty_diff_hash` of one of this cache's worktrees: what its verification found, with
+        no git call, when nothing has touched it since (`snapshot.py`); git's answer otherwise
+        (a build that wrote into it, a worktree this workspace did not verify)."""
+        path = Path(path)
+        known = self._verified.get(path.name)
+        if known is not None and known.worktree == path and known.unchanged(
+                self.cache.state_path(path.name)):
+            return known.diff_hash
+        return self.dirty_diff_hash(path)
+
     def is_dirty(self) -> bool:
         """True if the user's repo has uncommitted changes (staged or not) to tracked files."""
         status = self._repo.git.status("--porcelain", "--untracked-files=no", env=_READ_ONLY_ENV)
@@ -297,6 +326,7 @@ class Workspace:
                 for entry in self.cache_dir.glob(f"{TEMP_PREFIX}{key}-*"):
                     self._remove_worktree(entry)
                 self._remove_worktree(self.cache_dir / key)
+                self.cache.forget_snapshot(key)
                 self.cache.state_path(key).unlink(missing_ok=True)
         if self._mirror_path().is_dir():
             self._mirror().git.worktree("prune")
@@ -351,15 +381,25 @@ class Workspace:
             ) from None
 
     def _is_intact(self, path: Path, sha: str, key: str) -> bool:
-        """A worktree may be reused only if it is exactly what checkout() would build."""
+        """A worktree may be reused only if it is exactly what checkout() would build.
+
+        Git is asked (top level, HEAD, `git diff HEAD`) unless this workspace verified the
+        worktree before and its snapshot shows nothing has touched it since."""
+        state_file = self.cache.state_path(key)
         try:
             link = (path / ".git").read_text()
-            state = json.loads(self.cache.state_path(key).read_text())
+            state = json.loads(state_file.read_text())
         except (OSError, ValueError):
             return False
         # One made by an older sleuth hangs off the user's repository: rebuild it here.
         if not link.startswith(f"gitdir: {self._mirror_path()}{os.sep}"):
             return False
+        known = self._verified.pop(key, None) or self.cache.read_snapshot(key)
+        if (known is not None and known.worktree == path and state.get("sha") == sha
+                and known.diff_hash == state.get("diff_hash") and known.unchanged(state_file)):
+            self._verified[key] = known
+            return True
+        stamp = self.cache.stamp(key)  # before anything is looked at: see Snapshot.racy
         runner = git.Git(str(path))
         try:
             # Without this check a worktree whose .git link broke would make git look upwards
@@ -370,10 +410,29 @@ class Workspace:
             return False
         if Path(toplevel).resolve() != path.resolve() or head != sha or state.get("sha") != sha:
             return False
+        files = self._tracked_files(runner)
+        snap = Snapshot.take(path, files or (), state_file)  # before git reads the files
         try:
-            return self.dirty_diff_hash(path) == state.get("diff_hash")
+            diff_hash = self.dirty_diff_hash(path)
         except UserError:
             return False
+        if diff_hash != state.get("diff_hash"):
+            return False
+        if (files is not None and len(files) <= MAX_FILES and stamp is not None
+                and not snap.racy(stamp)):
+            snap = dataclasses.replace(snap, diff_hash=diff_hash)
+            self._verified[key] = snap
+            self.cache.write_snapshot(key, snap)
+        return True
+
+    @staticmethod
+    def _tracked_files(runner: git.Git) -> list[bytes] | None:
+        """The worktree's tracked paths (relative, raw bytes), or None if git cannot say."""
+        try:
+            out = runner.ls_files("-z", stdout_as_string=False, env=_READ_ONLY_ENV)
+        except GitCommandError:
+            return None
+        return [p for p in out.split(b"\0") if p]
 
     def _registered_worktrees(self) -> list[Path]:
         if not self._mirror_path().is_dir():
