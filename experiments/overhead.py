@@ -219,7 +219,7 @@ def bare_sim(work: Path, repo: Path, sha: str) -> dict:
     from orchestrator.targets.base import NodeContext
     from orchestrator.targets.registry import make_target
 
-    cfg = compose_config("trial", [])
+    cfg = compose_config("trial", ["target=sim"])  # the sim only by name
     tconf = OmegaConf.to_container(cfg.target, resolve=True)
     bconf = OmegaConf.to_container(cfg.bench, resolve=True)
     tree = work / "sim-bare-tree"
@@ -273,7 +273,7 @@ def sim_section(work: Path, n_runs: int) -> dict:
     repo, truth = _sim_setup(work)
     bare = [bare_sim(work, repo, truth["good"]) for _ in range(3)]
     runs, log = work / "sim-runs", work / "sim.log"
-    args = ["bisect", f"repo={repo}", f"good={truth['good']}", f"bad={truth['bad']}",
+    args = ["bisect", "target=sim", f"repo={repo}", f"good={truth['good']}", f"bad={truth['bad']}",
             f"runs_dir={runs}"]
     measured = measure_runs(args, runs, n_runs, log)
     per = [p for run in measured for p in periods(run)]

@@ -13,6 +13,7 @@ whose timings follow the EAGLE-3 performance model, driven by the repo's `sim_pr
 - `dialect`    which SGLang release it imitates (`--sim-sglang-version`: 0.5.23, or 0.5.9)
 - `app`, `endpoints`, `scheduler`, `metrics`, `requests`, `tokens`, `logs`, `noise`, `faults`
 - `launcher`   start/stop a sim process for tests and tools (`run_sim`)
+- `loadclock`  the loading phase's modeled sleeps, counted from the process's launch
 
 Importing this package must stay cheap: every trial launches the server.
 """

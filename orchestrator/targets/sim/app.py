@@ -2,7 +2,8 @@
 
 Order: parse flags -> import the code (the repo's profile; a broken one fails here, exit 1)
 -> bind the port (uvicorn's error and exit 1 if taken) -> serve 503 while "loading" (init
-distributed / NCCL, weights, KV cache, CUDA graph capture; modeled time x time scale) -> warm-up
+distributed / NCCL, weights, KV cache, CUDA graph capture; modeled time x time scale, counted
+from the process's launch so its own start-up is inside it: `loadclock`) -> warm-up
 request -> "The server is fired up and ready to roll!" -> 200.
 
 Binding before loading is a deliberate difference from SGLang (which binds after loading): it
@@ -14,7 +15,6 @@ from __future__ import annotations
 import os
 import sys
 import threading
-import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 
@@ -25,6 +25,7 @@ from orchestrator.targets.sim.args import ConfigError, SimConfig, parse
 from orchestrator.targets.sim.dialect import DEVICE_TIMER_ENV
 from orchestrator.targets.sim.endpoints import ServerState, SimHTTPServer
 from orchestrator.targets.sim.faults import FaultPlan, FaultSpecError, parse_faults
+from orchestrator.targets.sim.loadclock import LoadClock
 from orchestrator.targets.sim.logs import SimLog, traceback_text
 from orchestrator.targets.sim.metrics import SGLangMetrics
 from orchestrator.targets.sim.noise import Noise
@@ -153,11 +154,6 @@ def _bind(config: SimConfig, state: ServerState, faults: FaultPlan, log: SimLog)
     return server
 
 
-def _sleep_modeled(seconds: float, scale: float) -> None:
-    if seconds > 0:
-        time.sleep(seconds * scale)
-
-
 def _load(
     config: SimConfig,
     env: Mapping[str, str],
@@ -165,9 +161,11 @@ def _load(
     effects: Effects,
     faults: FaultPlan,
     log: SimLog,
+    clock: LoadClock,
 ) -> model.PassCostModel:
-    """The loading phase: log lines, modeled sleeps, and the failures a real launch can hit."""
-    scale, launch = config.time_scale, config.launch
+    """The loading phase: log lines, modeled sleeps, and the failures a real launch can hit.
+    The modeled sleeps run on `clock`, which counts them from the process's launch."""
+    launch = config.launch
     used = model.visible_gpus(gpu, env)[: launch.tp_size]
     slow_init = any(not g.persistence_mode for g in used)
     total = config.load_seconds * (1.15 if slow_init else 1.0)
@@ -176,7 +174,7 @@ def _load(
     if not graphs:
         shares["weights"] += shares.pop("graphs")
     log.tp("Init torch distributed begin.")
-    _sleep_modeled(total * shares["dist"], scale)
+    clock.sleep_modeled(total * shares["dist"], credited=False)
     try:
         costs = model.PassCostModel(launch, env, gpu, effects, os.getpid())
     except model.LaunchError as exc:
@@ -196,7 +194,7 @@ def _load(
     avail = used[0].memory_total_mib / 1024 - 0.4
     log.tp("Init torch distributed ends. mem usage=0.40 GB")
     log.tp(f"Load weight begin. avail mem={avail:.2f} GB")
-    _sleep_modeled(total * shares["weights"], scale)
+    clock.sleep_modeled(total * shares["weights"], credited=False)
     if faults.exit_at_start:
         log.tp("Scheduler hit an exception: " + traceback_text(
             "RuntimeError", "CUDA error: uncorrectable ECC error encountered (injected fault)",
@@ -215,7 +213,7 @@ def _load(
     log.tp(f"KV Cache is allocated. #tokens: {MAX_TOTAL_NUM_TOKENS}, KV size: {kv_gb:.2f} GB")
     avail -= kv_gb
     log.tp(f"Memory pool end. avail mem={avail:.2f} GB")
-    _sleep_modeled(total * shares["kv"], scale)
+    clock.sleep_modeled(total * shares["kv"])
     if graphs:
         bs_list = [b for b in (1, 2, 4, 8, 12, 16, 24, 32, 40, 48, 56, 64, 80, 96, 112, 128, 144, 160)
                    if b <= launch.cuda_graph_max_bs]  # fmt: skip
@@ -227,7 +225,7 @@ def _load(
             if not part:
                 log.tp(f"Capture cuda graph bs {bs_list}")
             elapsed = total * shares["graphs"] / len(parts)
-            _sleep_modeled(elapsed, scale)
+            clock.sleep_modeled(elapsed)
             log.tp(f"Capture{part} cuda graph end. Time elapsed: {elapsed:.2f} s. mem usage=0.62 GB. "
                    f"avail mem={avail - 0.62:.2f} GB.")  # fmt: skip
             avail -= 0.62
@@ -284,7 +282,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     noise = Noise(
         config.seed, config.noise_restart_cv, config.noise_request_cv, config.drift_pct_per_hour
     )
-    costs = _load(config, env, gpu, effects, faults, log)
+    clock = LoadClock.from_launch(config.time_scale)  # what start-up took is part of the load
+    costs = _load(config, env, gpu, effects, faults, log, clock)
     log.tp(f"sim: restart noise factor {noise.restart_factor:.4f} (seed {noise.seed}), "
            f"time scale {config.time_scale}", "debug")  # fmt: skip
     state.scheduler_info = {
