@@ -50,3 +50,19 @@ def test_compose_does_not_change_cwd(tmp_path, monkeypatch):
     import os
 
     assert os.getcwd() == str(tmp_path)
+
+
+def test_experiment_params_are_one_typed_record():
+    """Every knob typed once at composition; readers get the record, never the mapping."""
+    from orchestrator.config import params as experiment_params
+
+    cfg = compose_config("sweep", ["experiment.params.restarts=4", "experiment.params.prune=off",
+                                   "experiment.params.min_effect_pct=10"])
+    p = experiment_params.of(cfg)
+    assert (p.restarts, p.prune, p.min_effect_pct, p.batch) == (4, False, 10.0, None)
+    assert p.given == {"restarts", "prune", "min_effect_pct"}
+    with pytest.raises(UserError, match="confirm_min_rounds <= confirm_rounds"):
+        compose_config("sweep", ["experiment.params.confirm_min_rounds=9",
+                                 "experiment.params.confirm_rounds=4"])
+    with pytest.raises(UserError, match="importance must be one of"):
+        compose_config("sweep", ["experiment.params.importance=shap"])

@@ -25,6 +25,7 @@ from orchestrator import answer, caveats, findings, mechanism, render
 from orchestrator.answer import phases
 from orchestrator.answer.text import change_text
 from orchestrator.commands import common
+from orchestrator.config import params as experiment_params
 from orchestrator.controller import Controller
 from orchestrator.errors import UserError
 from orchestrator.fingerprint import relevant_env
@@ -209,8 +210,7 @@ def decide(ref: list[float], now: list[float], min_effect_pct: float, confidence
 
 
 def run(cfg: DictConfig) -> int:
-    params = cfg.experiment.params
-    ref_arg = params.get("reference") or cfg.get("reference")
+    ref_arg = experiment_params.of(cfg).reference or cfg.get("reference")
     if not ref_arg:
         raise UserError("compare needs a reference: sleuth compare reference=RUN_DIR_OR_FINGERPRINT")
     common.check_common(cfg)
@@ -245,13 +245,13 @@ def run(cfg: DictConfig) -> int:
 def execute(cfg: DictConfig, ctl: Controller, run_dir: Path, ref: dict, out,
             findings_name: str | None = None, progress: Progress | None = None) -> dict:
     """Re-measure `ref["candidate"]` in batches until the decision is made; write findings."""
-    params = cfg.experiment.params
+    params = experiment_params.of(cfg)
     metric = str(cfg.metric)
     cand: Candidate = ref["candidate"]
     ref_values = ref["values"].get(metric, [])
-    batch = int(params.get("batch", 3))
-    max_trials = int(cfg.max_trials or params.get("max_trials", 9))
-    min_effect = float(params.get("min_effect_pct", 3.0))
+    batch = params.batch or 3
+    max_trials = int(cfg.max_trials or params.max_trials or 9)
+    min_effect = params.min_effect_pct if params.min_effect_pct is not None else 3.0
     out.print(f"re-measuring the reference candidate of {ref['name']}: {cand.label}")
     if progress is not None:  # an earlier experiment's state would mislead
         progress.set_total(None)
@@ -267,7 +267,7 @@ def execute(cfg: DictConfig, ctl: Controller, run_dir: Path, ref: dict, out,
         if len(now_vals) < 2:
             return "unresolved", eff
         return decide(ref_values, now_vals, min_effect, 0.95, final=len(now_rows) >= max_trials,
-                      bound_pct=float(params.get("bound_pct", 10.0)))
+                      bound_pct=params.bound_pct)
 
     if now_rows:
         verdict, eff = decide_now()

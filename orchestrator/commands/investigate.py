@@ -38,6 +38,7 @@ from orchestrator.answer.compose import for_investigation
 from orchestrator.answer.phases import log_change, mechanism
 from orchestrator.answer.text import commit_label
 from orchestrator.commands import bisect, common, compare, isolate, sweep
+from orchestrator.config import params as experiment_params
 from orchestrator.controller import Controller
 from orchestrator.errors import UserError
 from orchestrator.metrics import check_metric
@@ -103,7 +104,7 @@ def plan(cfg: DictConfig, reference: dict | None = None) -> tuple[Plan, object]:
     if bad != base.commit:
         commits = ws.commits_between(base.commit, bad, first_parent=bool(cfg.first_parent))
         points = [dataclasses.replace(base, commit=c.sha) for c in commits]
-        untouched = float(cfg.experiment.params.get("untouched_weight", 0.25))
+        untouched = experiment_params.of(cfg).untouched_weight
         weights = bisect.prior_weights(commits, list(cfg.paths), ws, untouched)
         bisect._strategy(cfg, len(points), weights)  # its own checks, before anything is written
     sweep_plan = sweep.validate_inside(cfg) if cfg.recover else None

@@ -27,6 +27,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from orchestrator import answer, caveats, findings, render
 from orchestrator.commands import common, compare
+from orchestrator.config import params as experiment_params
 from orchestrator.controller import Controller
 from orchestrator.differences import (
     KINDS,
@@ -165,8 +166,7 @@ def execute(cfg: DictConfig, ctl: Controller, run_dir: Path, good: dict, changes
         len(changes), direction=regression_direction(metric, str(cfg.direction)),
         confidence=float(cfg.confidence),
         max_trials=int(cfg.max_trials) if cfg.max_trials is not None else None, labels=labels,
-        min_effect_pct=(float(cfg.experiment.params["min_effect_pct"])
-                        if "min_effect_pct" in cfg.experiment.params else None))
+        min_effect_pct=experiment_params.of(cfg).min_effect_pct)
     check_distinct(good, changes, resolve)
     points = IsolatePoints(strategy, good, changes, resolve)
     out.print(f"isolating {len(changes)} difference(s) on {metric}: "
@@ -242,7 +242,7 @@ def isolate_system(cfg: DictConfig, ctl: Controller, run_dir: Path, ref: dict, c
     that were not tested (not settable per trial, or shell/session variables set aside), so
     the run's one ranking does not list a tested difference twice."""
     diffs = differences_from_compare(cdoc)
-    all_env = bool(cfg.experiment.params.get("all_env", False))
+    all_env = experiment_params.of(cfg).all_env
     found = changes_from_system(diffs, all_env=all_env)
     pinned = [c.key for c in found if c.factor == "package"]
     if pinned and packages.settings(cfg).configured:

@@ -2,7 +2,7 @@
 
     sleuth sweep repo=PATH space=nccl_pcie metric=output_throughput [direction=auto]
                  [trials=40] [nodes=K] [sampler=tpe|random|grid] [seed=S]
-                 [experiment.params.KNOB=VALUE ...]   (knobs: `orchestrator/sweep/setup.py`)
+                 [experiment.params.KNOB=VALUE ...]   (knobs: `orchestrator/config/params.py`)
 
 `trials` restarts search the space (the baseline first); then the best configuration is
 re-measured against the baseline in interleaved rounds (3 to 16 rounds of 2 restarts, fewer when
@@ -20,6 +20,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from orchestrator import answer, findings, render
 from orchestrator.commands import common
+from orchestrator.config import params as experiment_params
 from orchestrator.controller import Controller
 from orchestrator.drive import observation
 from orchestrator.errors import UserError
@@ -158,7 +159,7 @@ def execute(cfg: DictConfig, ctl: Controller, run_dir: Path, space: SearchSpace,
         if progress is not None:
             progress.on_verdict(*_progress_state(search), None)
     result = search.result()
-    importances = importance.of_search(search, str(setup.params(cfg)["importance"]))
+    importances = importance.of_search(search, experiment_params.of(cfg).importance)
     rows = ctl.store.trials()
     doc = report.sweep_findings(run_id=ctl.store.run_id, metric=metric, search=search,
                                 result=result, importances=importances, rows=rows)

@@ -2,7 +2,7 @@
 
 Hydra/OmegaConf check a config's shape and types; this checks what the numbers and names mean:
 every float finite, each `ranged` field inside its bounds, each `choice` field one of its
-options, the shared `experiment.params` knobs numbers in range, and a `run_id` that names a
+options, every `experiment.params` knob known, typed and in range (`params.py`), and a `run_id` that names a
 directory inside `runs_dir` (never `../x` or an absolute path). One bad value is one line and
 exit 2, before any command has looked at the configuration or written anything.
 """
@@ -17,6 +17,7 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
+from orchestrator.config import params as experiment_params
 from orchestrator.config import schema
 from orchestrator.errors import UserError
 
@@ -34,10 +35,7 @@ def check_values(cfg: DictConfig) -> None:
     target_schema = schema.TARGET_SCHEMAS.get(str(target.get("name", "")))
     if target_schema is not None:
         _check_dataclass(target_schema, target, "target.")
-    params = (values.get("experiment") or {}).get("params") or {}
-    for key, bounds in schema.PARAM_BOUNDS.items():
-        if key in params:
-            _check_number(f"experiment.params.{key}", params[key], bounds)
+    experiment_params.parse((values.get("experiment") or {}).get("params"))
     check_run_id(values.get("run_id"), str(values.get("command", "")))
 
 

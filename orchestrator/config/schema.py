@@ -69,14 +69,7 @@ def choice(default: Any, *options: Any) -> Any:
     return field(default=default, metadata={"choices": tuple(options)})
 
 
-# `experiment.params` is an open mapping (each strategy reads its own knobs); the knobs several
-# commands share are range-checked here, the sweep's own in `orchestrator/sweep/setup.py`.
-PARAM_BOUNDS: dict[str, Bounds] = {
-    "min_effect_pct": Bounds(gt=0, le=1000),
-    "untouched_weight": Bounds(gt=0, le=1),
-    "batch": Bounds(ge=1, le=10_000),
-    "max_trials": Bounds(ge=1, le=1_000_000),
-}
+# `experiment.params` knobs are typed and checked in `orchestrator/config/params.py`.
 
 # Large enough for any real benchmark, small enough that a typo (an extra digit or three)
 # is refused instead of asking a server for a billion tokens.

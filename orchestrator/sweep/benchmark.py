@@ -21,6 +21,7 @@ from dataclasses import dataclass
 
 from omegaconf import DictConfig, OmegaConf
 
+from orchestrator.config import params as experiment_params
 from orchestrator.config.compose import compose_config
 from orchestrator.records import Candidate
 from orchestrator.sweep import importance, setup
@@ -101,7 +102,7 @@ def run_virtual(cfg: DictConfig, seed: int, *, oracle_seed: int | None = None,
         search.record(work, oracle.measure(work.candidate))
     result = search.result()
     chosen = oracle.truth(result.best.config.candidate) if result.best else None
-    imp = importance.of_search(search, str(setup.params(cfg)["importance"]))
+    imp = importance.of_search(search, experiment_params.of(cfg).importance)
     others = []
     for name in compare:
         ranked = importance.of_search(search, name).ranked
