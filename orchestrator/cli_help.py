@@ -70,7 +70,7 @@ HELP: dict[str, tuple[tuple[str, ...], tuple[tuple[str, str], ...]]] = {
          ("sampler=tpe", "tpe | random | grid"),
          ("seed=S", "the sampler's seed"),
          ("nodes=K", "configurations in flight"),
-         ("experiment.params.KNOB=V", "the sweep's knobs (orchestrator/sweep/setup.py)"))),
+         ("experiment.params.KNOB=V", "the sweep's knobs (orchestrator/config/params.py)"))),
     "report": (("sleuth report RUN [out=DIR]",),
                (("RUN", "a run id under runs_dir, or a run directory"),
                 ("out=DIR", "write report.md / report.html there"))),
