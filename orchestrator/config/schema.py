@@ -57,6 +57,9 @@ class SimTargetConf(TargetConf):
     time_scale: float = 0.05
     noise_restart_cv: float = 0.02
     noise_request_cv: float = 0.01
+    # Probability that a launch is an outlier restart running `noise_outlier_factor` x slower.
+    noise_outlier_rate: float = 0.0
+    noise_outlier_factor: float = 3.0
     load_seconds: float = 20.0
     # None: each launch draws its own noise (restarts are independent, as on real GPUs).
     seed: int | None = None

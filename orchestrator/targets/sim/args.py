@@ -31,6 +31,8 @@ SIM_FLAGS: tuple[tuple[str, Any, Any, str], ...] = (
     ("noise-restart-cv", float, 0.02, "per-launch noise coefficient of variation"),
     ("noise-request-cv", float, 0.01, "per-forward-pass noise coefficient of variation"),
     ("drift-pct-per-hour", float, 0.0, "slow drift in %% per modeled hour"),
+    ("noise-outlier-rate", float, 0.0, "probability that a launch is an outlier restart"),
+    ("noise-outlier-factor", float, 3.0, "how much slower an outlier restart runs"),
     ("load-seconds", float, 20.0, "modeled model-loading time before the server is healthy"),
     ("fault", str, None, "fault spec, e.g. crash_after:3 or degrade:5,never_ready"),
 )
@@ -107,6 +109,8 @@ class SimConfig:
     load_seconds: float
     fault: str | None
     notes: tuple[str, ...] = field(default_factory=tuple)
+    noise_outlier_rate: float = 0.0
+    noise_outlier_factor: float = 3.0
 
     @property
     def speculative(self) -> bool:
@@ -197,6 +201,8 @@ def resolve(ns: argparse.Namespace, env: Mapping[str, str]) -> SimConfig:
         load_seconds=max(0.0, values["load-seconds"]),
         fault=values["fault"],
         notes=tuple(notes),
+        noise_outlier_rate=min(max(0.0, values["noise-outlier-rate"]), 1.0),
+        noise_outlier_factor=max(values["noise-outlier-factor"], 0.01),
     )
 
 
