@@ -148,6 +148,10 @@ class Workspace:
             )
         return [*self._log("--no-walk", good_sha), *between]
 
+    def commit_infos(self, shas: Sequence[str]) -> list[CommitInfo]:
+        """The records of these commits, in the order given (no history walk)."""
+        return self._log("--no-walk=unsorted", *shas) if shas else []
+
     def _log(self, *rev_args: str) -> list[CommitInfo]:
         raw = self._repo.git.log(
             *LOG_OPTIONS,
