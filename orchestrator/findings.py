@@ -103,9 +103,11 @@ def bisect_findings(
     rows: Sequence[TrialRow],
 ) -> dict:
     findings = []
+    outliers = {o.trial_id for o in verdict.outliers if o.trial_id is not None}
     for culprit in sorted(verdict.culprits, key=lambda c: -c.probability):
         commit = commits[culprit.point]
-        parent_point = culprit.range[0] if culprit.range else culprit.point - 1
+        parent_point = (culprit.parents[0] if culprit.parents
+                        else culprit.range[0] if culprit.range else culprit.point - 1)
         effects = effects_between(rows, keys[parent_point], keys[culprit.point],
                                   metrics=effect_metrics(metric))
         evidence = [r.id for r in rows if r.candidate.key in (keys[parent_point], keys[culprit.point])]
@@ -128,6 +130,14 @@ def bisect_findings(
             finding["summary"] += f" (one of {hi - lo} commits: untestable neighbours)"
         if culprit.explained is not None:
             finding["explained"] = round(float(culprit.explained), 3)
+        if len(culprit.parents) > 1:  # a merge: verified against each of its parents
+            finding["parents"] = [commits[p].sha for p in culprit.parents]
+        if culprit.latest_effect_pct is not None:
+            finding["effect_now"] = {"pct": round(culprit.latest_effect_pct, 3),
+                                     "ci": [round(x, 3) for x in culprit.latest_effect_ci]}
+        flagged = sorted(t for t in evidence if t in outliers)
+        if flagged:
+            finding["outlier_trials"] = flagged
         findings.append(finding)
     for rank, f in enumerate(findings, 1):
         f["rank"] = rank
@@ -142,7 +152,22 @@ def bisect_findings(
         "total_effect": ({"pct": verdict.total_effect_pct, "ci": list(verdict.total_effect_ci)}
                          if verdict.total_effect_pct is not None and verdict.total_effect_ci else None),
         "findings": [{"rank": f.pop("rank"), **f} for f in findings],
+        "unexplained": [_unexplained_json(u, commits) for u in verdict.unexplained],
+        "outliers": [{"trial": o.trial_id, "commit": commits[o.point].sha, "status": o.status,
+                      "ratio": round(o.ratio, 4)} for o in verdict.outliers],
+        "notes": list(verdict.notes),
+        "budget": verdict.budget,
     }
+
+
+def _unexplained_json(part, commits: Sequence[CommitInfo]) -> dict:
+    """A part of the change no named commit explains: between two commits, with its size."""
+    doc = {"kind": part.kind, "from": commits[part.lo].sha, "to": commits[part.hi].sha,
+           "pct": round(part.effect_pct, 3), "ci": [round(x, 3) for x in part.effect_ci],
+           "unexplained": bool(part.flagged)}
+    if part.candidates:
+        doc["likeliest"] = [commits[p].sha for p in part.candidates]
+    return doc
 
 
 def write(run_dir: Path, doc: dict, name: str | None = None) -> Path:

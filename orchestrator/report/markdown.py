@@ -49,9 +49,11 @@ def render_markdown(data: RunData, plots: Sequence[Plot], plot_dir: str = "plots
         out.append(md_table(T.effects_table(f)))
         evidence = ", ".join(str(t) for t in f.get("evidence", []))
         out += [f"Evidence trials: {md_escape(evidence or 'none')}", ""]
-        for name in ("suspect_trials", "failed_trials"):
+        for name in ("suspect_trials", "failed_trials", "outlier_trials"):
             if f.get(name):
-                what = "excluded from effects" if name == "suspect_trials" else "never measured"
+                what = {"suspect_trials": "excluded from effects",
+                        "failed_trials": "never measured",
+                        "outlier_trials": "restarts left out of the bisect as outliers"}[name]
                 out += [f"{name.replace('_', ' ').capitalize()} ({what}):"
                         f" {md_escape(', '.join(map(str, f[name])))}", ""]
     if not ranked.get("findings"):
