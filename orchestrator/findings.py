@@ -21,7 +21,8 @@ from orchestrator.sweep import noise
 from orchestrator.workspace import CommitInfo
 
 
-def trial_values(rows: Sequence[TrialRow], key: str, metric: str, *, include_suspect: bool = False) -> list[float]:
+def trial_values(rows: Sequence[TrialRow], key: str, metric: str, *, include_suspect: bool = False,
+                 exclude: frozenset[int] = frozenset()) -> list[float]:
     """Trial-level values of `metric` for the candidate with `key` (measured trials only).
 
     Reference trials are left out: they may come from an earlier state of the node, so mixing
@@ -32,7 +33,7 @@ def trial_values(rows: Sequence[TrialRow], key: str, metric: str, *, include_sus
             continue
         if r.phase in NOT_EVIDENCE_PHASES:
             continue
-        if r.suspect and not include_suspect:
+        if (r.suspect and not include_suspect) or r.id in exclude:
             continue
         v = r.result.value(metric) if r.result else None
         if v is not None and math.isfinite(v):
@@ -40,29 +41,32 @@ def trial_values(rows: Sequence[TrialRow], key: str, metric: str, *, include_sus
     return out
 
 
-def pooled_log_ss(rows: Sequence[TrialRow], metric: str, exclude: Sequence[str]) -> tuple[float, int]:
+def pooled_log_ss(rows: Sequence[TrialRow], metric: str, exclude: Sequence[str],
+                  trials: frozenset[int] = frozenset()) -> tuple[float, int]:
     """Within-candidate sum of squares (log scale) and its degrees of freedom over the other
     candidates of the run: restart-to-restart noise is a property of the node and server, so
     every candidate measured more than once informs it."""
     keys = {r.candidate.key for r in rows} - set(exclude)
-    return noise.pooled_log_ss(trial_values(rows, key, metric) for key in keys)
+    return noise.pooled_log_ss(trial_values(rows, key, metric, exclude=trials) for key in keys)
 
 
 def effects_between(rows: Sequence[TrialRow], before_key: str, after_key: str,
-                    metrics: Sequence[str] = EFFECT_METRICS, confidence: float = 0.95) -> dict:
+                    metrics: Sequence[str] = EFFECT_METRICS, confidence: float = 0.95,
+                    exclude: frozenset[int] = frozenset()) -> dict:
     """`{metric: {"pct", "ci", "p_value", "n"}}` for each metric both sides measured.
 
     Positive metrics use the same estimator as the bisect strategy (t-interval on log values
-    with the run's pooled restart variance); others fall back to Fieller's interval on means."""
+    with the run's pooled restart variance); others fall back to Fieller's interval on means.
+    `exclude`: trials left out (a bisect's outlier restarts: flagged, not evidence)."""
     out = {}
     for metric in metrics:
-        a = trial_values(rows, before_key, metric)
-        b = trial_values(rows, after_key, metric)
+        a = trial_values(rows, before_key, metric, exclude=exclude)
+        b = trial_values(rows, after_key, metric, exclude=exclude)
         if not a or not b or len(a) + len(b) < 3:
             continue
         try:
             if min(a + b) > 0:
-                ss, df = pooled_log_ss(rows, metric, (before_key, after_key))
+                ss, df = pooled_log_ss(rows, metric, (before_key, after_key), exclude)
                 e = log_effect(a, b, confidence=confidence, extra_ss=ss, extra_df=df)
             else:
                 e = effect(a, b, confidence=confidence)
@@ -109,7 +113,7 @@ def bisect_findings(
         parent_point = (culprit.parents[0] if culprit.parents
                         else culprit.range[0] if culprit.range else culprit.point - 1)
         effects = effects_between(rows, keys[parent_point], keys[culprit.point],
-                                  metrics=effect_metrics(metric))
+                                  metrics=effect_metrics(metric), exclude=frozenset(outliers))
         evidence = [r.id for r in rows if r.candidate.key in (keys[parent_point], keys[culprit.point])]
         finding = {
             "kind": "commit",

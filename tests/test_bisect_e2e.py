@@ -72,11 +72,11 @@ def test_two_culprits_both_found(tmp_path, ray_session):
 
 
 def test_outlier_restarts_are_flagged_and_the_planted_commit_still_named(tmp_path, ray_session):
-    """A node where one restart in six lands in a bad state and runs 3x slower (the sim's
+    """A node where one restart in eight lands in a bad state and runs 3x slower (the sim's
     outlier knob). Such a restart is one reading, not a level: it is flagged in the store and
     the findings, left out of the likelihood, and the answer is the planted commit."""
     scenario = generate_scenario(tmp_path / "sc", 120, 11, "one_culprit")
-    code, doc, run_dir = _bisect(tmp_path, scenario, "target.noise_outlier_rate=0.17",
+    code, doc, run_dir = _bisect(tmp_path, scenario, "target.noise_outlier_rate=0.125",
                                  "target.noise_outlier_factor=3.0")
     (planted,) = scenario.truth["culprits"]
     assert code == 0, doc["message"]
@@ -90,9 +90,20 @@ def test_outlier_restarts_are_flagged_and_the_planted_commit_still_named(tmp_pat
     flagged = store.trial_flags("outlier")
     listed = {o["trial"] for o in doc["outliers"]}
     assert listed == set(flagged)
-    # Every planted 3x restart is kept in the store, flagged; no ordinary restart is.
-    assert slow <= listed <= slow | {t for t in listed if flagged[t].startswith("pending")}
-    assert all("x its commit's level" in flagged[t] for t in flagged)
+    # Every planted 3x restart is kept in the store, flagged; no ordinary restart is. (Two bad
+    # restarts of one commit that agree are a level nobody can tell from a slow commit: those
+    # stay readings of it, so they are left out of the count.)
+    commit_of = {r.id: r.candidate.commit for r in rows}
+    bad_count = {c: sum(commit_of[t] == c for t in slow) for c in set(commit_of.values())}
+    good_count = {c: sum(commit_of[t] == c for t in commit_of if t not in slow)
+                  for c in bad_count}
+    alone = {t for t in slow if bad_count[commit_of[t]] < max(good_count[commit_of[t]], 2)}
+    assert alone <= listed
+    assert listed <= slow | {t for t in listed if flagged[t]["outlier"].startswith("pending")}
+    assert all("x its commit's level" in flagged[t]["outlier"] for t in flagged)
+    # The culprit's effects are read without them: a tight interval, not one 3x reading wide.
+    ci = doc["findings"][0]["effect"]["verify_ms"]["ci"]
+    assert ci[0] > 0 and ci[1] - ci[0] < 40
     assert any(n.endswith("not replicated)") for n in doc["notes"])
 
 
@@ -106,20 +117,24 @@ def test_a_power_limit_lowered_mid_bisect_is_accounted_for(tmp_path, ray_session
     scenario = generate_scenario(tmp_path / "sc", 80, 3, "one_culprit")
     runs = tmp_path / "runs"
     done = threading.Event()
+    lowered: list[str] = []
 
     def lower_power() -> None:
         db = runs / "bisect-power" / "trials.db"
         while not done.is_set():
             time.sleep(0.2)
-            if not db.exists():
+            try:
+                store = RunStore.open(db)
+                finished = sum(r.finished for r in store.trials())
+                store.close()
+            except Exception as exc:  # not created yet, or mid-write: look again
+                lowered.append(f"error {exc!r}") if db.exists() else None
                 continue
-            store = RunStore.open(db)
-            finished = sum(r.finished for r in store.trials())
-            store.close()
             if finished >= 8:
                 for state_file in (runs / ".nodes").glob("*/gpu_state.json"):
-                    gpu_state.save(state_file, dataclasses.replace(
-                        gpu_state.load(state_file), power_limit_w=450.0))
+                    gpu_state.save(state_file, gpu_state.load(state_file).with_all_gpus(
+                        power_limit_w=450.0))
+                    lowered.append(state_file.parent.name)
                 return
 
     watcher = threading.Thread(target=lower_power, daemon=True)
@@ -130,6 +145,7 @@ def test_a_power_limit_lowered_mid_bisect_is_accounted_for(tmp_path, ray_session
         done.set()
         watcher.join(timeout=10)
     (planted,) = scenario.truth["culprits"]
+    assert lowered and not lowered[0].startswith("error"), lowered
     assert code == 0, doc["message"]
     top = doc["findings"][0]
     assert top["id"] == planted["sha"] and top["probability"] >= 0.99

@@ -76,9 +76,12 @@ def _flag_once(points: np.ndarray, values: np.ndarray, sigma: float, k: float) -
     order, y, starts, sizes = _groups(points, values)
     sorted_status = np.zeros(values.size, dtype=np.int8)
     group_of = np.repeat(np.arange(starts.size), sizes)
-    # Three or more restarts: distance from the commit's median.
+    # Three or more restarts: distance from the centre of the commit's densest cluster.
     big = sizes >= 3
     median = 0.5 * (y[starts + (sizes - 1) // 2] + y[starts + sizes // 2])
+    overall = float(np.median(y))
+    for g in np.flatnonzero(big):
+        median[g] = _cluster_centre(y[starts[g]: starts[g] + sizes[g]], 2 * k * sigma, overall)
     spread = k * sigma * np.sqrt(1.0 + math.pi / (2.0 * np.maximum(sizes, 1)))
     far = np.abs(y - median[group_of]) > spread[group_of]
     sorted_status[far & big[group_of]] = OUTLIER
@@ -105,6 +108,21 @@ def _flag_once(points: np.ndarray, values: np.ndarray, sigma: float, k: float) -
         sorted_status[starts[g]] = PENDING
     status[order] = sorted_status
     return status
+
+
+def _cluster_centre(sorted_values: np.ndarray, width: float, overall: float) -> float:
+    """Median of the largest group of a commit's restarts that lie within ``width`` of each
+    other (its plain median unless bad restarts are as many as good ones: with 2 good and 2
+    bad the median falls between them and would flag all four). A tie goes to the group
+    nearer the range's overall level."""
+    ends = np.searchsorted(sorted_values, sorted_values + width, side="right")
+    counts = ends - np.arange(sorted_values.size)
+    best = np.flatnonzero(counts == counts.max())
+    if best.size > 1:
+        centres = [float(np.median(sorted_values[i:ends[i]])) for i in best]
+        return min(centres, key=lambda c: abs(c - overall))
+    i = int(best[0])
+    return float(np.median(sorted_values[i:ends[i]]))
 
 
 def flag_trials(points: np.ndarray, values: np.ndarray, k: float = 4.5,
