@@ -5,20 +5,23 @@ Phases, each justified by what one trial costs (a server restart):
 1. **reproduce** (:mod:`bisect_reproduce`): measure both endpoints interleaved until an
    interval on the log ratio confirms the change in the expected direction, shows it reversed,
    or shows the good endpoint now measures like the bad one. A reproduction found by one of
-   many looks is audited (the endpoints keep being re-measured) until it is confirmed beyond
-   the luck of the looks, and withdrawn, saying so, if it does not hold up.
+   many looks is audited (:mod:`bisect_audit`: the endpoints keep being re-measured) until a
+   culprit is verified, and withdrawn, saying so, if it does not hold up.
 2. **search**, stage by stage: the change-point posterior of :mod:`bisect_model` over every
    commit (outlier restarts flagged and left out, drift and system epochs as nuisance terms,
    the steps of culprits already found as known terms), next points by expected information,
    in batches for idle nodes, until one commit holds ``confidence``.
 3. **verify** (:mod:`bisect_verify`): the culprit against its git parent(s), interleaved.
-4. **what is left** (:mod:`bisect_remainders`): after each culprit the change between the
-   anchors it leaves (on both sides, with intervals) is re-tested as evidence arrives; a part
+4. **what is left** (:mod:`bisect_remainders`, :mod:`bisect_later`): after each culprit the
+   change between the anchors it leaves (on both sides, with intervals) is re-tested as
+   evidence arrives; a part
    that does not vanish is searched as a further stage (a second culprit, a step of a
    staircase, a later partial fix in the other direction) or, when it cannot be pinned on one
    commit within the stage's allowance, reported with its size.
 
-Decisions that change the plan (reproduced, a culprit accepted) are sticky: the strategy
+Tuning lives in :mod:`bisect_settings`, the shape of history (chain or graph) in
+:mod:`bisect_history`. Decisions that change the plan (reproduced, a culprit accepted) are
+sticky: the strategy
 replays observations in order and records them as they happen. Results depend only on the
 observation sequence.
 """
@@ -28,84 +31,28 @@ from __future__ import annotations
 import math
 from collections import Counter
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
 import numpy as np
 
 from orchestrator.strategies.base import Observation, Proposal, Strategy, Verdict
+from orchestrator.strategies.bisect_audit import audit_point, ready_but_unconfirmed, too_costly
 from orchestrator.strategies.bisect_history import History
+from orchestrator.strategies.bisect_later import signalled, suggestive_points
 from orchestrator.strategies.bisect_model import StageData, StagePosterior, stage_posterior
 from orchestrator.strategies.bisect_plan import Remainder, Reproduction, Stage
-from orchestrator.strategies.bisect_remainders import remainders, unexplained_total
+from orchestrator.strategies.bisect_remainders import remainders
 from orchestrator.strategies.bisect_reproduce import (
     check_reproduced,
     confirmed,
-    fresh_endpoint_ratio,
     refuted,
 )
 from orchestrator.strategies.bisect_search import search_points
+from orchestrator.strategies.bisect_settings import BisectSettings
 from orchestrator.strategies.bisect_verify import check_reverified, check_verified, verify_target
 from orchestrator.strategies.evidence import Evidence
 from orchestrator.strategies.forecast import stage_forecast
 from orchestrator.strategies.report import describe
-
-
-@dataclass(frozen=True)
-class BisectSettings:
-    """Tuning of :class:`BisectStrategy`; defaults are what the benchmark validates."""
-
-    confidence: float = 0.99
-    reproduce_confidence: float = 0.90
-    reproduce_min_per_endpoint: int = 2
-    # A +5% change in 5% restart noise still fails a 90% interval at 24 restarts per endpoint
-    # about 4% of the time; 48 makes that rare. Changes under `negligible_pct` are not
-    # regressions worth a bisect.
-    reproduce_max_per_endpoint: int = 48
-    negligible_pct: float = 1.0
-    refute_fraction: float = 0.5
-    confirm_free_looks: int = 3
-    # Until a culprit is found, the endpoints' trials since the reproduction are the test of
-    # it (bisect_reproduce.refuted). When they lean towards "no change" the search keeps them
-    # balanced, and once it has run `audit_after` times its first forecast it gives them half
-    # of the trials: a lucky reproduction is then withdrawn in a number of trials set by the
-    # noise, while a real change, whose fresh trials do not lean that way, pays nothing.
-    audit_after: float = 1.5
-    reversed_confidence: float = 0.99
-    reversed_min_per_endpoint: int = 4  # a 99% interval from 2-3 restarts can still be luck
-    verify_confidence: float = 0.95
-    verify_min_per_side: int = 2
-    verify_handoff: float = 0.95
-    drift_requires_step: float = 0.5
-    null_prior_top: float = 0.1
-    # A later stage: prior 0.3 on one more step once a culprit is found (it only locates the
-    # step: whether there is one is the remainders' question) and an allowance of trials
-    # before what it could not pin on one commit is reported as spread over a sub-range.
-    null_prior_later: float = 0.7
-    later_max_trials: int = 150
-    # What the culprits found leave unexplained (bisect_remainders) is tested after every
-    # trial. A part with p under `remainder_suggestive` has its anchors measured up to
-    # `remainder_check_trials` each (up to `remainder_max_per_endpoint` once its p, or that of
-    # the whole unexplained change, is under `remainder_escalate_p`); it is
-    # searched once p is under `remainder_search_p` with both anchors that well measured (an
-    # anchor measured a few times can be off by luck, and the remainders are looked at after
-    # every trial), or under `remainder_clear_p` at once (a second culprit of half the first).
-    remainder_search_p: float = 0.01
-    remainder_clear_p: float = 1e-4
-    remainder_escalate_p: float = 0.05
-    # Measure the anchors of every remainder at least this often, whatever the evidence: the
-    # price of telling small further steps from noise in every run (0: only when suggested).
-    remainder_min_trials: int = 0
-    remainder_suggestive: float = 0.3
-    remainder_check_trials: int = 4
-    remainder_max_per_endpoint: int = 12
-    max_culprits: int = 6
-    endpoint_max_failures: int = 2
-    prior_floor: float = 0.01
-    default_budget: int = 400
-    far_more: float = 2.0
-    forecast_every: int = 5
-    forecast_window: int = 4
-    outlier_k: float = 4.5
 
 
 class BisectStrategy(Strategy):
@@ -208,8 +155,8 @@ class BisectStrategy(Strategy):
         self.reverify: list[Stage] = []
         self._consumed = []
         self._post_cache: dict[int, tuple[int, StagePosterior]] = {}
-        self._far: list[bool] = []
-        self._far_at = -1
+        self.far_forecasts: list[bool] = []
+        self.far_checked_at = -1
 
     def _sync(self, observations: Sequence[Observation]) -> None:
         done = len(self._consumed)
@@ -337,7 +284,7 @@ class BisectStrategy(Strategy):
         if not self.found():
             why = refuted(self)
             if why is not None:
-                self._withdraw(why)
+                self.withdraw(why)
                 return True
         for stage in list(self.reverify):
             if check_reverified(self, stage):
@@ -350,15 +297,15 @@ class BisectStrategy(Strategy):
         stage = self.current()
         if stage is None:
             return False
-        if self._too_costly(stage):
+        if too_costly(self, stage):
             return True
         post = self.stage_posterior(stage)
         if stage.index == 0:
             if post.null_mass >= cfg.confidence:
-                self._withdraw("no commit in the range explains a change")
+                self.withdraw("no commit in the range explains a change")
                 return True
         else:
-            if not self._signalled():
+            if not signalled(self):
                 return False
             if self.evidence.n_trials - stage.opened_at >= cfg.later_max_trials:
                 stage.outcome = "spread"
@@ -376,7 +323,7 @@ class BisectStrategy(Strategy):
             return True
         return False
 
-    def _withdraw(self, why: str) -> None:
+    def withdraw(self, why: str) -> None:
         self.outcome = "not_reproducible"
         self.note = why
         if self.reproduction is not None:
@@ -385,49 +332,12 @@ class BisectStrategy(Strategy):
                               f"{self.reproduction.at_trial} trials ({pct:+.1f}%) did not hold "
                               f"up: {why}")
 
-    def _too_costly(self, stage: Stage) -> bool:
-        """Stop when the forecast says, again and again, that the run would cost far more
-        than its budget. A single forecast is rough (often off by 2x, more while the step is
-        barely measured), so it is taken every ``forecast_every`` trials once a stage has run
-        for a tenth of the budget, and only ``forecast_window`` forecasts in a row count."""
-        cfg = self.settings
-        spent = self.evidence.n_trials - stage.opened_at
-        if spent < max(20, self.budget // 10) or spent % cfg.forecast_every or \
-                self._far_at == self.evidence.n_trials:
-            return False
-        self._far_at = self.evidence.n_trials
-        left = stage_forecast(self, stage)
-        far = left is not None and self.evidence.n_trials + left > cfg.far_more * self.budget
-        self._far.append(far)
-        if len(self._far) < cfg.forecast_window or not all(self._far[-cfg.forecast_window:]):
-            return False
-        self.stopped_early = (f"the forecast of about {left} more trials far exceeds the budget "
-                              f"of {self.budget}")
-        if not self.found() and not confirmed(self):
-            self._withdraw(f"it is not confirmed beyond the luck of repeated looks, and "
-                           f"{self.stopped_early}")
-        else:
-            self.outcome = "budget_exhausted"
-        return True
-
-    def _signalled(self) -> bool:
-        """Is part of the change left unexplained, clearly enough to search for its culprit?
-        Not a sticky decision: a later stage with no such part is idle (the run is done) and
-        wakes up if trials still in flight show one."""
-        cfg, ev = self.settings, self.evidence
-        for rem in self.remainders():
-            solid = min(ev.count(rem.lo), ev.count(rem.hi)) >= cfg.remainder_max_per_endpoint
-            if rem.p_value < cfg.remainder_clear_p or (solid and
-                                                       rem.p_value < cfg.remainder_search_p):
-                return True
-        return False
-
     # ---------------------------------------------------------------------------- proposals
 
     def phase(self, stage: Stage) -> str:
         if self.reproduction is None:
             return "reproduce"
-        if stage.index > 0 and not self._signalled():
+        if stage.index > 0 and not signalled(self):
             return "measure"
         _, _, mass = verify_target(self, stage)
         return "verify" if mass >= self.settings.verify_handoff else "search"
@@ -447,7 +357,7 @@ class BisectStrategy(Strategy):
         if stage is None:
             return False
         if stage.index > 0 and self.phase(stage) == "measure":
-            return bool(self._suggestive_points())
+            return bool(suggestive_points(self))
         return True
 
     def _propose_work(self, in_flight: Counter, slots: int) -> list[Proposal]:
@@ -468,7 +378,7 @@ class BisectStrategy(Strategy):
             if need:
                 proposals += self._alternate(sides, in_flight, slots - len(proposals), "verify",
                                              None, None)
-        audit = self._audit_point(in_flight) if len(proposals) < slots else None
+        audit = audit_point(self, in_flight) if len(proposals) < slots else None
         if audit is not None:
             in_flight[audit] += 1
             name = "good" if audit == good else "bad"
@@ -480,7 +390,7 @@ class BisectStrategy(Strategy):
         phase = self.phase(stage)
         left = slots - len(proposals)
         if phase == "verify" and stage.index == 0 and not confirmed(self) and \
-                self._ready_but_unconfirmed(stage):
+                ready_but_unconfirmed(self, stage):
             proposals += self._alternate((good, bad), in_flight, left, "verify", None,
                                          ("good endpoint, to confirm the change",
                                           "bad endpoint, to confirm the change"))
@@ -492,7 +402,7 @@ class BisectStrategy(Strategy):
             labels = tuple(f"parent of the culprit {culprit}" for _ in parents) + ("culprit",)
             proposals += self._alternate(sides, in_flight, left, "verify", cap, labels)
         elif phase == "measure":
-            for point in self._suggestive_points():
+            for point in suggestive_points(self):
                 if len(proposals) < slots and in_flight[point] == 0:
                     in_flight[point] += 1
                     proposals.append(Proposal(point, "search", "an anchor of an unexplained "
@@ -504,57 +414,6 @@ class BisectStrategy(Strategy):
     def search_points(self, stage: Stage, in_flight: Counter, slots: int) -> list[Proposal]:
         """Where the search measures next (:mod:`bisect_search`); a seam for references."""
         return search_points(self, stage, in_flight, slots)
-
-    def _ready_but_unconfirmed(self, stage: Stage) -> bool:
-        """The first culprit would be accepted but for the change itself: the endpoints'
-        interval does not yet clear the level that pays for the reproduce check's looks. A
-        search that chased a lucky reproduction converges somewhere too, and verifying that
-        point again and again would pass by luck in the end; measuring the endpoints instead
-        either confirms the change or refutes it."""
-        ev, cfg = self.evidence, self.settings
-        culprit, parents, mass = verify_target(self, stage)
-        return mass >= cfg.confidence and min(ev.count(p) for p in (culprit, *parents)) >= \
-            cfg.verify_min_per_side
-
-    def _audit_point(self, in_flight: Counter) -> int | None:
-        """An endpoint to re-measure for the test of the reproduction, or None."""
-        if self.found() or self.reproduction is None:
-            return None
-        ev, cfg = self.evidence, self.settings
-        good, bad = 0, self.n - 1
-        fresh = {p: len(ev.values_since(p, self.reproduced_order)) + in_flight[p]
-                 for p in (good, bad)}
-        if min(fresh.values()) > 0 and fresh_endpoint_ratio(self) <= 0.0:
-            return None  # the fresh trials say the change is there: nothing to audit
-        low = min((good, bad), key=lambda p: (fresh[p], p))
-        since = ev.n_trials - self.reproduction.at_trial
-        horizon = max(30.0, cfg.audit_after * (self.first_forecast or 20))
-        if since > horizon:
-            return low if sum(fresh.values()) < 0.5 * (since - horizon) + 2 else None
-        high = bad if low == good else good
-        return low if fresh[high] > 2 * fresh[low] + 2 else None
-
-    def _suggestive_points(self) -> list[int]:
-        """Anchors of remainders that hint at a change but do not yet show one."""
-        cfg, ev = self.settings, self.evidence
-        points = []
-        whole = unexplained_total(self, cfg.verify_confidence)
-        escalate = whole is not None and whole.p_value < cfg.remainder_escalate_p
-        for rem in self.remainders():
-            if rem.p_value >= cfg.remainder_suggestive and not escalate:
-                if cfg.remainder_min_trials:
-                    for point in (rem.lo, rem.hi):
-                        if ev.count(point) < cfg.remainder_min_trials and point not in points:
-                            points.append(point)
-                continue
-            cap = max(cfg.remainder_max_per_endpoint if (
-                escalate or rem.p_value < cfg.remainder_escalate_p) else
-                cfg.remainder_check_trials, cfg.remainder_min_trials)
-            for point in sorted((rem.lo, rem.hi), key=ev.count):
-                if ev.count(point) < cap and point not in points:
-                    points.append(point)
-                    break
-        return points
 
     def _alternate(
         self,
