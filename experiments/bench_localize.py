@@ -30,7 +30,9 @@ culprits counts. ``wrong_confident`` is the share of cases naming a wrong commit
 planted effect.
 
 Run: ``python -m experiments.bench_localize`` (``CASES=20`` for a quick run, ``WORKERS`` for the
-number of processes, default 2; ``REGIMES=subtle,no_change`` for some regimes). Writes
+number of processes, default 2; ``REGIMES=subtle,no_change`` for some regimes, run in that
+order; ``METHODS=sleuth,bayesect`` for some methods; ``JOURNAL=path.jsonl`` appends every
+finished case there and skips those already in it, so a long run can be resumed). Writes
 ``runs/bench-localize.json``:
 ``{regime: {method: {"accuracy", "mean_trials", "p90_trials", "mean_rounds", ...}}}``, where
 ``statuses`` counts how the runs ended.
@@ -38,6 +40,7 @@ number of processes, default 2; ``REGIMES=subtle,no_change`` for some regimes). 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import sys
@@ -293,12 +296,32 @@ def _takes_part(regime: Regime, method: Method) -> bool:
     return bool(regime.effects) or method.name in NO_CHANGE_METHODS
 
 
+def _load_done(path: Path | None) -> dict[tuple[int, int, int], CaseResult]:
+    """Cases already run (one JSON line each), keyed by (regime, method, case) indices."""
+    done: dict[tuple[int, int, int], CaseResult] = {}
+    if path is None or not path.exists():
+        return done
+    for line in path.read_text().splitlines():
+        try:
+            row = json.loads(line)
+            key = (REGIMES.index(regime(row["regime"])),
+                   [m.name for m in METHODS].index(row["method"]), int(row["case"]))
+            done[key] = CaseResult(**row["result"])
+        except (ValueError, KeyError, TypeError, StopIteration):
+            continue  # a line cut short by an interruption, or of a method no longer run
+    return done
+
+
 def run_benchmark(
     cases: int, workers: int = 2, regimes: Iterable[str] | None = None,
-    methods: Iterable[str] | None = None,
+    methods: Iterable[str] | None = None, journal: Path | None = None,
 ) -> dict[str, dict[str, dict[str, float]]]:
-    wanted = {r.name for r in REGIMES} if regimes is None else set(regimes)
+    """Run the cases and summarize them. ``journal``: a JSON-lines file every finished case is
+    appended to as it finishes; cases already in it are not run again (a long run survives an
+    interruption, and its regimes can be read while it goes on)."""
+    wanted = [r.name for r in REGIMES] if regimes is None else list(regimes)
     chosen = {m.name for m in METHODS} if methods is None else set(methods)
+    done = _load_done(journal)
     tasks = [
         (ri, mi, case)
         for ri, regime in enumerate(REGIMES)
@@ -307,13 +330,28 @@ def run_benchmark(
         if method.name in chosen and _takes_part(regime, method)
         for case in range(cases)
     ]
-    # Slow tasks first so that the pool does not end on one long straggler.
-    tasks.sort(key=lambda t: (REGIMES[t[0]].difficulty, METHODS[t[1]].name in CHEAP))
-    if workers > 1:
-        with Pool(workers) as pool:
-            outcomes = pool.map(run_case, tasks, chunksize=2)
-    else:
-        outcomes = [run_case(task) for task in tasks]
+    todo = [t for t in tasks if t not in done]
+    # Regimes in the order asked for; within one, slow tasks first so that the pool does not
+    # end on one long straggler.
+    todo.sort(key=lambda t: (wanted.index(REGIMES[t[0]].name), METHODS[t[1]].name in CHEAP,
+                             t[1], t[2]))
+    outcomes = [(ri, mi, case, done[(ri, mi, case)]) for ri, mi, case in tasks
+                if (ri, mi, case) in done]
+    sink = journal.open("a") if journal is not None else None
+    try:
+        if workers > 1:
+            with Pool(workers) as pool:
+                for outcome in pool.imap_unordered(run_case, todo, chunksize=1):
+                    outcomes.append(outcome)
+                    _journal(sink, outcome)
+        else:
+            for task in todo:
+                outcome = run_case(task)
+                outcomes.append(outcome)
+                _journal(sink, outcome)
+    finally:
+        if sink is not None:
+            sink.close()
     grouped: dict[tuple[int, int], list[CaseResult]] = {}
     for ri, mi, _, result in outcomes:
         grouped.setdefault((ri, mi), []).append(result)
@@ -324,6 +362,15 @@ def run_benchmark(
         if "bayesect" in regime_rows:
             regime_rows["bayesect"]["implementation"] = BAYESECT_IMPLEMENTATION
     return report
+
+
+def _journal(sink, outcome: tuple[int, int, int, CaseResult]) -> None:
+    if sink is None:
+        return
+    ri, mi, case, result = outcome
+    sink.write(json.dumps({"regime": REGIMES[ri].name, "method": METHODS[mi].name,
+                           "case": case, "result": dataclasses.asdict(result)}) + "\n")
+    sink.flush()
 
 
 def format_table(report: dict[str, dict[str, dict[str, float]]]) -> str:
@@ -365,9 +412,11 @@ def main() -> int:
     workers = int(os.environ.get("WORKERS", "2"))
     regimes = os.environ.get("REGIMES")
     methods = os.environ.get("METHODS")
+    journal = os.environ.get("JOURNAL")
     started = time.perf_counter()
     report = run_benchmark(cases, workers, regimes.split(",") if regimes else None,
-                           methods.split(",") if methods else None)
+                           methods.split(",") if methods else None,
+                           Path(journal) if journal else None)
     elapsed = time.perf_counter() - started
     print(f"localization benchmark: N={N_COMMITS} commits, {cases} cases per regime, "
           f"{workers} workers, {elapsed:.0f} s; bayesect: {BAYESECT_IMPLEMENTATION}")
