@@ -122,14 +122,18 @@ def _levels(case: Case) -> tuple[float, float]:
 def _oracle(regime: Regime, case: Case) -> Strategy:
     good, bad = _levels(case)
     return KnownLevelsOracle(N_COMMITS, good, bad, regime.cv, confidence=0.99,
-                             max_trials=MAX_TRIALS, parents=case.parents)
+                             max_trials=MAX_TRIALS, parents=case.parents,
+                             outlier_rate=regime.outlier_rate,
+                             outlier_factor=regime.outlier_factor)
 
 
 def _oracle_placed(regime: Regime, case: Case | None = None) -> Strategy:
     case = case or Case(regime, 0)
     good, bad = _levels(case)
     return OraclePlacedBisect(N_COMMITS, good, bad, regime.cv, confidence=0.99,
-                              max_trials=MAX_TRIALS, parents=case.parents)
+                              max_trials=MAX_TRIALS, parents=case.parents,
+                              outlier_rate=regime.outlier_rate,
+                              outlier_factor=regime.outlier_factor)
 
 
 def _bayesect(regime: Regime, case: Case) -> Strategy:

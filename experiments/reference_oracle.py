@@ -26,10 +26,15 @@ from orchestrator.strategies.bisect_history import History
 class KnownLevelsOracle(Strategy):
     def __init__(self, n: int, good: float, bad: float, cv: float, *,
                  confidence: float = 0.99, max_trials: int | None = None,
-                 parents: Sequence[Sequence[int]] | None = None) -> None:
+                 parents: Sequence[Sequence[int]] | None = None,
+                 outlier_rate: float = 0.0, outlier_factor: float = 3.0) -> None:
         self.n = n
         self.good, self.bad = math.log(good), math.log(bad)
         self.sigma = math.log1p(cv)
+        # Told the noise means told all of it: where restarts land in a bad state, the
+        # oracle's reading likelihood is the mixture that makes them.
+        self.outlier_rate = outlier_rate
+        self.outlier_shift = math.log(outlier_factor)
         self.confidence = confidence
         self.max_trials = max_trials
         self.history = History(n, parents) if parents is not None else None
@@ -48,7 +53,7 @@ class KnownLevelsOracle(Strategy):
             if obs.value is None or obs.suspect:
                 continue
             y = math.log(obs.value)
-            llr[obs.point] += ((y - self.good) ** 2 - (y - self.bad) ** 2) / (2 * self.sigma**2)
+            llr[obs.point] += self._log_like(y, self.bad) - self._log_like(y, self.good)
         if self.history is None:
             log_post = np.cumsum(llr[::-1])[::-1]  # hypothesis c: points c..n-1 read bad
         else:
@@ -58,6 +63,15 @@ class KnownLevelsOracle(Strategy):
         log_post -= log_post[1:].max()
         post = np.exp(log_post)
         return post / post.sum()
+
+    def _log_like(self, y: float, level: float) -> float:
+        z = (y - level) / self.sigma
+        plain = -0.5 * z * z
+        if not self.outlier_rate:
+            return plain
+        shifted = -0.5 * ((y - level - self.outlier_shift) / self.sigma) ** 2
+        return float(np.logaddexp(math.log1p(-self.outlier_rate) + plain,
+                                  math.log(self.outlier_rate) + shifted))
 
     def _done(self, observations: Sequence[Observation], post: np.ndarray) -> bool:
         budget = self.max_trials is not None and len(observations) >= self.max_trials
@@ -96,9 +110,12 @@ class OraclePlacedBisect(BisectStrategy):
     """
 
     def __init__(self, n: int, good: float, bad: float, cv: float, *,
-                 parents: Sequence[Sequence[int]] | None = None, **kwargs) -> None:
+                 parents: Sequence[Sequence[int]] | None = None, outlier_rate: float = 0.0,
+                 outlier_factor: float = 3.0, **kwargs) -> None:
         super().__init__(n, parents=parents, **kwargs)
-        self._placer = KnownLevelsOracle(n, good, bad, cv, parents=parents)
+        self._placer = KnownLevelsOracle(n, good, bad, cv, parents=parents,
+                                         outlier_rate=outlier_rate,
+                                         outlier_factor=outlier_factor)
 
     def search_points(self, stage, in_flight: Counter, slots: int) -> list[Proposal]:
         if stage.index > 0:  # later culprits: the oracle knows one step only
