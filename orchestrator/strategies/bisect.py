@@ -312,6 +312,10 @@ class BisectStrategy(Strategy):
                 return True
         if self.phase(stage) != "verify":
             return False
+        target = verify_target(self, stage)
+        pair = (target[0], *target[1])
+        if stage.verify_pair != pair:  # a new head-to-head: its trials count from now
+            stage.verify_pair, stage.verify_since = pair, self.evidence.n_trials
         if stage.index > 0:
             culprit, _, _ = verify_target(self, stage)
             stage.sign = float(post.step_sign[np.flatnonzero(post.hyps == culprit)[0]])
@@ -397,10 +401,14 @@ class BisectStrategy(Strategy):
         elif phase == "verify":
             culprit, parents, _ = verify_target(self, stage)
             sides = (*parents, culprit)
-            counts = [ev.count(p) + in_flight[p] for p in sides]
-            cap = max(min(counts) + 1, cfg.verify_min_per_side)
+            # Interleave by the head-to-head's own trials, not by all trials: a side the
+            # search measured often must not be left out while the other catches up.
+            since = stage.verify_since if stage.verify_pair == (culprit, *parents) else \
+                ev.n_trials
+            fresh = {p: len(ev.values_since(p, since)) for p in sides}
+            cap = max(min(fresh[p] + in_flight[p] for p in sides) + 1, cfg.verify_fresh_per_side)
             labels = tuple(f"parent of the culprit {culprit}" for _ in parents) + ("culprit",)
-            proposals += self._alternate(sides, in_flight, left, "verify", cap, labels)
+            proposals += self._alternate(sides, in_flight, left, "verify", cap, labels, fresh)
         elif phase == "measure":
             for point in suggestive_points(self):
                 if len(proposals) < slots and in_flight[point] == 0:
@@ -423,10 +431,14 @@ class BisectStrategy(Strategy):
         phase: str,
         cap: int | None,
         labels: Sequence[str] | None,
+        counts: dict[int, int] | None = None,
     ) -> list[Proposal]:
-        """Interleave points (the first first), keeping their trial counts balanced."""
+        """Interleave points (the first first), keeping their trial counts (or ``counts``)
+        balanced."""
         ev = self.evidence
-        planned = {p: ev.count(p) + int(ev.failures[p]) + in_flight[p] for p in sides}
+        if counts is None:
+            counts = {p: ev.count(p) + int(ev.failures[p]) for p in sides}
+        planned = {p: counts[p] + in_flight[p] for p in sides}
         proposals: list[Proposal] = []
         while len(proposals) < slots:
             point = min(sides, key=lambda p: (planned[p], sides.index(p)))

@@ -12,8 +12,10 @@ the likelihood:
 - the restart noise ``sigma`` is first estimated robustly, from the differences between
   successive restarts of one commit (a 3x restart spoils at most two of them): the mean square
   of the smallest 60%, scaled to be unbiased for Gaussian noise (steadier than their median
-  with few restarts, where an underestimate would flag good trials); then it is refined as the
-  pooled standard deviation of the trials kept;
+  with few restarts, where an underestimate would flag good trials), or their median when that
+  is larger (three restarts that agree by chance make the trimmed scale tiny); then it is
+  refined as the pooled standard deviation of the trials kept, and at most a quarter of the
+  trials is ever left out;
 - a commit with three or more restarts: a trial more than ``k`` sigma from their median is an
   **outlier** (its replicates disagree with it);
 - a commit with two that disagree by more than ``k`` sigma: the one outside the range of the
@@ -37,6 +39,7 @@ from scipy.stats import norm
 
 KEPT, OUTLIER, PENDING = 0, 1, 2
 MIN_DIFFERENCES = 6  # successive-restart differences needed before anything is flagged
+MAX_FLAGGED = 0.25  # outliers are the exception: never leave out more than this share
 _KEEP = 0.6  # share of the smallest differences the robust scale uses
 
 
@@ -58,7 +61,11 @@ def robust_sigma(points: np.ndarray, values: np.ndarray) -> float | None:
         return None
     keep = max(int(_KEEP * diffs.size), 1)
     kept = diffs[:keep]
-    sigma = math.sqrt(float((kept**2).mean()) / (2.0 * _trimmed_second_moment(keep / diffs.size)))
+    trimmed = math.sqrt(float((kept**2).mean()) / (2.0 * _trimmed_second_moment(keep / diffs.size)))
+    # Three restarts that happen to agree closely make the trimmed scale tiny; their median
+    # difference does not fall for that (and still ignores up to half bad differences).
+    median = 1.4826 * float(np.median(diffs)) / math.sqrt(2.0)
+    sigma = max(trimmed, median)
     return sigma if sigma > 0.0 else None
 
 
@@ -135,6 +142,8 @@ def flag_trials(points: np.ndarray, values: np.ndarray, k: float = 4.5,
         return status, None
     for _ in range(rounds):
         new = _flag_once(points, values, sigma, k)
+        if (new != KEPT).mean() > MAX_FLAGGED:  # outliers are the exception, not a quarter
+            return np.zeros(values.size, dtype=np.int8), pooled_sigma(points, values)
         kept = new == KEPT
         refined = pooled_sigma(points[kept], values[kept])
         if refined is not None:

@@ -40,6 +40,10 @@ class Stage:
     sign: float = 1.0  # direction of the step found (signed log), +1 = the bad direction
     verified_epoch: int = 0  # the system epoch its verification was completed in
     note: str = ""
+    # The (culprit, parents) under head-to-head verification and the trial count when it
+    # started: trials from then on are interleaved in time, so drift hits both sides alike.
+    verify_pair: tuple[int, ...] | None = None
+    verify_since: int = 0
 
     @property
     def active(self) -> bool:

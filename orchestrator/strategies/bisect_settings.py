@@ -30,6 +30,9 @@ class BisectSettings:
     reversed_min_per_endpoint: int = 4  # a 99% interval from 2-3 restarts can still be luck
     verify_confidence: float = 0.95
     verify_min_per_side: int = 2
+    # Of which at least this many from the head-to-head itself, interleaved: trials the search
+    # took earlier may come from another hour of the node (a load step), and on one side only.
+    verify_fresh_per_side: int = 1
     verify_handoff: float = 0.95
     drift_requires_step: float = 0.5
     null_prior_top: float = 0.1

@@ -2,7 +2,8 @@
 
 Once one commit (or a block of commits hidden by untestable ones) holds ``verify_handoff`` of a
 stage's posterior, the culprit and its parents are measured interleaved until each side has
-``verify_min_per_side`` kept trials and the posterior holds ``confidence``. The parents are the
+``verify_min_per_side`` kept trials (``verify_fresh_per_side`` of them from the head-to-head
+itself, interleaved in time) and the posterior holds ``confidence``. The parents are the
 real git parents on a graph (both of a merge), the previous testable commit on a chain.
 
 Interleaving makes the head-to-head robust to drift by design (a load step hits both sides),
@@ -79,6 +80,9 @@ def check_verified(strategy: BisectStrategy, stage: Stage) -> bool:
         return False
     sides = (culprit, *parents)
     if min(ev.count(p) for p in sides) < cfg.verify_min_per_side:
+        return False
+    since = stage.verify_since if stage.verify_pair == (culprit, *parents) else ev.n_trials
+    if min(len(ev.values_since(p, since)) for p in sides) < cfg.verify_fresh_per_side:
         return False
     latest = ev.latest_epoch
     if len(ev.epochs_seen) > 1 and min(ev.epoch_count(p, latest) for p in sides) < \
