@@ -92,7 +92,8 @@ def check_verified(strategy: BisectStrategy, stage: Stage) -> bool:
     if step is None:
         return False
     sign = stage.sign if stage.index > 0 else 1.0
-    if _needs_step(strategy) and not (sign * step.lo > 0.0 if sign > 0 else step.hi < 0.0):
+    shown = step.lo > 0.0 if sign > 0 else step.hi < 0.0  # the step's interval clears zero
+    if _needs_step(strategy) and not shown:
         return False
     members, _ = best_block(strategy, stage)
     total = ev.compare(0, strategy.n - 1, cfg.verify_confidence)
