@@ -54,9 +54,10 @@ def chain_posterior(strategy: BisectStrategy, stage: Stage, with_data: bool) -> 
     block_of = np.zeros(n, dtype=np.int64)
     block_of[1:] = np.concatenate(([0], np.cumsum(testable_interior[1 : n - 1])))
     data = None
-    if with_data:
+    stats = strategy.evidence.stats(0, n - 1)
+    if with_data and stats.counts[0] > 0 and stats.counts[-1] > 0:  # both ends measured
         plain = range_posterior(
-            0, n - 1, strategy.evidence.stats(0, n - 1), untestable, strategy.log_prior,
+            0, n - 1, stats, untestable, strategy.log_prior,
             step_scale=strategy._step_scale(), null_prior=strategy.settings.null_prior_top,
         )
         data = plain.data
