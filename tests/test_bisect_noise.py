@@ -62,6 +62,27 @@ def test_the_stage_model_is_the_single_change_point_posterior_on_clean_data():
     assert chain.null_mass == pytest.approx(plain.null_mass)
 
 
+def test_a_drift_so_strong_that_no_drift_has_no_mass_left_is_not_a_crash():
+    """Large block effects over many trials: the level fit's weight for ``r = 0`` underflows
+    to exactly zero (the localization benchmark's drift regime reached it and the posterior
+    raised on log(0)). A weightless hypothesis contributes nothing, so the posterior is the
+    one over the remaining drift scales."""
+    rng = np.random.default_rng(3)
+    n, culprit = 600, 2
+    points = rng.choice([0, 1, 2, 3], n)
+    blocks, epochs = np.arange(n) // 6, np.zeros(n, int)
+    values = (rng.normal(0, 0.005, n) + 0.08 * (points >= culprit)
+              + rng.normal(0, 1.0, blocks.max() + 1)[blocks])
+    fit = fit_levels(points, values, blocks, epochs)
+    assert dict(fit.r_weights)[0.0] == 0.0 and fit.drift_weight > 0.5
+    common = (points, values, blocks, epochs, (), np.arange(1, 4), np.zeros(3), 0.1, 9.0, True)
+    post = stage_posterior(History(4), StageData(*common, r_weights=fit.r_weights))
+    kept = tuple((r, w) for r, w in fit.r_weights if w > 0.0)
+    same = stage_posterior(History(4), StageData(*common, r_weights=kept))
+    np.testing.assert_allclose(post.mass, same.mass)
+    assert post.best()[0] == culprit and math.isfinite(post.null_mass)
+
+
 def test_the_level_fit_is_the_pooled_interval_without_drift_and_sees_a_load_step():
     rng = np.random.default_rng(1)
     points = rng.choice([0, 1, 2, 3], 60)

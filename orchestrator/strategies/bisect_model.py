@@ -134,7 +134,10 @@ def stage_posterior(history: History, data: StageData) -> StagePosterior:
                        - logsumexp(cell_prior - shift) + math.log1p(-data.null_prior))
     rows, signs = [], []
     for r, weight in data.r_weights:
-        if weight < 0.01 and r > 0:  # a trace of drift belief changes nothing but the cost
+        # A trace of drift belief changes nothing but the cost. A weight of exactly zero (the
+        # level fit's posterior underflows when drift is overwhelming, so even r = 0 can get
+        # it) is a hypothesis with no mass: its row would be log(0).
+        if weight <= 0.0 or (weight < 0.01 and r > 0):
             continue
         w = r / (1.0 + r * n_k)
         g_mat = ff - f_k.T @ (w[:, None] * f_k)
