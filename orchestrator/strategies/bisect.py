@@ -276,6 +276,14 @@ class BisectStrategy(Strategy):
 
     def _step(self) -> bool:
         """Apply at most one sticky transition; True if one happened."""
+        if (self.outcome is None and self.evidence.n_trials >= self.budget
+                and self.reproduction is not None and not self.found() and not confirmed(self)):
+            # The same reading as the early stop's (bisect_audit.too_costly): a reproduction
+            # that the repeated looks never confirmed is a fluke until shown otherwise, and a
+            # spent budget must not leave it standing as "budget exhausted" behind a search.
+            self.withdraw(f"it is not confirmed beyond the luck of repeated looks, and the "
+                          f"budget of {self.budget} trials is spent")
+            return True
         if self._terminal_status() is not None:
             return False
         cfg = self.settings
