@@ -1,25 +1,38 @@
-"""Localization benchmark: how many server restarts does each method need to find a culprit?
+"""Localization benchmark: how many server restarts does each method need to find a culprit,
+and is it right when it says so?
 
-A virtual oracle stands in for the GPU node: N=256 commits, one culprit at a uniformly random
-position, and a trial at commit ``i`` returns ``base * (1 + effect if i >= culprit) * (1 + cv*z)``
-with ``z`` standard normal (Student-t with 3 degrees of freedom, scaled to the same spread, in the
-``heavy_tail`` regime). In the ``no_change`` regime nothing in the range changes the metric (the
-regression lies outside it): there the right answer is "not reproducible", and what counts is
-how many restarts it costs to get there. Every method runs on the same cases and sees the same
-noise for the j-th trial at a given commit (common random numbers), through the same
-``propose``/``verdict`` loop the controller uses. All trials count: endpoints, reproduction,
-search and verification.
+Cases (:mod:`experiments.localize_cases`): N=256 commits, the culprit(s) at seeded random
+positions, a trial at commit ``i`` returns ``base x (1 + effect for every culprit i descends
+from) x noise``. Regimes: the clean ones of the first benchmark (``seed_verify``,
+``decode_like``, ``subtle``, ``heavy_tail``, ``no_change``) and the noise real machines make:
+``outliers`` (5% of restarts at 3x on a log-normal decode_like), ``drift`` (+3% per 100 trials
+and a +10% load step lasting 30 trials), ``two_culprits`` (+30% and +15%), ``staircase``
+(three +6% steps), ``up_down`` (+50%, then a later -30% partial fix) and ``dag`` (a merge-heavy
+history in topological order, bisected over the full graph). In ``no_change`` the range holds no
+culprit (the regression lies outside it): the right answer is "not reproducible".
 
-Methods: ``sleuth`` (:class:`BisectStrategy`, confidence 0.99), ``sleuth_k4`` (the same with
-four trials per round), ``bisect`` (classic: endpoints once, threshold halfway, one trial per
-step) and ``bayesect`` (Beta-Bernoulli bisection of the git_bayesect package on thresholded
-trials). Two references, not methods (:mod:`experiments.reference_oracle`): ``oracle`` is told
-the true levels and noise, which is what the issue's "oracle" figures assume; ``oracle_placed``
-is sleuth with its search points placed by that oracle (everything else sleuth's own), so
-that sleuth's gap to the oracle splits into placement and the rest.
+Every method sees the same noise for the j-th trial at a given commit, through the same
+``propose``/``verdict`` loop the controller uses. All trials count.
+
+Methods: ``sleuth`` (:class:`BisectStrategy`, confidence 0.99), ``sleuth_k4`` (four trials per
+round), ``bisect`` (classic: endpoints once, threshold halfway, one trial per step; on the graph
+in ``dag`` like ``git bisect``) and ``bayesect`` (Beta-Bernoulli bisection of the git_bayesect
+package on thresholded trials, over the topological order). Two references, not methods
+(:mod:`experiments.reference_oracle`): ``oracle`` is told the true endpoint levels and noise;
+``oracle_placed`` is sleuth with its search points placed by that oracle.
+
+What counts as right: with one culprit, naming it (status ``found``) and no other commit at
+P >= 0.99; with several, every step named or lying in a part of the range the verdict reports
+as unexplained (a remainder whose interval excludes zero, or "spread over" a sub-range), and no
+wrong commit at P >= 0.99. The peers name one commit: for them a true step of any of the
+culprits counts. ``wrong_confident`` is the share of cases naming a wrong commit at P >= 0.99;
+``effect_coverage`` the share of named true steps whose stated effect interval holds the
+planted effect.
 
 Run: ``python -m experiments.bench_localize`` (``CASES=20`` for a quick run, ``WORKERS`` for the
-number of processes, default 2; ``REGIMES=subtle,no_change`` for some regimes). Writes
+number of processes, default 2; ``REGIMES=subtle,no_change`` for some regimes, run in that
+order; ``METHODS=sleuth,bayesect`` for some methods; ``JOURNAL=path.jsonl`` appends every
+finished case there and skips those already in it, so a long run can be resumed). Writes
 ``runs/bench-localize.json``:
 ``{regime: {method: {"accuracy", "mean_trials", "p90_trials", "mean_rounds", ...}}}``, where
 ``statuses`` counts how the runs ended.
@@ -27,10 +40,13 @@ number of processes, default 2; ``REGIMES=subtle,no_change`` for some regimes). 
 
 from __future__ import annotations
 
+import dataclasses
 import json
-import math
 import os
 import sys
+
+# Many small dense solves per decision: a thread pool per process only costs time here.
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 import time
 import warnings
 from collections import Counter
@@ -41,69 +57,86 @@ from pathlib import Path
 
 import numpy as np
 
+from experiments.localize_cases import (
+    BASE_VALUE,
+    N_COMMITS,
+    REGIMES,
+    SEED,
+    Case,
+    Regime,
+    VirtualOracle,
+    regime,
+)
 from experiments.reference_oracle import KnownLevelsOracle, OraclePlacedBisect
-from orchestrator.strategies import BisectStrategy, Observation, Strategy, Verdict
+from orchestrator.strategies import BisectSettings, BisectStrategy, Observation, Strategy, Verdict
 from orchestrator.strategies.baselines import (
     BAYESECT_IMPLEMENTATION,
     BayesectStrategy,
     ThresholdBisectStrategy,
 )
 
-N_COMMITS = 256
-BASE_VALUE = 19.0  # ms per verify cycle before the regression (the seed investigation)
-SEED = 20260225
+__all__ = ["BASE_VALUE", "MAX_TRIALS", "N_COMMITS", "REGIMES", "SEED", "Regime",
+           "VirtualOracle", "drive", "run_benchmark", "regime"]
+
 MAX_TRIALS = 1500  # safety net: a method that needs more is counted as failing at this many
+CONFIDENT = 0.99
 
-
-@dataclass(frozen=True)
-class Regime:
-    name: str
-    effect: float
-    cv: float
-    heavy_tail: bool = False
-
-
-REGIMES = (
-    Regime("seed_verify", 0.53, 0.10),
-    Regime("decode_like", 0.08, 0.05),
-    Regime("subtle", 0.05, 0.05),
-    Regime("heavy_tail", 0.08, 0.05, heavy_tail=True),
-    Regime("no_change", 0.0, 0.05),
-)
-# In `no_change` the range holds no culprit (the regression is outside it): the right answer is
-# "not reproducible", and the question is what reaching it costs. Only sleuth and classic
-# bisect take part: the known-levels reference has no levels to be told, and bayesect has no
-# "no change" answer, so it runs every case to MAX_TRIALS (measured: 40 of 40).
+# In `no_change` the range holds no culprit: the right answer is "not reproducible". Only
+# sleuth and classic bisect take part: the known-levels reference has no levels to be told,
+# and bayesect has no "no change" answer, so it runs every case to MAX_TRIALS (measured: 40 of
+# 40).
 NO_CHANGE_METHODS = frozenset({"sleuth", "bisect"})
-TARGET_MEAN_TRIALS = {"seed_verify": 15, "decode_like": 45, "subtle": 100}
 
 
 @dataclass(frozen=True)
 class Method:
     name: str
     k: int
-    build: Callable[[Regime], Strategy]
+    build: Callable[[Regime, Case], Strategy]
 
 
-def _sleuth(regime: Regime) -> Strategy:
-    return BisectStrategy(N_COMMITS, confidence=0.99, max_trials=MAX_TRIALS)
+def _sleuth(regime: Regime, case: Case) -> Strategy:
+    return BisectStrategy(N_COMMITS, confidence=0.99, max_trials=MAX_TRIALS,
+                          parents=case.parents)
 
 
-def _bisect(regime: Regime) -> Strategy:
-    return ThresholdBisectStrategy(N_COMMITS)
+def _sleuth_thorough(regime: Regime, case: Case) -> Strategy:
+    """sleuth with every unexplained part's anchors measured 8 times whatever the evidence:
+    what telling small further steps from noise costs when it is paid in every run."""
+    return BisectStrategy(N_COMMITS, confidence=0.99, max_trials=MAX_TRIALS,
+                          parents=case.parents,
+                          settings=BisectSettings(remainder_min_trials=THOROUGH_TRIALS))
 
 
-def _oracle(regime: Regime) -> Strategy:
-    return KnownLevelsOracle(N_COMMITS, BASE_VALUE, BASE_VALUE * (1.0 + regime.effect),
-                             regime.cv, confidence=0.99, max_trials=MAX_TRIALS)
+THOROUGH_TRIALS = 8
 
 
-def _oracle_placed(regime: Regime) -> Strategy:
-    return OraclePlacedBisect(N_COMMITS, BASE_VALUE, BASE_VALUE * (1.0 + regime.effect),
-                              regime.cv, confidence=0.99, max_trials=MAX_TRIALS)
+def _bisect(regime: Regime, case: Case) -> Strategy:
+    return ThresholdBisectStrategy(N_COMMITS, parents=case.parents)
 
 
-def _bayesect(regime: Regime) -> Strategy:
+def _levels(case: Case) -> tuple[float, float]:
+    return case.level(0), case.level(N_COMMITS - 1)
+
+
+def _oracle(regime: Regime, case: Case) -> Strategy:
+    good, bad = _levels(case)
+    return KnownLevelsOracle(N_COMMITS, good, bad, regime.cv, confidence=0.99,
+                             max_trials=MAX_TRIALS, parents=case.parents,
+                             outlier_rate=regime.outlier_rate,
+                             outlier_factor=regime.outlier_factor)
+
+
+def _oracle_placed(regime: Regime, case: Case | None = None) -> Strategy:
+    case = case or Case(regime, 0)
+    good, bad = _levels(case)
+    return OraclePlacedBisect(N_COMMITS, good, bad, regime.cv, confidence=0.99,
+                              max_trials=MAX_TRIALS, parents=case.parents,
+                              outlier_rate=regime.outlier_rate,
+                              outlier_factor=regime.outlier_factor)
+
+
+def _bayesect(regime: Regime, case: Case) -> Strategy:
     return BayesectStrategy(
         N_COMMITS, confidence=0.99, endpoint_trials=BAYESECT_ENDPOINT_TRIALS, max_trials=MAX_TRIALS
     )
@@ -113,33 +146,17 @@ BAYESECT_ENDPOINT_TRIALS = 2
 METHODS = (
     Method("sleuth", 1, _sleuth),
     Method("sleuth_k4", 4, _sleuth),
+    Method("sleuth_thorough", 1, _sleuth_thorough),
     Method("bisect", 1, _bisect),
     Method("bayesect", 1, _bayesect),
     Method("oracle", 1, _oracle),  # a reference that is told the levels, not a method
     Method("oracle_placed", 1, _oracle_placed),  # sleuth with the oracle's search placement
 )
 CHEAP = frozenset({"bisect", "bayesect", "oracle"})  # milliseconds per case: scheduled last
-
-
-class VirtualOracle:
-    """Trial values for one case; the j-th trial at a commit always gets the same noise."""
-
-    def __init__(self, regime: Regime, case: int) -> None:
-        self.regime = regime
-        self.case_seed = (SEED, REGIMES.index(regime), case)
-        self.culprit = int(np.random.default_rng(self.case_seed).integers(1, N_COMMITS))
-        self.visits: dict[int, int] = {}
-
-    def measure(self, point: int) -> float:
-        visit = self.visits.get(point, 0)
-        self.visits[point] = visit + 1
-        rng = np.random.default_rng((*self.case_seed, point, visit))
-        if self.regime.heavy_tail:
-            z = rng.standard_t(3) / math.sqrt(3.0)  # unit variance
-        else:
-            z = rng.standard_normal()
-        level = BASE_VALUE * (1.0 + self.regime.effect * (point >= self.culprit))
-        return level * max(1.0 + self.regime.cv * z, 0.05)
+SLEUTHS = frozenset({"sleuth", "sleuth_k4", "sleuth_thorough", "oracle_placed"})
+# The thorough variant answers a question about several culprits; in the other regimes it is
+# run where it shows its price (one clean regime).
+THOROUGH_REGIMES = frozenset({"two_culprits", "staircase", "up_down", "decode_like"})
 
 
 @dataclass(frozen=True)
@@ -149,6 +166,16 @@ class CaseResult:
     rounds: int
     stated: float
     status: str
+    wrong_confident: bool = False
+    steps_named: int = 0
+    steps_covered: int = 0
+    steps_true: int = 0
+    effects_named: int = 0
+    effects_covered: int = 0
+    outliers_planted: int = 0
+    outliers_flagged: int = 0
+    steps_not_ruled_out: int = 0
+    first_culprit_trials: int | None = None
 
 
 def drive(strategy: Strategy, oracle: VirtualOracle, k: int) -> tuple[Verdict, int, int]:
@@ -166,79 +193,218 @@ def drive(strategy: Strategy, oracle: VirtualOracle, k: int) -> tuple[Verdict, i
     return strategy.verdict(observations), len(observations), rounds
 
 
+def _covered(verdict: Verdict, case: Case, step: int) -> bool:
+    """Does a reported unexplained part of the range hold this true step?"""
+    for part in getattr(verdict, "unexplained", ()) or ():
+        if not part.flagged:
+            continue
+        if case.parents is None:
+            if part.lo < step <= part.hi:
+                return True
+        elif case.anc[part.hi, step] and not case.anc[part.lo, step]:
+            return True
+    return False
+
+
+def _not_ruled_out(verdict: Verdict, case: Case, step: int) -> bool:
+    """Does a reported remainder that holds this true step leave it possible (its interval
+    reaches the step's size)? The honest answer when the step was neither named nor shown."""
+    for part in getattr(verdict, "unexplained", ()) or ():
+        inside = (part.lo < step <= part.hi) if case.parents is None else (
+            case.anc[part.hi, step] and not case.anc[part.lo, step])
+        if inside:
+            pct = case.step_pct(step)
+            lo, hi = part.effect_ci
+            if (pct > 0 and hi >= pct) or (pct < 0 and lo <= pct):
+                return True
+    return False
+
+
+def judge(verdict: Verdict, case: Case, method: str, trials: int, rounds: int,
+          outliers: int, first: int | None = None) -> CaseResult:
+    top = verdict.top
+    stated = float(top.probability) if top is not None else 0.0
+    truth = set(case.culprits)
+    confident = [c for c in verdict.culprits if c.probability >= CONFIDENT]
+    wrong = any(c.point not in truth for c in confident)
+    named = {c.point for c in verdict.culprits if c.point in truth}
+    effects_named = effects_covered = 0
+    for c in verdict.culprits:
+        if c.point in truth and c.effect_ci is not None:
+            effects_named += 1
+            lo, hi = c.effect_ci
+            effects_covered += lo <= case.step_pct(c.point) <= hi
+    covered = {s for s in truth - named if _covered(verdict, case, s)}
+    if not truth:
+        correct = verdict.status == "not_reproducible"
+    elif method not in SLEUTHS or len(truth) == 1:
+        correct = (verdict.status == "found" and top is not None and top.point in truth
+                   and not wrong)
+    else:
+        correct = verdict.status == "found" and not wrong and named | covered == truth
+    flagged = len(getattr(verdict, "outliers", ()) or ())
+    open_steps = sum(_not_ruled_out(verdict, case, s) for s in truth - named - covered)
+    return CaseResult(correct, trials, rounds, stated, verdict.status, wrong, len(named),
+                      len(covered), len(truth), effects_named, effects_covered, outliers,
+                      flagged, open_steps, first)
+
+
 def run_case(task: tuple[int, int, int]) -> tuple[int, int, int, CaseResult]:
-    regime_index, method_index, case = task
+    regime_index, method_index, index = task
     regime, method = REGIMES[regime_index], METHODS[method_index]
-    oracle = VirtualOracle(regime, case)
+    oracle = VirtualOracle(regime, index)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)  # log(0) inside git_bayesect
-        verdict, trials, rounds = drive(method.build(regime), oracle, method.k)
-    top = verdict.top
-    if regime.effect == 0.0:
-        correct = verdict.status == "not_reproducible"
-    else:
-        correct = verdict.status == "found" and top is not None and top.point == oracle.culprit
-    stated = float(top.probability) if top is not None else 0.0
-    return regime_index, method_index, case, CaseResult(correct, trials, rounds, stated, verdict.status)
+        strategy = method.build(regime, oracle.case)
+        verdict, trials, rounds = drive(strategy, oracle, method.k)
+    stages = getattr(strategy, "stages", None)
+    first = stages[1].opened_at if stages and len(stages) > 1 else None
+    result = judge(verdict, oracle.case, method.name, trials, rounds, oracle.outliers, first)
+    return regime_index, method_index, index, result
 
 
 def summarize(results: Iterable[CaseResult]) -> dict[str, float]:
     rows = list(results)
     trials = np.array([r.trials for r in rows], dtype=float)
-    return {
+    out = {
         "accuracy": float(np.mean([r.correct for r in rows])),
         "mean_trials": float(trials.mean()),
         "p90_trials": float(np.percentile(trials, 90)),
         "mean_rounds": float(np.mean([r.rounds for r in rows])),
         "stated_confidence": float(np.mean([r.stated for r in rows])),
+        "wrong_confident": float(np.mean([r.wrong_confident for r in rows])),
         "cases": len(rows),
         "statuses": dict(sorted(Counter(r.status for r in rows).items())),
     }
+    steps = sum(r.steps_true for r in rows)
+    if steps and any(r.steps_true > 1 for r in rows):
+        out["steps_named"] = sum(r.steps_named for r in rows) / steps
+        out["steps_covered"] = sum(r.steps_covered for r in rows) / steps
+        out["steps_not_ruled_out"] = sum(r.steps_not_ruled_out for r in rows) / steps
+        firsts = [r.first_culprit_trials for r in rows if r.first_culprit_trials is not None]
+        if firsts:
+            out["mean_trials_to_first_culprit"] = float(np.mean(firsts))
+    named = sum(r.effects_named for r in rows)
+    if named:
+        out["effect_coverage"] = sum(r.effects_covered for r in rows) / named
+    planted = sum(r.outliers_planted for r in rows)
+    if planted:
+        out["outliers_planted"] = planted / len(rows)
+        out["outliers_flagged"] = sum(r.outliers_flagged for r in rows) / len(rows)
+    return out
+
+
+def _takes_part(regime: Regime, method: Method) -> bool:
+    if method.name == "sleuth_thorough":
+        return regime.name in THOROUGH_REGIMES
+    return bool(regime.effects) or method.name in NO_CHANGE_METHODS
+
+
+def _load_done(path: Path | None) -> dict[tuple[int, int, int], CaseResult]:
+    """Cases already run (one JSON line each), keyed by (regime, method, case) indices."""
+    done: dict[tuple[int, int, int], CaseResult] = {}
+    if path is None or not path.exists():
+        return done
+    for line in path.read_text().splitlines():
+        try:
+            row = json.loads(line)
+            key = (REGIMES.index(regime(row["regime"])),
+                   [m.name for m in METHODS].index(row["method"]), int(row["case"]))
+            done[key] = CaseResult(**row["result"])
+        except (ValueError, KeyError, TypeError, StopIteration):
+            continue  # a line cut short by an interruption, or of a method no longer run
+    return done
 
 
 def run_benchmark(
-    cases: int, workers: int = 2, regimes: Iterable[str] | None = None
+    cases: int, workers: int = 2, regimes: Iterable[str] | None = None,
+    methods: Iterable[str] | None = None, journal: Path | None = None,
 ) -> dict[str, dict[str, dict[str, float]]]:
-    wanted = {r.name for r in REGIMES} if regimes is None else set(regimes)
+    """Run the cases and summarize them. ``journal``: a JSON-lines file every finished case is
+    appended to as it finishes; cases already in it are not run again (a long run survives an
+    interruption, and its regimes can be read while it goes on)."""
+    wanted = [r.name for r in REGIMES] if regimes is None else list(regimes)
+    chosen = {m.name for m in METHODS} if methods is None else set(methods)
+    done = _load_done(journal)
     tasks = [
         (ri, mi, case)
         for ri, regime in enumerate(REGIMES)
         if regime.name in wanted
-        for mi in range(len(METHODS))
-        if regime.effect != 0.0 or METHODS[mi].name in NO_CHANGE_METHODS
+        for mi, method in enumerate(METHODS)
+        if method.name in chosen and _takes_part(regime, method)
         for case in range(cases)
     ]
-    # Slow tasks first so that the pool does not end on one long straggler.
-    tasks.sort(key=lambda t: (REGIMES[t[0]].effect / REGIMES[t[0]].cv, METHODS[t[1]].name in CHEAP))
-    if workers > 1:
-        with Pool(workers) as pool:
-            outcomes = pool.map(run_case, tasks, chunksize=4)
-    else:
-        outcomes = [run_case(task) for task in tasks]
+    todo = [t for t in tasks if t not in done]
+    # Regimes in the order asked for; within one, slow tasks first so that the pool does not
+    # end on one long straggler.
+    todo.sort(key=lambda t: (wanted.index(REGIMES[t[0]].name), METHODS[t[1]].name in CHEAP,
+                             t[1], t[2]))
+    outcomes = [(ri, mi, case, done[(ri, mi, case)]) for ri, mi, case in tasks
+                if (ri, mi, case) in done]
+    sink = journal.open("a") if journal is not None else None
+    try:
+        if workers > 1:
+            with Pool(workers) as pool:
+                for outcome in pool.imap_unordered(run_case, todo, chunksize=1):
+                    outcomes.append(outcome)
+                    _journal(sink, outcome)
+        else:
+            for task in todo:
+                outcome = run_case(task)
+                outcomes.append(outcome)
+                _journal(sink, outcome)
+    finally:
+        if sink is not None:
+            sink.close()
     grouped: dict[tuple[int, int], list[CaseResult]] = {}
     for ri, mi, _, result in outcomes:
         grouped.setdefault((ri, mi), []).append(result)
     report: dict[str, dict[str, dict[str, float]]] = {}
     for (ri, mi), rows in sorted(grouped.items()):
         report.setdefault(REGIMES[ri].name, {})[METHODS[mi].name] = summarize(rows)
-    for regime in report.values():
-        if "bayesect" in regime:
-            regime["bayesect"]["implementation"] = BAYESECT_IMPLEMENTATION
+    for regime_rows in report.values():
+        if "bayesect" in regime_rows:
+            regime_rows["bayesect"]["implementation"] = BAYESECT_IMPLEMENTATION
     return report
+
+
+def _journal(sink, outcome: tuple[int, int, int, CaseResult]) -> None:
+    if sink is None:
+        return
+    ri, mi, case, result = outcome
+    sink.write(json.dumps({"regime": REGIMES[ri].name, "method": METHODS[mi].name,
+                           "case": case, "result": dataclasses.asdict(result)}) + "\n")
+    sink.flush()
 
 
 def format_table(report: dict[str, dict[str, dict[str, float]]]) -> str:
     lines = [
-        f"{'regime':<12} {'method':<13} {'accuracy':>8} {'stated':>7} {'mean':>7} "
-        f"{'p90':>6} {'rounds':>7}"
+        f"{'regime':<12} {'method':<13} {'accuracy':>8} {'wrong':>6} {'stated':>7} "
+        f"{'mean':>7} {'p90':>6} {'rounds':>7}  notes"
     ]
-    for regime, methods in report.items():
+    for name, methods in report.items():
         for method, row in methods.items():
+            notes = []
+            if "steps_named" in row:
+                notes.append(f"steps named {row['steps_named']:.2f} "
+                             f"+ reported {row['steps_covered']:.2f}"
+                             + (f" (+ not ruled out {row['steps_not_ruled_out']:.2f}; "
+                                f"first culprit after {row['mean_trials_to_first_culprit']:.1f})"
+                                if "mean_trials_to_first_culprit" in row else ""))
+            if "effect_coverage" in row and method in SLEUTHS:
+                notes.append(f"effect CI holds truth {row['effect_coverage']:.2f}")
+            if "outliers_planted" in row and method in SLEUTHS:
+                notes.append(f"outliers {row['outliers_planted']:.1f} planted, "
+                             f"{row['outliers_flagged']:.1f} flagged")
             lines.append(
-                f"{regime:<12} {method:<13} {row['accuracy']:>8.3f} "
-                f"{row['stated_confidence']:>7.3f} {row['mean_trials']:>7.1f} "
-                f"{row['p90_trials']:>6.0f} {row['mean_rounds']:>7.1f}"
+                f"{name:<12} {method:<13} {row['accuracy']:>8.3f} "
+                f"{row['wrong_confident']:>6.3f} {row['stated_confidence']:>7.3f} "
+                f"{row['mean_trials']:>7.1f} {row['p90_trials']:>6.0f} "
+                f"{row['mean_rounds']:>7.1f}  {'; '.join(notes)}"
             )
+        if "sleuth" in methods and "bayesect" in methods:
+            ratio = methods["sleuth"]["mean_trials"] / methods["bayesect"]["mean_trials"]
+            lines.append(f"{'':<12} sleuth / bayesect mean trials: {ratio:.2f}")
         if "sleuth" in methods and "sleuth_k4" in methods:
             ratio = methods["sleuth"]["mean_rounds"] / methods["sleuth_k4"]["mean_rounds"]
             lines.append(f"{'':<12} K=4 needs {ratio:.2f}x fewer rounds than K=1")
@@ -249,8 +415,12 @@ def main() -> int:
     cases = int(os.environ.get("CASES", "200"))
     workers = int(os.environ.get("WORKERS", "2"))
     regimes = os.environ.get("REGIMES")
+    methods = os.environ.get("METHODS")
+    journal = os.environ.get("JOURNAL")
     started = time.perf_counter()
-    report = run_benchmark(cases, workers, regimes.split(",") if regimes else None)
+    report = run_benchmark(cases, workers, regimes.split(",") if regimes else None,
+                           methods.split(",") if methods else None,
+                           Path(journal) if journal else None)
     elapsed = time.perf_counter() - started
     print(f"localization benchmark: N={N_COMMITS} commits, {cases} cases per regime, "
           f"{workers} workers, {elapsed:.0f} s; bayesect: {BAYESECT_IMPLEMENTATION}")

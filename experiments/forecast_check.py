@@ -52,6 +52,19 @@ def ratios(regime_name: str, cases: int) -> dict[str, np.ndarray]:
     return {"first": np.array(first), "halfway": np.array(halfway)}
 
 
+def no_change_forecasts(cases: int) -> tuple[np.ndarray, np.ndarray]:
+    """Largest forecast of the rest seen during each no-change run, and its total trials: the
+    forecast of a lucky reproduction may climb, but never silently (the run stops when it keeps
+    exceeding twice the budget)."""
+    largest, totals = [], []
+    for case in range(cases):
+        seen = forecasts("no_change", case)
+        made = [left for _, left in seen if left is not None]
+        largest.append(max(made) if made else 0)
+        totals.append(seen[-1][0])
+    return np.array(largest), np.array(totals)
+
+
 def main() -> int:
     cases = int(os.environ.get("CASES", "30"))
     print(f"forecast / actual remaining trials, {cases} cases per regime (median [p10, p90])")
@@ -60,6 +73,9 @@ def main() -> int:
         cells = [f"{name} {np.median(r):.2f} [{np.percentile(r, 10):.2f}, "
                  f"{np.percentile(r, 90):.2f}]" for name, r in row.items()]
         print(f"{regime:<12} " + "   ".join(cells))
+    largest, totals = no_change_forecasts(cases)
+    print(f"no_change    largest forecast during a run: median {np.median(largest):.0f}, max "
+          f"{largest.max():.0f}; trials per run: mean {totals.mean():.1f}, max {totals.max()}")
     return 0
 
 

@@ -20,17 +20,31 @@ import numpy as np
 
 from orchestrator.strategies import BisectStrategy, Observation, Proposal, Strategy, Verdict
 from orchestrator.strategies.base import Culprit
-from orchestrator.strategies.bisect_plan import Segment
+from orchestrator.strategies.bisect_history import History
 
 
 class KnownLevelsOracle(Strategy):
     def __init__(self, n: int, good: float, bad: float, cv: float, *,
-                 confidence: float = 0.99, max_trials: int | None = None) -> None:
+                 confidence: float = 0.99, max_trials: int | None = None,
+                 parents: Sequence[Sequence[int]] | None = None,
+                 outlier_rate: float = 0.0, outlier_factor: float = 3.0) -> None:
         self.n = n
         self.good, self.bad = math.log(good), math.log(bad)
         self.sigma = math.log1p(cv)
+        # Told the noise means told all of it: where restarts land in a bad state, the
+        # oracle's reading likelihood is the mixture that makes them.
+        self.outlier_rate = outlier_rate
+        self.outlier_shift = math.log(outlier_factor)
         self.confidence = confidence
         self.max_trials = max_trials
+        self.history = History(n, parents) if parents is not None else None
+        if self.history is not None:  # reads[p, c]: point p reads bad when c is the culprit
+            points = np.arange(n)
+            self._reads = self.history.bad_matrix(points, points).T
+
+    def p_bad(self, post: np.ndarray) -> np.ndarray:
+        """P(point p reads bad) for every point."""
+        return np.cumsum(post) if self.history is None else self._reads @ post
 
     def posterior(self, observations: Sequence[Observation]) -> np.ndarray:
         """P(first bad commit = c), c = 1..n-1 (index 0 is the good endpoint: always 0)."""
@@ -39,12 +53,25 @@ class KnownLevelsOracle(Strategy):
             if obs.value is None or obs.suspect:
                 continue
             y = math.log(obs.value)
-            llr[obs.point] += ((y - self.good) ** 2 - (y - self.bad) ** 2) / (2 * self.sigma**2)
-        log_post = np.cumsum(llr[::-1])[::-1]  # hypothesis c: points c..n-1 read bad
+            llr[obs.point] += self._log_like(y, self.bad) - self._log_like(y, self.good)
+        if self.history is None:
+            log_post = np.cumsum(llr[::-1])[::-1]  # hypothesis c: points c..n-1 read bad
+        else:
+            log_post = self._reads.T @ llr
+            log_post[~self.history.is_hypothesis()] = -np.inf
         log_post[0] = -np.inf
         log_post -= log_post[1:].max()
         post = np.exp(log_post)
         return post / post.sum()
+
+    def _log_like(self, y: float, level: float) -> float:
+        z = (y - level) / self.sigma
+        plain = -0.5 * z * z
+        if not self.outlier_rate:
+            return plain
+        shifted = -0.5 * ((y - level - self.outlier_shift) / self.sigma) ** 2
+        return float(np.logaddexp(math.log1p(-self.outlier_rate) + plain,
+                                  math.log(self.outlier_rate) + shifted))
 
     def _done(self, observations: Sequence[Observation], post: np.ndarray) -> bool:
         budget = self.max_trials is not None and len(observations) >= self.max_trials
@@ -55,8 +82,7 @@ class KnownLevelsOracle(Strategy):
         post = self.posterior(observations)
         if k <= 0 or self._done(observations, post):
             return []
-        cdf = np.cumsum(post)  # cdf[p] = P(point p reads bad)
-        point = int(np.argmin(np.abs(cdf - 0.5)))
+        point = int(np.argmin(np.abs(self.p_bad(post) - 0.5)))
         return [Proposal(point, "search", "posterior median")]
 
     def verdict(self, observations: Sequence[Observation]) -> Verdict:
@@ -83,18 +109,22 @@ class OraclePlacedBisect(BisectStrategy):
     behind the reference figures the targets were set against.
     """
 
-    def __init__(self, n: int, good: float, bad: float, cv: float, **kwargs) -> None:
-        super().__init__(n, **kwargs)
-        self._placer = KnownLevelsOracle(n, good, bad, cv)
+    def __init__(self, n: int, good: float, bad: float, cv: float, *,
+                 parents: Sequence[Sequence[int]] | None = None, outlier_rate: float = 0.0,
+                 outlier_factor: float = 3.0, **kwargs) -> None:
+        super().__init__(n, parents=parents, **kwargs)
+        self._placer = KnownLevelsOracle(n, good, bad, cv, parents=parents,
+                                         outlier_rate=outlier_rate,
+                                         outlier_factor=outlier_factor)
 
-    def _search(self, segment: Segment, in_flight: Counter, slots: int) -> list[Proposal]:
+    def search_points(self, stage, in_flight: Counter, slots: int) -> list[Proposal]:
+        if stage.index > 0:  # later culprits: the oracle knows one step only
+            return super().search_points(stage, in_flight, slots)
         known = self._placer.posterior(self._consumed)
-        lo, hi = segment.lo, segment.hi
-        within = known[lo + 1 : hi + 1] / max(float(known[lo + 1 : hi + 1].sum()), 1e-300)
-        cdf = np.cumsum(within)
-        point = lo + 1 + int(np.argmin(np.abs(cdf - 0.5)))  # P(point reads bad) nearest 1/2
-        if within.max() >= self.settings.confidence:
-            best = lo + 1 + int(np.argmax(within))
-            point = best if self.evidence.count(best) <= self.evidence.count(best - 1) else best - 1
+        point = int(np.argmin(np.abs(self._placer.p_bad(known) - 0.5)))  # P(bad) nearest 1/2
+        if known.max() >= self.settings.confidence:
+            best = int(np.argmax(known))
+            parent = self.history.parents[best][0] if self.history.parents[best] else 0
+            point = best if self.evidence.count(best) <= self.evidence.count(parent) else parent
         in_flight[point] += 1
         return [Proposal(point, "search", "known-levels posterior median")]

@@ -18,7 +18,8 @@ from orchestrator.strategies.base import Observation, Strategy, Verdict
 from orchestrator.system_watch import SystemChange, SystemWatch
 
 
-def observation(row: TrialRow, point: int, metric: str, final_attempt: int) -> Observation | None:
+def observation(row: TrialRow, point: int, metric: str, final_attempt: int,
+                epoch: int = 0) -> Observation | None:
     """A stored trial as the strategy sees it, or None when it is not evidence.
 
     Interrupted trials are not evidence (they are re-run); a failure that was retried is not
@@ -31,10 +32,10 @@ def observation(row: TrialRow, point: int, metric: str, final_attempt: int) -> O
     if row.outcome.measured:
         value = row.result.value(metric) if row.result else None
         if value is None:
-            return Observation(point, None, row.suspect, row.id)
-        return Observation(point, value, row.suspect, row.id)
+            return Observation(point, None, row.suspect, row.id, epoch)
+        return Observation(point, value, row.suspect, row.id, epoch)
     if row.attempt >= final_attempt or row.outcome not in RETRYABLE:
-        return Observation(point, None, row.suspect, row.id)
+        return Observation(point, None, row.suspect, row.id, epoch)
     return None
 
 
@@ -85,19 +86,37 @@ def _as_map(points: Sequence[Candidate] | PointMap) -> PointMap:
     return FixedPoints(points) if isinstance(points, Sequence) else points
 
 
-def replay(rows: Sequence[TrialRow], points: PointMap, metric: str, retries: int
-           ) -> list[Observation]:
+class Epochs:
+    """The system epoch of each trial: it goes up with every change of a node's system seen
+    between trials (:mod:`orchestrator.system_watch`), so that a strategy compares trials of
+    one system with each other. Fed finished rows in store order."""
+
+    def __init__(self) -> None:
+        self.watch = SystemWatch()
+        self.epoch = 0
+
+    def feed(self, row: TrialRow) -> tuple[int, SystemChange | None]:
+        change = self.watch.feed(row) if row.finished else None
+        if change is not None:
+            self.epoch += 1
+        return self.epoch, change
+
+
+def replay(rows: Sequence[TrialRow], points: PointMap, metric: str, retries: int,
+           epochs: Epochs | None = None) -> list[Observation]:
     """Observations from the stored trials of these points: a same candidate measured earlier
-    in the run is evidence too (:func:`drive` reports a node whose system changed in between);
-    reference trials are not."""
+    in the run is evidence too (:func:`drive` reports a node whose system changed in between,
+    and the observations carry the system epoch); reference trials are not."""
     obs = []
+    epochs = epochs or Epochs()
     for row in rows:
+        epoch, _ = epochs.feed(row)
         if row.phase in NOT_EVIDENCE_PHASES:
             continue
         point = points.point(row.candidate)
         if point is None:
             continue
-        o = observation(row, point, metric, retries + 1)
+        o = observation(row, point, metric, retries + 1, epoch)
         if o is not None:
             obs.append(o)
     return obs
@@ -120,8 +139,8 @@ def drive(
     """
     pmap = _as_map(points)
     stored = controller.store.trials()
-    observations = replay(stored, pmap, metric, controller.retries)
-    watch = SystemWatch.primed(stored)  # changes among these were told when they happened
+    epochs = Epochs()  # changes among the stored trials were told when they happened
+    observations = replay(stored, pmap, metric, controller.retries, epochs)
     final_attempt = controller.retries + 1
     verdict = strategy.verdict(observations)
     while True:
@@ -134,10 +153,10 @@ def drive(
         if not controller.in_flight():
             break
         for row in controller.wait():
-            change = watch.feed(row)
+            epoch, change = epochs.feed(row)
             if change is not None and on_system_change is not None:
                 on_system_change(change)
-            o = observation(row, pmap.point(row.candidate), metric, final_attempt)
+            o = observation(row, pmap.point(row.candidate), metric, final_attempt, epoch)
             if o is not None:
                 observations.append(o)
         verdict = strategy.verdict(observations)

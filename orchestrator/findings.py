@@ -24,7 +24,8 @@ from orchestrator.sweep import noise
 from orchestrator.workspace import CommitInfo
 
 
-def trial_values(rows: Sequence[TrialRow], key: str, metric: str, *, include_suspect: bool = False) -> list[float]:
+def trial_values(rows: Sequence[TrialRow], key: str, metric: str, *, include_suspect: bool = False,
+                 exclude: frozenset[int] = frozenset()) -> list[float]:
     """Trial-level values of `metric` for the candidate with `key` (measured trials only).
 
     Reference trials are left out: they may come from an earlier state of the node, so mixing
@@ -35,7 +36,7 @@ def trial_values(rows: Sequence[TrialRow], key: str, metric: str, *, include_sus
             continue
         if r.phase in NOT_EVIDENCE_PHASES:
             continue
-        if r.suspect and not include_suspect:
+        if (r.suspect and not include_suspect) or r.id in exclude:
             continue
         v = r.result.value(metric) if r.result else None
         if v is not None and math.isfinite(v):
@@ -43,30 +44,33 @@ def trial_values(rows: Sequence[TrialRow], key: str, metric: str, *, include_sus
     return out
 
 
-def pooled_log_ss(rows: Sequence[TrialRow], metric: str, exclude: Sequence[str]) -> tuple[float, int]:
+def pooled_log_ss(rows: Sequence[TrialRow], metric: str, exclude: Sequence[str],
+                  trials: frozenset[int] = frozenset()) -> tuple[float, int]:
     """Within-candidate sum of squares (log scale) and its degrees of freedom over the other
     candidates of the run: restart-to-restart noise is a property of the node and server, so
     every candidate measured more than once informs it."""
     keys = {r.candidate.key for r in rows} - set(exclude)
-    return noise.pooled_log_ss(trial_values(rows, key, metric) for key in keys)
+    return noise.pooled_log_ss(trial_values(rows, key, metric, exclude=trials) for key in keys)
 
 
 def effects_between(rows: Sequence[TrialRow], before_key: str, after_key: str,
-                    metrics: Sequence[str] = EFFECT_METRICS, confidence: float = 0.95) -> dict:
+                    metrics: Sequence[str] = EFFECT_METRICS, confidence: float = 0.95,
+                    exclude: frozenset[int] = frozenset()) -> dict:
     """`{metric: {"pct", "ci", "p_value", "n"}}` for each metric both sides measured.
 
     Positive metrics use the same estimator as the bisect strategy (t-interval on log values
-    with the run's pooled restart variance); others fall back to Fieller's interval on means."""
+    with the run's pooled restart variance); others fall back to Fieller's interval on means.
+    `exclude`: trials left out (a bisect's outlier restarts: flagged, not evidence)."""
     out = {}
     for metric in metrics:
-        a = trial_values(rows, before_key, metric)
-        b = trial_values(rows, after_key, metric)
+        a = trial_values(rows, before_key, metric, exclude=exclude)
+        b = trial_values(rows, after_key, metric, exclude=exclude)
         if not a or not b or len(a) + len(b) < 3:
             continue
         try:
             log = None
             if min(a + b) > 0:
-                ss, df = pooled_log_ss(rows, metric, (before_key, after_key))
+                ss, df = pooled_log_ss(rows, metric, (before_key, after_key), exclude)
                 d = log_difference([math.log(v) for v in a], [math.log(v) for v in b],
                                    confidence, ss, df)
                 e = d.to_effect(len(a), len(b), confidence)
@@ -111,11 +115,13 @@ def bisect_findings(
     rows: Sequence[TrialRow],
 ) -> dict:
     findings = []
+    outliers = {o.trial_id for o in verdict.outliers if o.trial_id is not None}
     for culprit in sorted(verdict.culprits, key=lambda c: -c.probability):
         commit = commits[culprit.point]
-        parent_point = culprit.range[0] if culprit.range else culprit.point - 1
+        parent_point = (culprit.parents[0] if culprit.parents
+                        else culprit.range[0] if culprit.range else culprit.point - 1)
         effects = effects_between(rows, keys[parent_point], keys[culprit.point],
-                                  metrics=effect_metrics(metric))
+                                  metrics=effect_metrics(metric), exclude=frozenset(outliers))
         evidence = [r.id for r in rows if r.candidate.key in (keys[parent_point], keys[culprit.point])]
         finding = {
             "kind": "commit",
@@ -136,6 +142,14 @@ def bisect_findings(
             finding["summary"] += f" (one of {hi - lo} commits: untestable neighbours)"
         if culprit.explained is not None:
             finding["explained"] = round(float(culprit.explained), 3)
+        if len(culprit.parents) > 1:  # a merge: verified against each of its parents
+            finding["parents"] = [commits[p].sha for p in culprit.parents]
+        if culprit.latest_effect_pct is not None:
+            finding["effect_now"] = {"pct": round(culprit.latest_effect_pct, 3),
+                                     "ci": [round(x, 3) for x in culprit.latest_effect_ci]}
+        flagged = sorted(t for t in evidence if t in outliers)
+        if flagged:
+            finding["outlier_trials"] = flagged
         findings.append(finding)
     for rank, f in enumerate(findings, 1):
         f["rank"] = rank
@@ -150,6 +164,11 @@ def bisect_findings(
         "total_effect": ({"pct": verdict.total_effect_pct, "ci": list(verdict.total_effect_ci)}
                          if verdict.total_effect_pct is not None and verdict.total_effect_ci else None),
         "findings": [{"rank": f.pop("rank"), **f} for f in findings],
+        "unexplained": [_unexplained_json(u, commits) for u in verdict.unexplained],
+        "outliers": [{"trial": o.trial_id, "commit": commits[o.point].sha, "status": o.status,
+                      "ratio": round(o.ratio, 4)} for o in verdict.outliers],
+        "notes": list(verdict.notes),
+        "budget": verdict.budget,
     }
     endpoints = effects_between(rows, keys[0], keys[-1], metrics=(metric,)).get(metric)
     if endpoints:  # every endpoint trial, pooled like the culprits' effects: what they add to
@@ -181,6 +200,16 @@ def mechanism_between(rows: Sequence[TrialRow], before_key: str, after_key: str,
     return mechanism(side_values(rows, before_key), side_values(rows, after_key),
                      side_telemetry(rows, before_key), side_telemetry(rows, after_key),
                      before_label=before_label, after_label=after_label)
+
+
+def _unexplained_json(part, commits: Sequence[CommitInfo]) -> dict:
+    """A part of the change no named commit explains: between two commits, with its size."""
+    doc = {"kind": part.kind, "from": commits[part.lo].sha, "to": commits[part.hi].sha,
+           "pct": round(part.effect_pct, 3), "ci": [round(x, 3) for x in part.effect_ci],
+           "unexplained": bool(part.flagged)}
+    if part.candidates:
+        doc["likeliest"] = [commits[p].sha for p in part.candidates]
+    return doc
 
 
 def write(run_dir: Path, doc: dict, name: str | None = None) -> Path:

@@ -42,11 +42,21 @@ def test_no_change_stops_as_not_reproducible_once_the_endpoints_measure_alike(se
     obs = _run_endpoints(19.0, 19.0, 0.02, seed, strategy)
     verdict = strategy.verdict(obs)
     # Checked after every pair, the reproduce interval sometimes passes by luck; the search then
-    # re-measures the endpoints until their later trials or all their trials refute the change.
+    # re-measures the endpoints until their later trials or all their trials refute the change,
+    # and the verdict withdraws the reproduction in so many words.
+    # When the search runs to the budget instead (seed 6: a head-to-head of two neighbours at
+    # P ~ 0.93 never ends, its forecast stays small), the unconfirmed reproduction is retracted
+    # all the same, never left standing as "budget exhausted".
     assert verdict.done and verdict.status == "not_reproducible" and not verdict.culprits
-    assert len(obs) < 400
+    assert len(obs) <= strategy.budget
     lo, hi = verdict.total_effect_ci
-    assert -2.0 < lo and hi < 2.0
+    if strategy.reproduction is None:
+        assert -2.0 < lo and hi < 2.0
+    else:
+        assert lo < 0.5, verdict.total_effect_ci  # not confirmed: its interval reaches zero
+        assert any(n.startswith("retracted: the change that seemed to reproduce after")
+                   for n in verdict.notes)
+        assert "Retracted:" in verdict.message
 
 
 @pytest.mark.parametrize("seed", range(5))
@@ -108,13 +118,16 @@ def test_a_lucky_reproduction_is_refuted_by_the_endpoints_later_trials(seed: int
     """The +-1% refutation would need about 90 restarts per endpoint at 2% noise; the
     sequential test on the endpoints' trials since the reproduction ends a lucky start sooner."""
     strategy, obs = _lucky_start(seed)
-    segment = strategy.segments[0]
-    assert segment.reproduction is not None and segment.reproduction.counts == (2, 2)
+    assert strategy.reproduction is not None and strategy.reproduction.counts == (2, 2)
     verdict = strategy.verdict(obs)
     assert verdict.status == "not_reproducible" and not verdict.culprits
-    assert "since the reproduction" in segment.note
-    assert fresh_endpoint_ratio(strategy, segment) >= -math.log(0.01)
+    if "trials since then measure them alike" in strategy.note:
+        assert fresh_endpoint_ratio(strategy) >= -math.log(0.01)
+    else:  # or it stopped: ruling out the small change left would cost far more than allowed
+        assert "not confirmed beyond the luck of repeated looks" in strategy.note
     assert len(obs) < 250
+    # The run had said "the change reproduces"; its verdict takes that back in plain words.
+    assert "Retracted: the change that seemed to reproduce after 4 trials (+4." in verdict.message
 
 
 def test_the_benchmark_reports_every_method_and_how_runs_ended():
@@ -153,7 +166,7 @@ def test_the_oracle_placed_reference_keeps_sleuths_phases_and_searches_at_the_kn
         if not proposals:
             break
         proposal = proposals[0]
-        if proposal.phase == "search":
+        if proposal.phase == "search" and "known-levels" in proposal.reason:
             post = placer.posterior(obs)
             if post.max() < 0.99:  # before the oracle is sure, it measures its median
                 assert proposal.point == int(np.argmin(np.abs(np.cumsum(post) - 0.5)))
@@ -162,7 +175,7 @@ def test_the_oracle_placed_reference_keeps_sleuths_phases_and_searches_at_the_kn
     verdict = strategy.verdict(obs)
     assert verdict.status == "found" and verdict.top.point == oracle.culprit
     assert verdict.top.probability >= 0.99
-    assert phases[0] == "reproduce" and "search" in phases and phases[-1] == "verify"
+    assert phases[0] == "reproduce" and "search" in phases and "verify" in phases
 
 
 def test_posteriors_that_learn_the_levels_need_more_of_the_same_trials():
@@ -190,13 +203,12 @@ def test_endpoints_that_measure_alike_are_rarely_called_reversed():
         strategy = BisectStrategy(50)
         rng = np.random.default_rng((99, seed))
         obs: list[Observation] = []
-        segment = strategy.segments[0]
-        while not segment.reproduced and segment.outcome is None:
+        while strategy.reproduction is None and strategy.outcome is None:
             point = strategy.propose(obs, [], 1)[0].point
             obs.append(Observation(point, 19.0 * math.exp(0.05 * rng.standard_normal()),
                                    trial_id=len(obs)))
             strategy.verdict(obs)
-        outcomes[segment.outcome or "reproduced"] += 1
+        outcomes[strategy.outcome or "reproduced"] += 1
     assert outcomes["reversed"] <= 4, outcomes
     assert outcomes["not_reproducible"] > 200, outcomes
 
@@ -207,7 +219,7 @@ def test_a_stated_minimum_effect_refutes_a_lucky_reproduction_sooner():
     ends sooner, with the same answer."""
     def run(min_effect_pct: float | None) -> int:
         strategy, obs = _lucky_start(3, min_effect_pct)
-        assert strategy.segments[0].reproduction is not None  # the lucky start reproduced
+        assert strategy.reproduction is not None  # the lucky start reproduced
         assert strategy.verdict(obs).status == "not_reproducible"
         return len(obs)
 
@@ -219,16 +231,17 @@ def test_a_long_not_reproducible_run_points_to_min_effect_pct():
     """A no-change range can take the whole reproduce budget (96 restarts) to rule out every
     change above 1%; the bisect command then says how a stated minimum ends such a run early."""
     from orchestrator.commands.bisect import min_effect_hint
+    from orchestrator.config.params import ExperimentParams
 
     regime = _regime("no_change")
     case = 0
     verdict, trials, _ = drive(BisectStrategy(N_COMMITS, max_trials=400),
                                VirtualOracle(regime, case), 1)
     assert verdict.status == "not_reproducible" and trials >= 20
-    hint = min_effect_hint(verdict, {})
+    hint = min_effect_hint(verdict, ExperimentParams())
     assert hint is not None and f"took {trials} restarts" in hint
     assert "experiment.params.min_effect_pct=P" in hint
-    assert min_effect_hint(verdict, {"min_effect_pct": 10}) is None
+    assert min_effect_hint(verdict, ExperimentParams(min_effect_pct=10.0)) is None
     # Stated, the same range ends after a few restarts, and no hint is due.
     short, few, _ = drive(BisectStrategy(N_COMMITS, max_trials=400, min_effect_pct=20.0),
                           VirtualOracle(regime, case), 1)

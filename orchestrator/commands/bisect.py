@@ -2,21 +2,29 @@
 
     sleuth bisect repo=PATH good=REF bad=REF metric=verify_ms [direction=auto] [confidence=0.99]
                   [nodes=K] [max_trials=N] [first_parent=true] [paths=[python/sglang/srt]]
+                  [reference=RUN] [experiment.params.min_effect_pct=P]
 
 Resuming: `sleuth bisect run_id=RUN` (or `sleuth resume RUN`) reopens the run's store and
-continues; every finished trial is reused.
+continues; every finished trial is reused. `sleuth bisect run_id=RUN max_trials=N` continues a
+run that stopped at its budget with a larger one.
+
+With `first_parent=false` the whole commit graph between the endpoints is searched: a commit is
+bad when it descends from the culprit (as `git bisect` treats history), and a culprit is
+verified against its real git parent(s), listed as points even when they lie outside the range.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
+import math
 from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
 from orchestrator import findings, render
 from orchestrator.commands import common
+from orchestrator.config import params as experiment_params
 from orchestrator.controller import Controller
 from orchestrator.drive import drive, unreported
 from orchestrator.errors import UserError
@@ -30,6 +38,7 @@ from orchestrator.strategies.base import Verdict
 from orchestrator.strategies.bisect import BisectStrategy
 from orchestrator.system_watch import SystemChange, system_changes
 from orchestrator.workspace import CommitInfo
+from orchestrator.workspace.commits import boundary_parents, graph_order, parent_points
 
 EXIT_INCONCLUSIVE = 3
 
@@ -60,23 +69,51 @@ def plan(cfg: DictConfig) -> tuple[list[CommitInfo], list[Candidate], list[float
     ws = common.workspace(cfg)
     good, bad = ws.resolve(str(cfg.good)), ws.resolve(str(cfg.bad))
     commits = ws.commits_between(good, bad, first_parent=bool(cfg.first_parent))
+    if not cfg.first_parent:
+        commits = graph_order(commits, ws.commit_infos(boundary_parents(commits)))
     base = common.candidate(OmegaConf.merge(cfg, {"commit": good}), ws)
     points = [dataclasses.replace(base, commit=c.sha) for c in commits]
-    untouched = float(cfg.experiment.params.get("untouched_weight", 0.25))
+    untouched = experiment_params.of(cfg).untouched_weight
     weights = prior_weights(commits, list(cfg.paths), ws, untouched)
     return commits, points, weights
 
 
-def _strategy(cfg: DictConfig, n: int, weights: list[float] | None) -> BisectStrategy:
-    params = cfg.experiment.params
+def _strategy(cfg: DictConfig, n: int, weights: list[float] | None,
+              commits: list[CommitInfo] | None = None, replay: bool = False,
+              reference_value: float | None = None) -> BisectStrategy:
+    """The strategy as the run uses it. ``commits``: the plan's commits (their parents make
+    the graph when ``first_parent`` is off); ``replay``: rebuilding a finished run's
+    posterior history (the report), where no budget applies; ``reference_value``: the
+    metric in a reference run, which sets the change being chased."""
+    params = experiment_params.of(cfg)
+    parents = assumed_good = None
+    if commits is not None and not cfg.get("first_parent", True):
+        parents, assumed_good = parent_points(commits)
+    max_trials = int(cfg.max_trials) if cfg.max_trials is not None else None
     return BisectStrategy(
         n,
         direction=regression_direction(str(cfg.metric), str(cfg.direction)),
         confidence=float(cfg.confidence),
-        max_trials=int(cfg.max_trials) if cfg.max_trials is not None else None,
+        max_trials=10**9 if replay else max_trials,
         prior_weights=weights,
-        min_effect_pct=float(params["min_effect_pct"]) if "min_effect_pct" in params else None,
+        min_effect_pct=params.min_effect_pct,
+        parents=parents,
+        assumed_good=assumed_good or (),
+        reference_value=reference_value,
     )
+
+
+def reference_level(cfg: DictConfig) -> tuple[float, str] | None:
+    """The metric's geometric mean in `reference=RUN`, and the run's name; None without one."""
+    if not cfg.get("reference"):
+        return None
+    from orchestrator.commands.compare import load_reference
+
+    ref = load_reference(cfg, str(cfg.reference))
+    values = [v for v in ref["values"].get(str(cfg.metric), []) if v and v > 0]
+    if not values:
+        raise UserError(f"reference {cfg.reference} has no measured {cfg.metric} value")
+    return math.exp(sum(math.log(v) for v in values) / len(values)), str(ref["name"])
 
 
 def _save_plan(run_dir: Path, commits: list[CommitInfo], points: list[Candidate],
@@ -95,22 +132,29 @@ def _load_plan(run_dir: Path) -> tuple[list[CommitInfo], list[Candidate], list[f
 
 def run(cfg: DictConfig) -> int:
     if cfg.run_id and (runs_root(cfg) / str(cfg.run_id)).exists():
-        return resume(runs_root(cfg) / str(cfg.run_id))
+        budget = int(cfg.max_trials) if cfg.max_trials is not None else None
+        if budget is not None and budget < 4:
+            raise UserError(f"max_trials must be at least 4 (got {budget})")
+        return resume(runs_root(cfg) / str(cfg.run_id), max_trials=budget)
     validate(cfg)
+    reference_level(cfg)  # a bad reference is bad input: refused before anything is written
     commits, points, weights = plan(cfg)
-    _strategy(cfg, len(points), weights)  # constructor checks before anything is written
+    _strategy(cfg, len(points), weights, commits)  # constructor checks before anything runs
     run_dir, store = create_run(cfg)
     _save_plan(run_dir, commits, points, weights)
     return _execute(cfg, run_dir, store, commits, points, weights)
 
 
-def resume(run_dir: Path) -> int:
+def resume(run_dir: Path, max_trials: int | None = None) -> int:
+    """Continue a bisect; ``max_trials`` replaces the budget it was started with."""
     store = RunStore.open(run_dir / "trials.db")
     if store.command != "bisect":
         command = store.command
         store.close()
         raise UserError(f"{run_dir.name} is a {command or 'unknown'} run, not a bisect")
     cfg = OmegaConf.create(store.config_yaml())
+    if max_trials is not None:
+        cfg.max_trials = max_trials
     store.interrupt_unfinished()
     commits, points, weights = _load_plan(run_dir)
     out = render.console()
@@ -155,14 +199,14 @@ def reproduction_notice(verdict: Verdict, metric: str, budget: int | None) -> li
     return lines
 
 
-def min_effect_hint(verdict: Verdict, params) -> str | None:
+def min_effect_hint(verdict: Verdict, params: experiment_params.ExperimentParams) -> str | None:
     """After a long "not reproducible", how to make the next such run short.
 
     Ruling out every change above the +-1% floor can take the whole reproduce budget (48
     restarts a side); ruling out the regression the user is actually chasing takes a few (in
     5% noise, about 5 restarts for 20%, 12 for 10%, measured on the benchmark's no-change
     cases)."""
-    if (verdict.status != "not_reproducible" or "min_effect_pct" in params
+    if (verdict.status != "not_reproducible" or params.min_effect_pct is not None
             or verdict.n_trials < 20):
         return None
     return (f"hint: ruling out any change took {verdict.n_trials} restarts. If the regression "
@@ -170,24 +214,61 @@ def min_effect_hint(verdict: Verdict, params) -> str | None:
             "a range without such a change after a few.")
 
 
+def opening_lines(cfg, strategy: BisectStrategy, reference: tuple[float, str] | None) -> list[str]:
+    """What the run will spend and what it is looking for, said before it spends anything."""
+    budget = strategy.budget
+    if cfg.max_trials is None:
+        spend = f"budget: {budget} restarts (the default; max_trials=N sets another)"
+    else:
+        spend = f"budget: {budget} restarts (max_trials)"
+    metric = str(cfg.metric)
+    if strategy.min_effect_pct is not None:
+        chase = (f"looking for a change of {metric} of at least {strategy.min_effect_pct:g}% "
+                 "(experiment.params.min_effect_pct); smaller ones do not count")
+    elif reference is not None:
+        chase = (f"looking for the change since reference run {reference[1]} ({metric} "
+                 f"{reference[0]:.4g} there): a range whose change is confidently under half "
+                 "of it does not hold the regression")
+    else:
+        chase = (f"looking for any change of {metric} above {strategy.settings.negligible_pct:g}%"
+                 ": its size is measured first (state it with experiment.params.min_effect_pct=P"
+                 " or reference=RUN to rule a range out sooner)")
+    return [spend, chase]
+
+
+def _flag_outliers(store: RunStore, verdict: Verdict) -> None:
+    """Outlier restarts are kept in the store, flagged with why they were left out."""
+    flags = {o.trial_id: f"{o.status}: {o.ratio:.2f}x its commit's level"
+             for o in verdict.outliers if o.trial_id is not None}
+    store.set_trial_flags("outlier", flags)
+
+
 def execute(cfg, ctl: Controller, run_dir: Path, commits, points, weights, out,
             findings_name: str | None = None, progress=None) -> tuple[Verdict, dict]:
     """Bisect on a running controller; writes findings.json and returns the verdict and it."""
+    graph = "" if cfg.get("first_parent", True) else " (the full commit graph)"
     out.print(f"bisecting {len(commits)} commits {commits[0].sha[:10]}..{commits[-1].sha[:10]}"
-              f" on {cfg.metric} with {len(ctl.nodes)} node(s)")
-    strategy = _strategy(cfg, len(points), weights)
+              f"{graph} on {cfg.metric} with {len(ctl.nodes)} node(s)")
+    reference = reference_level(cfg)
+    strategy = _strategy(cfg, len(points), weights, commits,
+                         reference_value=reference[0] if reference else None)
+    for line in opening_lines(cfg, strategy, reference):
+        out.print(line)
     if not (run_dir / "commits.json").exists():  # the report replays the posterior from it
         _save_plan(run_dir, commits, points, weights)
     labels = [c.sha[:10] for c in commits]
-    budget = int(cfg.max_trials) if cfg.max_trials is not None else None
-    announced = False
+    budget = strategy.budget
+    said: set[str] = set()
 
     def announce(v: Verdict, say) -> None:
-        nonlocal announced
-        if not announced and v.status in ("searching", "verifying"):
-            announced = True
+        if "reproduced" not in said and v.status in ("searching", "verifying"):
+            said.add("reproduced")
             for line in reproduction_notice(v, str(cfg.metric), budget):
                 say(line)
+        for note in v.notes:  # a withdrawn reproduction, an early stop: said when it happens
+            if note.startswith(("retracted", "stopped early")) and note not in said:
+                said.add(note)
+                say(note)
 
     def system_changed(change: SystemChange) -> None:
         (progress.note if progress is not None else out.print)(change.warning)
@@ -207,6 +288,7 @@ def execute(cfg, ctl: Controller, run_dir: Path, commits, points, weights, out,
     verdict = drive(ctl, strategy, points, metric=str(cfg.metric), on_verdict=on_verdict,
                     on_system_change=system_changed)
     rows = ctl.store.trials()
+    _flag_outliers(ctl.store, verdict)
     doc = findings.bisect_findings(run_id=ctl.store.run_id, metric=str(cfg.metric), verdict=verdict,
                                    commits=commits, keys=[p.key for p in points], rows=rows)
     changes = system_changes(rows)
@@ -214,9 +296,15 @@ def execute(cfg, ctl: Controller, run_dir: Path, commits, points, weights, out,
     path = findings.write(run_dir, doc, findings_name)
     out.print(render.findings_table(doc))
     out.print(verdict.message)
-    hint = min_effect_hint(verdict, cfg.experiment.params)
+    for note in verdict.notes:
+        if note not in said:
+            out.print(note)
+    hint = min_effect_hint(verdict, experiment_params.of(cfg))
     if hint:
         out.print(hint)
+    if verdict.status == "budget_exhausted":
+        out.print(f"to continue: sleuth bisect run_id={ctl.store.run_id} "
+                  f"max_trials={2 * budget} (every finished trial is reused)")
     for change in changes:
         out.print(change.warning)
     silent = unreported(rows, str(cfg.metric), points)

@@ -25,7 +25,8 @@ def run(cfg: DictConfig) -> int:
     if command == "bisect":
         from orchestrator.commands import bisect
 
-        return bisect.resume(run_dir)
+        budget = cfg.get("max_trials")  # `sleuth resume RUN max_trials=N`: a larger budget
+        return bisect.resume(run_dir, max_trials=int(budget) if budget is not None else None)
     if command == "isolate":
         from orchestrator.commands import isolate
 

@@ -110,6 +110,9 @@ class SimTargetConf(TargetConf):
     time_scale: float = ranged(0.05, gt=0, le=1000)
     noise_restart_cv: float = ranged(0.02, ge=0, le=10)
     noise_request_cv: float = ranged(0.01, ge=0, le=10)
+    # Probability that a launch is an outlier restart running `noise_outlier_factor` x slower.
+    noise_outlier_rate: float = ranged(0.0, ge=0, le=1)
+    noise_outlier_factor: float = ranged(3.0, gt=0, le=100)
     load_seconds: float = ranged(20.0, ge=0)
     # None: each launch draws its own noise (restarts are independent, as on real GPUs).
     seed: int | None = None

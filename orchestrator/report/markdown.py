@@ -70,11 +70,12 @@ def render_markdown(data: RunData, plots: Sequence[Plot], plot_dir: str = "plots
         out.append(md_table(T.effects_table(f)))
         evidence = ", ".join(str(t) for t in f.get("evidence", []))
         out += [f"Evidence trials: {md_escape(evidence or 'none')}", ""]
-        for name in ("suspect_trials", "failed_trials", "interrupted_trials"):
+        for name in ("suspect_trials", "failed_trials", "interrupted_trials", "outlier_trials"):
             if f.get(name):
                 what = {"suspect_trials": "excluded from effects",
                         "failed_trials": "never measured",
-                        "interrupted_trials": "stopped and run again, not evidence"}[name]
+                        "interrupted_trials": "stopped and run again, not evidence",
+                        "outlier_trials": "restarts left out of the bisect as outliers"}[name]
                 out += [f"{name.replace('_', ' ').capitalize()} ({what}):"
                         f" {md_escape(', '.join(map(str, f[name])))}", ""]
     if not causes:

@@ -140,7 +140,8 @@ def posterior_history(data: RunData) -> PosteriorHistory | None:
     n = len(data.plan.candidates)
     weights = list(data.plan.prior_weights) if data.plan.prior_weights else None
     try:
-        strategy = bisect_command._strategy(cfg, n, weights)
+        strategy = bisect_command._strategy(cfg, n, weights, list(data.plan.commits),
+                                            replay=True)
     except Exception:  # a config the strategy no longer accepts: no replay, not a crash
         return None
     index = {c.key: i for i, c in enumerate(data.plan.candidates)}

@@ -28,6 +28,10 @@ measurements(trial_id INTEGER, repetition INTEGER, metric TEXT, value REAL,
     One row per metric per benchmark repetition (long form: new metrics need no migration).
 fingerprints(trial_id INTEGER PRIMARY KEY, json TEXT)
     The environment the trial ran in (git SHA, env, versions, GPU state ...).
+trial_flags(trial_id INTEGER, kind TEXT, detail TEXT, PRIMARY KEY (trial_id, kind))
+    What an experiment concluded about a finished trial without discarding it, e.g. kind
+    `outlier`: a restart its commit's other restarts disagree with, left out of the bisect's
+    likelihood. Created on first use, so stores written before it stay readable.
 
 A full disk must not lose a finished trial. A run that writes keeps a small reserve file
 (`.trials.db.reserve`, see `ensure_reserve`) beside the database: when a write fails because
@@ -89,6 +93,9 @@ CREATE TABLE IF NOT EXISTS fingerprints(
     trial_id INTEGER PRIMARY KEY REFERENCES trials(id), json TEXT NOT NULL);
 CREATE INDEX IF NOT EXISTS trials_by_candidate ON trials(candidate_id);
 """
+_FLAGS_SCHEMA = """CREATE TABLE IF NOT EXISTS trial_flags(
+    trial_id INTEGER NOT NULL REFERENCES trials(id), kind TEXT NOT NULL, detail TEXT,
+    PRIMARY KEY (trial_id, kind))"""
 
 
 class RunStore:
@@ -275,6 +282,31 @@ class RunStore:
     def summary(self) -> dict:
         row = self._conn.execute("SELECT summary_json FROM runs").fetchone()
         return json.loads(row[0]) if row and row[0] else {}
+
+    # -- trial flags -------------------------------------------------------------------------
+    def set_trial_flags(self, kind: str, flags: dict[int, str]) -> None:
+        """Replace every flag of ``kind`` with ``flags`` (trial id -> detail), atomically."""
+        def body(c: sqlite3.Connection) -> None:
+            c.execute(_FLAGS_SCHEMA)
+            c.execute("DELETE FROM trial_flags WHERE kind=?", (kind,))
+            c.executemany("INSERT INTO trial_flags(trial_id, kind, detail) VALUES (?, ?, ?)",
+                          [(int(t), kind, d) for t, d in sorted(flags.items())])
+
+        self._write(body)
+
+    def trial_flags(self, kind: str | None = None) -> dict[int, dict[str, str]]:
+        """``{trial id: {kind: detail}}`` (empty for a store that never had flags)."""
+        exists = self._conn.execute(
+            "SELECT 1 FROM sqlite_master WHERE type='table' AND name='trial_flags'").fetchone()
+        if not exists:
+            return {}
+        query, params = "SELECT trial_id, kind, detail FROM trial_flags", ()
+        if kind is not None:
+            query, params = query + " WHERE kind=?", (kind,)
+        out: dict[int, dict[str, str]] = {}
+        for trial_id, k, detail in self._conn.execute(query, params).fetchall():
+            out.setdefault(int(trial_id), {})[k] = detail or ""
+        return out
 
     # -- candidates --------------------------------------------------------------------------
     def candidate_id(self, cand: Candidate) -> int:

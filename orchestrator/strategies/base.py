@@ -48,13 +48,16 @@ class Observation:
     ``point`` 0 is the good endpoint and n-1 the bad one. ``value`` is the trial-level metric
     (mean of the repetitions inside one server restart); None means the candidate could not be
     tested (build or launch failure). ``suspect`` trials (throttled GPU, foreign process) may be
-    ignored by the strategy but still count as trials spent.
+    ignored by the strategy but still count as trials spent. ``epoch`` numbers the system the
+    trial ran on: it goes up when a node's system changes during the run (a power limit set
+    from outside, a driver update), so a strategy can compare trials within one system.
     """
 
     point: int
     value: float | None
     suspect: bool = False
     trial_id: int | None = None
+    epoch: int = 0
 
 
 @dataclass(frozen=True)
@@ -84,10 +87,47 @@ class Culprit:
     effect_pct: float | None = None
     effect_ci: tuple[float, float] | None = None
     explained: float | None = None
+    # The points it was verified against (its git parents on a graph, the previous testable
+    # point on a chain); empty for a best guess that was never verified.
+    parents: tuple[int, ...] = ()
+    explained_ci: tuple[float, float] | None = None
+    # After a system change: the step re-measured on the system as it is now.
+    latest_effect_pct: float | None = None
+    latest_effect_ci: tuple[float, float] | None = None
 
     def __iter__(self) -> Iterator[float]:
         yield self.point
         yield self.probability
+
+
+@dataclass(frozen=True)
+class Unexplained:
+    """A part of the change no named commit accounts for, with its size.
+
+    ``kind`` "remainder": the change from point ``lo`` to point ``hi`` (anchors: an endpoint, a
+    culprit or a culprit's parent) less the named steps between them; ``flagged`` when its
+    interval excludes zero. ``kind`` "spread": a change the search could not pin on one commit;
+    most of the posterior lies on commits ``lo + 1 .. hi`` (``candidates`` lists the likeliest).
+    """
+
+    lo: int
+    hi: int
+    effect_pct: float
+    effect_ci: tuple[float, float]
+    flagged: bool
+    kind: str = "remainder"
+    candidates: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True)
+class Outlier:
+    """A measured trial left out of the likelihood: an ``outlier`` (its replicates disagree)
+    or ``pending`` (one reading far outside every level, not yet replicated)."""
+
+    trial_id: int | None
+    point: int
+    status: str
+    ratio: float  # its reading over its commit's level (raw metric)
 
 
 @dataclass(frozen=True)
@@ -110,6 +150,10 @@ class Verdict:
     total_effect_pct: float | None = None
     total_effect_ci: tuple[float, float] | None = None
     expected_remaining: int | None = None  # a forecast of the trials still needed, for an ETA
+    unexplained: list[Unexplained] = field(default_factory=list)
+    outliers: list[Outlier] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)  # retractions, system changes, early stops
+    budget: int | None = None  # the trials the run allows itself
 
     def __post_init__(self) -> None:
         if self.status not in STATUSES:

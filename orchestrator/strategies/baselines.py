@@ -21,6 +21,7 @@ import numpy as np
 from scipy.special import loggamma, logsumexp
 
 from orchestrator.strategies.base import Culprit, Observation, Proposal, Strategy, Verdict
+from orchestrator.strategies.bisect_history import History
 
 
 class BetaBernoulliBisector:
@@ -133,14 +134,81 @@ class ThresholdBisectStrategy(Strategy):
 
     Untestable midpoints are skipped like ``git bisect skip`` (the nearest untested point in the
     open range is tried instead); if every point between the last good and first bad one is
-    untestable, the answer is that range.
+    untestable, the answer is that range. With ``parents`` (a commit graph in topological
+    order) it bisects the graph as ``git bisect`` does: a bad reading keeps only the point's
+    ancestors as candidates, a good one removes them, and the next point is the one whose
+    ancestors split the candidates most evenly.
     """
 
-    def __init__(self, n: int, *, direction: str = "increase") -> None:
+    def __init__(self, n: int, *, direction: str = "increase",
+                 parents: Sequence[Sequence[int]] | None = None) -> None:
         if n < 2:
             raise ValueError("bisection needs at least the two endpoints (n >= 2)")
         self.n = n
         self.sign = 1.0 if direction == "increase" else -1.0
+        self.history = History(n, parents) if parents is not None else None
+
+    def _graph_candidates(self, observations: Sequence[Observation]
+                          ) -> tuple[np.ndarray, set[int]] | None:
+        threshold, _ = _endpoint_threshold(observations, self.n, 1)
+        if threshold is None:
+            return None
+        history = self.history
+        assert history is not None
+        candidates = history.is_hypothesis()
+        skipped: set[int] = set()
+        for obs in observations:
+            if obs.point in (0, self.n - 1):
+                continue
+            if obs.value is None:
+                skipped.add(obs.point)
+                continue
+            above = history.reads_bad(obs.point, np.arange(self.n))
+            if self.sign * (obs.value - threshold) > 0:
+                candidates &= above
+            else:
+                candidates &= ~above
+        return candidates, skipped
+
+    def _graph_split(self, candidates: np.ndarray, skipped: set[int]) -> int | None:
+        history = self.history
+        assert history is not None
+        total = int(candidates.sum())
+        best, best_score = None, 0
+        for point in range(1, self.n - 1):
+            if point in skipped:
+                continue
+            inside = int((history.reads_bad(point, np.arange(self.n)) & candidates).sum())
+            score = min(inside, total - inside)
+            if score > best_score:
+                best, best_score = point, score
+        return best
+
+    def _graph_propose(self, observations, pending, k) -> list[Proposal]:
+        state = self._graph_candidates(observations)
+        if state is None:
+            _, missing = _endpoint_threshold(observations, self.n, 1)
+            wanted = [p for p in missing if p not in pending]
+            return [Proposal(p, "reproduce", "endpoint for the threshold") for p in wanted[:k]]
+        point = self._graph_split(*state)
+        if point is None or point in pending:
+            return []
+        return [Proposal(point, "search", "halves the candidate commits")]
+
+    def _graph_verdict(self, observations) -> Verdict:
+        state = self._graph_candidates(observations)
+        done = state is not None and self._graph_split(*state) is None
+        culprits: list[Culprit] = []
+        if state is not None and done and state[0].any():
+            culprits = [Culprit(int(np.flatnonzero(state[0])[0]), 1.0)]
+        return Verdict(
+            done=done,
+            status="found" if culprits else "searching",
+            culprits=culprits,
+            message=f"first bad commit: point {culprits[0].point}" if culprits else "bisecting",
+            n_trials=len(observations),
+            confidence=1.0,
+        )
 
     def _bracket(self, observations: Sequence[Observation]) -> tuple[int, int, list[int]] | None:
         """``(last good, first bad, untested points between)``; None before the threshold."""
@@ -165,6 +233,8 @@ class ThresholdBisectStrategy(Strategy):
     ) -> list[Proposal]:
         if k <= 0:
             return []
+        if self.history is not None:
+            return self._graph_propose(observations, pending, k)
         bracket = self._bracket(observations)
         if bracket is None:
             _, missing = _endpoint_threshold(observations, self.n, 1)
@@ -178,6 +248,8 @@ class ThresholdBisectStrategy(Strategy):
         return [] if point in pending else [Proposal(point, "search", "midpoint")]
 
     def verdict(self, observations: Sequence[Observation]) -> Verdict:
+        if self.history is not None:
+            return self._graph_verdict(observations)
         bracket = self._bracket(observations)
         done = bracket is not None and not bracket[2]
         culprits: list[Culprit] = []

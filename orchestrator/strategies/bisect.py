@@ -1,25 +1,29 @@
-"""Noise-aware Bayesian bisection over an ordered list of commits.
+"""Noise-aware Bayesian bisection over a commit history (a chain, or the full graph).
 
-Three phases per searched range, each justified by what one trial costs (a server restart):
+Phases, each justified by what one trial costs (a server restart):
 
-1. **reproduce** (:mod:`bisect_reproduce`) — measure both endpoints interleaved until a
-   pooled-variance t-interval on the log ratio confirms the change in the expected direction,
-   shows it reversed, or shows the good endpoint now measures like the bad one.
-2. **search** — the Bayesian change-point posterior of :mod:`posterior` (continuous metric,
-   unknown levels and noise integrated out, endpoint trials informing both levels), next points
-   by expected entropy reduction, in batches for idle nodes, until one commit (or a range hidden
-   by untestable commits) holds ``confidence`` of the mass, while it keeps testing the
-   reproduction on the endpoint trials it takes (a reproduction can be luck).
-3. **verify** (:mod:`bisect_verify`) — the culprit against its parent, interleaved, until an
-   effect interval exists; if the culprit explains clearly less than the range's change, the
-   ranges on either side are searched again for more culprits.
+1. **reproduce** (:mod:`bisect_reproduce`): measure both endpoints interleaved until an
+   interval on the log ratio confirms the change in the expected direction, shows it reversed,
+   or shows the good endpoint now measures like the bad one. A reproduction found by one of
+   many looks is audited (:mod:`bisect_audit`: the endpoints keep being re-measured) until a
+   culprit is verified, and withdrawn, saying so, if it does not hold up.
+2. **search**, stage by stage: the change-point posterior of :mod:`bisect_model` over every
+   commit (outlier restarts flagged and left out, drift and system epochs as nuisance terms,
+   the steps of culprits already found as known terms), next points by expected information,
+   in batches for idle nodes, until one commit holds ``confidence``.
+3. **verify** (:mod:`bisect_verify`): the culprit against its git parent(s), interleaved.
+4. **what is left** (:mod:`bisect_remainders`, :mod:`bisect_later`): after each culprit the
+   change between the anchors it leaves (on both sides, with intervals) is re-tested as
+   evidence arrives; a part
+   that does not vanish is searched as a further stage (a second culprit, a step of a
+   staircase, a later partial fix in the other direction) or, when it cannot be pinned on one
+   commit within the stage's allowance, reported with its size.
 
-Range bookkeeping lives in :mod:`bisect_plan`.
-
-Decisions that change the plan (a range reproduced, a culprit accepted, a range split) are sticky:
-the strategy replays observations in order and records them as they happen, so later trials in a
-sub-range cannot silently undo a finished answer. Replays are memoised on the observation
-prefix; results depend only on the observation sequence.
+Tuning lives in :mod:`bisect_settings`, the shape of history (chain or graph) in
+:mod:`bisect_history`. Decisions that change the plan (reproduced, a culprit accepted) are
+sticky: the strategy
+replays observations in order and records them as they happen. Results depend only on the
+observation sequence.
 """
 
 from __future__ import annotations
@@ -27,67 +31,42 @@ from __future__ import annotations
 import math
 from collections import Counter
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import replace
 
 import numpy as np
 
 from orchestrator.strategies.base import Observation, Proposal, Strategy, Verdict
-from orchestrator.strategies.bisect_plan import Segment
-from orchestrator.strategies.bisect_reproduce import check_reproduced, refuted
-from orchestrator.strategies.bisect_verify import check_verified, verify_plan
+from orchestrator.strategies.bisect_audit import audit_point, ready_but_unconfirmed, too_costly
+from orchestrator.strategies.bisect_history import History
+from orchestrator.strategies.bisect_later import signalled, suggestive_points
+from orchestrator.strategies.bisect_model import StageData, StagePosterior, stage_posterior
+from orchestrator.strategies.bisect_plan import Remainder, Reproduction, Stage
+from orchestrator.strategies.bisect_remainders import remainders
+from orchestrator.strategies.bisect_reproduce import (
+    check_reproduced,
+    confirmed,
+    refuted,
+)
+from orchestrator.strategies.bisect_search import search_points
+from orchestrator.strategies.bisect_settings import BisectSettings
+from orchestrator.strategies.bisect_verify import check_reverified, check_verified, verify_target
 from orchestrator.strategies.evidence import Evidence
-from orchestrator.strategies.forecast import range_forecast
-from orchestrator.strategies.placement import channel_error, choose_points
-from orchestrator.strategies.posterior import RangePosterior, range_posterior
+from orchestrator.strategies.forecast import stage_forecast
 from orchestrator.strategies.report import describe
-
-
-@dataclass(frozen=True)
-class BisectSettings:
-    """Tuning of :class:`BisectStrategy`; defaults are what the benchmark validates."""
-
-    confidence: float = 0.99
-    reproduce_confidence: float = 0.90
-    reproduce_min_per_endpoint: int = 2
-    # A +5% change in 5% restart noise still fails a 90% interval at 24 restarts per endpoint
-    # about 4% of the time; 48 makes that rare. Changes under `negligible_pct` are not
-    # regressions worth a bisect: a change reproduces only when its estimate reaches it, and an
-    # interval confidently within +-`negligible_pct` ends the run: the endpoints measure alike.
-    # Checked after every pair, the interval still passes by luck in about one no-change run in
-    # five (2% or 5% noise); `bisect_reproduce.refuted` ends those once the endpoints' later
-    # trials say so.
-    reproduce_max_per_endpoint: int = 48
-    negligible_pct: float = 1.0
-    # The endpoints' later trials are tested sequentially for "no change" against "a change of
-    # at least this fraction of the reproduced one".
-    refute_fraction: float = 0.5
-    reversed_confidence: float = 0.99
-    reversed_min_per_endpoint: int = 4  # a 99% interval from 2-3 restarts can still be luck
-    subrange_max_per_endpoint: int = 8
-    subrange_max_trials: int = 60
-    verify_confidence: float = 0.95
-    verify_min_per_side: int = 2
-    verify_max_per_side: int = 6
-    verify_fresh_per_side: int = 1
-    verify_handoff: float = 0.95
-    verify_split_min_per_side: int = 4
-    explain_fraction: float = 0.8
-    null_prior_top: float = 0.1
-    null_prior_sub: float = 0.5
-    endpoint_max_failures: int = 2
-    prior_floor: float = 0.01
 
 
 class BisectStrategy(Strategy):
     """Find the commit(s) that moved a continuous metric, with a calibrated probability.
 
     ``n`` candidates including both endpoints (0 good, n-1 bad); hypothesis ``c`` means "commit
-    ``c`` is the first bad one". ``direction`` "increase" when bad is higher (latency), "decrease"
-    when bad is lower (throughput). ``prior_weights[i]``: relative prior that commit ``i`` is the
-    culprit (entry 0 ignored); weights are floored at ``prior_floor`` times the largest so that a
-    prior can down-weight a commit but never rule it out. ``min_effect_pct``: changes smaller than
-    this do not count as reproducing the regression. ``max_trials``: budget of trials (all of
-    them: failed, suspect, every phase).
+    ``c`` is the first bad one". ``parents`` (optional): the commit graph, one tuple of earlier
+    points per point; without it the points are a chain. ``assumed_good``: points listed only
+    to verify against (parents from outside the range), good under every hypothesis. ``direction`` "increase" when bad is
+    higher (latency), "decrease" when bad is lower (throughput). ``prior_weights[i]``: relative
+    prior that commit ``i`` is the culprit (entry 0 ignored); weights are floored at
+    ``prior_floor`` times the largest. ``min_effect_pct``: changes smaller than this do not
+    count as reproducing the regression. ``max_trials``: budget of trials (all of them); without
+    it ``default_budget`` applies, and is stated.
     """
 
     def __init__(
@@ -100,6 +79,9 @@ class BisectStrategy(Strategy):
         prior_weights: Sequence[float] | None = None,
         min_effect_pct: float | None = None,
         settings: BisectSettings | None = None,
+        parents: Sequence[Sequence[int]] | None = None,
+        assumed_good: Sequence[int] = (),
+        reference_value: float | None = None,
     ) -> None:
         if n < 2:
             raise ValueError("bisection needs at least the two endpoints (n >= 2)")
@@ -110,12 +92,15 @@ class BisectStrategy(Strategy):
         if max_trials is not None and max_trials < 4:
             raise ValueError("max_trials must allow at least reproducing (>= 4)")
         base = settings or BisectSettings()
-        self.settings = BisectSettings(**{**base.__dict__, "confidence": confidence})
+        self.settings = replace(base, confidence=confidence)
         self.n = n
+        self.history = History(n, parents, assumed_good)
         self.direction = direction
         self.sign = 1.0 if direction == "increase" else -1.0
         self.max_trials = max_trials
+        self.budget = max_trials if max_trials is not None else self.settings.default_budget
         self.min_effect = None
+        self.min_effect_pct = min_effect_pct
         if min_effect_pct is not None:
             if min_effect_pct <= 0:
                 raise ValueError("min_effect_pct must be positive")
@@ -123,6 +108,10 @@ class BisectStrategy(Strategy):
             self.min_effect = math.log1p(fraction) if direction == "increase" else -math.log1p(
                 -min(fraction, 0.99)
             )
+        if reference_value is not None and not (math.isfinite(reference_value)
+                                                and reference_value > 0):
+            raise ValueError("reference_value must be a positive metric value")
+        self.reference_value = reference_value
         self.negligible = math.log1p(self.settings.negligible_pct / 100.0)  # signed-log floor
         self.log_prior = self._log_prior(prior_weights)
         self._consumed: list[Observation] = []
@@ -138,10 +127,13 @@ class BisectStrategy(Strategy):
             return []
         in_flight = Counter(int(p) for p in pending)
         proposals: list[Proposal] = []
-        for segment in self.segments:
-            if not segment.active or len(proposals) >= k:
-                continue
-            proposals += self._propose_for(segment, in_flight, k - len(proposals))
+        for point in self.evidence.pending_points():  # a surprising reading: measure it again
+            if len(proposals) < k and in_flight[point] == 0:
+                in_flight[point] += 1
+                proposals.append(Proposal(point, self._phase_label(), "replicate a surprising "
+                                          "reading (an outlier or a new level)"))
+        if len(proposals) < k:
+            proposals += self._propose_work(in_flight, k - len(proposals))
         return proposals
 
     def verdict(self, observations: Sequence[Observation]) -> Verdict:
@@ -151,10 +143,20 @@ class BisectStrategy(Strategy):
     # ------------------------------------------------------------------------ state & replay
 
     def _reset(self) -> None:
-        self.evidence = Evidence(self.n, self.sign)
-        self.segments: list[Segment] = [Segment(0, self.n - 1)]
+        self.evidence = Evidence(self.n, self.sign, self.settings.outlier_k)
+        self.reproduction: Reproduction | None = None
+        self.reproduced_order = 0
+        self.first_forecast: int | None = None
+        self.outcome: str | None = None  # not_reproducible | reversed | inconclusive | budget
+        self.note = ""
+        self.retracted: str | None = None
+        self.stopped_early: str | None = None
+        self.stages: list[Stage] = []
+        self.reverify: list[Stage] = []
         self._consumed = []
-        self._posterior_cache: dict[tuple[int, int], tuple[int, RangePosterior]] = {}
+        self._post_cache: dict[int, tuple[int, StagePosterior]] = {}
+        self.far_forecasts: list[bool] = []
+        self.far_checked_at = -1
 
     def _sync(self, observations: Sequence[Observation]) -> None:
         done = len(self._consumed)
@@ -162,24 +164,12 @@ class BisectStrategy(Strategy):
             self._reset()
             done = 0
         for observation in observations[done:]:
-            self._note_fresh(observation)
+            epoch_before = self.evidence.latest_epoch
             self.evidence.add(observation)
             self._consumed.append(observation)
+            if self.evidence.latest_epoch != epoch_before:
+                self._new_epoch()
             self._advance()
-
-    def _note_fresh(self, observation: Observation) -> None:
-        """Keep the trials that arrive while their point is under head-to-head verification."""
-        if observation.value is None or observation.suspect or observation.value <= 0:
-            return
-        for segment in self.segments:
-            if not segment.active or not segment.reproduced or segment.fresh_pair is None:
-                continue
-            if observation.point in segment.fresh_pair and self.phase(segment) == "verify":
-                first, last, _ = self.posterior(segment).best_block()
-                if (first - 1, last) == segment.fresh_pair:
-                    segment.fresh[observation.point].append(
-                        self.evidence.signed_log(observation.value)
-                    )
 
     def _log_prior(self, prior_weights: Sequence[float] | None) -> np.ndarray:
         if prior_weights is None:
@@ -192,32 +182,64 @@ class BisectStrategy(Strategy):
         floored = np.maximum(weights, self.settings.prior_floor * weights[1:].max())
         return np.log(floored)
 
+    def _new_epoch(self) -> None:
+        """The node's system changed: culprits found on the old system are measured again."""
+        for stage in self.stages:
+            if stage.outcome == "found" and stage not in self.reverify:
+                self.reverify.append(stage)
+
+    def effective_min_effect(self) -> float | None:
+        """The smallest change that counts (signed log): the stated ``min_effect_pct``, or
+        half of the change from a reference run's level to the bad endpoint's now."""
+        if self.min_effect is not None:
+            return self.min_effect
+        if self.reference_value is None:
+            return None
+        bad = self.evidence.values_at(self.n - 1)
+        shift = self.evidence.shift
+        if len(bad) < 2 or shift is None:
+            return None
+        expected = sum(bad) / len(bad) - (self.sign * math.log(self.reference_value) - shift)
+        return 0.5 * expected if expected > 2.0 * self.negligible else None
+
+    def found(self) -> list[Stage]:
+        return [s for s in self.stages if s.outcome == "found" and s.culprit is not None]
+
+    def current(self) -> Stage | None:
+        active = [s for s in self.stages if s.active]
+        return active[0] if active else None
+
     def _terminal_status(self) -> str | None:
-        top = self.segments[0]
-        if top.outcome in ("not_reproducible", "reversed", "inconclusive"):
-            return top.outcome
-        if all(not s.active for s in self.segments):
-            return "found"
-        if self.max_trials is not None and self.evidence.n_trials >= self.max_trials:
+        if self.outcome in ("not_reproducible", "reversed", "inconclusive"):
+            return self.outcome
+        if self.outcome == "budget_exhausted" or self.evidence.n_trials >= self.budget:
             return "budget_exhausted"
+        if self.reproduction is not None and self.found() and not self._has_work():
+            return "found"
         return None
 
-    def posterior(self, segment: Segment) -> RangePosterior:
-        key = (segment.lo, segment.hi)
-        cached = self._posterior_cache.get(key)
+    # ------------------------------------------------------------------------- posteriors
+
+    def stage_posterior(self, stage: Stage) -> StagePosterior:
+        cached = self._post_cache.get(stage.index)
         if cached is not None and cached[0] == self.evidence.version:
             return cached[1]
-        is_top = segment is self.segments[0]
-        result = range_posterior(
-            segment.lo,
-            segment.hi,
-            self.evidence.stats(segment.lo, segment.hi),
-            self.evidence.untestable_mask(segment.lo, segment.hi),
-            self.log_prior[segment.lo : segment.hi + 1],
-            step_scale=self._step_scale(),
-            null_prior=self.settings.null_prior_top if is_top else self.settings.null_prior_sub,
+        ev = self.evidence
+        points, values, blocks, epochs = ev.kept()
+        known = tuple(s.culprit.point for s in self.found() if s.index < stage.index
+                      or (s is not stage and s.outcome == "found"))
+        hyps = self.history.hypotheses
+        if known:
+            hyps = hyps[~np.isin(hyps, known)]
+        first = stage.index == 0
+        data = StageData(
+            points=points, values=values, blocks=blocks, epochs=epochs, known=known, hyps=hyps,
+            log_prior=self.log_prior[hyps],
+            null_prior=self.settings.null_prior_top if first else self.settings.null_prior_later,
+            g=self._step_scale() ** 2, one_sided=first, r_weights=ev.r_weights(),
         )
-        self._posterior_cache[key] = (self.evidence.version, result)
+        result = stage_posterior(self.history, data)
+        self._post_cache[stage.index] = (ev.version, result)
         return result
 
     def _step_scale(self) -> float:
@@ -226,139 +248,212 @@ class BisectStrategy(Strategy):
         sigma = self.evidence.sigma()
         if total is None or not math.isfinite(sigma) or sigma <= 0.0:
             return 4.0
-        return min(max(2.0 * abs(total.diff) / sigma, 1.0), 50.0)
+        biggest = abs(total.diff)
+        for stage in self.found():
+            if stage.culprit is not None and stage.culprit.effect_pct is not None:
+                biggest = max(biggest, abs(math.log1p(stage.culprit.effect_pct / 100.0)))
+        return min(max(2.0 * biggest / sigma, 1.0), 50.0)
+
+    def remainders(self) -> list[Remainder]:
+        return remainders(self, self.settings.verify_confidence)
 
     def expected_remaining(self) -> int | None:
-        """Forecast of the trials still needed (:mod:`forecast`) for the active ranges; None
-        while a range reproduces, when the noise is not yet measured, or when all is done."""
-        if self._terminal_status() is not None:
+        """Forecast of the trials still needed (:mod:`forecast`) for the current stage; None
+        while the endpoints reproduce, when the noise is not yet measured, or when done."""
+        if self._terminal_status() is not None or self.reproduction is None:
             return None
-        total = 0
-        for segment in self.segments:
-            if not segment.active:
-                continue
-            if segment.reproduction is None:
-                return None
-            spent = self.evidence.n_trials - segment.reproduction.at_trial
-            left = range_forecast(self.posterior(segment), self.evidence.sigma(), spent)
-            if left is None:
-                return None
-            total += left
-        return total
-
-    def phase(self, segment: Segment) -> str:
-        if not segment.reproduced:
-            return "reproduce"
-        post = self.posterior(segment)
-        if post.null_mass >= self.settings.confidence:
-            return "no_change"
-        _, _, mass = post.best_block()
-        return "verify" if mass >= self.settings.verify_handoff else "search"
+        stage = self.current()
+        if stage is None:
+            return None
+        return stage_forecast(self, stage)
 
     # ------------------------------------------------------------------------- transitions
 
     def _advance(self) -> None:
-        changed = True
-        while changed:
-            changed = False
-            for segment in list(self.segments):
-                if segment.active and self._step(segment):
-                    changed = True
+        for _ in range(2 * self.settings.max_culprits + 4):
+            if not self._step():
+                return
 
-    def _step(self, segment: Segment) -> bool:
-        """Apply at most one sticky transition to ``segment``; True if one happened."""
-        is_top = segment is self.segments[0]
-        spent = self.evidence.n_trials - segment.opened_at
-        if not is_top and spent >= self.settings.subrange_max_trials:
-            segment.outcome = "no_change"
-            segment.note = "unresolved: the trial allowance for this sub-range ran out"
+    def _step(self) -> bool:
+        """Apply at most one sticky transition; True if one happened."""
+        if (self.outcome is None and self.evidence.n_trials >= self.budget
+                and self.reproduction is not None and not self.found() and not confirmed(self)):
+            # The same reading as the early stop's (bisect_audit.too_costly): a reproduction
+            # that the repeated looks never confirmed is a fluke until shown otherwise, and a
+            # spent budget must not leave it standing as "budget exhausted" behind a search.
+            self.withdraw(f"it is not confirmed beyond the luck of repeated looks, and the "
+                          f"budget of {self.budget} trials is spent")
             return True
-        if not segment.reproduced:
-            return check_reproduced(self, segment)
-        why = refuted(self, segment) if is_top else None
-        if why is not None:
-            segment.outcome = "not_reproducible"
-            segment.note = f"the endpoints' change did not hold up: {why}"
-            return True
-        phase = self.phase(segment)
-        if phase == "no_change":
-            segment.outcome = "not_reproducible" if is_top else "no_change"
-            segment.note = "no commit in the range explains a change"
-            return True
-        if phase != "verify":
+        if self._terminal_status() is not None:
             return False
-        return check_verified(self, segment)
+        cfg = self.settings
+        if self.reproduction is None:
+            return check_reproduced(self)
+        if not self.found():
+            why = refuted(self)
+            if why is not None:
+                self.withdraw(why)
+                return True
+        for stage in list(self.reverify):
+            if check_reverified(self, stage):
+                self.reverify.remove(stage)
+                return True
+        if not self.stages:
+            self.stages.append(Stage(0, self.evidence.n_trials))
+            self.first_forecast = stage_forecast(self, self.stages[0])
+            return True
+        stage = self.current()
+        if stage is None:
+            return False
+        if too_costly(self, stage):
+            return True
+        post = self.stage_posterior(stage)
+        if stage.index == 0:
+            if post.null_mass >= cfg.confidence:
+                self.withdraw("no commit in the range explains a change")
+                return True
+        else:
+            if not signalled(self):
+                return False
+            if self.evidence.n_trials - stage.opened_at >= cfg.later_max_trials:
+                stage.outcome = "spread"
+                return True
+        if self.phase(stage) != "verify":
+            return False
+        target = verify_target(self, stage)
+        pair = (target[0], *target[1])
+        if stage.verify_pair != pair:  # a new head-to-head: its trials count from now
+            stage.verify_pair, stage.verify_since = pair, self.evidence.n_trials
+        if stage.index > 0:
+            culprit, _, _ = verify_target(self, stage)
+            stage.sign = float(post.step_sign[np.flatnonzero(post.hyps == culprit)[0]])
+        elif not confirmed(self):
+            return False  # the first culprit waits until the change is confirmed beyond luck
+        if check_verified(self, stage):
+            if len(self.found()) < cfg.max_culprits:
+                self.stages.append(Stage(len(self.stages), self.evidence.n_trials))
+            return True
+        return False
+
+    def withdraw(self, why: str) -> None:
+        self.outcome = "not_reproducible"
+        self.note = why
+        if self.reproduction is not None:
+            pct = self.evidence.to_pct(self.reproduction.diff)
+            self.retracted = (f"the change that seemed to reproduce after "
+                              f"{self.reproduction.at_trial} trials ({pct:+.1f}%) did not hold "
+                              f"up: {why}")
 
     # ---------------------------------------------------------------------------- proposals
 
-    def _propose_for(self, segment: Segment, in_flight: Counter, slots: int) -> list[Proposal]:
-        phase = self.phase(segment)
-        if phase == "reproduce":
-            return self._alternate(segment, segment.lo, segment.hi, in_flight, slots, phase)
-        if phase == "verify":
-            parent, culprit, counts, target = verify_plan(self, segment)
-            if min(counts.values()) >= target:  # undecided: one more pair per call
-                target = min(counts.values()) + 1
-            return self._alternate(segment, parent, culprit, in_flight, slots, phase,
-                                   counts=counts, cap=target)
-        return self._search(segment, in_flight, slots)
+    def phase(self, stage: Stage) -> str:
+        if self.reproduction is None:
+            return "reproduce"
+        if stage.index > 0 and not signalled(self):
+            return "measure"
+        _, _, mass = verify_target(self, stage)
+        return "verify" if mass >= self.settings.verify_handoff else "search"
+
+    def _phase_label(self) -> str:
+        stage = self.current()
+        if self.reproduction is None or stage is None:
+            return "reproduce" if self.reproduction is None else "verify"
+        phase = self.phase(stage)
+        return "search" if phase == "measure" else phase
+
+    def _has_work(self) -> bool:
+        """Does anything still want trials (used to tell "found" from "still working")?"""
+        if self.reverify or self.evidence.pending_points():
+            return True
+        stage = self.current()
+        if stage is None:
+            return False
+        if stage.index > 0 and self.phase(stage) == "measure":
+            return bool(suggestive_points(self))
+        return True
+
+    def _propose_work(self, in_flight: Counter, slots: int) -> list[Proposal]:
+        ev, cfg = self.evidence, self.settings
+        good, bad = 0, self.n - 1
+        if self.reproduction is None:
+            cap = cfg.reproduce_max_per_endpoint + cfg.endpoint_max_failures
+            return self._alternate((good, bad), in_flight, slots, "reproduce", cap,
+                                   ("good endpoint", "bad endpoint"))
+        proposals: list[Proposal] = []
+        for stage in self.reverify:
+            culprit = stage.culprit
+            assert culprit is not None
+            sides = (*culprit.parents, culprit.point)
+            latest = ev.latest_epoch
+            need = [p for p in sides if ev.epoch_count(p, latest) + in_flight[p]
+                    < cfg.verify_min_per_side]
+            if need:
+                proposals += self._alternate(sides, in_flight, slots - len(proposals), "verify",
+                                             None, None)
+        audit = audit_point(self, in_flight) if len(proposals) < slots else None
+        if audit is not None:
+            in_flight[audit] += 1
+            name = "good" if audit == good else "bad"
+            proposals.append(Proposal(audit, "search", f"{name} endpoint, audit of the "
+                                      "reproduction"))
+        stage = self.current()
+        if stage is None or len(proposals) >= slots:
+            return proposals
+        phase = self.phase(stage)
+        left = slots - len(proposals)
+        if phase == "verify" and stage.index == 0 and not confirmed(self) and \
+                ready_but_unconfirmed(self, stage):
+            proposals += self._alternate((good, bad), in_flight, left, "verify", None,
+                                         ("good endpoint, to confirm the change",
+                                          "bad endpoint, to confirm the change"))
+        elif phase == "verify":
+            culprit, parents, _ = verify_target(self, stage)
+            sides = (*parents, culprit)
+            # Interleave by the head-to-head's own trials, not by all trials: a side the
+            # search measured often must not be left out while the other catches up.
+            since = stage.verify_since if stage.verify_pair == (culprit, *parents) else \
+                ev.n_trials
+            fresh = {p: len(ev.values_since(p, since)) for p in sides}
+            cap = max(min(fresh[p] + in_flight[p] for p in sides) + 1, cfg.verify_fresh_per_side)
+            labels = tuple(f"parent of the culprit {culprit}" for _ in parents) + ("culprit",)
+            proposals += self._alternate(sides, in_flight, left, "verify", cap, labels, fresh)
+        elif phase == "measure":
+            for point in suggestive_points(self):
+                if len(proposals) < slots and in_flight[point] == 0:
+                    in_flight[point] += 1
+                    proposals.append(Proposal(point, "search", "an anchor of an unexplained "
+                                              "part of the change"))
+        else:
+            proposals += self.search_points(stage, in_flight, left)
+        return proposals
+
+    def search_points(self, stage: Stage, in_flight: Counter, slots: int) -> list[Proposal]:
+        """Where the search measures next (:mod:`bisect_search`); a seam for references."""
+        return search_points(self, stage, in_flight, slots)
 
     def _alternate(
         self,
-        segment: Segment,
-        a: int,
-        b: int,
+        sides: Sequence[int],
         in_flight: Counter,
         slots: int,
         phase: str,
+        cap: int | None,
+        labels: Sequence[str] | None,
         counts: dict[int, int] | None = None,
-        cap: int | None = None,
     ) -> list[Proposal]:
-        """Interleave two points (good side first), keeping their trial counts balanced.
-
-        Reproduction fills every slot (its length is unknown in advance); verification asks
-        only for the trials its ``cap`` still needs.
-        """
-        ev, cfg = self.evidence, self.settings
+        """Interleave points (the first first), keeping their trial counts (or ``counts``)
+        balanced."""
+        ev = self.evidence
         if counts is None:
-            counts = {p: ev.count(p) + int(ev.failures[p]) for p in (a, b)}
-        if cap is None:
-            is_top = segment is self.segments[0]
-            cap = cfg.reproduce_max_per_endpoint if is_top else cfg.subrange_max_per_endpoint
-            cap += cfg.endpoint_max_failures
-        planned = {p: counts[p] + in_flight[p] for p in (a, b)}
+            counts = {p: ev.count(p) + int(ev.failures[p]) for p in sides}
+        planned = {p: counts[p] + in_flight[p] for p in sides}
         proposals: list[Proposal] = []
         while len(proposals) < slots:
-            point = a if planned[a] <= planned[b] else b
-            if planned[point] >= cap:
-                point = b if point == a else a
-                if planned[point] >= cap:
-                    break
+            point = min(sides, key=lambda p: (planned[p], sides.index(p)))
+            if cap is not None and planned[point] >= cap:
+                break
             planned[point] += 1
             in_flight[point] += 1
-            role = "good endpoint" if point == a else "bad endpoint"
-            if phase == "verify":
-                role = "parent of the culprit" if point == a else "culprit"
-            proposals.append(Proposal(point, phase, f"{role} ({planned[point]} trials)"))
-        return proposals
-
-    def _search(self, segment: Segment, in_flight: Counter, slots: int) -> list[Proposal]:
-        ev = self.evidence
-        post = self.posterior(segment)
-        # Endpoints are candidates too: re-measuring them pins down the levels and is what tells
-        # "no change" from "a step right next to an endpoint".
-        points = np.arange(segment.lo, segment.hi + 1)
-        usable = points[~ev.untestable_mask(segment.lo, segment.hi)]
-        if in_flight:
-            usable = usable[~np.isin(usable, [p for p, c in in_flight.items() if c > 0])]
-        flying = [p for p, c in in_flight.items() if c > 0 for _ in range(c)]
-        step = ev.compare(segment.lo, segment.hi, 0.5)
-        error = channel_error(step.diff if step else math.nan, ev.sigma())
-        chosen = choose_points(post, usable.astype(np.int64), flying, slots, error)
-        cdf = post.cdf()
-        proposals = []
-        for point in chosen:
-            in_flight[point] += 1
-            reason = f"P(first bad <= {point}) = {cdf[point - segment.lo]:.2f}"
-            proposals.append(Proposal(point, "search", reason))
+            label = labels[sides.index(point)] if labels else f"point {point}"
+            proposals.append(Proposal(point, phase, f"{label} ({planned[point]} trials)"))
         return proposals

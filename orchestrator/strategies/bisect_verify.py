@@ -1,123 +1,172 @@
-"""Verify phase of the bisect strategy: the culprit against its parent, head to head.
+"""Verify phase of the bisect strategy: the culprit against its parent(s), head to head.
 
-Once one commit (or a range hidden by untestable commits) holds ``verify_handoff`` of the
-posterior, the culprit and its parent are measured interleaved until an effect interval exists
-and the posterior holds ``confidence``. If the culprit explains clearly less than the change
-between the range's endpoints (estimate below ``explain_fraction`` of it and the interval of
-the gap excluding zero), the ranges on either side are searched again, as new ranges that must
-reproduce first: this finds several culprits without letting one misfit model blur them.
+Once one commit (or a block of commits hidden by untestable ones) holds ``verify_handoff`` of a
+stage's posterior, the culprit and its parents are measured interleaved until each side has
+``verify_min_per_side`` kept trials (``verify_fresh_per_side`` of them from the head-to-head
+itself, interleaved in time) and the posterior holds ``confidence``. The parents are the
+real git parents on a graph (both of a merge), the previous testable commit on a chain.
+
+Interleaving makes the head-to-head robust to drift by design (a load step hits both sides),
+and so the answer is required to rest on it where the noise is not clean: when the level fit
+sees drift, or the node's system changed during the run, the step's interval must exclude zero
+in the stage's direction, and after a system change both sides need trials on the system as it
+is now (:func:`check_reverified` re-measures a culprit found before the change).
 
 Functions over a live :class:`~orchestrator.strategies.bisect.BisectStrategy`.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from typing import TYPE_CHECKING
 
-from scipy.stats import t as student_t
+import numpy as np
 
-from orchestrator.stats.effect import LogDifference, log_difference
 from orchestrator.strategies.base import Culprit
-from orchestrator.strategies.bisect_plan import Segment
+from orchestrator.strategies.bisect_plan import Stage
 
 if TYPE_CHECKING:
     from orchestrator.strategies.bisect import BisectStrategy
 
 
-def verify_plan(
-    strategy: BisectStrategy, segment: Segment
-) -> tuple[int, int, dict[int, int], int]:
-    """``(parent, culprit, counts, target)``: trials per side so far and the goal.
+def best_block(strategy: BisectStrategy, stage: Stage) -> tuple[list[int], float]:
+    """The likeliest culprit of a stage with the hypotheses it cannot be told apart from
+    (untestable commits between them), in order, and their posterior mass."""
+    post = strategy.stage_posterior(stage)
+    untestable = strategy.evidence.untestable_mask()
+    hyps = post.hyps
+    if strategy.history.linear:
+        # Hypotheses h and h + 1 share a block when point h is untestable.
+        joined = np.zeros(hyps.size, dtype=bool)
+        joined[1:] = (hyps[1:] == hyps[:-1] + 1) & untestable[hyps[:-1]]
+        block = np.cumsum(~joined) - 1
+        masses = np.bincount(block, weights=post.mass)
+        best = int(np.argmax(masses))
+        return hyps[block == best].tolist(), float(masses[best])
+    best, mass = post.best()
+    return [best], mass
 
-    Normally every trial at the two points counts. When the data say the culprit explains
-    clearly less than the range's change, only trials measured during verification count:
-    the search picked those points *because* their readings were ambiguous, so its trials
-    are biased towards a smaller step, and a split costs a whole new search.
-    """
+
+def verify_target(strategy: BisectStrategy, stage: Stage) -> tuple[int, tuple[int, ...], float]:
+    """``(culprit, parents, mass)`` for the head-to-head."""
+    members, mass = best_block(strategy, stage)
+    untestable = strategy.evidence.untestable_mask()
+    culprit = members[-1]
+    if strategy.history.linear:
+        parents = strategy.history.testable_parents(members[0], untestable)
+    else:
+        parents = tuple(p for p in strategy.history.parents[culprit] if not untestable[p])
+        parents = parents or (0,)
+    return culprit, parents, mass
+
+
+def _needs_step(strategy: BisectStrategy) -> bool:
+    """Is the noise unclean enough that the head-to-head must show the step by itself?"""
+    ev = strategy.evidence
+    return ev.drift_weight() > strategy.settings.drift_requires_step or len(ev.epochs_seen) > 1
+
+
+def step_effect(strategy: BisectStrategy, culprit: int, parent: int, confidence: float):
+    return strategy.evidence.compare(parent, culprit, confidence)
+
+
+def check_verified(strategy: BisectStrategy, stage: Stage) -> bool:
+    """Accept the stage's culprit once the posterior holds ``confidence`` and the head-to-head
+    trials suffice. True if accepted."""
     ev, cfg = strategy.evidence, strategy.settings
-    first, last, _ = strategy.posterior(segment).best_block()
-    parent, culprit = first - 1, last
-    if segment.fresh_pair != (parent, culprit):
-        segment.fresh_pair, segment.fresh = (parent, culprit), {parent: [], culprit: []}
-    fresh = {p: len(segment.fresh[p]) for p in (parent, culprit)}
-    if min(fresh.values()) < cfg.verify_fresh_per_side:
-        return parent, culprit, fresh, cfg.verify_fresh_per_side
-    if suspect_partial(strategy, segment, parent, culprit):
-        return parent, culprit, fresh, cfg.verify_split_min_per_side
-    counts = {p: ev.count(p) for p in (parent, culprit)}
-    return parent, culprit, counts, cfg.verify_min_per_side
-
-
-def gap_excludes_zero(
-    strategy: BisectStrategy, step: LogDifference, total: LogDifference
-) -> bool:
-    """Does the interval of ``total - step`` exclude zero (the culprit explains less)?"""
-    gap_se = math.hypot(total.se, step.se)
-    df = max(min(total.df, step.df), 1.0)
-    t_crit = float(student_t.ppf(0.5 + strategy.settings.verify_confidence / 2.0, df))
-    return total.diff - step.diff - t_crit * gap_se > 0.0
-
-
-def suspect_partial(strategy: BisectStrategy, segment: Segment, parent: int, culprit: int) -> bool:
-    """All trials so far hint that the culprit explains only part of the range's change:
-    below ``explain_fraction`` of it with the gap interval excluding zero, or below half."""
-    if (parent, culprit) == (segment.lo, segment.hi):
+    culprit, parents, mass = verify_target(strategy, stage)
+    if mass < cfg.confidence:
         return False
-    ev, cfg = strategy.evidence, strategy.settings
-    if min(ev.count(parent), ev.count(culprit)) < cfg.verify_min_per_side:
+    sides = (culprit, *parents)
+    if min(ev.count(p) for p in sides) < cfg.verify_min_per_side:
         return False
-    step = ev.compare(parent, culprit, cfg.verify_confidence)
-    total = ev.compare(segment.lo, segment.hi, cfg.verify_confidence)
-    assert step is not None and total is not None
-    if total.diff <= 0 or step.diff >= cfg.explain_fraction * total.diff:
+    since = stage.verify_since if stage.verify_pair == (culprit, *parents) else ev.n_trials
+    if min(len(ev.values_since(p, since)) for p in sides) < cfg.verify_fresh_per_side:
         return False
-    return step.diff < 0.5 * total.diff or gap_excludes_zero(strategy, step, total)
-
-
-def check_verified(strategy: BisectStrategy, segment: Segment) -> bool:
-    """Accept the culprit once the posterior holds ``confidence`` and the head-to-head trials
-    suffice; open the side ranges when it explains only part of the change. True if accepted."""
-    ev, cfg = strategy.evidence, strategy.settings
-    _, _, mass = strategy.posterior(segment).best_block()
-    parent, culprit, counts, target = verify_plan(strategy, segment)
-    if min(counts.values()) < target or mass < cfg.confidence:
+    latest = ev.latest_epoch
+    if len(ev.epochs_seen) > 1 and min(ev.epoch_count(p, latest) for p in sides) < \
+            cfg.verify_min_per_side:
         return False
-    step = ev.compare(parent, culprit, cfg.verify_confidence)
-    total = ev.compare(segment.lo, segment.hi, cfg.verify_confidence)
-    assert step is not None and total is not None
-    partial = False
-    if suspect_partial(strategy, segment, parent, culprit):
-        extra_ss, extra_df = ev.pooled_within()
-        fresh = log_difference(
-            segment.fresh[parent], segment.fresh[culprit], cfg.verify_confidence,
-            extra_ss, extra_df,
-        )
-        if fresh.diff < cfg.explain_fraction * total.diff and gap_excludes_zero(
-            strategy, fresh, total
-        ):
-            partial = True
-        elif min(counts.values()) < cfg.verify_max_per_side:
-            return False  # undecided: more head-to-head trials
-    explained = step.diff / total.diff if total.diff > 0 else math.nan
-    segment.outcome = "found"
-    segment.culprit = Culprit(
+    step = step_effect(strategy, culprit, parents[0], cfg.verify_confidence)
+    if step is None:
+        return False
+    sign = stage.sign if stage.index > 0 else 1.0
+    shown = step.lo > 0.0 if sign > 0 else step.hi < 0.0  # the step's interval clears zero
+    if _needs_step(strategy) and not shown:
+        return False
+    members, _ = best_block(strategy, stage)
+    total = ev.compare(0, strategy.n - 1, cfg.verify_confidence)
+    explained = explained_ci = None
+    if total is not None and total.diff > 0 and math.isfinite(total.lo) and total.lo > 0:
+        explained = step.diff / total.diff
+        explained_ci = (step.lo / total.hi, step.hi / total.lo)
+    now = latest_step(strategy, culprit, parents[0]) if len(ev.epochs_seen) > 1 else None
+    stage.outcome = "found"
+    stage.verified_epoch = latest
+    stage.culprit = Culprit(
         point=culprit,
         probability=mass,
-        range=(parent, culprit) if culprit - parent > 1 else None,
+        range=(members[0] - 1, culprit) if strategy.history.linear and len(members) > 1 else None,
         effect_pct=ev.to_pct(step.diff),
         effect_ci=ev.ci_pct(step.lo, step.hi),
         explained=explained,
+        parents=parents,
+        explained_ci=explained_ci,
+        latest_effect_pct=now[0] if now else None,
+        latest_effect_ci=now[1] if now else None,
     )
-    if partial:
-        unexplained = total.diff - step.diff
-        if parent > segment.lo:
-            strategy.segments.append(
-                Segment(segment.lo, parent, target=unexplained, opened_at=ev.n_trials)
-            )
-        if segment.hi > culprit:
-            strategy.segments.append(
-                Segment(culprit, segment.hi, target=unexplained, opened_at=ev.n_trials)
-            )
-        segment.note = "partial"
+    return True
+
+
+def latest_step(strategy: BisectStrategy, culprit: int, parent: int
+                ) -> tuple[float, tuple[float, float]]:
+    """The step measured on the system as it is now (the latest epoch's trials only)."""
+    ev, cfg = strategy.evidence, strategy.settings
+    latest = ev.latest_epoch
+    now = ev.pooled_difference(ev.values_in_epoch(parent, latest),
+                               ev.values_in_epoch(culprit, latest), cfg.verify_confidence)
+    return ev.to_pct(now.diff), ev.ci_pct(now.lo, now.hi)
+
+
+def current_culprit(strategy: BisectStrategy, stage: Stage) -> Culprit:
+    """The stage's culprit with its step and share re-read from all the trials so far (trials
+    keep arriving after a culprit is accepted: the next stage's, those in flight), so that the
+    steps and the remainders of one verdict come from one fit and add up."""
+    culprit = stage.culprit
+    assert culprit is not None
+    ev, cfg = strategy.evidence, strategy.settings
+    step = step_effect(strategy, culprit.point, culprit.parents[0], cfg.verify_confidence)
+    if step is None:
+        return culprit
+    total = ev.compare(0, strategy.n - 1, cfg.verify_confidence)
+    explained = explained_ci = None
+    if total is not None and total.diff > 0 and math.isfinite(total.lo) and total.lo > 0:
+        explained = step.diff / total.diff
+        explained_ci = (step.lo / total.hi, step.hi / total.lo)
+    return dataclasses.replace(culprit, effect_pct=ev.to_pct(step.diff),
+                               effect_ci=ev.ci_pct(step.lo, step.hi), explained=explained,
+                               explained_ci=explained_ci)
+
+
+def check_reverified(strategy: BisectStrategy, stage: Stage) -> bool:
+    """A culprit found before a system change, measured again on the system as it is now:
+    once both sides have ``verify_min_per_side`` trials in the latest epoch, the step there is
+    recorded beside the pooled one. True when done."""
+    ev, cfg = strategy.evidence, strategy.settings
+    culprit = stage.culprit
+    assert culprit is not None
+    latest = ev.latest_epoch
+    sides = (culprit.point, *culprit.parents)
+    if min(ev.epoch_count(p, latest) for p in sides) < cfg.verify_min_per_side:
+        return False
+    parent = culprit.parents[0]
+    now_pct, now_ci = latest_step(strategy, culprit.point, parent)
+    pooled = step_effect(strategy, culprit.point, parent, cfg.verify_confidence)
+    changes = {"latest_effect_pct": now_pct, "latest_effect_ci": now_ci}
+    if pooled is not None:
+        changes |= {"effect_pct": ev.to_pct(pooled.diff),
+                    "effect_ci": ev.ci_pct(pooled.lo, pooled.hi)}
+    stage.culprit = dataclasses.replace(culprit, **changes)
+    stage.verified_epoch = latest
     return True

@@ -1,38 +1,70 @@
-"""Per-point bookkeeping of trial results for the bisection strategy.
+"""Everything the bisection has measured, trial by trial, and what it makes of it.
 
 Values are kept on the *signed log scale*: ``log(value)`` when the regression is an increase
 (latency), ``-log(value)`` when it is a decrease (throughput), so "bad" is always "higher" and one
 restart-level sigma fits every point (multiplicative noise). They are shifted by the first value
 seen so that sums of squares stay precise; differences and variances do not care.
+
+Each trial keeps its order, its system epoch and its time block, and a status: kept, an
+outlier, or a pending surprise (:mod:`bisect_outliers`); only kept trials enter a likelihood,
+and the others stay listed. Comparisons between points go through one level fit that is robust
+to drift and to system changes (:mod:`bisect_levels`); with clean data it is the plain
+pooled-variance t-interval.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import numpy as np
 
 from orchestrator.stats.effect import LogDifference, log_difference
 from orchestrator.strategies.base import Observation
+from orchestrator.strategies.bisect_levels import LevelFit, fit_levels
+from orchestrator.strategies.bisect_outliers import KEPT, OUTLIER, PENDING, flag_trials
 from orchestrator.strategies.posterior import PointStats
+
+BLOCK_TRIALS = 6  # trials per drift block (a load step of 30 trials spans five)
+
+
+@dataclass(frozen=True)
+class FlaggedTrial:
+    """A measured trial left out of the likelihood, and why."""
+
+    index: int  # position among the strategy's observations
+    trial_id: int | None
+    point: int
+    status: str  # "outlier" | "pending"
+    ratio: float  # its reading over its commit's (or the nearest) level, raw metric units
 
 
 class Evidence:
-    """Everything learned so far, indexed by point; fed one observation at a time."""
+    """Everything learned so far, indexed by trial; fed one observation at a time."""
 
-    def __init__(self, n: int, sign: float) -> None:
+    def __init__(self, n: int, sign: float, outlier_k: float = 4.5) -> None:
         self.n = n
         self.sign = sign
-        self.values: list[list[float]] = [[] for _ in range(n)]
-        self.counts = np.zeros(n)
-        self.sums = np.zeros(n)
-        self.squares = np.zeros(n)
+        self.outlier_k = outlier_k
         self.failures = np.zeros(n, dtype=np.int64)
         self.n_trials = 0
         self.n_suspect = 0
         self.version = 0  # bumped on every change that can move a posterior
         self._shift: float | None = None
+        self._points: list[int] = []
+        self._values: list[float] = []
+        self._epochs: list[int] = []
+        self._orders: list[int] = []
+        self._ids: list[int | None] = []
+        self._cache: dict[str, object] = {}
+        self._cache_version = -1
+
+    # ------------------------------------------------------------------------------ input
+
+    @property
+    def shift(self) -> float | None:
+        return self._shift
 
     def signed_log(self, value: float) -> float:
         """A raw trial value on the shifted signed log scale used everywhere here."""
@@ -45,6 +77,7 @@ class Evidence:
         point = observation.point
         if not 0 <= point < self.n:
             raise ValueError(f"observation point {point} outside 0..{self.n - 1}")
+        order = self.n_trials
         self.n_trials += 1
         if observation.value is None:
             self.failures[point] += 1
@@ -58,55 +91,202 @@ class Evidence:
             raise ValueError(
                 f"trial value {value!r} at point {point}: the metric must be positive and finite"
             )
-        shifted = self.signed_log(value)
-        self.values[point].append(shifted)
-        self.counts[point] += 1
-        self.sums[point] += shifted
-        self.squares[point] += shifted * shifted
+        self._points.append(point)
+        self._values.append(self.signed_log(value))
+        self._epochs.append(int(getattr(observation, "epoch", 0) or 0))
+        self._orders.append(order)
+        self._ids.append(observation.trial_id)
         self.version += 1
 
+    # ------------------------------------------------------------------------- derived
+
+    def _cached(self, key: str, build):
+        if self._cache_version != self.version:
+            self._cache = {}
+            self._cache_version = self.version
+        if key not in self._cache:
+            self._cache[key] = build()
+        return self._cache[key]
+
+    def _arrays(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        def build():
+            return (np.asarray(self._points, dtype=np.int64),
+                    np.asarray(self._values, dtype=float),
+                    np.asarray(self._epochs, dtype=np.int64),
+                    np.asarray(self._orders, dtype=np.int64))
+        return self._cached("arrays", build)
+
+    def status(self) -> np.ndarray:
+        """Per measured trial: KEPT, OUTLIER or PENDING."""
+        def build():
+            points, values, _, _ = self._arrays()
+            status, _ = flag_trials(points, values, self.outlier_k)
+            return status
+        return self._cached("status", build)
+
+    def kept(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """Points, values, time blocks and epochs of the kept trials."""
+        def build():
+            points, values, epochs, orders = self._arrays()
+            keep = self.status() == KEPT
+            blocks = epochs * 1_000_000 + orders // BLOCK_TRIALS
+            return points[keep], values[keep], blocks[keep], epochs[keep]
+        return self._cached("kept", build)
+
+    def point_stats(self) -> PointStats:
+        def build():
+            points, values, _, _ = self.kept()
+            return PointStats(
+                np.bincount(points, minlength=self.n).astype(float),
+                np.bincount(points, weights=values, minlength=self.n),
+                np.bincount(points, weights=values**2, minlength=self.n),
+            )
+        return self._cached("stats", build)
+
+    def levels(self) -> LevelFit | None:
+        def build():
+            points, values, blocks, epochs = self.kept()
+            return fit_levels(points, values, blocks, epochs)
+        return self._cached("levels", build)
+
+    # ----------------------------------------------------------------------------- queries
+
+    @property
+    def counts(self) -> np.ndarray:
+        return self.point_stats().counts
+
     def count(self, point: int) -> int:
-        return len(self.values[point])
+        return int(self.point_stats().counts[point])
+
+    def values_at(self, point: int) -> list[float]:
+        """Kept values at a point, in trial order."""
+        points, values, _, _ = self.kept()
+        return values[points == point].tolist()
+
+    def values_since(self, point: int, order: int) -> list[float]:
+        """Kept values at a point from trials at or after observation ``order``."""
+        points, values, _, _ = self.kept()
+        return values[(points == point) & (self.kept_orders() >= order)].tolist()
+
+    def kept_orders(self) -> np.ndarray:
+        def build():
+            _, _, _, orders = self._arrays()
+            return orders[self.status() == KEPT]
+        return self._cached("kept_orders", build)
+
+    def values_in_epoch(self, point: int, epoch: int) -> list[float]:
+        points, values, _, epochs = self.kept()
+        return values[(points == point) & (epochs == epoch)].tolist()
+
+    def epoch_count(self, point: int, epoch: int) -> int:
+        points, _, _, epochs = self.kept()
+        return int(((points == point) & (epochs == epoch)).sum())
+
+    @property
+    def latest_epoch(self) -> int:
+        return max(self._epochs) if self._epochs else 0
+
+    @property
+    def epochs_seen(self) -> list[int]:
+        return sorted(set(self._epochs))
+
+    def first_trial_of_epoch(self, epoch: int) -> int | None:
+        """The first measured trial of an epoch: its trial id, else its position."""
+        for order, e, trial_id in zip(self._orders, self._epochs, self._ids, strict=True):
+            if e == epoch:
+                return trial_id if trial_id is not None else order
+        return None
 
     def untestable(self, point: int) -> bool:
         """Failed to run and never measured: skipped like ``git bisect skip``."""
-        return bool(self.failures[point] > 0 and self.counts[point] == 0)
+        return bool(self.failures[point] > 0 and point not in set(self._points))
 
-    def untestable_mask(self, lo: int, hi: int) -> np.ndarray:
-        return (self.failures[lo : hi + 1] > 0) & (self.counts[lo : hi + 1] == 0)
+    def untestable_mask(self, lo: int = 0, hi: int | None = None) -> np.ndarray:
+        hi = self.n - 1 if hi is None else hi
+        measured = np.bincount(np.asarray(self._points, dtype=np.int64), minlength=self.n) > 0
+        return (self.failures[lo : hi + 1] > 0) & ~measured[lo : hi + 1]
 
     def stats(self, lo: int, hi: int) -> PointStats:
-        return PointStats(
-            self.counts[lo : hi + 1].copy(),
-            self.sums[lo : hi + 1].copy(),
-            self.squares[lo : hi + 1].copy(),
-        )
+        s = self.point_stats()
+        return PointStats(s.counts[lo : hi + 1].copy(), s.sums[lo : hi + 1].copy(),
+                          s.squares[lo : hi + 1].copy())
 
-    def pooled_within(self, exclude: Sequence[int] = ()) -> tuple[float, int]:
-        """Within-point sum of squares and degrees of freedom over all points but ``exclude``.
+    def pending_points(self) -> list[int]:
+        points, _, _, _ = self._arrays()
+        return sorted(set(points[self.status() == PENDING].tolist()))
 
-        Replicates at one point differ only by restart-level noise, whatever the number of
-        culprits, so this variance estimate stays honest when the change-point model does not.
-        """
-        replicated = self.counts >= 2
-        for point in exclude:
-            replicated[point] = False
-        counts = self.counts[replicated]
-        ss = self.squares[replicated] - self.sums[replicated] ** 2 / counts
-        return float(np.maximum(ss, 0.0).sum()), int((counts - 1).sum())
-
-    def compare(self, before: int, after: int, confidence: float) -> LogDifference | None:
-        """Signed log difference ``after - before`` with a pooled-variance interval."""
-        if not self.values[before] or not self.values[after]:
-            return None
-        extra_ss, extra_df = self.pooled_within(exclude=(before, after))
-        return log_difference(
-            self.values[before], self.values[after], confidence, extra_ss, extra_df
-        )
+    def flagged(self) -> list[FlaggedTrial]:
+        """Every measured trial left out as an outlier or a pending surprise."""
+        points, values, _, orders = self._arrays()
+        status = self.status()
+        kept = status == KEPT
+        out = []
+        for i in np.flatnonzero(~kept):
+            point = int(points[i])
+            same = kept & (points == point)
+            level = float(np.median(values[same])) if same.any() else float(
+                np.median(values[kept])) if kept.any() else float(values[i])
+            ratio = math.exp(self.sign * (float(values[i]) - level))
+            name = "outlier" if status[i] == OUTLIER else "pending"
+            out.append(FlaggedTrial(int(orders[i]), self._ids[i], point, name, ratio))
+        return out
 
     def sigma(self) -> float:
-        ss, df = self.pooled_within()
-        return math.sqrt(ss / df) if df > 0 else math.nan
+        fit = self.levels()
+        if fit is not None and math.isfinite(fit.sigma):
+            return fit.sigma
+        return math.nan
+
+    def drift_weight(self) -> float:
+        fit = self.levels()
+        return fit.drift_weight if fit is not None else 0.0
+
+    def r_weights(self) -> tuple[tuple[float, float], ...]:
+        """The drift grid's weights for the change-point posterior: no drift unless the level
+        fit finds drift more likely than not (clean data then keep the plain posterior)."""
+        fit = self.levels()
+        if fit is None or fit.drift_weight <= 0.5:
+            return ((0.0, 1.0),)
+        return fit.r_weights
+
+    def compare(self, before: int, after: int, confidence: float) -> LogDifference | None:
+        """Signed log difference ``after - before`` with an interval from the level fit; a
+        point measured once is compared through its reading and the fit's noise."""
+        return self.contrast({after: 1.0, before: -1.0}, confidence)
+
+    def contrast(self, weights: dict[int, float], confidence: float) -> LogDifference | None:
+        if any(self.count(p) == 0 for p in weights):
+            return None
+        fit = self.levels()
+        if fit is not None:
+            exact = fit.contrast(weights, confidence)
+            if exact is not None:
+                return exact
+        # Some point is measured once (or nothing is replicated): plain means, fitted noise.
+        points, values, _, _ = self.kept()
+        est = 0.0
+        var_units = 0.0
+        for point, w in weights.items():
+            vals = values[points == point]
+            est += w * float(vals.mean())
+            var_units += w * w / vals.size
+        sigma2 = fit.sigma2 if fit is not None else math.nan
+        df = fit.df if fit is not None else 0
+        if not math.isfinite(sigma2) or df <= 0:
+            return LogDifference(est, -math.inf, math.inf, math.inf, 0)
+        from scipy.stats import t as student_t
+
+        se = math.sqrt(sigma2 * var_units)
+        half = float(student_t.ppf(0.5 + confidence / 2.0, df)) * se
+        return LogDifference(est, est - half, est + half, se, df)
+
+    def pooled_difference(self, before: Sequence[float], after: Sequence[float],
+                          confidence: float) -> LogDifference:
+        """Two sets of values compared with the run's pooled restart noise."""
+        fit = self.levels()
+        if fit is None or fit.df <= 0:
+            return log_difference(before, after, confidence)
+        return log_difference(before, after, confidence, fit.sigma2 * fit.df, fit.df)
 
     def to_pct(self, signed_log: float) -> float:
         """A signed log difference as a percentage change of the raw metric."""

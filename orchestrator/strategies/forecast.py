@@ -19,10 +19,15 @@ the strategy.
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from orchestrator.strategies.posterior import RangePosterior
+
+if TYPE_CHECKING:
+    from orchestrator.strategies.bisect import BisectStrategy
+    from orchestrator.strategies.bisect_plan import Stage
 
 PER_BIT_NOISE = 11.6  # A: restarts per bit at d = 1, less the floor below
 PER_BIT_FLOOR = 0.76  # B: restarts per bit with no noise to speak of (misreadings aside)
@@ -87,3 +92,32 @@ def mean_squared_step(counts: np.ndarray, sums: np.ndarray, mass: np.ndarray,
         return None
     step2 = float(weights[usable] @ squared[usable]) / float(weights[usable].sum())
     return step2 if step2 > 0.0 else None
+
+
+def stage_forecast(strategy: BisectStrategy, stage: Stage) -> int | None:
+    """:func:`remaining_trials` for one search stage of the strategy.
+
+    The first stage on a chain reads the step from its posterior (:func:`range_forecast`); a
+    later stage, or one on a graph, takes the largest unexplained part of the change as its
+    step and its posterior's entropy as what is unknown."""
+    from orchestrator.strategies.bisect_search import chain_posterior
+
+    ev = strategy.evidence
+    sigma = ev.sigma()
+    if not math.isfinite(sigma) or sigma <= 0.0:
+        return None
+    spent = ev.n_trials - stage.opened_at
+    if stage.index == 0 and strategy.history.linear:
+        return range_forecast(chain_posterior(strategy, stage, with_data=True), sigma, spent)
+    post = strategy.stage_posterior(stage)
+    if stage.index == 0:
+        step = ev.compare(0, strategy.n - 1, 0.5)
+        size = abs(step.diff) if step is not None else math.nan
+    else:
+        rems = [abs(r.diff.diff) for r in strategy.remainders()]
+        size = max(rems) if rems else math.nan
+    probs = np.append(post.mass, post.null_mass)
+    probs = probs[probs > 0.0]
+    entropy = float(-(probs * np.log2(probs)).sum())
+    start_bits = math.log2(max(post.hyps.size, 1))
+    return remaining_trials(start_bits, entropy, size / sigma, spent)

@@ -76,14 +76,14 @@ def start_chain(
     if not order or key in strategy.chain_keys:
         return False
     strategy.chain_keys.add(key)
-    # One step per chain (no partial splits): further causes are found by the explain
+    # One step per chain (no later stages): further causes are found by the explain
     # checks' residual chains, and every step is verified both ways anyway.
     bisect = BisectStrategy(
         len(order) + 1,
         direction=strategy.direction,
         confidence=strategy.settings.search_confidence,
         min_effect_pct=strategy.log_to_pct(strategy.tolerance()),
-        settings=BisectSettings(explain_fraction=0.0),
+        settings=BisectSettings(max_culprits=1),
     )
     chain = Chain(base, order, origin, bisect, owner=owner)
     for observation in strategy.consumed:

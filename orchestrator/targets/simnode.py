@@ -75,6 +75,8 @@ class SimTarget(Target):
                  "--sim-time-scale", str(self.time_scale),
                  "--sim-noise-restart-cv", str(c["noise_restart_cv"]),
                  "--sim-noise-request-cv", str(c["noise_request_cv"]),
+                 "--sim-noise-outlier-rate", str(c.get("noise_outlier_rate", 0.0)),
+                 "--sim-noise-outlier-factor", str(c.get("noise_outlier_factor", 3.0)),
                  "--sim-load-seconds", str(c["load_seconds"]),
                  "--sim-gpu-state", str(self.gpu_state_path)]
         if self.node_packages_path.exists():

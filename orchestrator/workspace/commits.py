@@ -41,7 +41,10 @@ class CommitInfo:
     """One commit as the strategies and reports see it.
 
     `files` are the paths the commit changed relative to its first parent (for a merge: what
-    the merge brought into the branch), which is what `touches` filters on.
+    the merge brought into the branch), which is what `touches` filters on. `boundary`: not in
+    the range but the parent of a commit in it (a side branch forked before the good commit),
+    listed so that a culprit can be measured against its real parent; like every ancestor of
+    the good commit it is taken to be good.
     """
 
     sha: str
@@ -50,6 +53,7 @@ class CommitInfo:
     author: str
     date: str
     files: tuple[str, ...]
+    boundary: bool = False
 
     @property
     def short_sha(self) -> str:
@@ -130,3 +134,32 @@ def path_matches(path: str, pattern: str) -> bool:
 def touches_paths(files: Sequence[str], patterns: Sequence[str]) -> bool:
     """True if any of `files` lies under any of `patterns` (see `path_matches`)."""
     return any(path_matches(name, pattern) for name in files for pattern in patterns)
+
+
+def boundary_parents(commits: Sequence[CommitInfo]) -> list[str]:
+    """Parents of the listed commits that are not listed themselves, in first-seen order."""
+    listed = {c.sha for c in commits}
+    out: list[str] = []
+    for commit in commits[1:]:
+        for parent in commit.parents:
+            if parent not in listed and parent not in out:
+                out.append(parent)
+    return out
+
+
+def graph_order(commits: Sequence[CommitInfo], boundary: Sequence[CommitInfo]
+                ) -> list[CommitInfo]:
+    """The full-graph bisect's points: the good commit, then the boundary parents (marked),
+    then the range in topological order; the bad commit stays last."""
+    marked = [CommitInfo(**{**c.__dict__, "boundary": True}) for c in boundary]
+    return [commits[0], *marked, *commits[1:]]
+
+
+def parent_points(commits: Sequence[CommitInfo]) -> tuple[list[tuple[int, ...]], list[int]]:
+    """Each point's parents as earlier points (parents outside the list dropped), and the
+    points taken to be good (the good commit and the boundary parents)."""
+    index = {c.sha: i for i, c in enumerate(commits)}
+    parents = [tuple(index[p] for p in c.parents if p in index and index[p] < i)
+               for i, c in enumerate(commits)]
+    good = [0] + [i for i, c in enumerate(commits) if c.boundary]
+    return parents, good

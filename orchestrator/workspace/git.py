@@ -182,6 +182,10 @@ class Workspace:
             )
         return [*self._log("--no-walk", good_sha), *between]
 
+    def commit_infos(self, shas: Sequence[str]) -> list[CommitInfo]:
+        """The records of these commits, in the order given (no history walk)."""
+        return self._log("--no-walk=unsorted", *shas) if shas else []
+
     def _merge_bringing(self, good_sha: str, mainline: list[CommitInfo]) -> CommitInfo | None:
         """The first mainline commit that has `good` as an ancestor (the merge that brought it
         in); ancestry only grows along the first-parent chain, so a binary search finds it."""

@@ -280,12 +280,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     server = _bind(config, state, faults, log)
     threading.Thread(target=server.serve_forever, name="http", daemon=True).start()
     noise = Noise(
-        config.seed, config.noise_restart_cv, config.noise_request_cv, config.drift_pct_per_hour
+        config.seed, config.noise_restart_cv, config.noise_request_cv, config.drift_pct_per_hour,
+        config.noise_outlier_rate, config.noise_outlier_factor,
     )
     clock = LoadClock.from_launch(config.time_scale)  # what start-up took is part of the load
     costs = _load(config, env, gpu, effects, faults, log, clock)
     log.tp(f"sim: restart noise factor {noise.restart_factor:.4f} (seed {noise.seed}), "
            f"time scale {config.time_scale}", "debug")  # fmt: skip
+    if noise.outlier:
+        log.tp(f"sim: outlier restart: this launch runs {config.noise_outlier_factor:g}x slower")
     state.scheduler_info = {
         "max_total_num_tokens": MAX_TOTAL_NUM_TOKENS,
         "max_req_input_len": 262144 - 5,

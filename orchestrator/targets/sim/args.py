@@ -34,6 +34,8 @@ SIM_FLAGS: tuple[tuple[str, Any, Any, str], ...] = (
     ("noise-restart-cv", float, 0.02, "per-launch noise coefficient of variation"),
     ("noise-request-cv", float, 0.01, "per-forward-pass noise coefficient of variation"),
     ("drift-pct-per-hour", float, 0.0, "slow drift in %% per modeled hour"),
+    ("noise-outlier-rate", float, 0.0, "probability that a launch is an outlier restart"),
+    ("noise-outlier-factor", float, 3.0, "how much slower an outlier restart runs"),
     ("load-seconds", float, 20.0, "modeled model-loading time before the server is healthy"),
     ("fault", str, None, "fault spec, e.g. crash_after:3 or degrade:5,never_ready"),
     ("sglang-version", str, DEFAULT_VERSION, "SGLang release to imitate: 0.5.23 or 0.5.9"),
@@ -141,6 +143,8 @@ class SimConfig:
     load_seconds: float
     fault: str | None
     notes: tuple[str, ...] = field(default_factory=tuple)
+    noise_outlier_rate: float = 0.0
+    noise_outlier_factor: float = 3.0
     dialect: Dialect = field(default_factory=lambda: dialect(None))
 
     @property
@@ -264,6 +268,8 @@ def resolve(ns: argparse.Namespace, env: Mapping[str, str]) -> SimConfig:
         load_seconds=max(0.0, values["load-seconds"]),
         fault=values["fault"],
         notes=tuple(notes),
+        noise_outlier_rate=min(max(0.0, values["noise-outlier-rate"]), 1.0),
+        noise_outlier_factor=max(values["noise-outlier-factor"], 0.01),
         dialect=d,
     )
 

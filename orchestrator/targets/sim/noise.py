@@ -4,7 +4,10 @@
   inside one trial agree with each other better than with another trial — the reason the
   trial, not the repetition, is the statistical unit;
 - request level: a factor per forward pass (kernel timing jitter);
-- drift: a slow linear change with modeled uptime (thermal soak, a neighbour's load).
+- drift: a slow linear change with modeled uptime (thermal soak, a neighbour's load);
+- outlier restarts: with probability ``outlier_rate`` a launch lands in a bad state (a slow
+  NCCL ring, a JIT compile on the critical path) and the whole lifetime runs ``outlier_factor``
+  times slower, as real GPU restarts now and then do.
 
 Factors are lognormal with mean 1 and the given coefficient of variation; cv 0 is exactly 1.
 Everything comes from one seeded `random.Random`, so a fixed `--sim-seed` replays a run.
@@ -32,6 +35,8 @@ class Noise:
         restart_cv: float,
         request_cv: float,
         drift_pct_per_hour: float = 0.0,
+        outlier_rate: float = 0.0,
+        outlier_factor: float = 3.0,
     ):
         self.seed = seed if seed is not None else int.from_bytes(os.urandom(8), "little")
         self.rng = random.Random(self.seed)
@@ -39,6 +44,10 @@ class Noise:
         self.request_cv = request_cv
         self.drift_pct_per_hour = drift_pct_per_hour
         self.restart_factor = lognormal_factor(self.rng, restart_cv)
+        # Drawn only when enabled, so seeded runs without outliers replay as before.
+        self.outlier = outlier_rate > 0 and self.rng.random() < outlier_rate
+        if self.outlier:
+            self.restart_factor *= outlier_factor
 
     @property
     def stochastic(self) -> bool:

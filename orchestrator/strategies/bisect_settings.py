@@ -1,0 +1,67 @@
+"""Tuning of the bisect strategy, in one frozen record: what each knob buys and costs is said
+beside it; the defaults are what `make bench-localize` validates (docs/benchmarks.md)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class BisectSettings:
+    """Tuning of :class:`BisectStrategy`; defaults are what the benchmark validates."""
+
+    confidence: float = 0.99
+    reproduce_confidence: float = 0.90
+    reproduce_min_per_endpoint: int = 2
+    # A +5% change in 5% restart noise still fails a 90% interval at 24 restarts per endpoint
+    # about 4% of the time; 48 makes that rare. Changes under `negligible_pct` are not
+    # regressions worth a bisect.
+    reproduce_max_per_endpoint: int = 48
+    negligible_pct: float = 1.0
+    refute_fraction: float = 0.5
+    confirm_free_looks: int = 3
+    # Until a culprit is found, the endpoints' trials since the reproduction are the test of
+    # it (bisect_reproduce.refuted). When they lean towards "no change" the search keeps them
+    # balanced, and once it has run `audit_after` times its first forecast it gives them half
+    # of the trials: a lucky reproduction is then withdrawn in a number of trials set by the
+    # noise, while a real change, whose fresh trials do not lean that way, pays nothing.
+    audit_after: float = 1.5
+    reversed_confidence: float = 0.99
+    reversed_min_per_endpoint: int = 4  # a 99% interval from 2-3 restarts can still be luck
+    verify_confidence: float = 0.95
+    verify_min_per_side: int = 2
+    # Of which at least this many from the head-to-head itself, interleaved: trials the search
+    # took earlier may come from another hour of the node (a load step), and on one side only.
+    verify_fresh_per_side: int = 1
+    verify_handoff: float = 0.95
+    drift_requires_step: float = 0.5
+    null_prior_top: float = 0.1
+    # A later stage: prior 0.3 on one more step once a culprit is found (it only locates the
+    # step: whether there is one is the remainders' question) and an allowance of trials
+    # before what it could not pin on one commit is reported as spread over a sub-range.
+    null_prior_later: float = 0.7
+    later_max_trials: int = 150
+    # What the culprits found leave unexplained (bisect_remainders) is tested after every
+    # trial. A part with p under `remainder_suggestive` has its anchors measured up to
+    # `remainder_check_trials` each (up to `remainder_max_per_endpoint` once its p, or that of
+    # the whole unexplained change, is under `remainder_escalate_p`); it is
+    # searched once p is under `remainder_search_p` with both anchors that well measured (an
+    # anchor measured a few times can be off by luck, and the remainders are looked at after
+    # every trial), or under `remainder_clear_p` at once (a second culprit of half the first).
+    remainder_search_p: float = 0.01
+    remainder_clear_p: float = 1e-4
+    remainder_escalate_p: float = 0.05
+    # Measure the anchors of every remainder at least this often, whatever the evidence: the
+    # price of telling small further steps from noise in every run (0: only when suggested).
+    remainder_min_trials: int = 0
+    remainder_suggestive: float = 0.3
+    remainder_check_trials: int = 4
+    remainder_max_per_endpoint: int = 12
+    max_culprits: int = 6
+    endpoint_max_failures: int = 2
+    prior_floor: float = 0.01
+    default_budget: int = 400
+    far_more: float = 2.0
+    forecast_every: int = 5
+    forecast_window: int = 4
+    outlier_k: float = 4.5
