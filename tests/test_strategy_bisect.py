@@ -246,4 +246,4 @@ def test_a_long_not_reproducible_run_points_to_min_effect_pct():
     short, few, _ = drive(BisectStrategy(N_COMMITS, max_trials=400, min_effect_pct=20.0),
                           VirtualOracle(regime, case), 1)
     assert short.status == "not_reproducible" and few < 20
-    assert min_effect_hint(short, {}) is None
+    assert min_effect_hint(short, ExperimentParams()) is None
