@@ -33,6 +33,7 @@ bench-localize: $(STAMP)
 
 bench-isolate: $(STAMP)
 	$(BIN)/python experiments/bench_isolate.py
+	$(BIN)/python experiments/bench_isolate.py --system
 
 clean:
 	rm -rf $(VENV) build *.egg-info

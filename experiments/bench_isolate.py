@@ -12,7 +12,21 @@ confidence. Cost is compared with one-factor-at-a-time (OFAT): each difference a
 ``r`` times plus good ``r`` times (``(D + 1) * r`` trials; it cannot see a pair that only hurts
 together), and both ways (``(2 D + 2) * r``), which can.
 
+**System cases** (``--system``) run the whole system-level path instead of a bare oracle over
+subsets: a scenario's reference and current node (`orchestrator.targets.sim.scenario_presets`
+system stories) are fingerprinted by a virtual trial (`SystemOracle`: the GPU snapshot after
+the candidate's clock policy, the server's environment after the node's launcher wrapper), the
+fingerprints are diffed, the controllable differences become changes, and each candidate the
+strategy asks for is built by `apply` and measured by the sim's model. Stories: ``clock_pair``
+(power limit and SM lock changed together), ``launcher_strip`` (NCCL_ALGO dropped by a
+launcher wrapper), ``seed_system`` (an SM lock, a stripped NCCL variable, 20 harmless
+variables, a driver and a package bump), ``nccl_upgrade`` (the NCCL wheel upgraded into the
+sim's 2.28 regression, a harmless package bump whose old wheel exists, one without, a changed
+variable; a package change is tested only when its old wheel exists). Correct: "found", the
+named differences are exactly those whose effect alone is above 3%.
+
 Usage: ``python experiments/bench_isolate.py [--cases 200] [--seed 0] [--k 1] [--heavy]``
+       ``python experiments/bench_isolate.py --system [--cases 50]``
 """
 
 from __future__ import annotations
@@ -80,6 +94,20 @@ class Outcome:
     seconds: float
 
 
+def drive(strategy: IsolateStrategy, k: int, rng: random.Random,
+          trial: Callable[[int], Observation]) -> list[Observation]:
+    """Observations until the verdict, ``k`` trials in flight finishing in random order."""
+    observations: list[Observation] = []
+    pending: list[int] = []
+    while True:
+        verdict = strategy.verdict(observations)
+        if not verdict.done and len(pending) < k:
+            pending += [p.point for p in strategy.propose(observations, pending, k - len(pending))]
+        if not pending:
+            return observations
+        observations.append(trial(pending.pop(rng.randrange(len(pending)))))
+
+
 def run_case(case: Case, seed: int, *, k: int = 1, confidence: float = 0.99,
              max_trials: int | None = None) -> Outcome:
     """Drive one case to the strategy's verdict with ``k`` simulated nodes."""
@@ -87,17 +115,9 @@ def run_case(case: Case, seed: int, *, k: int = 1, confidence: float = 0.99,
     measure = oracle(case, rng)
     strategy = IsolateStrategy(case.n_differences, direction=case.direction,
                                confidence=confidence, max_trials=max_trials)
-    observations: list[Observation] = []
-    pending: list[int] = []
     started = time.perf_counter()
-    while True:
-        verdict = strategy.verdict(observations)
-        if not verdict.done and len(pending) < k:
-            pending += [p.point for p in strategy.propose(observations, pending, k - len(pending))]
-        if not pending:
-            break
-        point = pending.pop(rng.randrange(len(pending)))
-        observations.append(Observation(point, measure(strategy.subset(point))))
+    observations = drive(strategy, k, rng,
+                         lambda point: Observation(point, measure(strategy.subset(point))))
     verdict = strategy.verdict(observations)
     named = {(c.kind, c.differences) for c in verdict.culprits}
     return Outcome(
@@ -134,8 +154,103 @@ def random_case(rng: random.Random, *, heavy_tails: bool = False) -> Case:
                         direction=rng.choice(["increase", "decrease"]), heavy_tails=heavy_tails)
 
 
+SYSTEM_STORIES = {"clock_pair": "clock_pair", "launcher_strip": "launcher_strip",
+                  "seed_system": "seed_system",
+                  "nccl_upgrade": "nccl_upgrade"}  # story -> preset (for its env effects)
+HARMFUL_PCT = 3.0
+
+
+@dataclass(frozen=True)
+class SystemOutcome:
+    status: str
+    named: set[str]
+    harmful: set[str]
+    n_changes: int
+    n_trials: int
+    max_per_candidate: int
+    probability: float
+
+    @property
+    def correct(self) -> bool:
+        return self.status == "found" and self.named == self.harmful
+
+
+def run_system_case(story: str, seed: int, *, k: int = 1, confidence: float = 0.99,
+                    restart_cv: float = 0.02) -> SystemOutcome:
+    """One system-level isolate through the real difference model (see the module doc)."""
+    from collections import Counter
+
+    from orchestrator.commands.isolate import IsolatePoints
+    from orchestrator.differences import (
+        apply,
+        changes_from_system,
+        check_distinct,
+        reference_good,
+    )
+    from orchestrator.fingerprint_diff import diff
+    from orchestrator.records import Candidate
+    from orchestrator.targets.sim import scenario_presets as material
+    from orchestrator.targets.sim import scenario_system as stories
+    from orchestrator.targets.sim.system_oracle import SystemOracle
+
+    rng = random.Random(seed)
+    reference, now, _ = stories.system_story(story, random.Random(seed))
+    spec = material.PRESETS[SYSTEM_STORIES[story]]
+    profile = {"verify_mult": 1.0, "decode_mult": 1.0, "verify_cuda_graph": True,
+               "env_effects": [dict(e) for e in spec.env_effects]}
+    then = SystemOracle(reference, profile, restart_cv=restart_cv, rng=rng)
+    node = SystemOracle(now, profile, restart_cv=restart_cv, rng=rng)
+    base = Candidate.make("0" * 40)
+    changes = changes_from_system(diff(then.fingerprint(base), node.fingerprint(base)))
+    # A package change is tested only when its old wheel is in the package source (the
+    # story's wheel directory), as `sleuth isolate packages.find_links=DIR` does.
+    changes = [c for c in changes if c.factor != "package" or (c.key, c.good) in reference.wheels]
+    good = reference_good(base, changes)
+
+    def resolve(ref: str) -> str:
+        return ref
+
+    check_distinct(good, changes, resolve)
+    strategy = IsolateStrategy(len(changes), confidence=confidence,
+                               labels=[c.label for c in changes])
+    points = IsolatePoints(strategy, good, changes, resolve)
+    truth_good = node.truth(apply(good, changes, (), resolve))
+    harmful = {c.name for i, c in enumerate(changes)
+               if node.truth(apply(good, changes, [i], resolve)) / truth_good - 1
+               >= HARMFUL_PCT / 100}
+    per_candidate: Counter[str] = Counter()
+
+    def trial(point: int) -> Observation:
+        cand = points.candidate(point)
+        per_candidate[cand.key] += 1
+        # Mapped back from the candidate, as the controller maps a stored trial back.
+        return Observation(points.point(cand), node.measure(cand))
+
+    verdict = strategy.verdict(drive(strategy, k, rng, trial))
+    named = {changes[i].name for c in verdict.culprits for i in c.differences}
+    return SystemOutcome(verdict.status, named, harmful, len(changes), verdict.n_trials,
+                         max(per_candidate.values(), default=0), verdict.probability)
+
+
+def system_main(cases: int, seed: int, k: int, confidence: float) -> None:
+    for story in SYSTEM_STORIES:
+        outcomes = [run_system_case(story, seed * 100_003 + i, k=k, confidence=confidence)
+                    for i in range(cases)]
+        for i, o in enumerate(outcomes):
+            if not o.correct:
+                print(f"{story} case {i}: {o.status}, named {sorted(o.named)}, harmful "
+                      f"{sorted(o.harmful)}, {o.n_trials} trials, P={o.probability:.3f}")
+        trials = [o.n_trials for o in outcomes]
+        print(f"{story}: {outcomes[0].n_changes} differences, harmful "
+              f"{sorted(outcomes[0].harmful)}; correct {sum(o.correct for o in outcomes)}/"
+              f"{cases}; trials median {statistics.median(trials):.0f}, mean "
+              f"{statistics.mean(trials):.1f}, max {max(trials)}; most trials of one candidate "
+              f"{max(o.max_per_candidate for o in outcomes)}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--system", action="store_true", help="the system-level cases")
     parser.add_argument("--cases", type=int, default=200)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--k", type=int, default=1)
@@ -143,6 +258,10 @@ def main() -> None:
     parser.add_argument("--heavy", action="store_true", help="Student-t(4) restart noise")
     parser.add_argument("--repeats", type=int, default=3, help="OFAT repeats per subset")
     args = parser.parse_args()
+    if args.system:
+        system_main(min(args.cases, 50) if args.cases == 200 else args.cases, args.seed, args.k,
+                    args.confidence)
+        return
     rng = random.Random(args.seed)
     outcomes, ofat, ofat_both = [], [], []
     for index in range(args.cases):

@@ -6,23 +6,27 @@ Exit codes (DESIGN.md): 0 done, 1 failure, 2 bad input (one line on stderr, noth
 
 from __future__ import annotations
 
+import errno
 import importlib
+import signal
 import sys
 from collections.abc import Sequence
 
 from orchestrator.errors import SleuthError, UserError
+from orchestrator.safe_text import printable
 
 COMMANDS = {
-    "trial": "run one isolated, measured trial of a candidate",
-    "bisect": "find the commit(s) between good=REF and bad=REF that moved a metric",
+    "investigate": "why is it slower? from a reference run (or good..bad) to an answer",
+    "trial": "measured trials of one candidate (restarts=N makes a reference)",
+    "bisect": "the commit(s) between good=REF and bad=REF that moved a metric",
     "resume": "finish an interrupted run: sleuth resume RUN",
-    "report": "ranked findings of a run: terminal tables, report.md, report.html (sleuth report RUN)",
-    "isolate": "which differences between good.* and bad.* (or a reference run and now) cause it",
-    "compare": "re-measure a reference run's candidate now; if it no longer reproduces, diff the system",
+    "report": "a run's answer and findings: terminal, report.md, report.html",
+    "isolate": "which differences between good.* and bad.* (or since a reference)",
+    "compare": "re-measure a reference now; if it differs, diff the system",
     "demo": "build a scenario repo and investigate it on the simulated node",
-    "scenario": "generate a scenario repo with planted causes (out=DIR commits=N seed=S preset=P)",
+    "scenario": "generate a scenario repo with planted causes (out=DIR preset=P)",
     "doctor": "check this machine: git, Ray, NVML/GPUs, sglang, runs/ writable",
-    "sweep": "search a space of settings (space=nccl_pcie ...) for the fastest, rank the knobs",
+    "sweep": "search a space of settings (space=nccl_pcie) for the fastest",
 }
 
 # Commands whose first plain argument names a run (id or directory).
@@ -39,27 +43,62 @@ USAGE = "usage: sleuth <command> [--cfg] [--config-dir DIR] [key=value ...]"
 
 def _help() -> str:
     lines = [USAGE, "", "commands:"]
-    lines += [f"  {name:<10} {text}" for name, text in COMMANDS.items()]
+    lines += [f"  {name:<11} {text}" for name, text in COMMANDS.items()]
     lines += ["", "examples:",
-              "  sleuth trial repo=PATH commit=HEAD env.NCCL_PROTO=LL128 bench.repetitions=3",
-              "  sleuth trial --cfg             print the resolved configuration and exit"]
+              "  sleuth demo                    the whole story on the simulated node",
+              "  sleuth trial repo=PATH commit=GOOD restarts=3        a reference, now",
+              "  sleuth investigate repo=PATH reference=RUN bad=HEAD  later: why slower?",
+              "  sleuth bisect --help           one command's usage and options",
+              "  sleuth trial --cfg             print the resolved configuration and exit",
+              "",
+              "The target is a real SGLang server unless target=sim (the simulated node) or",
+              "target=command (any benchmark command) says otherwise."]
     return "\n".join(lines)
 
 
+# What `--cfg` may be followed by (Hydra's spelling): the job's configuration is what sleuth
+# composes; it has no Hydra runtime configuration of its own to show.
+CFG_PARTS = ("job", "all")
+HELP_FLAGS = ("-h", "--help")
+
+
+def _unknown(command: str) -> UserError:
+    return UserError(f"unknown command {command!r} (known: {', '.join(COMMANDS)})")
+
+
 def parse_args(argv: Sequence[str]) -> tuple[str, bool, str | None, list[str]]:
+    """(command, show_cfg, config_dir, overrides); command `help` or `help:<command>` for
+    the usage of all commands or of one."""
     args = list(argv)
-    if not args or args[0] in ("-h", "--help", "help"):
+    if not args or args[0] in (*HELP_FLAGS, "help"):
+        if len(args) > 1 and args[0] == "help":
+            if args[1] not in COMMANDS:
+                raise _unknown(args[1])
+            return f"help:{args[1]}", False, None, []
         return "help", False, None, []
     command, rest = args[0], args[1:]
     if command not in COMMANDS:
-        raise UserError(f"unknown command {command!r} (known: {', '.join(COMMANDS)})")
+        raise _unknown(command)
+    if any(a in HELP_FLAGS for a in rest):
+        return f"help:{command}", False, None, []
     show_cfg, config_dir, overrides = False, None, []
     positional_used = False
     i = 0
     while i < len(rest):
         a = rest[i]
-        if a == "--cfg":
+        if a == "--cfg" or a.startswith("--cfg="):
             show_cfg = True
+            part = a.split("=", 1)[1] if "=" in a else (
+                rest[i + 1] if i + 1 < len(rest) and rest[i + 1] in (*CFG_PARTS, "hydra")
+                else None)
+            if part is not None and "=" not in a:
+                i += 1
+            if part == "hydra":
+                raise UserError("--cfg hydra: sleuth composes its configuration with Hydra's"
+                                " compose API and has no Hydra runtime config; --cfg job shows"
+                                " the configuration")
+            if part is not None and part not in CFG_PARTS:
+                raise UserError(f"--cfg {part}: use --cfg or --cfg job")
         elif a == "--config-dir":
             if i + 1 >= len(rest):
                 raise UserError("--config-dir needs a directory")
@@ -83,6 +122,12 @@ def run(argv: Sequence[str]) -> int:
     if command == "help":
         print(_help())
         return 0
+    if command.startswith("help:"):
+        from orchestrator.cli_help import command_help
+
+        name = command.split(":", 1)[1]
+        print(command_help(name, COMMANDS[name]))
+        return 0
     from orchestrator.config.compose import compose_config, to_yaml
 
     cfg = compose_config(command, overrides, config_dir=config_dir)
@@ -97,12 +142,20 @@ def main(argv: Sequence[str] | None = None) -> None:
     try:
         code = run(sys.argv[1:] if argv is None else argv)
     except SleuthError as exc:
-        msg = " ".join(str(exc).split())
+        msg = " ".join(printable(str(exc)).split())
         print(f"sleuth: error: {msg}", file=sys.stderr)
         code = exc.exit_code
     except KeyboardInterrupt:
+        # Another Ctrl-C while the interpreter winds down (Ray's exit hooks) would kill it by
+        # the signal instead of exiting 130: the user has been heard, ignore the rest.
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
         print("sleuth: interrupted", file=sys.stderr)
         code = 130
+    except OSError as exc:
+        if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
+            raise
+        print(f"sleuth: error: no space left on device: {printable(str(exc))}", file=sys.stderr)
+        code = 1
     sys.exit(code)
 
 

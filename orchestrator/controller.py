@@ -1,38 +1,56 @@
-"""The controller: the Ray driver. The only module that knows about Ray.
+"""The controller: the Ray driver. With `node_pool` and `ray_cluster`, the only code that
+knows about Ray.
 
-It owns the node actors, keeps them busy with the trials an experiment asks for, persists every
-trial row *before* dispatching it and its result *before* anyone acts on it, and retries a
-failed launch up to `trial.retries` times (each attempt is its own recorded trial). Experiments
-talk to it through `submit` / `wait` / `idle_nodes` and never see Ray.
+It keeps the nodes busy with the trials an experiment asks for, persists every trial row
+*before* dispatching it and its result *before* anyone acts on it, and retries a failed launch
+up to `trial.retries` times (each attempt is its own recorded trial). Experiments talk to it
+through `submit` / `wait` / `idle_nodes` and never see Ray.
+
+A node whose actor or Ray node dies mid-trial is not the candidate's fault: the trial is
+recorded `interrupted` (never evidence), the same evaluation is queued and runs on the next
+live node without using up `trial.retries`, and the run goes on (`NodePool` replaces the node
+or finds it again when it comes back). A full disk, met by a node or by the store, stops the
+run as `interrupted` with every finished trial kept.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import logging
 import signal
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 import ray
 from omegaconf import DictConfig, OmegaConf
 
-from orchestrator.errors import UserError
+from orchestrator.errors import DiskFull
+from orchestrator.node_pool import NodePool, first_line
+from orchestrator.packages import plan as packages
+from orchestrator.ray_cluster import (
+    NODE_RESOURCE,
+    loopback_only,
+    node_name,
+    sleuth_nodes,
+    start_ray,
+)
 from orchestrator.records import Candidate, Outcome, TrialResult
-from orchestrator.runner.node import NodeRunner
-from orchestrator.runner.trial import TrialSpec
+from orchestrator.runner.trial import NO_SPACE, TrialSpec, is_no_space
+from orchestrator.safe_text import printable
 from orchestrator.store import RunStore, TrialRow
 
-# A Ray node runs trials only if it offers this custom resource (one unit: one trial at a time):
-#   ray start --address HEAD:6379 --resources '{"sleuth_node": 1}'
-NODE_RESOURCE = "sleuth_node"
+__all__ = ["NODE_RESOURCE", "RETRYABLE", "Controller", "loopback_only", "node_name",
+           "sleuth_nodes", "start_ray"]
 
 # Outcomes worth another attempt: the server, not the candidate, may be at fault.
 RETRYABLE = {Outcome.LAUNCH_FAILED, Outcome.NOT_READY, Outcome.CRASHED, Outcome.HUNG,
              Outcome.BENCH_FAILED, Outcome.TEARDOWN_FAILED, Outcome.ERROR}
+
+# An evaluation whose node was lost this many times is given up (recorded `error`): a candidate
+# that takes its node down with it must not take down every node in turn.
+MAX_NODE_LOSSES = 3
 
 
 @dataclass
@@ -45,66 +63,18 @@ class _InFlight:
     attempt: int
     ref: object
     started: float
+    losses: int = 0
 
 
-def loopback_only() -> None:
-    """Make a local Ray instance bind every service to 127.0.0.1.
+@dataclass
+class _Queued:
+    """An evaluation waiting for a node (its trial was lost with its node)."""
 
-    On Linux Ray turns "127.0.0.1" into the host's routable address and listens on all
-    interfaces, which would expose an unauthenticated-by-default cluster to the network. Ray
-    keeps loopback only when its cluster mode is off, which it reads from this constant at
-    call time (it is the switch behind RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER)."""
-    import ray._private.ray_constants as ray_constants
-
-    ray_constants.ENABLE_RAY_CLUSTER = False
-    # Recent Ray turns token authentication on for a new local cluster (good) and says so in a
-    # warning on every command (noise between sleuth's own lines): keep the first, drop the
-    # second. Its other warnings (auth disabled, for one) still show.
-    logging.getLogger("ray._private.authentication.authentication_token_setup").addFilter(
-        lambda record: "Token authentication is enabled" not in record.getMessage())
-
-
-def start_ray(cluster: Mapping) -> bool:
-    """Connect to (or start) Ray. Returns True when this call started it (and must stop it)."""
-    if ray.is_initialized():
-        return False
-    if cluster.get("kind", "local") == "local":
-        loopback_only()
-        # address="local": a private instance even when another Ray runs on this machine
-        # (without it Ray joins the last cluster started here, or RAY_ADDRESS).
-        ray.init(
-            address="local",
-            num_cpus=cluster.get("num_cpus") or None,
-            include_dashboard=False,
-            _node_ip_address="127.0.0.1",  # nothing listens beyond loopback
-            log_to_driver=False,
-            logging_level=logging.WARNING,  # not "Started a local Ray instance" on every run
-            namespace="sleuth",
-        )
-    elif cluster.get("kind") == "ray":
-        # No address: Ray's own discovery (RAY_ADDRESS, or a head started on this machine).
-        address = cluster.get("address") or "auto"
-        try:
-            ray.init(address=address, log_to_driver=False, namespace="sleuth")
-        except (ConnectionError, ValueError) as exc:
-            raise UserError(f"cannot connect to the Ray cluster at {address}: {exc}") from exc
-    else:
-        raise UserError(f"unknown cluster.kind {cluster.get('kind')!r} (known: local, ray)")
-    return True
-
-
-def sleuth_nodes() -> list[dict]:
-    """Alive Ray nodes offering the `sleuth_node` resource, in a stable order."""
-    nodes = [n for n in ray.nodes()
-             if n.get("Alive") and n.get("Resources", {}).get(NODE_RESOURCE, 0) >= 1]
-    return sorted(nodes, key=lambda n: (n.get("NodeManagerHostname", ""), n["NodeID"]))
-
-
-def node_name(node: Mapping) -> str:
-    """`<hostname>-<first 8 of the Ray node id>`: readable, and unique even when two Ray nodes
-    share a host (several GPU groups on one machine, or a test cluster)."""
-    host = str(node.get("NodeManagerHostname") or node.get("NodeManagerAddress") or "node")
-    return f"{host.split('.')[0]}-{node['NodeID'][:8]}"
+    candidate: Candidate
+    phase: str
+    attempt: int
+    losses: int
+    node: str = ""
 
 
 class Controller:
@@ -120,16 +90,21 @@ class Controller:
         self.store = store
         self.run_dir = run_dir
         self.runs_dir = Path(cfg.runs_dir)
-        self.on_event = on_event or (lambda _msg: None)
+        sink = on_event or (lambda _msg: None)
+        self.on_event = lambda msg: sink(printable(msg, newlines=False))
         self._started_ray = False
-        self._actors: dict[str, object] = {}
+        self.pool = NodePool(cfg, self.runs_dir, store.run_id, clock_policies(cfg), self.on_event)
         self._busy: dict[str, _InFlight] = {}
         self._by_ref: dict[object, _InFlight] = {}
+        self._queue: list[_Queued] = []
         self.retries = int(cfg.trial.retries)
         self._interrupted = False
+        self._starting = False
         self._old_handlers: dict[int, object] = {}
-        # cluster=ray: node name -> (Ray node id, address) the node's actor is pinned to.
-        self._placement: dict[str, tuple[str, str]] = {}
+        cache = cfg.get("cache") or {}
+        gb = cache.get("max_gb") if hasattr(cache, "get") else None
+        self._cache_max_bytes = int(float(gb) * 2**30) if gb else None
+        self._overlays = packages.settings(cfg).to_json()  # where pinned packages are built
 
     # -- lifecycle -----------------------------------------------------------------------------
     def __enter__(self) -> Controller:
@@ -141,9 +116,10 @@ class Controller:
 
     def _on_signal(self, signum: int, _frame) -> None:
         """First Ctrl-C (or SIGTERM): stop scheduling and tear down. A second one: abort now.
+        While Ray and the nodes are still starting there is nothing to tear down: abort now.
 
         Ray's blocking calls do not let Python see SIGINT, so `wait` polls this flag."""
-        if self._interrupted:
+        if self._interrupted or self._starting:
             raise KeyboardInterrupt
         self._interrupted = True
         self.on_event(f"{signal.Signals(signum).name}: stopping; running servers are torn down"
@@ -153,7 +129,14 @@ class Controller:
         if threading.current_thread() is not threading.main_thread():
             return
         for sig in (signal.SIGINT, signal.SIGTERM):
-            self._old_handlers[sig] = signal.signal(sig, self._on_signal)
+            old = signal.signal(sig, self._on_signal)
+            if sig not in self._old_handlers:  # installed twice: keep what was there first
+                self._old_handlers[sig] = old
+
+    def _ignore_signals(self) -> None:
+        if threading.current_thread() is threading.main_thread() and self._old_handlers:
+            for sig in self._old_handlers:
+                signal.signal(sig, signal.SIG_IGN)
 
     def _restore_signals(self) -> None:
         for sig, handler in self._old_handlers.items():
@@ -161,77 +144,69 @@ class Controller:
         self._old_handlers.clear()
 
     def start(self) -> None:
+        self._starting = True
         self._install_signals()
-        self._started_ray = start_ray(OmegaConf.to_container(self.cfg.cluster, resolve=True))
         try:
-            for name in self._node_names():
-                self._actors[name] = self._new_actor(name)
-            infos = ray.get([a.info.remote() for a in self._actors.values()])
-            for info in infos:
-                if info.get("reaped"):
-                    self.on_event(f"node {info['name']}: stopped a server left running by an"
-                                  f" earlier controller (pids {info['reaped']})")
-            problems = ray.get([a.preflight.remote() for a in self._actors.values()])
+            self.store.ensure_reserve()
+            self._started_ray = start_ray(OmegaConf.to_container(self.cfg.cluster, resolve=True))
+            # Again after Ray starts: ray.init installs its own SIGTERM handler (it logs
+            # "SIGTERM received" and kills the process), which would replace ours, and a
+            # SIGTERM would then end the run as killed, neither recorded interrupted nor
+            # resumable as such.
+            self._install_signals()
+            self.pool.start()
         except BaseException:
             self.stop()
             raise
-        for problem in problems:
-            if problem:
-                self.stop()
-                raise UserError(problem)
+        finally:
+            self._starting = False
 
-    def _node_names(self) -> list[str]:
-        """`local-<i>` actors on the local Ray; on a cluster, one per `sleuth_node` Ray node."""
-        want = int(self.cfg.nodes)
-        if self.cfg.cluster.kind != "ray":
-            return [f"local-{i}" for i in range(want)]
-        offered = sleuth_nodes()
-        if not offered:
-            raise UserError(f"no Ray node offers the {NODE_RESOURCE!r} resource: start each GPU"
-                            " node with ray start --address HEAD:PORT --resources"
-                            f" '{{\"{NODE_RESOURCE}\": 1}}'")
-        if len(offered) < want:
-            self.on_event(f"nodes={want} but the cluster offers {len(offered)} sleuth node(s):"
-                          f" using {len(offered)}")
-        for node in offered[:want]:
-            self._placement[node_name(node)] = (node["NodeID"], node.get("NodeManagerAddress", ""))
-        return list(self._placement)
-
-    def _new_actor(self, name: str):
-        target = OmegaConf.to_container(self.cfg.target, resolve=True)
-        bench = OmegaConf.to_container(self.cfg.bench, resolve=True)
-        state_dir = self.runs_dir / ".nodes" / name
-        options: dict = {"num_cpus": 0, "max_concurrency": 4, "max_restarts": 0}
-        if name in self._placement:  # pinned to its Ray node; the resource admits one actor
-            from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
-
-            options["resources"] = {NODE_RESOURCE: 1}
-            options["scheduling_strategy"] = NodeAffinitySchedulingStrategy(
-                self._placement[name][0], soft=False)
-        return ray.remote(NodeRunner).options(**options).remote(name, str(state_dir), target, bench)
+    @property
+    def _actors(self) -> dict[str, object]:
+        return self.pool.actors
 
     def stop(self) -> None:
-        """Tear down running servers and record their trials as interrupted (resumable)."""
-        for inflight in list(self._busy.values()):
+        """Record running trials as interrupted (resumable), tear their servers down, stop the
+        actors. Recording comes first (it is quick, and a second Ctrl-C during the teardown
+        must not lose it); every step is best effort, so a dead node or a full disk cannot
+        turn a clean stop into a traceback."""
+        if not ray.is_initialized():  # refused before Ray ran: any Ray call would start it
+            self._restore_signals()
+            return
+        try:
+            for inflight in list(self._busy.values()):
+                try:
+                    self.store.finish_trial(inflight.trial_id, TrialResult(
+                        Outcome.INTERRUPTED, "the controller stopped while the trial ran",
+                        node=inflight.node, started_at=inflight.started, ended_at=time.time()))
+                except Exception:
+                    pass
+            aborts = []
+            for inflight in self._busy.values():
+                try:
+                    aborts.append(self._actors[inflight.node].abort.remote())
+                except Exception:
+                    pass
             try:
-                ray.get(self._actors[inflight.node].abort.remote(), timeout=30)
+                if aborts:
+                    ray.get(aborts, timeout=30)
             except Exception:
                 pass
-            try:
-                self.store.finish_trial(inflight.trial_id, TrialResult(
-                    Outcome.INTERRUPTED, "the controller stopped while the trial ran",
-                    node=inflight.node, started_at=inflight.started, ended_at=time.time()))
-            except (KeyError, ValueError):
-                pass
-        self._busy.clear()
-        self._by_ref.clear()
-        self._restore_signals()
-        for actor in self._actors.values():
-            ray.kill(actor)
-        self._actors.clear()
-        if self._started_ray:
-            ray.shutdown()
-            self._started_ray = False
+        finally:
+            self._busy.clear()
+            self._by_ref.clear()
+            self._queue.clear()
+            # Quick, and must not be cut short: a Ctrl-C inside ray.shutdown() leaves Ray's
+            # core worker half torn down, and it then ends the process with exit 1.
+            self._ignore_signals()
+            self.pool.kill_all()
+            if self._started_ray:
+                self._started_ray = False
+                try:
+                    ray.shutdown()
+                except Exception:
+                    pass
+            self._restore_signals()
 
     # -- scheduling ----------------------------------------------------------------------------
     @property
@@ -239,17 +214,20 @@ class Controller:
         return list(self._actors)
 
     def idle_nodes(self) -> list[str]:
-        return [n for n in self._actors if n not in self._busy]
+        """Nodes free for a new evaluation (queued retries come first)."""
+        idle = [n for n in self._actors if n not in self._busy]
+        return idle[len(self._queue):]
 
-    def in_flight(self) -> list[_InFlight]:
-        return list(self._busy.values())
+    def in_flight(self) -> list[_InFlight | _Queued]:
+        """Evaluations not yet final: running, or waiting for a node."""
+        return [*self._busy.values(), *self._queue]
 
     def submit(self, candidate: Candidate, *, phase: str = "", node: str | None = None,
-               attempt: int = 1) -> int:
+               attempt: int = 1, losses: int = 0) -> int:
         """Persist a trial row, then dispatch it to an idle node. Returns the trial id."""
         if self._interrupted:
             raise KeyboardInterrupt
-        idle = self.idle_nodes()
+        idle = [n for n in self._actors if n not in self._busy]
         if not idle:
             raise RuntimeError("no idle node")
         node = node if node in idle else idle[0]
@@ -269,9 +247,12 @@ class Controller:
             repetitions=int(self.cfg.bench.repetitions),
             warmup_requests=int(self.cfg.bench.warmup_requests),
             phase=phase,
+            cache_max_bytes=self._cache_max_bytes,
+            extra={"packages": self._overlays},
         )
         ref = self._actors[node].run.remote(spec)
-        inflight = _InFlight(trial_id, candidate, cand_id, node, phase, attempt, ref, time.time())
+        inflight = _InFlight(trial_id, candidate, cand_id, node, phase, attempt, ref, time.time(),
+                             losses)
         self._busy[node] = inflight
         self._by_ref[ref] = inflight
         self.on_event(f"trial {trial_id} started on {node}: {candidate.label} ({phase or 'trial'})")
@@ -280,44 +261,86 @@ class Controller:
     def wait(self, timeout: float | None = None) -> list[TrialRow]:
         """Block until at least one candidate evaluation is final; persist and return them.
 
-        A retryable failure is resubmitted on the same node (a new trial row); only the final
-        attempt is returned, so callers see each requested evaluation exactly once."""
+        A retryable failure is resubmitted on the same node (a new trial row); a trial lost
+        with its node is resubmitted on the next free one; only the final attempt is returned,
+        so callers see each requested evaluation exactly once. With nothing running it returns
+        at once, unless there is no node at all: then it waits for one to join."""
         done_rows: list[TrialRow] = []
         deadline = None if timeout is None else time.monotonic() + timeout
-        while not done_rows and self._by_ref:
+        while not done_rows:
             if self._interrupted:
                 raise KeyboardInterrupt
+            self.pool.poll()
+            self._dispatch_queued()
+            if not self._by_ref:
+                if not self._queue and (self._actors or not self.pool.may_grow()):
+                    return done_rows
+                if deadline is not None and time.monotonic() > deadline:
+                    return done_rows
+                time.sleep(0.25)
+                continue
             ready, _ = ray.wait(list(self._by_ref), num_returns=1, timeout=0.25)
             if not ready:
                 if deadline is not None and time.monotonic() > deadline:
                     return done_rows
                 continue
             for ref in ready:
-                inflight = self._by_ref.pop(ref)
-                del self._busy[inflight.node]
-                try:
-                    result: TrialResult = ray.get(ref)
-                except Exception as exc:  # the actor died: the trial is lost, never "slow"
-                    result = TrialResult(
-                        Outcome.ERROR,
-                        f"node {inflight.node} failed: {type(exc).__name__}: {str(exc)[:300]}",
-                        node=inflight.node, started_at=inflight.started, ended_at=time.time(),
-                    )
-                    if isinstance(exc, ray.exceptions.RayActorError):
-                        # A fresh actor for the node; it reaps any server the dead one left.
-                        self._actors[inflight.node] = self._new_actor(inflight.node)
-                        ray.get(self._actors[inflight.node].info.remote())
-                result = self._with_node_identity(inflight.node, result)
-                self._persist_log(inflight, result)
-                self.store.finish_trial(inflight.trial_id, result)
-                self.on_event(self._describe(inflight, result))
-                if result.outcome in RETRYABLE and inflight.attempt <= self.retries:
-                    self.submit(inflight.candidate, phase=inflight.phase, node=inflight.node,
-                                attempt=inflight.attempt + 1)
-                    continue
-                done_rows.append(self.store.trial(inflight.trial_id))
+                row = self._finish(ref)
+                if row is not None:
+                    done_rows.append(row)
         return done_rows
 
+    def _finish(self, ref) -> TrialRow | None:
+        """Record one returned trial; resubmit it if it deserves another attempt. Returns its
+        row when the evaluation is final."""
+        inflight = self._by_ref.pop(ref)
+        del self._busy[inflight.node]
+        lost = False
+        try:
+            result: TrialResult = ray.get(ref)
+        except ray.exceptions.RayActorError as exc:  # the node actor (or its Ray node) died
+            lost = inflight.losses + 1 < MAX_NODE_LOSSES
+            self.pool.lost(inflight.node, first_line(exc))
+            result = TrialResult(
+                Outcome.INTERRUPTED if lost else Outcome.ERROR,
+                f"node {inflight.node} was lost during the trial ({first_line(exc)})"
+                + ("; it runs again on the next free node" if lost else
+                   f"; lost {MAX_NODE_LOSSES} nodes in a row, given up"),
+                node=inflight.node, started_at=inflight.started, ended_at=time.time())
+        except Exception as exc:  # the trial raised on the node: never "slow"
+            result = TrialResult(
+                Outcome.ERROR,
+                f"node {inflight.node} failed: {type(exc).__name__}: {str(exc)[:300]}",
+                node=inflight.node, started_at=inflight.started, ended_at=time.time(),
+            )
+        result = self._with_node_identity(inflight.node, result)
+        self._persist_log(inflight, result)
+        self.store.finish_trial(inflight.trial_id, result)
+        self.on_event(self._describe(inflight, result))
+        if result.detail.startswith(NO_SPACE):
+            raise DiskFull(result.detail)
+        if self.store.space_exhausted:
+            raise DiskFull(f"no space left on device for {self.store.path}")
+        if lost:
+            self._queue.append(_Queued(inflight.candidate, inflight.phase, inflight.attempt,
+                                       inflight.losses + 1))
+            return None
+        if result.outcome in RETRYABLE and inflight.attempt <= self.retries:
+            self.submit(inflight.candidate, phase=inflight.phase, node=inflight.node,
+                        attempt=inflight.attempt + 1)
+            return None
+        return self.store.trial(inflight.trial_id)
+
+    def _dispatch_queued(self) -> None:
+        while self._queue:
+            idle = [n for n in self._actors if n not in self._busy]
+            if not idle:
+                return
+            q = self._queue.pop(0)
+            self.submit(q.candidate, phase=q.phase, node=idle[0], attempt=q.attempt,
+                        losses=q.losses)
+
+    # -- results ---------------------------------------------------------------------------------
     def run_one(self, candidate: Candidate, *, phase: str = "") -> TrialRow:
         """Submit one evaluation and wait for its final attempt."""
         self.submit(candidate, phase=phase)
@@ -328,9 +351,9 @@ class Controller:
 
     def _with_node_identity(self, node: str, result: TrialResult) -> TrialResult:
         """On a cluster the Ray node a trial ran on is part of its fingerprint."""
-        if node not in self._placement or not result.fingerprint:
+        if node not in self.pool.placement or not result.fingerprint:
             return result
-        node_id, address = self._placement[node]
+        node_id, address = self.pool.placement[node]
         fp = dict(result.fingerprint)
         fp["host"] = {**fp.get("host", {}), "ray_node_id": node_id, "ray_node_address": address}
         return dataclasses.replace(result, fingerprint=fp)
@@ -338,9 +361,15 @@ class Controller:
     def _persist_log(self, inflight: _InFlight, result: TrialResult) -> None:
         """On a remote node the log lives there; keep its tail in the run directory."""
         log = self.run_dir / "trials" / str(inflight.trial_id) / "server.log"
-        if not log.exists() and result.log_tail:
-            log.parent.mkdir(parents=True, exist_ok=True)
-            log.write_text(result.log_tail)
+        try:
+            if not log.exists() and result.log_tail:
+                log.parent.mkdir(parents=True, exist_ok=True)
+                log.write_text(result.log_tail)
+        except OSError as exc:
+            if is_no_space(exc):
+                self.store.space_exhausted = True  # the result itself is recorded next
+                return
+            raise
 
     @staticmethod
     def _describe(inflight: _InFlight, result: TrialResult) -> str:
@@ -348,3 +377,19 @@ class Controller:
         what = result.outcome.value if result.outcome is not Outcome.OK else "ok"
         extra = f": {result.detail}" if result.detail else ""
         return f"trial {inflight.trial_id} on {inflight.node} {what} in {took:.1f}s{extra}"
+
+
+def clock_policies(cfg: DictConfig) -> list[str]:
+    """Every clock policy the configuration asks for (the run's, each side's of an isolate, a
+    sweep's clock levels): each node checks them against its GPUs before the first trial."""
+    out = {str(cfg.get("clock") or "default")}
+    for side in ("good", "bad"):
+        spec = cfg.get(side)
+        if OmegaConf.is_dict(spec) and spec.get("clock"):
+            out.add(str(spec.get("clock")))
+    space = cfg.get("space")
+    if OmegaConf.is_dict(space) and space.get("params"):
+        for param in space.params.values():
+            if param.get("kind") == "clock":
+                out.update(str(v) for v in param.get("values") or [] if v is not None)
+    return sorted(out)

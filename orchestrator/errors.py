@@ -27,3 +27,25 @@ class Inconclusive(SleuthError):
     """The run finished but could not name a cause with the requested confidence (exit 3)."""
 
     exit_code = 3
+
+
+class RunInterrupted(SleuthError):
+    """The run cannot go on now but is not lost (exit 1): it is marked `interrupted`, every
+    finished trial kept, and `sleuth resume RUN` finishes it later."""
+
+    exit_code = 1
+
+
+class DiskFull(RunInterrupted):
+    """No space left where the run writes; resume once space is freed."""
+
+
+class NodesLost(RunInterrupted):
+    """Every node left the run and none came back in time; resume when they are back."""
+
+
+class NodeBusy(SleuthError):
+    """Every node the run would use is held by another sleuth run (exit 1): node state
+    (its server, its clock policy) belongs to the run holding the node's lock."""
+
+    exit_code = 1

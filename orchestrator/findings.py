@@ -12,9 +12,12 @@ import math
 from collections.abc import Sequence
 from pathlib import Path
 
+from orchestrator import answer
+from orchestrator.answer import text
+from orchestrator.answer.phases import SIDE_METRICS, mechanism
 from orchestrator.metrics import EFFECT_METRICS, METRICS, effect_metrics
 from orchestrator.records import NOT_EVIDENCE_PHASES
-from orchestrator.stats.effect import effect, log_effect
+from orchestrator.stats.effect import effect, log_difference
 from orchestrator.store import TrialRow
 from orchestrator.strategies.base import Verdict
 from orchestrator.sweep import noise
@@ -65,9 +68,13 @@ def effects_between(rows: Sequence[TrialRow], before_key: str, after_key: str,
         if not a or not b or len(a) + len(b) < 3:
             continue
         try:
+            log = None
             if min(a + b) > 0:
                 ss, df = pooled_log_ss(rows, metric, (before_key, after_key), exclude)
-                e = log_effect(a, b, confidence=confidence, extra_ss=ss, extra_df=df)
+                d = log_difference([math.log(v) for v in a], [math.log(v) for v in b],
+                                   confidence, ss, df)
+                e = d.to_effect(len(a), len(b), confidence)
+                log = [d.diff, d.se, d.df]  # what an answer adds and subtracts
             else:
                 e = effect(a, b, confidence=confidence)
         except ValueError:
@@ -77,6 +84,8 @@ def effects_between(rows: Sequence[TrialRow], before_key: str, after_key: str,
         out[metric] = {"pct": round(e.pct, 3), "ci": [round(e.ci[0], 3), round(e.ci[1], 3)],
                        "p_value": e.p_value, "n": [e.n_before, e.n_after],
                        "before": sum(a) / len(a), "after": sum(b) / len(b)}
+        if log is not None:
+            out[metric]["log"] = log
     return out
 
 
@@ -92,8 +101,7 @@ def phase_moved(effects: dict) -> str | None:
 
 def commit_summary(commit: CommitInfo, metric: str, effects: dict) -> str:
     e = effects.get(metric)
-    moved = (f"{metric} {e['pct']:+.1f}% [{e['ci'][0]:+.1f}, {e['ci'][1]:+.1f}]" if e
-             else f"{metric} changed")
+    moved = f"{metric} {text.change_text(e, metric)}" if e else f"{metric} changed"
     return f"commit {commit.sha[:12]} \"{commit.subject}\": {moved}"
 
 
@@ -145,7 +153,7 @@ def bisect_findings(
         findings.append(finding)
     for rank, f in enumerate(findings, 1):
         f["rank"] = rank
-    return {
+    doc = {
         "run": run_id,
         "experiment": "bisect",
         "metric": metric,
@@ -162,6 +170,36 @@ def bisect_findings(
         "notes": list(verdict.notes),
         "budget": verdict.budget,
     }
+    endpoints = effects_between(rows, keys[0], keys[-1], metrics=(metric,)).get(metric)
+    if endpoints:  # every endpoint trial, pooled like the culprits' effects: what they add to
+        doc["total_detail"] = endpoints
+    good, bad = commits[0], commits[-1]
+    doc["answer"] = answer.for_bisect(
+        doc, good=text.commit_label(good.sha, good.subject),
+        bad=text.commit_label(bad.sha, bad.subject),
+        mechanism=mechanism_between(rows, keys[0], keys[-1], "good", "bad"))
+    return doc
+
+
+def side_values(rows: Sequence[TrialRow], key: str,
+                metrics: Sequence[str] = SIDE_METRICS) -> dict[str, list[float]]:
+    """Trial-level values of one candidate per metric (what a mechanism compares)."""
+    return {m: vals for m in metrics if (vals := trial_values(rows, key, m))}
+
+
+def side_telemetry(rows: Sequence[TrialRow], key: str) -> list[dict]:
+    return [r.result.fingerprint.get("telemetry") for r in rows
+            if r.candidate.key == key and r.outcome is not None and r.outcome.measured
+            and not r.suspect and r.phase not in NOT_EVIDENCE_PHASES and r.result
+            and r.result.fingerprint]
+
+
+def mechanism_between(rows: Sequence[TrialRow], before_key: str, after_key: str,
+                      before_label: str = "before", after_label: str = "after") -> dict:
+    """Which phase moved between two candidates of a run, and what the GPUs did."""
+    return mechanism(side_values(rows, before_key), side_values(rows, after_key),
+                     side_telemetry(rows, before_key), side_telemetry(rows, after_key),
+                     before_label=before_label, after_label=after_label)
 
 
 def _unexplained_json(part, commits: Sequence[CommitInfo]) -> dict:

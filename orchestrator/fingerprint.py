@@ -1,13 +1,19 @@
 """Fingerprints: everything about a trial's environment that could matter, as a diffable dict.
 
-Secrets never leave the node: any variable whose name looks like a credential is redacted
-before the fingerprint is stored, logged or reported.
+Secrets never leave the node: every value is redacted (:mod:`orchestrator.redact`, by name and
+by value) before the fingerprint is stored, logged or reported.
+
+The environment recorded is the one the server process really has (read back from
+``/proc/<pid>/environ`` once it is ready, :func:`record_server_env`), not the one sleuth meant
+to give it: a launcher, wrapper, container or systemd unit between the two may drop or add
+variables, and "the NCCL variables never reached the server" is a cause worth naming.
 """
 
 from __future__ import annotations
 
 import hashlib
 import importlib.metadata
+import os
 import platform
 import re
 import socket
@@ -15,8 +21,10 @@ import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-_SECRET = re.compile(r"(TOKEN|KEY|SECRET|PASSWORD|PASSWD|CREDENTIAL)", re.IGNORECASE)
-REDACTED = "<redacted>"
+from orchestrator.redact import REDACTED, is_secret_name
+from orchestrator.redact import redact_env as redact_env
+
+__all__ = ["REDACTED", "collect", "is_secret", "record_server_env", "redact_env", "whole_env"]
 
 # Packages whose versions change inference performance or sleuth's own behaviour.
 PACKAGES = ("sglang", "torch", "flashinfer-python", "sgl-kernel", "triton", "nvidia-nccl-cu12",
@@ -27,11 +35,7 @@ RELEVANT_ENV = re.compile(r"^(NCCL_|CUDA_|SGLANG_|TORCH_|NVIDIA_|OMP_|PYTORCH_|H
 
 
 def is_secret(name: str) -> bool:
-    return bool(_SECRET.search(name))
-
-
-def redact_env(env: Mapping[str, str]) -> dict[str, str]:
-    return {k: (REDACTED if is_secret(k) else v) for k, v in sorted(env.items())}
+    return is_secret_name(name)
 
 
 def relevant_env(env: Mapping[str, str]) -> dict[str, str]:
@@ -39,14 +43,45 @@ def relevant_env(env: Mapping[str, str]) -> dict[str, str]:
 
 
 # Variables that describe sleuth's own process tree rather than the node: never a cause.
-_OWN_ENV = re.compile(r"^(RAY_|_$|PYTHONPATH$|VIRTUAL_ENV$|OMP_NUM_THREADS$|PYTEST_|"
-                      r"COV_CORE_|SLEUTH_SIM_)")
+# (OMP_NUM_THREADS is not one: Ray sets it to 1 in its workers when it is unset, the server
+# inherits it, and a change of it changes the server's CPU-side threads.)
+_OWN_ENV = re.compile(r"^(RAY_|_$|PYTHONPATH$|VIRTUAL_ENV$|PYTEST_|COV_CORE_|SLEUTH_SIM_)")
 
 
 def whole_env(env: Mapping[str, str]) -> dict[str, str]:
     """The server's whole environment (redacted), minus sleuth's own bookkeeping variables:
     a changed shell profile on the node shows up here, even for names no list anticipated."""
     return redact_env({k: v for k, v in env.items() if not _OWN_ENV.match(k)})
+
+
+def record_server_env(fp: dict, intended: Mapping[str, str],
+                      actual: Mapping[str, str] | None) -> None:
+    """Record the environment the server process really has in ``fp["env"]``.
+
+    ``server`` becomes the actual environment (redacted, minus sleuth's bookkeeping), so two
+    fingerprints diff actual against actual. What sleuth handed to the launcher but the server
+    lacks (``not_received``: the node's value) or has with another value, and what the server
+    has that sleuth did not hand over (``added``), are kept beside it: the first is a named
+    finding of its own ("set on the node, stripped before the server"). ``actual`` None (the
+    process could not be read) keeps the intended environment, marked as such."""
+    env = fp.setdefault("env", {})
+    if actual is None:
+        env["source"] = "intended"
+        return
+    want, got = whole_env(intended), whole_env(actual)
+    env["server"] = got
+    env["relevant"] = relevant_env(actual)
+    env["source"] = "process"
+    env["not_received"] = {k: v for k, v in want.items() if got.get(k) != v}
+    env["added"] = {k: v for k, v in got.items() if k not in want}
+
+
+def host_load() -> list[float] | None:
+    """1, 5 and 15 minute load averages: client-side timings on a loaded host follow its load."""
+    try:
+        return [round(x, 2) for x in os.getloadavg()]
+    except OSError:
+        return None
 
 
 def package_versions(names: Sequence[str] = PACKAGES) -> dict[str, str]:
@@ -78,6 +113,7 @@ def basic(
             "requested": redact_env(requested_env),
             "relevant": relevant_env(server_env),
             "server": whole_env(server_env),
+            "source": "intended",
         },
         "python": sys.version.split()[0],
         "packages": package_versions(),
@@ -85,6 +121,8 @@ def basic(
             "node": node,
             "hostname": socket.gethostname(),
             "kernel": platform.release(),
+            "loadavg": host_load(),
+            "cpus": os.cpu_count(),
         },
     }
 
@@ -97,6 +135,15 @@ def all_packages() -> dict[str, str]:
         if name:
             out[name.lower()] = dist.version
     return dict(sorted(out.items()))
+
+
+def package_fields(pkgs: Mapping[str, str]) -> dict:
+    """`packages`, `pip_freeze_sha256` and `key_versions` of a fingerprint, from the versions
+    the server runs with (the node's, or what an overlay replaced them with)."""
+    freeze = "\n".join(f"{k}=={v}" for k, v in sorted(pkgs.items()))
+    return {"packages": {k: pkgs[k] for k in sorted(pkgs)},
+            "pip_freeze_sha256": hashlib.sha256(freeze.encode()).hexdigest(),
+            "key_versions": {k: pkgs.get(k) for k in PACKAGES if pkgs.get(k)}}
 
 
 def _read(path: str) -> str | None:
@@ -133,11 +180,7 @@ def collect(
     fp = basic(commit=commit, patches=patches, requested_env=requested_env,
                server_env=server_env, node=node)
     fp["git"]["dirty_diff"] = dirty_diff
-    pkgs = dict(packages) if packages is not None else all_packages()
-    freeze = "\n".join(f"{k}=={v}" for k, v in sorted(pkgs.items()))
-    fp["packages"] = {k: pkgs[k] for k in sorted(pkgs)}
-    fp["pip_freeze_sha256"] = hashlib.sha256(freeze.encode()).hexdigest()
-    fp["key_versions"] = {k: pkgs.get(k) for k in PACKAGES if pkgs.get(k)}
+    fp.update(package_fields(dict(packages) if packages is not None else all_packages()))
     fp["host"].update(system_info())
     fp["clock_policy"] = clock
     fp["gpu"] = dict(gpu or {})

@@ -9,6 +9,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from orchestrator.errors import UserError
+from orchestrator.targets.sglang_versions import FORWARD_SECONDS_RENAMED as PER_PASS_TIMERS
+from orchestrator.targets.sglang_versions import parse_version
 
 
 @dataclass(frozen=True)
@@ -17,21 +19,34 @@ class MetricInfo:
     unit: str
     higher_is_better: bool
     phase: str  # which part of the server it describes
+    meaning: str = ""  # what exactly the number is (server metrics: how it is derived)
 
 
 METRICS = {m.name: m for m in (
-    MetricInfo("output_throughput", "tok/s", True, "client"),
+    MetricInfo("output_throughput", "tok/s", True, "client",
+               "output tokens / repetition duration (modeled time on the sim)"),
     MetricInfo("ttft_ms_p50", "ms", False, "client"),
     MetricInfo("ttft_ms_p90", "ms", False, "client"),
     MetricInfo("itl_ms_p50", "ms", False, "client"),
     MetricInfo("itl_ms_p90", "ms", False, "client"),
     MetricInfo("tpot_ms_p50", "ms", False, "client"),
     MetricInfo("tpot_ms_p90", "ms", False, "client"),
-    MetricInfo("verify_ms", "ms", False, "verify"),
-    MetricInfo("draft_ms", "ms", False, "draft"),
-    MetricInfo("decode_ms", "ms", False, "decode"),
-    MetricInfo("accept_len", "tokens", True, "draft"),
-    MetricInfo("cuda_graph_share", "share", True, "verify"),
+    MetricInfo("verify_ms", "ms", False, "verify",
+               "device ms of one verify forward pass over the whole batch (target_verify seconds"
+               " / decode passes); per request it is verify_ms_per_request"),
+    MetricInfo("verify_ms_per_request", "ms", False, "verify",
+               "target_verify seconds / spec_verify_calls_total, which SGLang counts per request:"
+               " verify_ms divided by the mean batch size (equal at concurrency 1)"),
+    MetricInfo("draft_ms", "ms", False, "draft",
+               "device ms of the draft model per EAGLE cycle (draft steps + draft extend), from"
+               " eagle_draft*/decode/extend seconds whichever the runner filed them under"),
+    MetricInfo("decode_ms", "ms", False, "decode",
+               "device ms per plain decode step (only without speculative decoding)"),
+    MetricInfo("accept_len", "tokens", True, "draft",
+               "tokens per verify pass: the requests' meta_info, else the Prometheus counters"
+               " that sum it, else /server_info's windowed value"),
+    MetricInfo("cuda_graph_share", "share", True, "verify",
+               "decode passes replayed from a CUDA graph / all decode passes"),
     MetricInfo("value", "", False, "client"),
 )}
 
@@ -42,7 +57,7 @@ EFFECT_METRICS = ("verify_ms", "draft_ms", "decode_ms", "accept_len", "output_th
 
 # Server-phase metrics that exist only with speculative decoding (the EAGLE cycle's draft and
 # verify) and only without it (a plain decode step).
-SPECULATIVE_ONLY = ("verify_ms", "draft_ms")
+SPECULATIVE_ONLY = ("verify_ms", "verify_ms_per_request", "draft_ms")
 PLAIN_ONLY = ("decode_ms",)
 # Targets whose metrics come from an SGLang server (real or simulated); others report their own.
 SERVER_TARGETS = ("sim", "sglang")
@@ -71,6 +86,12 @@ def check_metric(name: str, *, custom: bool = False, target: Mapping | None = No
             raise UserError(f"{name} is measured only with speculative decoding, and "
                             "target.speculative_algorithm is not set: use decode_ms or a "
                             "client metric such as tpot_ms_p50")
+        version = parse_version(str(target.get("sglang_version") or ""))
+        if speculative and name in SPECULATIVE_ONLY and version and version < PER_PASS_TIMERS:
+            raise UserError(f"{name} needs per-pass device timers, and SGLang "
+                            f"{'.'.join(map(str, version))} (target.sglang_version) times whole "
+                            "scheduler batches (gpu_execution_seconds_total): use a client "
+                            "metric such as tpot_ms_p50 or output_throughput")
     return info
 
 

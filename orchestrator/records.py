@@ -15,6 +15,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 
+from orchestrator.packages.pins import pin_list, pins_of
+
 # Trials recorded as a reference (e.g. "how the node measured earlier") may come from another
 # system state; they are compared against, never reused or pooled as evidence of the current one.
 NOT_EVIDENCE_PHASES = frozenset({"reference"})
@@ -69,6 +71,9 @@ class Candidate:
     # Server settings that differ from the target config (e.g. speculative_num_steps=3), as
     # sorted (key, JSON value) pairs: the "server settings" factor of sweeps and baselines.
     server: tuple[tuple[str, str], ...] = ()
+    # Package versions installed over the node's for this trial (an overlay), as sorted
+    # `name==version` pins with normalized names: the "packages" factor. Empty: the node's own.
+    packages: tuple[str, ...] = ()
 
     @classmethod
     def make(
@@ -78,9 +83,11 @@ class Candidate:
         env: Mapping[str, str] | None = None,
         clock: str = "default",
         server: Mapping[str, object] | None = None,
+        packages: Sequence[str] | Mapping[str, str] | None = None,
     ) -> Candidate:
         srv = tuple(sorted((str(k), json.dumps(v)) for k, v in (server or {}).items()))
-        return cls(commit, tuple(patches), _canonical_env(env or {}), clock, srv)
+        return cls(commit, tuple(patches), _canonical_env(env or {}), clock, srv,
+                   pin_list(pins_of(packages)))
 
     @property
     def server_dict(self) -> dict[str, object]:
@@ -89,6 +96,11 @@ class Candidate:
     @property
     def env_dict(self) -> dict[str, str]:
         return dict(self.env)
+
+    @property
+    def package_dict(self) -> dict[str, str]:
+        """`{name: version}` of the pinned packages."""
+        return dict(p.split("==", 1) for p in self.packages)
 
     def to_json(self) -> dict:
         doc = {
@@ -99,12 +111,14 @@ class Candidate:
         }
         if self.server:  # omitted when empty, so keys of plain candidates stay stable
             doc["server"] = self.server_dict
+        if self.packages:  # likewise
+            doc["packages"] = list(self.packages)
         return doc
 
     @classmethod
     def from_json(cls, data: Mapping) -> Candidate:
         return cls.make(data["commit"], data.get("patches", ()), data.get("env"),
-                        data.get("clock", "default"), data.get("server"))
+                        data.get("clock", "default"), data.get("server"), data.get("packages"))
 
     @property
     def key(self) -> str:
@@ -121,6 +135,7 @@ class Candidate:
         if self.clock != "default":
             parts.append(f"clock={self.clock}")
         parts += [f"{k}={v}" for k, v in self.server]
+        parts += list(self.packages)
         return " ".join(parts)
 
 

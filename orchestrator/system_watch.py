@@ -11,7 +11,8 @@ same node, so a change *between* trials (or across an interruption) is reported 
 Only settled state counts: driver, CUDA and NCCL versions, GPU model, memory, maximum clock,
 persistence mode, uncorrected ECC errors, the power limit and clock locks (compared only between
 trials that asked for the same clock policy, since a policy is a factor a trial sets), installed
-packages, the kernel and the interpreter. Readings that move on their own (the current PCIe
+packages (but not one either trial pinned: an overlay is a factor too), the kernel and the
+interpreter. Readings that move on their own (the current PCIe
 link generation drops at idle, foreign processes come and go, the boot id changes with a reboot
 that changes nothing else) are left out: telemetry and the suspect mark cover those.
 """
@@ -22,6 +23,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from orchestrator.fingerprint_diff import Difference, diff
+from orchestrator.packages.pins import canonical
 from orchestrator.records import NOT_EVIDENCE_PHASES
 from orchestrator.store import TrialRow
 
@@ -105,7 +107,7 @@ class SystemWatch:
 
     def __init__(self) -> None:
         self._last_with_policy: dict[tuple[str, str], tuple[int, Mapping]] = {}
-        self._last_on_node: dict[str, tuple[int, Mapping]] = {}
+        self._last_on_node: dict[str, tuple[int, Mapping, tuple[str, ...]]] = {}
         self.changes: list[SystemChange] = []
 
     def feed(self, row: TrialRow) -> SystemChange | None:
@@ -117,10 +119,12 @@ class SystemWatch:
         previous = self._last_on_node.get(row.node)
         same_policy = self._last_with_policy.get(key)
         self._last_with_policy[key] = (row.id, fingerprint)
-        self._last_on_node[row.node] = (row.id, fingerprint)
+        self._last_on_node[row.node] = (row.id, fingerprint, tuple(row.candidate.package_dict))
         if previous is None:
             return None
-        found = [d for d in system_differences(previous[1], fingerprint) if d.category != "clock"]
+        pinned = set(row.candidate.package_dict) | set(previous[2])
+        found = [d for d in system_differences(previous[1], fingerprint) if d.category != "clock"
+                 and not (d.category in ("package", "nccl") and canonical(d.key) in pinned)]
         before = previous[0]
         if same_policy is not None:
             clocks = [d for d in system_differences(same_policy[1], fingerprint)

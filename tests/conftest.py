@@ -8,6 +8,8 @@ import os
 import signal
 import subprocess
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -41,6 +43,32 @@ def kill_after_finished(args: list[str], db: Path, count: int, pause: float = 0.
         assert proc.poll() is None, f"{args[3]} ended before it could be killed"
     os.killpg(proc.pid, signal.SIGKILL)
     proc.wait()
+
+
+@contextmanager
+def read_only_view(path: Path, view: Path) -> Iterator[Path]:
+    """`path` as a user without write access sees it, at `view`: a read-only bind mount when
+    running as root (root ignores permission bits), else a copy without write permission.
+    Skips the test where neither can be made."""
+    if os.geteuid() == 0:
+        view.mkdir(parents=True)
+        if subprocess.run(["mount", "--bind", str(path), str(view)],
+                          capture_output=True).returncode != 0:
+            pytest.skip("running as root without permission to make a read-only bind mount")
+        try:
+            if subprocess.run(["mount", "-o", "remount,bind,ro", str(view)],
+                              capture_output=True).returncode != 0:
+                pytest.skip("cannot remount a bind mount read-only here")
+            yield view
+        finally:
+            subprocess.run(["umount", str(view)], check=False)
+        return
+    subprocess.run(["cp", "-a", str(path), str(view)], check=True)
+    subprocess.run(["chmod", "-R", "a-w", str(view)], check=True)
+    try:
+        yield view
+    finally:
+        subprocess.run(["chmod", "-R", "u+w", str(view)], check=False)
 
 
 def make_sim_repo(path: Path, profiles: list[dict]) -> list[str]:

@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import hashlib
+import importlib.util
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -55,6 +59,14 @@ CASES = [
     ("patch missing", ["trial", "repo={repo}", "patches=[{base}/missing.patch]"], "missing.patch"),
     ("patch does not apply", ["trial", "repo={repo}", "patches=[{base}/bad.patch]"], "bad.patch"),
     ("zero repetitions", ["trial", "repo={repo}", "bench.repetitions=0"], "repetitions"),
+    ("package pin not exact", ["trial", "repo={repo}", "packages=[torch>=2]"], "name==version"),
+    ("package pin not installable", ["trial", "repo={repo}", "packages=[nosuchpkg==1.0]",
+                                     "packages.find_links={base}"],
+     "cannot install nosuchpkg==1.0 for the trials: Could not find a version"),
+    ("isolate pin not installable", ["isolate", "repo={repo}", "good.packages=[nosuchpkg==1.0]",
+                                     "packages.find_links={base}"], "nosuchpkg==1.0"),
+    ("no wheel directory", ["bisect", "repo={repo}", "good={s0}", "bad={s2}",
+                            "packages.find_links={base}/no-wheels"], "not a directory of wheels"),
     ("negative retries", ["trial", "repo={repo}", "trial.retries=-1"], "retries"),
     ("zero nodes", ["bisect", "repo={repo}", "good={s0}", "bad={s3}", "nodes=0"], "nodes"),
     ("tiny budget", ["bisect", "repo={repo}", "good={s0}", "bad={s3}", "max_trials=0"], "max_trials"),
@@ -86,27 +98,109 @@ CASES = [
     ("scenario without out", ["scenario"], "out=DIR"),
     ("scenario too small", ["scenario", "out={base}/sc", "commits=5"], "commits"),
     ("missing config dir", ["trial", "--config-dir", "{base}/nope", "repo={repo}"], "config-dir"),
+    # A new run's id names a directory inside runs_dir, nothing else.
+    ("run_id escaping runs_dir", ["trial", "repo={repo}", "run_id=../../x"], "run_id"),
+    ("absolute run_id", ["trial", "repo={repo}", "run_id={base}/elsewhere"], "run_id"),
+    # Numbers are checked once, at composition, whatever the command.
+    ("NaN ready timeout", ["trial", "repo={repo}", "trial.ready_timeout_s=nan"], "ready_timeout_s"),
+    ("infinite ready timeout", ["trial", "repo={repo}", "trial.ready_timeout_s=inf"],
+     "ready_timeout_s"),
+    ("negative grace", ["trial", "repo={repo}", "trial.grace_s=-1"], "grace_s"),
+    ("negative warm-up", ["trial", "repo={repo}", "bench.warmup_requests=-1"], "warmup_requests"),
+    ("negative restart noise", ["trial", "repo={repo}", "target.noise_restart_cv=-0.1"],
+     "noise_restart_cv"),
+    ("zero telemetry interval", ["trial", "repo={repo}", "trial.telemetry_interval_s=0"],
+     "telemetry_interval_s"),
+    ("negative request timeout", ["trial", "repo={repo}", "bench.request_timeout_s=-1"],
+     "request_timeout_s"),
+    ("NaN request timeout", ["trial", "repo={repo}", "bench.request_timeout_s=nan"],
+     "request_timeout_s"),
+    ("negative time scale", ["trial", "repo={repo}", "target.time_scale=-1"], "time_scale"),
+    ("NaN time scale", ["trial", "repo={repo}", "target.time_scale=nan"], "time_scale"),
+    ("zero tensor parallelism", ["trial", "repo={repo}", "target.tp_size=0"], "tp_size"),
+    ("absurd output length", ["trial", "repo={repo}", "bench.output_len=1000000000000"],
+     "output_len"),
+    ("negative min effect", ["bisect", "repo={repo}", "good={s0}", "bad={s3}",
+                             "experiment.params.min_effect_pct=-5"], "min_effect_pct"),
+    ("non-numeric min effect", ["bisect", "repo={repo}", "good={s0}", "bad={s3}",
+                                "experiment.params.min_effect_pct=abc"], "min_effect_pct"),
+    ("unknown cluster kind", ["trial", "repo={repo}", "cluster.kind=bogus"], "cluster.kind"),
+    ("unknown launcher", ["trial", "repo={repo}", "target=sglang", "launcher=bogus"], "launcher"),
+    # Only the node can tell these; the run directory made meanwhile is removed again.
+    ("clock beyond the GPUs", ["trial", "repo={repo}", "clock=locked:999999"], "SM clock"),
+    ("server flag the installed server rejects",
+     ["trial", "repo={repo}", "target=sglang", "launcher=sim", "target.extra_args=[--no-such-flag]"],
+     "does not accept --no-such-flag"),
+    ("unreachable cluster", ["trial", "repo={repo}", "cluster=ray", "cluster.address=127.0.0.1:1"],
+     "cannot reach the Ray cluster at 127.0.0.1:1"),
+    # No silent simulator: without SGLang the default target refuses and names the others.
+    ("default target without SGLang", ["trial", "repo={repo}"], "target=sim"),
+    ("default target names target=command", ["trial", "repo={repo}"], "target=command"),
+    ("investigate without a reference or a range", ["investigate", "repo={repo}"],
+     "reference=RUN"),
+    ("investigate with good but no bad", ["investigate", "repo={repo}", "good={s0}"],
+     "good=REF bad=REF"),
+    ("investigate against a missing run", ["investigate", "repo={repo}", "reference=nope"],
+     "no run"),
+    ("sweep in the bisect's direction words", ["sweep", "repo={repo}", "space=nccl_quick",
+                                              "direction=up"], "maximize"),
+    ("cfg of hydra", ["trial", "--cfg", "hydra"], "--cfg job"),
 ]
 
+# Commands that run trials: their cases name target=sim, except those about the default.
+RUNS_TRIALS = ("trial", "bisect", "compare", "isolate", "sweep", "investigate")
+DEFAULT_TARGET = {"default target without SGLang", "default target names target=command"}
+# Cases judged on the nodes: they start Ray (the session's instance, to keep this quick).
+AT_LAUNCH = {"clock beyond the GPUs", "server flag the installed server rejects"}
+# Cases that need a process where Ray is not running yet: run through the real entry point.
+FRESH_PROCESS = {"unreachable cluster"}
 
-@pytest.mark.parametrize("name, argv, needle", CASES, ids=[c[0] for c in CASES])
+
+@pytest.mark.parametrize("name, argv, needle", [c for c in CASES if c[0] not in AT_LAUNCH],
+                         ids=[c[0] for c in CASES if c[0] not in AT_LAUNCH])
 def test_bad_input(world, capsys, monkeypatch, name, argv, needle):
+    _refused(world, capsys, monkeypatch, name, argv, needle)
+
+
+@pytest.mark.parametrize("name, argv, needle", [c for c in CASES if c[0] in AT_LAUNCH],
+                         ids=[c[0] for c in CASES if c[0] in AT_LAUNCH])
+def test_bad_input_found_at_launch(ray_session, world, capsys, monkeypatch, name, argv, needle):
+    _refused(world, capsys, monkeypatch, name, argv, needle)
+
+
+def _refused(world, capsys, monkeypatch, name, argv, needle):
+    if name in DEFAULT_TARGET and importlib.util.find_spec("sglang") is not None:
+        pytest.skip("SGLang is installed here: the default target can run")
     fill = {"repo": world["repo"], "base": world["base"], "runs": world["runs"],
             "side": world["side"], **{f"s{i}": s for i, s in enumerate(world["shas"])}}
     args = [a.format(**fill) for a in argv]
     if args[0] not in ("frobnicate", "scenario") and "--config-dir" not in args:
         args.append(f"runs_dir={world['runs']}")
+    if args[0] in RUNS_TRIALS and not any(a.startswith("target=") for a in args) \
+            and name not in DEFAULT_TARGET:
+        args.append("target=sim")  # the cases mean the simulated node (the default is SGLang)
     monkeypatch.chdir(world["base"])
     before = _tree(world["base"])
-    with pytest.raises(SystemExit) as exc:
-        main(args)
-    assert exc.value.code == 2, name
-    err = capsys.readouterr().err.strip()
+    started = time.monotonic()
+    if name in FRESH_PROCESS:
+        done = subprocess.run([sys.executable, "-m", "orchestrator", *args], cwd=world["base"],
+                              capture_output=True, text=True, timeout=120)
+        code, err = done.returncode, done.stderr.strip()
+    else:
+        with pytest.raises(SystemExit) as exc:
+            main(args)
+        code, err = exc.value.code, capsys.readouterr().err.strip()
+    assert code == 2, name
+    assert time.monotonic() - started < 30, "refused, but not quickly"
     assert len(err.splitlines()) == 1, err
     assert err.startswith("sleuth: error: ") and needle in err, err
     after = _tree(world["base"])
-    # Nothing written, nothing damaged (the worktree cache may hold prepared checkouts).
+    # Nothing written, nothing damaged. The worktree cache may hold prepared checkouts and the
+    # nodes their own state (`.nodes/`: the sim's GPU state, the node lock), both kept across
+    # runs by design; but no lock file and no half-made worktree is left in the cache.
     changed = {k for k in set(before) | set(after) if before.get(k) != after.get(k)
-               and "/.cache/" not in f"/{k}"}
+               and "/.cache/" not in f"/{k}" and "/.nodes/" not in f"/{k}"}
     assert not changed, changed
-    assert not (world["base"] / "x").exists()
+    assert not (world["base"] / "x").exists() and not (world["base"] / "elsewhere").exists()
+    cache = world["runs"] / ".cache"
+    assert not [p for p in cache.rglob("*") if p.suffix == ".lock" or p.name.startswith(".tmp-")]

@@ -8,7 +8,8 @@ from orchestrator.errors import UserError
 
 def test_defaults_compose_with_groups():
     cfg = compose_config("trial", [])
-    assert cfg.target.name == "sim"
+    assert cfg.target.name == "sglang"  # the real server; the sim only when named
+    assert compose_config("demo", []).target.name == "sim"  # the demo is the sim's story
     assert cfg.bench.repetitions == 3
     assert cfg.cluster.kind == "local"
     assert cfg.experiment.name == "trial"
@@ -16,7 +17,7 @@ def test_defaults_compose_with_groups():
 
 
 def test_overrides_and_open_env_keys():
-    cfg = compose_config("trial", ["env.NCCL_PROTO=LL128", "bench.repetitions=5",
+    cfg = compose_config("trial", ["target=sim", "env.NCCL_PROTO=LL128", "bench.repetitions=5",
                                    "target.env.NCCL_ALGO=Ring", "target.time_scale=0.1"])
     assert cfg.env == {"NCCL_PROTO": "LL128"}
     assert cfg.target.env == {"NCCL_ALGO": "Ring"}

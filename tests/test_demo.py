@@ -1,4 +1,5 @@
-"""`sleuth demo` end to end (what `make demo` runs): the seed's story on the simulated node.
+"""`sleuth demo` end to end (what `make demo` runs): the seed's story, told by `sleuth
+investigate`, on the simulated node.
 
 One run on a smaller scenario and a quieter node than the default demo, so it checks the
 mechanics (every step runs, shares one store, and is checked against `truth.json`), not the
@@ -17,7 +18,7 @@ from orchestrator.store import RunStore
 
 pytestmark = pytest.mark.slow
 
-FAST = ["target.time_scale=0.02", "bench.requests=3", "bench.output_len=32",
+FAST = ["target=sim", "target.time_scale=0.02", "bench.requests=3", "bench.output_len=32",
         "bench.input_len=32", "bench.warmup_requests=1", "trial.ready_timeout_s=30"]
 
 
@@ -34,8 +35,9 @@ def test_demo_tells_the_whole_story_and_matches_the_truth(tmp_path, ray_session,
     (run_dir,) = [p for p in runs.iterdir() if (p / "trials.db").exists()]
     truth = json.loads((run_dir / "scenario" / "truth.json").read_text())
     ranked = json.loads((run_dir / "findings.json").read_text())
-    experiments = [doc["experiment"] for doc in ranked["sources"]]
-    assert experiments == ["bisect", "compare", "isolate", "sweep"]
+    experiments = sorted(doc["experiment"] for doc in ranked["sources"])
+    assert experiments == ["bisect", "compare", "investigate", "isolate", "sweep"]
+    assert ranked["experiment"] == "investigate"
     # Its reference trials replay the node as it was then, on purpose: no system change, and
     # none among the trials of the experiments (the isolate one sets clock policies).
     assert ranked["system_changes"] == [] and "the system on" not in printed
@@ -48,6 +50,32 @@ def test_demo_tells_the_whole_story_and_matches_the_truth(tmp_path, ray_session,
     isolated = {d["key"] for doc in ranked["sources"] if doc["experiment"] == "isolate"
                 for f in doc["findings"] for d in f["differences"]}
     assert {"NCCL_PROTO", "power_limit_w"} <= isolated
+
+    # Same code, different result: the compare ranks the fingerprint diff by mechanism (the
+    # SM clock under load dropped with the power cap and verify, compute-bound, moved: the
+    # power limit leads, clocks before packages), the controllable ones marked.
+    compare = next(d for d in ranked["sources"] if d["experiment"] == "compare")
+    assert compare["verdict"] == "not_reproduced", compare["message"]
+    keys = [d["key"] for d in compare["differences"]]
+    assert keys[0] == "power_limit_w" and keys.index("power_limit_w") < keys.index("rich")
+    by_key = {d["key"]: d for d in compare["differences"]}
+    assert by_key["power_limit_w"]["controllable"]
+    assert by_key["NCCL_PROTO"]["factor"] == ["env", "NCCL_PROTO", "LL128"]
+    assert compare["total_effect"]["verify_ms"]["ci"][0] > 20
+
+    # One answer names all three causes, each with an interval, and they add up: the
+    # remainder is a few percent at most (NCCL_PROTO's saving is a smaller share of a verify
+    # pass the culprit made longer, so the effects do not compose exactly).
+    answer = ranked["answer"]
+    named = {c["id"] for c in answer["causes"]}
+    assert {commits[0]["id"], "power_limit_w", "NCCL_PROTO"} <= named, answer["sentence"]
+    assert abs(answer["unexplained"]["pct"]) < 5, answer["sentence"]
+    assert all(c["ci"][0] > 0 for c in answer["causes"])
+    assert answer["settings"] and not any(c["experiment"] == "sweep" for c in answer["causes"])
+    head = (run_dir / "report.md").read_text().splitlines()[:15]
+    assert "simulated node" in head[0]
+    assert any(commits[0]["id"][:12] in line and "power limit" in line for line in head), head
+    assert "answer:" in printed and "simulated node" in printed
 
     # The sweep brought back the NCCL protocol the node lost, confirmed against its baseline.
     sweep_doc = next(d for d in ranked["sources"] if d["experiment"] == "sweep")

@@ -3,7 +3,11 @@
 from __future__ import annotations
 
 import json
+import os
+import signal
+import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -11,7 +15,9 @@ import pytest
 from orchestrator.commands import isolate as isolate_cmd
 from orchestrator.commands import trial as trial_cmd
 from orchestrator.config.compose import compose_config
+from orchestrator.packages.plan import NO_SOURCE
 from orchestrator.records import Outcome
+from orchestrator.redact import REDACTED
 from orchestrator.store import RunStore
 from orchestrator.targets.sim.scenario import generate_scenario
 from orchestrator.targets.simnode import set_node_state
@@ -19,7 +25,7 @@ from tests.conftest import kill_after_finished
 
 pytestmark = pytest.mark.slow
 
-FAST = ["target.time_scale=0.02", "target.load_seconds=5", "bench.requests=2",
+FAST = ["target=sim", "target.time_scale=0.02", "target.load_seconds=5", "bench.requests=2",
         "bench.output_len=32", "bench.input_len=32", "bench.warmup_requests=1",
         "bench.repetitions=2", "trial.ready_timeout_s=30", "nodes=2"]
 
@@ -28,7 +34,17 @@ def _set_nodes(tmp_path: Path, out: Path, when: str) -> None:
     for node in ("local-0", "local-1"):
         set_node_state(tmp_path / "runs" / ".nodes" / node,
                        gpu_state_file=out / f"{when}_gpu_state.json",
-                       env_file=out / f"{when}_env.json", packages_file=out / f"{when}_packages.json")
+                       env_file=out / f"{when}_env.json", packages_file=out / f"{when}_packages.json",
+                       launcher_file=out / f"{when}_launcher.json")
+
+
+def _never_launched_redacted(db: Path) -> None:
+    store = RunStore.open(db)
+    try:
+        for row in store.trials():
+            assert REDACTED not in json.dumps(row.candidate.to_json()), row.candidate.label
+    finally:
+        store.close()
 
 
 def test_seed_replay_names_power_limit_and_nccl_proto(tmp_path, ray_session):
@@ -36,7 +52,7 @@ def test_seed_replay_names_power_limit_and_nccl_proto(tmp_path, ray_session):
     base = [f"repo={sc.repo}", f"runs_dir={tmp_path / 'runs'}", *FAST]
     _set_nodes(tmp_path, sc.out, "reference")
     assert trial_cmd.run(compose_config("trial", [*base, f"commit={sc.truth['bad']}",
-                                                  "run_id=reference", "bench.repetitions=3"])) == 0
+                                                  "run_id=reference"])) == 0
     _set_nodes(tmp_path, sc.out, "now")
     code = isolate_cmd.run(compose_config("isolate", [*base, "reference=reference",
                                                       "metric=verify_ms", "run_id=iso",
@@ -108,3 +124,83 @@ def test_kill_controller_then_resume_reuses_finished_trials(tmp_path, capsys):
     cut = {r.id for r in store.trials() if r.outcome == Outcome.INTERRUPTED}
     assert not cut & set(before)
     assert doc["n_trials"] == len(after) - len(cut)
+
+
+def test_seed_like_scenario_compare_ranks_the_clock_and_isolate_names_both_causes(tmp_path,
+                                                                                 ray_session):
+    """An outside SM clock lock, NCCL_PROTO stripped by a launcher wrapper, 20 harmless env
+    differences, a driver and a package bump: compare puts the lock first, isolate names the
+    lock and the stripped variable and clears the 20; the driver, which no trial can set, and
+    the package, without a package source to install its old version from, stay listed."""
+    sc = generate_scenario(tmp_path / "sc", 30, 4, "seed_system")
+    base = [f"repo={sc.repo}", f"runs_dir={tmp_path / 'runs'}", *FAST]
+    _set_nodes(tmp_path, sc.out, "reference")
+    assert trial_cmd.run(compose_config("trial", [*base, f"commit={sc.truth['bad']}",
+                                                  "run_id=reference"])) == 0
+    _set_nodes(tmp_path, sc.out, "now")
+    code = isolate_cmd.run(compose_config("isolate", [*base, "reference=reference",
+                                                      "metric=verify_ms", "run_id=iso"]))
+    run_dir = tmp_path / "runs" / "iso"
+    doc = json.loads((run_dir / "findings-isolate.json").read_text())
+    compare = json.loads((run_dir / "findings-compare.json").read_text())
+    assert compare["verdict"] == "not_reproduced", compare["message"]
+    assert compare["differences"][0]["key"] == "sm_clock_locked_mhz"
+    dropped = next(d for d in compare["differences"] if d["key"] == "NCCL_PROTO")
+    assert dropped["reference"] == "LL128" and "launcher" in dropped["detail"]
+    assert code == 0, doc["message"]
+    named = {d.get("source") or d["key"] for f in doc["findings"] for d in f["differences"]}
+    assert named == {"sm_clock_locked_mhz", "NCCL_PROTO"}, doc["message"]
+    cleared = {c["key"] for c in doc["cleared"]}
+    harmless = set(sc.truth["system"]["changes"][2]["vars"])
+    assert len(harmless) == 20 and harmless <= cleared
+    untested = {f["id"]: f["untested"] for f in compare["findings"]}
+    assert untested["driver_version"] == "not settable per trial"
+    assert untested["transformers"] == NO_SOURCE  # no package source given: listed, not tested
+    _never_launched_redacted(run_dir / "trials.db")
+
+
+def test_sigterm_interrupts_an_isolate_and_resume_names_power_limit_and_sm_lock(tmp_path):
+    """Power limit 600 -> 450 W and an SM lock at 1900 MHz, both from outside. SIGTERM in
+    the middle ends the run `interrupted` with exit 130 (Ray's own SIGTERM handler used to
+    kill it); resumed, it names both, with effects, within 60 restarts."""
+    sc = generate_scenario(tmp_path / "sc", 30, 4, "clock_pair")
+    runs = tmp_path / "runs"
+    base = [f"repo={sc.repo}", f"runs_dir={runs}", *FAST]
+    _set_nodes(tmp_path, sc.out, "reference")
+    from orchestrator.cli import run as cli_run
+
+    assert cli_run(["trial", *base, f"commit={sc.truth['bad']}", "run_id=reference"]) == 0
+    _set_nodes(tmp_path, sc.out, "now")
+    args = [sys.executable, "-m", "orchestrator", "isolate", *base, "reference=reference",
+            "run_id=iso"]
+    proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                            start_new_session=True)
+    db = runs / "iso" / "trials.db"
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        time.sleep(0.3)
+        if db.exists():
+            store = RunStore.open(db)
+            phases = [r.phase for r in store.trials() if r.finished]
+            store.close()
+            if len([p for p in phases if p != "compare"]) >= 3:
+                break
+        assert proc.poll() is None, proc.stderr.read().decode()
+    os.kill(proc.pid, signal.SIGTERM)
+    assert proc.wait(timeout=120) == 130, proc.stderr.read().decode()
+    store = RunStore.open(db)
+    assert store.status() == "interrupted"
+    store.close()
+    assert cli_run(["resume", str(runs / "iso")]) == 0
+    doc = json.loads((runs / "iso" / "findings-isolate.json").read_text())
+    assert doc["verdict"] == "found", doc["message"]
+    named = {d["source"] for f in doc["findings"] for d in f["differences"]}
+    assert named == {"power_limit_w", "sm_clock_locked_mhz"}
+    for f in doc["findings"]:
+        assert f["effect"]["verify_ms"]["ci"][0] > 5
+    store = RunStore.open(db)
+    isolate_trials = [r for r in store.trials() if r.phase != "compare" and r.finished
+                      and r.outcome is not Outcome.INTERRUPTED]
+    store.close()
+    assert len(isolate_trials) <= 60
+    _never_launched_redacted(db)

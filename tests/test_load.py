@@ -40,7 +40,7 @@ RETRIES = 1  # trial.retries (the default, given explicitly: the accounting belo
 REPETITIONS = 2
 CONFIRM_MIN_ROUNDS, CONFIRM_ROUNDS = 2, 3
 METRIC = "verify_ms"
-FAST = ["target.time_scale=0.02", "target.load_seconds=5", "bench.requests=2",
+FAST = ["target=sim", "target.time_scale=0.02", "target.load_seconds=5", "bench.requests=2",
         "bench.output_len=32", "bench.input_len=32", "bench.warmup_requests=1",
         f"bench.repetitions={REPETITIONS}", "trial.ready_timeout_s=30"]
 

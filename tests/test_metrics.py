@@ -28,3 +28,12 @@ def test_a_target_with_metrics_of_its_own_is_not_second_guessed():
     """The command target prints its own JSON: whatever it names, it may report."""
     assert check_metric("verify_ms", target={"name": "command"}).name == "verify_ms"
     assert check_metric("my_latency", custom=True, target={"name": "command"}).name == "my_latency"
+
+
+def test_verify_ms_is_refused_on_a_release_without_per_pass_timers():
+    old = {**EAGLE, "sglang_version": "0.5.9"}
+    with pytest.raises(UserError, match="0.5.9.*whole scheduler batches"):
+        check_metric("verify_ms", target=old)
+    assert check_metric("tpot_ms_p50", target=old).name == "tpot_ms_p50"
+    assert check_metric("verify_ms", target={**EAGLE, "sglang_version": "0.5.23"}).name == "verify_ms"
+    assert check_metric("verify_ms", target={**EAGLE, "sglang_version": ""}).name == "verify_ms"

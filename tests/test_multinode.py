@@ -10,13 +10,18 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import signal
+import socket
 import subprocess
 import sys
+import tempfile
+import time
 from pathlib import Path
 
 import pytest
 
+from orchestrator.records import Outcome
 from orchestrator.store import RunStore
 from orchestrator.targets.sim.scenario import generate_scenario
 
@@ -24,7 +29,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 pytestmark = pytest.mark.slow
 
-FAST = ["target.time_scale=0.02", "target.load_seconds=5", "bench.requests=2",
+FAST = ["target=sim", "target.time_scale=0.02", "target.load_seconds=5", "bench.requests=2",
         "bench.output_len=32", "bench.input_len=32", "bench.warmup_requests=1",
         "bench.repetitions=2", "trial.ready_timeout_s=30"]
 
@@ -116,3 +121,180 @@ def test_cluster_without_sleuth_nodes_is_refused_with_one_line(tmp_path):
     assert done.returncode == 2, done.stdout[-2000:] + done.stderr[-2000:]
     errors = [ln for ln in done.stderr.splitlines() if ln.startswith("sleuth: error:")]
     assert len(errors) == 1 and "sleuth_node" in errors[0] and "ray start" in errors[0]
+
+
+# --------------------------------------------------------------- a real `ray start` cluster
+
+
+class RayStartCluster:
+    """A head and sleuth nodes started with `ray start` on a loopback address, each `ray start`
+    in a session of its own, so the test stops exactly its processes (never `ray stop`, which
+    stops every Ray on the machine)."""
+
+    IP = "127.0.0.2"  # a loopback address Ray does not rewrite to the host's (as 127.0.0.1)
+
+    def __init__(self, base: Path):
+        import secrets
+
+        from orchestrator.runner.process import free_port
+
+        self.base = base
+        self.port = free_port(self.IP)
+        # Short: Ray's socket paths under it must stay within 107 bytes.
+        self.temp_dir = Path(tempfile.mkdtemp(prefix="sl-ray-"))
+        self.sessions: list[int] = []
+        self.workers: list[int] = []
+        self.env = {**os.environ, "RAY_DISABLE_USAGE_STATS": "1", "RAY_AUTH_MODE": "token",
+                    "RAY_AUTH_TOKEN": secrets.token_hex(16),
+                    # Notice a dead node within seconds, not the default half minute.
+                    "RAY_health_check_period_ms": "500", "RAY_health_check_timeout_ms": "1000",
+                    "RAY_health_check_failure_threshold": "3"}
+
+    @property
+    def address(self) -> str:
+        return f"{self.IP}:{self.port}"
+
+    def _start(self, *args: str) -> int:
+        from orchestrator.runner.process import free_port
+
+        ports = [f"--{name}={free_port(self.IP)}" for name in (
+            "dashboard-agent-listen-port", "dashboard-agent-grpc-port", "metrics-export-port",
+            "runtime-env-agent-port")]
+        proc = subprocess.Popen([str(Path(sys.executable).parent / "ray"), "start", *args,
+                                 f"--node-ip-address={self.IP}", "--num-cpus=1",
+                                 "--disable-usage-stats", *ports],
+                                cwd=self.base, env=self.env, stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, text=True, start_new_session=True)
+        out, _ = proc.communicate(timeout=180)
+        self.sessions.append(proc.pid)
+        assert proc.returncode == 0, out[-3000:]
+        return proc.pid
+
+    def start_head(self) -> None:
+        self._start("--head", f"--port={self.port}", f"--temp-dir={self.temp_dir}",
+                    "--include-dashboard=false")
+
+    def add_node(self) -> int:
+        session = self._start(f"--address={self.address}", '--resources={"sleuth_node": 1}')
+        self.workers.append(session)
+        return session
+
+    def raylet_of(self, node_id_prefix: str) -> int:
+        for pid, sid, argv in _processes():
+            if sid in self.workers and argv and argv[0].endswith("raylet") and any(
+                    a.startswith(f"--node_id={node_id_prefix}") for a in argv):
+                return pid
+        raise AssertionError(f"no raylet of node {node_id_prefix} among this cluster's")
+
+    def stop(self) -> None:
+        for _ in range(2):
+            mine = [pid for pid, sid, _ in _processes() if sid in self.sessions]
+            for pid in mine:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+            time.sleep(0.5)
+        shutil.rmtree(self.temp_dir, ignore_errors=True)
+
+
+def _processes() -> list[tuple[int, int, list[str]]]:
+    """(pid, session id, argv) of every live process."""
+    out = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            stat = Path(f"/proc/{entry}/stat").read_text()
+            argv = Path(f"/proc/{entry}/cmdline").read_bytes().decode(errors="replace")
+        except OSError:
+            continue
+        fields = stat[stat.rfind(")") + 2:].split()
+        if fields[0] != "Z":
+            out.append((int(entry), int(fields[3]), argv.split("\0")))
+    return out
+
+
+def _finished(db: Path) -> list:
+    if not db.exists():
+        return []
+    store = RunStore.open(db, readonly=True)
+    try:
+        return store.trials()
+    finally:
+        store.close()
+
+
+def test_losing_a_ray_node_mid_bisect_retries_its_trial_and_a_node_that_returns_is_used(
+        tmp_path):
+    from tests.conftest import git, read_only_view
+
+    probe = socket.socket()
+    try:
+        probe.bind((RayStartCluster.IP, 0))
+    except OSError:
+        pytest.skip(f"{RayStartCluster.IP} is not a loopback address here")
+    finally:
+        probe.close()
+    scenario = generate_scenario(tmp_path / "sc", 40, 3, "one_culprit")
+    truth = scenario.truth
+    worktrees_before = git(scenario.repo, "worktree", "list", "--porcelain")
+    cluster = RayStartCluster(tmp_path)
+    runs = tmp_path / "runs"
+    db = runs / "lost" / "trials.db"
+    proc = None
+    with read_only_view(scenario.repo, tmp_path / "ro") as repo:
+        try:
+            cluster.start_head()
+            cluster.add_node()
+            cluster.add_node()
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "orchestrator", "bisect", f"repo={repo}",
+                 f"runs_dir={runs}", "run_id=lost", f"good={truth['good']}",
+                 f"bad={truth['bad']}", "metric=verify_ms", "nodes=2", "cluster=ray",
+                 f"cluster.address={cluster.address}", "trial.retries=0",
+                 *[o for o in FAST if "time_scale" not in o], "target.time_scale=0.03"],
+                cwd=ROOT, env=cluster.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                text=True, start_new_session=True)
+            deadline = time.monotonic() + 240
+            seen: set[int] = set()
+            while True:  # until a few trials are done and another has just begun
+                rows = _finished(db)
+                done = {r.id: r.outcome for r in rows if r.finished}
+                fresh = [r for r in rows if not r.finished and r.id not in seen]
+                if len(done) >= 3 and fresh and seen:
+                    break
+                seen |= {r.id for r in rows}
+                assert time.monotonic() < deadline and proc.poll() is None, proc.communicate()
+                time.sleep(0.1)
+            victim = fresh[0]  # its server has seconds of work ahead: lost mid-trial
+            os.kill(cluster.raylet_of(victim.node.rsplit("-", 1)[1]), signal.SIGKILL)
+            killed_at = time.time()
+            cluster.add_node()  # the machine comes back (a new Ray node id)
+            out, err = proc.communicate(timeout=300)
+        finally:
+            if proc is not None and proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+            cluster.stop()
+    assert proc.returncode == 0, out[-3000:] + err[-3000:]
+    doc = json.loads((runs / "lost" / "findings.json").read_text())
+    assert doc["findings"][0]["id"] == truth["culprits"][0]["sha"]
+    rows = _finished(db)
+    by_id = {r.id: r for r in rows}
+    assert all(by_id[i].outcome is o for i, o in done.items())  # nothing finished was lost
+    lost = by_id[victim.id]
+    assert lost.outcome is Outcome.INTERRUPTED and "lost" in lost.detail, lost.detail
+    again = [r for r in rows if r.id > victim.id and r.candidate_id == victim.candidate_id
+             and r.phase == victim.phase and r.outcome is Outcome.OK]
+    assert again and again[0].node != victim.node  # retried on a live node
+    nodes = {r.node for r in rows if r.outcome is Outcome.OK}
+    assert len(nodes) == 3, nodes  # the two first nodes and the one that came back
+    first_nodes = {r.node for r in rows if r.id <= victim.id}
+    back = min(r.started_at for r in rows if r.node not in first_nodes and r.started_at)
+    print(f"node loss: noticed after {lost.ended_at - killed_at:.1f}s, trial running again"
+          f" after {again[0].started_at - killed_at:.1f}s, the returned node's first trial"
+          f" after {back - killed_at:.1f}s; {len(rows)} trials in all")
+    assert "joined the run" in out
+    # The user's repository: read-only, and nothing registered in it.
+    assert git(scenario.repo, "worktree", "list", "--porcelain") == worktrees_before

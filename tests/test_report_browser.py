@@ -37,7 +37,7 @@ from orchestrator.records import Candidate
 
 pytestmark = pytest.mark.slow
 
-FAST = ["target.time_scale=0.02", "target.load_seconds=5", "bench.requests=2",
+FAST = ["target=sim", "target.time_scale=0.02", "target.load_seconds=5", "bench.requests=2",
         "bench.output_len=32", "bench.input_len=32", "bench.warmup_requests=1",
         "bench.repetitions=2", "trial.ready_timeout_s=30"]
 EVIL_SUBJECT = "verify: <script>document.title='pwned'</script> & <b>fast</b> | path"

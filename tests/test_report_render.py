@@ -30,6 +30,7 @@ from orchestrator.render import finding_id
 from orchestrator.report import load_run, write_report
 from orchestrator.report import series as S
 from orchestrator.report import tables as T
+from orchestrator.report.fingerprints import fingerprint_diffs
 from orchestrator.report.html import render_html
 from orchestrator.report.markdown import md_escape, render_markdown
 from orchestrator.report.plots import make_plots
@@ -61,7 +62,7 @@ def _metrics(verify: float, rng: random.Random) -> dict:
 
 def build_bisect_run(root: Path, run_id: str = "syn") -> dict:
     """A finished synthetic bisect run directory (see the module docstring)."""
-    cfg = compose_config("bisect", [f"runs_dir={root}", "metric=verify_ms", "nodes=2",
+    cfg = compose_config("bisect", ["target=sim", f"runs_dir={root}", "metric=verify_ms", "nodes=2",
                                     "trial.retries=0", f"run_id={run_id}"])
     run_dir = root / run_id
     run_dir.mkdir(parents=True)
@@ -186,7 +187,9 @@ def test_posterior_replay_matches_the_run(run, data):
 def test_phase_pairs_and_timeline(run, data):
     pairs = S.phase_pairs(data)
     top = pairs[0]
-    assert top.before_label == _sha(CULPRIT - 1)[:10] and top.after_label == _sha(CULPRIT)[:10]
+    # In words: the culprit's parent and the culprit, each as SHA + subject.
+    assert top.before_label == f"parent {_sha(CULPRIT - 1)[:7]} commit {CULPRIT - 1}"
+    assert top.after_label.startswith(f"commit {_sha(CULPRIT)[:7]} fix <script>")
     verify = {m: (a, b) for m, a, b in top.metrics}["verify_ms"]
     assert 18 < verify[0].mean < 20 and 28 < verify[1].mean < 30
     assert verify[0].lo < verify[0].mean < verify[0].hi
@@ -197,7 +200,7 @@ def test_phase_pairs_and_timeline(run, data):
 
 
 def test_fingerprint_diff_shows_the_power_limit_drift(data):
-    views = S.fingerprint_diffs(data)
+    views = fingerprint_diffs(data)
     titles = [v.title for v in views]
     drift = next(v for v in views if v.title.startswith("during the run"))
     assert [d.key for d in drift.differences] == ["power_limit_w"], titles
@@ -254,7 +257,7 @@ def test_report_command_prints_tables_and_paths(run, capsys):
     assert exit_info.value.code == 0
     out = capsys.readouterr().out
     assert f"report: {run['run_dir'] / 'report.html'}" in out
-    assert _sha(CULPRIT)[:12] in out and "Ranked findings" in out
+    assert _sha(CULPRIT)[:12] in out and "Causes (" in out and out.startswith("run syn")
     assert f'#1 commit {_sha(CULPRIT)[:12]} "{EVIL}"' in out  # printed as typed, no markup
     for name in ("report.md", "report.html", "plots/posterior.png"):
         assert (run["run_dir"] / name).stat().st_size > 1000
@@ -294,7 +297,7 @@ def test_second_experiment_is_ranked_in_and_findings_rewritten(tmp_path):
 
 
 def test_a_run_without_measurements_still_reports(tmp_path):
-    cfg = compose_config("trial", [f"runs_dir={tmp_path}"])
+    cfg = compose_config("trial", ["target=sim", f"runs_dir={tmp_path}"])
     run_dir = tmp_path / "empty"
     run_dir.mkdir()
     store = RunStore.create(run_dir / "trials.db", run_id="empty", command="trial",
@@ -330,7 +333,7 @@ def test_compare_differences_are_listed_and_ranked_after_causes(tmp_path):
                         for i, d in enumerate((driver, power), 1)]}
     (run["run_dir"] / "findings-compare.json").write_text(json.dumps(doc))
     data = load_run(run["run_dir"])
-    reported = S.fingerprint_diffs(data)[0]
+    reported = fingerprint_diffs(data)[0]
     assert reported.title == "compare: ref-run vs now"
     assert [(d.key, d.reference, d.now, d.controllable) for d in reported.differences] == [
         ("driver_version", "590.48.01", "595.10", False), ("power_limit_w", 600, 450, True)]
@@ -350,7 +353,7 @@ def test_the_combined_findings_name_each_system_change(data):
         assert change["after_trial"] >= 8 > change["before_trial"]
         (diff,) = change["differences"]
         assert (diff["key"], diff["reference"], diff["now"]) == ("power_limit_w", 600, 450)
-    views = [v.title for v in S.fingerprint_diffs(data)]
+    views = [v.title for v in fingerprint_diffs(data)]
     for change in changes:
         assert (f"during the run, on {change['node']}: trial {change['before_trial']} vs trial"
                 f" {change['after_trial']}") in views
@@ -386,3 +389,48 @@ def test_a_verdict_without_findings_is_one_line_not_an_empty_table():
                           "findings": [{"rank": 1, "kind": "commit", "id": _sha(3),
                                         "probability": 0.995, "effect": {}}]})
     assert isinstance(one, Table) and one.row_count == 1
+
+
+def test_the_terminal_report_reads_at_80_columns(data):
+    """The answer first, then tables that fit an 80-column terminal without folding a commit
+    hash: the findings' summaries and the rest are lines of their own."""
+    import io
+
+    from rich.console import Console
+
+    from orchestrator.report.terminal import print_report
+
+    buf = io.StringIO()
+    print_report(Console(file=buf, width=80, color_system=None), data)
+    lines = buf.getvalue().splitlines()
+    assert max(len(line) for line in lines) <= 80
+    assert lines[0].startswith("run syn") and lines[1].startswith("answer: verify_ms")
+    assert any(_sha(CULPRIT)[:12] in line for line in lines)  # never split across lines
+    answer_table = next(i for i, line in enumerate(lines) if "Causes of the change" in line)
+    assert answer_table < 12
+
+
+def test_plot_labels_are_short_and_interrupted_trials_are_not_failed(tmp_path):
+    """A candidate reads as SHA + subject (wrapped), settings as they are said; a trial cut
+    short is counted apart from the failed ones."""
+    from orchestrator.report import labels
+
+    cand = Candidate.make("557fc874c92b" + "0" * 28, env={"NCCL_PROTO": "<unset>",
+                                                          "NCCL_ALGO": "Tree"},
+                          clock="power:600,locked:off")
+    text = labels.short(cand, {cand.commit: "Use a shared workspace buffer for the flashinfer"
+                               " prefill wrapper"}, prefix="#3")
+    assert text.startswith("#3 557fc87 Use a shared")
+    assert all(len(line) <= labels.WIDTH for line in text.splitlines())
+    assert len(text.splitlines()) <= 3 and text.endswith("...")
+    assert labels.settings(cand) == ["NCCL_ALGO=Tree", "NCCL_PROTO unset", "+2 more"]
+    assert labels.clock_text("power:600,locked:off") == ["power limit 600 W",
+                                                         "SM clock lock unlocked"]
+    run = build_bisect_run(tmp_path / "runs", run_id="cut")
+    store = RunStore.open(run["store_path"])
+    bad = run["points"][-1]
+    tid = store.begin_trial(store.candidate_id(bad), node="local-0", phase="search")
+    store.finish_trial(tid, TrialResult(Outcome.INTERRUPTED, "stopped by the user"))
+    store.close()
+    series = {s.key: s for s in S.distributions(load_run(run["run_dir"]), "verify_ms")}
+    assert tid in series[bad.key].interrupted and tid not in series[bad.key].failed

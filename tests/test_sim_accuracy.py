@@ -2,7 +2,9 @@
 
 Client tok/s is taken the way a streaming benchmark does (tokens after the first over the time
 from first to last chunk, divided by the time scale); phase times come from Prometheus counter
-deltas exactly as the orchestrator derives them. Both must land within 2% of `model.predict`.
+deltas exactly as the orchestrator derives them (`prometheus.phases`, per decode pass; without
+CUDA graphs the draft's extend is in `extend` with the prefill, which is subtracted as the
+adapter's prefill probe would measure it). Both must land within 2% of `model.predict`.
 """
 
 from __future__ import annotations
@@ -73,6 +75,7 @@ def test_measurements_match_the_model(name, tmp_path):
             "--sim-load-seconds", "2", "--sim-gpu-state", str(state_path)]  # fmt: skip
     env = {k: v for k, v in os.environ.items() if not k.startswith(("NCCL_", "CUDA_"))}
     env.update(env_extra)
+    env["SGLANG_ENABLE_METRICS_DEVICE_TIMER"] = "1"
     launch = sim_args.parse(["--model-path", "m", *argv], env).launch
     pred = model.predict(launch, env, state, prompt_tokens=len(PROMPT))
     expected = model.expected_decode_tok_s(pred, OUTPUT_TOKENS)
@@ -92,23 +95,28 @@ def test_measurements_match_the_model(name, tmp_path):
     tok_s = min(measured, key=lambda value: abs(value / expected - 1))
     assert tok_s == pytest.approx(expected, rel=0.02), f"{name}: {measured} vs {expected:.2f}"
     forward = "sglang:forward_execution_seconds_total"
+    # The one prefill (PROMPT, plus the draft's prefill) is in `extend` too: its modeled cost.
+    per_token = pred.prefill_ms / 1000.0 / len(PROMPT)
+    phases = prometheus.phase_metrics(before, after, speculative=launch.speculative,
+                                      prefill_s_per_token=per_token)
+    passes = _delta(before, after, "sglang:cuda_graph_passes_total", mode="decode_cuda_graph")
+    passes += _delta(before, after, "sglang:cuda_graph_passes_total", mode="decode_none")
     if launch.speculative:
         calls = _delta(before, after, "sglang:spec_verify_calls_total")
-        verify_ms = 1000 * _delta(before, after, forward, category="target_verify") / calls
-        draft_s = _delta(before, after, forward, category="eagle_draft") + _delta(
-            before, after, forward, category="eagle_draft_extend"
-        )
-        assert calls == model.cycles_for_tokens(OUTPUT_TOKENS - 1, pred.accept_len)
-        assert verify_ms == pytest.approx(pred.verify_ms, rel=0.02)
-        assert 1000 * draft_s / calls == pytest.approx(pred.draft_ms, rel=0.02)
+        assert calls == passes == model.cycles_for_tokens(OUTPUT_TOKENS - 1, pred.accept_len)
+        assert phases["verify_ms"] == pytest.approx(pred.verify_ms, rel=0.02)
+        assert phases["draft_ms"] == pytest.approx(pred.draft_ms, rel=0.02)
+        assert "decode_ms" not in phases
+        eager = _delta(before, after, forward, category="decode") > 0
+        assert eager == (not pred.verify_cuda_graph)  # eager draft <=> no graphs in this set
         graph_in_log = f"cuda graph: {pred.verify_cuda_graph}, gen throughput"
         assert graph_in_log in log
+        assert phases["cuda_graph_share"] == (1.0 if pred.verify_cuda_graph else 0.0)
     else:
-        passes = _delta(before, after, "sglang:cuda_graph_passes_total", mode="decode_cuda_graph")
-        passes += _delta(before, after, "sglang:cuda_graph_passes_total", mode="decode_none")
         decode_ms = 1000 * _delta(before, after, forward, category="decode") / passes
         assert passes == OUTPUT_TOKENS - 1
         assert decode_ms == pytest.approx(pred.decode_ms, rel=0.02)
+        assert phases["decode_ms"] == pytest.approx(decode_ms)
     assert math.isfinite(tok_s)
 
 
@@ -128,13 +136,12 @@ def _launch(tmp_path, extra: list[str], state=None):
     gpu_state.save(state_path, state or gpu_state.default_state())
     argv = ["--tp-size", "8", "--enable-metrics", "--sim-time-scale", "0.02",
             "--sim-load-seconds", "2", "--sim-gpu-state", str(state_path), *extra]  # fmt: skip
-    return state_path, run_sim(argv, cwd=tmp_path, log_path=tmp_path / "server.log")
+    env = {**os.environ, "SGLANG_ENABLE_METRICS_DEVICE_TIMER": "1"}
+    return state_path, run_sim(argv, cwd=tmp_path, log_path=tmp_path / "server.log", env=env)
 
 
 def _verify_ms(before: dict, after: dict) -> float:
-    forward = "sglang:forward_execution_seconds_total"
-    seconds = _delta(before, after, forward, category="target_verify")
-    return 1000 * seconds / _delta(before, after, "sglang:spec_verify_calls_total")
+    return prometheus.phase_metrics(before, after)["verify_ms"]
 
 
 def test_gpu_state_changes_reach_a_running_server(tmp_path):

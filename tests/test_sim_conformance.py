@@ -1,22 +1,21 @@
-"""The sim speaks SGLang: endpoints, field names, metric names and log formats.
+"""The sim speaks SGLang: endpoints, field names, metric names and log formats, for each release
+it imitates (`--sim-sglang-version 0.5.23`, the default, and `0.5.9`).
 
-Expected strings are copied from SGLang's source:
-- routes and `/get_server_info` payload: python/sglang/srt/entrypoints/http_server.py
-  (`health_generate`, `get_model_info`, `get_server_info`, `generate_request`, `flush_cache`);
-- `meta_info` keys: python/sglang/srt/managers/tokenizer_manager.py (`_handle_batch_output`,
-  spec fields from `fill_spec_decoding_meta`);
-- metric names, label names and histogram buckets:
-  python/sglang/srt/observability/metrics_collector.py (SchedulerMetricsCollector,
-  TokenizerMetricsCollector; read on main, 2026; the 0.5.23 names the design relies on);
-- log lines: `report_prefill_stats` / `report_decode_stats` (scheduler metrics mixin) in the
-  v0.5.9 format, and `Load weight begin.` / `Capture cuda graph begin.` (model_runner.py) and
-  "The server is fired up and ready to roll!" (http_server.py `_wait_and_warmup`).
+Expected names and formats come from the saved facts of the real packages
+(tests/fixtures/sglang_*/, see tests/sglang_facts.py and experiments/sglang_fixtures.py):
+metric names from the metrics collector, forward-time categories from the runners, the decode /
+prefill log f-strings, `meta_info` keys from the tokenizer manager, routes and `/model_info`
+fields from http_server.py, ServerArgs fields (0.5.23: what `build_server_info` returned).
+Strings no fixture holds (startup lines, the flush text) are copied from the same sources:
+`Load weight begin.` / `Capture cuda graph begin.` (model_runner.py), "The server is fired up
+and ready to roll!" (http_server.py `_wait_and_warmup`).
 """
 
 from __future__ import annotations
 
 import http.client
 import json
+import os
 import re
 import urllib.error
 import urllib.request
@@ -25,30 +24,17 @@ import pytest
 
 from orchestrator.bench import prometheus
 from orchestrator.targets.sim.launcher import SimProcess, run_sim
+from tests import sglang_facts as sf
 
 FAST = ["--sim-time-scale", "0.02", "--sim-load-seconds", "2", "--sim-noise-restart-cv", "0",
         "--sim-noise-request-cv", "0"]  # fmt: skip
 EAGLE = ["--tp-size", "8", "--speculative-algorithm", "EAGLE3", "--speculative-num-steps", "2",
          "--speculative-eagle-topk", "1", "--speculative-num-draft-tokens", "3"]  # fmt: skip
+TIMER_ENV = {**os.environ, "SGLANG_ENABLE_METRICS_DEVICE_TIMER": "1"}
 
-# --- strings copied from SGLang ------------------------------------------------------------
 LOG_PREFIX_TP = r"\[\d{4}-\d{2}-\d{2} \d{2}:\d{2}:\d{2} TP0\] "
 LOG_PREFIX_MAIN = r"\[\d{4}-\d{2}-\d{2} \d{2}:\d{2}:\d{2}\] "
-F2 = r"\d+\.\d{2}"
-DECODE_LINE = re.compile(
-    "^" + LOG_PREFIX_TP + r"Decode batch, #running-req: \d+, #token: \d+, token usage: " + F2
-    + ", accept len: " + F2 + ", accept rate: " + F2 + r", cuda graph: (True|False), "
-    r"gen throughput \(token/s\): " + F2 + r", #queue-req: \d+$"
-)  # fmt: skip
-DECODE_LINE_BASELINE = re.compile(
-    "^" + LOG_PREFIX_TP + r"Decode batch, #running-req: \d+, #token: \d+, token usage: " + F2
-    + r", cuda graph: (True|False), gen throughput \(token/s\): " + F2 + r", #queue-req: \d+$"
-)  # fmt: skip
-PREFILL_LINE = re.compile(
-    "^" + LOG_PREFIX_TP + r"Prefill batch, #new-seq: \d+, #new-token: \d+, #cached-token: \d+, "
-    "token usage: " + F2 + r", #running-req: \d+, #queue-req: \d+, "
-    r"input throughput \(token/s\): " + F2 + r", cuda graph: (True|False)$"
-)  # fmt: skip
+F2 = sf.F2
 STARTUP_LINES = (
     re.compile("^" + LOG_PREFIX_TP + r"Load weight begin\. avail mem=" + F2 + " GB$"),
     re.compile("^" + LOG_PREFIX_TP + r"Load weight end\. type=\w+, dtype=torch\.\w+, avail mem="),
@@ -58,52 +44,74 @@ STARTUP_LINES = (
     re.compile("^" + LOG_PREFIX_MAIN + r"INFO:     Uvicorn running on http://127\.0\.0\.1:\d+ "),
     re.compile("^" + LOG_PREFIX_MAIN + "The server is fired up and ready to roll!$"),
 )
-SERVER_ARG_FIELDS = (
-    "model_path", "tokenizer_path", "host", "port", "tp_size", "dp_size", "served_model_name",
-    "speculative_algorithm", "speculative_draft_model_path", "speculative_num_steps",
-    "speculative_eagle_topk", "speculative_num_draft_tokens", "cuda_graph_max_bs",
-    "disable_cuda_graph", "enable_metrics", "decode_log_interval", "max_running_requests",
-    "chunked_prefill_size", "mem_fraction_static", "weight_version",
-)  # fmt: skip
-META_KEYS = ("id", "finish_reason", "prompt_tokens", "weight_version", "total_retractions",
-             "completion_tokens", "cached_tokens")  # fmt: skip
-SPEC_META_KEYS = ("spec_verify_ct", "spec_accept_rate", "spec_accept_length",
-                  "spec_accepted_drafts", "spec_proposed_drafts", "spec_accept_histogram")  # fmt: skip
-METRIC_NAMES = (
-    "sglang:num_running_reqs", "sglang:num_queue_reqs", "sglang:gen_throughput",
-    "sglang:token_usage", "sglang:spec_accept_length", "sglang:spec_accept_rate",
-    "sglang:prompt_tokens_total", "sglang:generation_tokens_total",
-    "sglang:spec_verify_calls_total", "sglang:forward_execution_seconds_total",
-    "sglang:cuda_graph_passes_total", "sglang:num_requests_total",
-    "sglang:time_to_first_token_seconds_bucket", "sglang:time_to_first_token_seconds_sum",
-    "sglang:time_to_first_token_seconds_count", "sglang:inter_token_latency_seconds_bucket",
-    "sglang:inter_token_latency_seconds_sum", "sglang:inter_token_latency_seconds_count",
-    "sglang:e2e_request_latency_seconds_bucket", "sglang:e2e_request_latency_seconds_sum",
-    "sglang:e2e_request_latency_seconds_count",
-)  # fmt: skip
-FORWARD_CATEGORIES = ("decode", "extend", "target_verify", "eagle_draft", "eagle_draft_extend", "idle")
+# Keys the route adds around ServerArgs, and scheduler info (not ServerArgs fields).
+SERVER_INFO_EXTRA = {"internal_states", "version", "max_total_num_tokens", "max_req_input_len"}
 TTFT_BUCKETS = (0.1, 0.2, 0.4, 0.6, 0.8, 1, 2, 4, 6, 8, 10, 20, 40, 60, 80, 100, 200, 400)
 FLUSH_TEXT = (
     "Cache flushed.\nPlease check backend logs for more details. "
     "(When there are running or waiting requests, the operation will not be performed.)\n"
 )
+SPEC_NAMES = {  # (correct drafts, proposed drafts, histogram) in each release's meta_info
+    "0.5.9": ("spec_accept_token_num", "spec_draft_token_num", "spec_accept_histogram"),
+    "0.5.23": ("spec_num_correct_drafts", "spec_num_proposed_drafts", "spec_correct_drafts_histogram"),
+}
+
+
+def log_line_regexes(version: str, *, speculative: bool, device_timer: bool) -> tuple[re.Pattern, re.Pattern]:
+    """(decode, prefill) line regexes assembled from the release's own saved f-strings, on the
+    path a single-node, non-disaggregated CUDA server takes."""
+    fmt = sf.facts(version)["log_formats"]
+    dec, pre = fmt["decode"]["fstrings"], fmt["prefill"]["fstrings"]
+    iters = r"(?: \[\d+\])?"
+    if version == "0.5.23":
+        usage = fmt["usage_fstrings"]
+        # `", ".join(parts) + ", "` in the reporter
+        dec_usage = sf.fstring(sf.pick(usage["get_decode_usage_msg_parts"], "#token: ")[0], {}) + ", "
+        pre_usage = sf.fstring(sf.pick(usage["get_prefill_usage_msg_parts"], "token usage: ")[0], {}) + ", "
+        graph_expr = "self._graph_backend_label"
+    else:  # the usage f-strings are in the log function itself, separator included
+        dec_usage = sf.fstring(sf.pick(dec, "#token: ")[0], {})
+        pre_usage = sf.fstring(sf.pick(pre, "token usage: ")[0], {})
+        graph_expr = "graph_backend[self.device]"
+    values = {"iter_msg": iters, graph_expr: "cuda graph", "can_run_cuda_graph": "(True|False)"}
+    graph = "{" + graph_expr + "}"
+    head = sf.pick(dec, "Decode batch")[0]
+    decode = sf.fstring(head, {**values, "token_usage_msg": dec_usage})
+    if speculative:
+        decode += sf.fstring(sf.pick(dec, "accept len")[0], values)
+    decode += sf.fstring(sf.pick(dec, graph)[0], values)
+    prefill = sf.fstring(sf.pick(pre, "Prefill batch")[0], {**values, "token_usage_msg": pre_usage})
+    order = (graph, "input throughput") if version == "0.5.23" else ("input throughput", graph)
+    prefill += "".join(sf.fstring(s, values) for s in sf.pick(pre, *order))
+    if device_timer and version == "0.5.23":
+        occupancy = ", " + sf.fstring(fmt["occupancy_fstrings"][0], {})
+        decode, prefill = decode + occupancy, prefill + occupancy
+    return re.compile("^" + LOG_PREFIX_TP + decode + "$"), re.compile("^" + LOG_PREFIX_TP + prefill + "$")
 
 
 # One server per test (not per module): the suite's guard fails any test that leaves a
 # process running, and a launch costs only ~0.3 s at this time scale.
+@pytest.fixture(params=sf.VERSIONS)
+def version(request) -> str:
+    return request.param
+
+
 @pytest.fixture
-def eagle(tmp_path) -> SimProcess:
+def eagle(tmp_path, version) -> SimProcess:
     d = tmp_path
-    args = [*EAGLE, *FAST, "--enable-metrics", "--decode-log-interval", "4"]
-    with run_sim(args, cwd=d, log_path=d / "server.log") as sim:
+    args = [*EAGLE, *FAST, "--enable-metrics", "--decode-log-interval", "4",
+            "--sim-sglang-version", version]  # fmt: skip
+    with run_sim(args, cwd=d, log_path=d / "server.log", env=TIMER_ENV) as sim:
+        sim.version = version
         yield sim
 
 
 @pytest.fixture
-def baseline(tmp_path) -> SimProcess:
+def baseline(tmp_path, version) -> SimProcess:
     d = tmp_path / "base"
     d.mkdir()
-    with run_sim(["--tp-size", "8", *FAST], cwd=d, log_path=d / "server.log") as sim:
+    args = ["--tp-size", "8", *FAST, "--sim-sglang-version", version]
+    with run_sim(args, cwd=d, log_path=d / "server.log", env=TIMER_ENV) as sim:
         yield sim
 
 
@@ -128,21 +136,28 @@ def test_health_server_info_and_model_info(eagle):
     _generate(eagle)
     info = eagle.get_json("/server_info")
     assert info == {**eagle.get_json("/get_server_info"), "internal_states": info["internal_states"]}
-    for field in SERVER_ARG_FIELDS:
-        assert field in info, field
+    real = (sf.server_info_keys() if eagle.version == "0.5.23"
+            else set(sf.facts("0.5.9")["server_args_fields"]))
+    assert set(info) - SERVER_INFO_EXTRA <= real, sorted(set(info) - SERVER_INFO_EXTRA - real)
+    assert info["version"] == eagle.version
     assert info["tp_size"] == 8 and info["speculative_algorithm"] == "EAGLE3"
     assert (info["speculative_num_steps"], info["speculative_eagle_topk"],
             info["speculative_num_draft_tokens"]) == (2, 1, 3)  # fmt: skip
-    assert info["cuda_graph_max_bs"] >= 1 and info["disable_cuda_graph"] is False
+    max_bs = "cuda_graph_max_bs_decode" if eagle.version == "0.5.23" else "cuda_graph_max_bs"
+    assert info[max_bs] >= 1 and info["disable_cuda_graph"] is False
     assert info["max_running_requests"] == 48  # SGLang's cap with EAGLE
-    assert isinstance(info["version"], str)
     state = info["internal_states"][0]
     assert 1.0 < state["avg_spec_accept_length"] <= 3.0  # tokens per verify, bonus included
     assert "last_gen_throughput" in state
-    model_info = eagle.get_json("/get_model_info")
-    assert set(model_info) == {"model_path", "tokenizer_path", "is_generation",
-                               "preferred_sampling_params", "weight_version"}  # fmt: skip
+    # /model_info (bench_serving reads the tokenizer from it) and its deprecated alias.
+    model_info = eagle.get_json("/model_info")
+    assert model_info == eagle.get_json("/get_model_info")
+    assert set(model_info) == set(sf.facts(eagle.version)["http"]["model_info_keys"])
     assert model_info["is_generation"] is True
+    routes = sf.facts(eagle.version)["http"]["routes"]
+    for path in ("/model_info", "/get_model_info", "/server_info", "/get_server_info",
+                 "/health_generate", "/flush_cache", "/generate"):
+        assert path in routes, path
     models = eagle.get_json("/v1/models")
     assert models["object"] == "list" and models["data"][0]["id"] == info["served_model_name"]
 
@@ -151,14 +166,19 @@ def test_generate_non_streaming(eagle):
     out = _generate(eagle, n=17)
     assert set(out) == {"text", "output_ids", "meta_info"}
     meta = out["meta_info"]
-    for key in (*META_KEYS, *SPEC_META_KEYS, "e2e_latency"):
+    assert set(meta) <= sf.meta_keys(eagle.version), sorted(set(meta) - sf.meta_keys(eagle.version))
+    correct, proposed, histogram = SPEC_NAMES[eagle.version]
+    for key in ("id", "finish_reason", "prompt_tokens", "completion_tokens", "cached_tokens",
+                "e2e_latency", "spec_verify_ct", "spec_accept_rate", "spec_accept_length",
+                correct, proposed, histogram):
         assert key in meta, key
     assert len(out["output_ids"]) == meta["completion_tokens"] == 17
     assert meta["finish_reason"] == {"type": "length", "length": 17}
     assert meta["prompt_tokens"] == 32
     assert meta["spec_accept_length"] == pytest.approx(17 / meta["spec_verify_ct"])
-    assert meta["spec_proposed_drafts"] == meta["spec_verify_ct"] * 2
-    assert sum(meta["spec_accept_histogram"]) == meta["spec_verify_ct"]
+    assert meta[proposed] == meta["spec_verify_ct"] * 2
+    assert meta["spec_accept_rate"] == pytest.approx(meta[correct] / meta[proposed])
+    assert sum(meta[histogram]) == meta["spec_verify_ct"]
     assert meta["e2e_latency"] > 0
     again = _generate(eagle, n=17)
     assert again["text"] == out["text"]  # deterministic output for the same prompt
@@ -213,38 +233,98 @@ def test_metrics_names_types_and_labels(eagle):
         text = resp.read().decode()
     samples = prometheus.parse(text)
     names = {name for name, _ in samples}
-    for name in METRIC_NAMES:
-        assert name in names, name
+    assert names <= sf.metric_names(eagle.version), sorted(names - sf.metric_names(eagle.version))
     assert "# TYPE sglang:prompt_tokens counter" in text
     assert "# TYPE sglang:time_to_first_token_seconds histogram" in text
     assert "# TYPE sglang:gen_throughput gauge" in text
-    cats = {dict(ls).get("category") for n, ls in samples if n == "sglang:forward_execution_seconds_total"}
-    assert cats == set(FORWARD_CATEGORIES)
     les = [dict(ls)["le"] for n, ls in samples if n == "sglang:time_to_first_token_seconds_bucket"
            and dict(ls)["is_streaming"] == "false"]  # fmt: skip
     assert [float(x) for x in les] == [*map(float, TTFT_BUCKETS), float("inf")]
-    verify = prometheus.total(samples, "sglang:forward_execution_seconds_total", category="target_verify")
-    calls = prometheus.total(samples, "sglang:spec_verify_calls_total")
-    assert verify > 0 and calls > 0
-    assert 1000 * verify / calls == pytest.approx(19.0, rel=0.02)  # per-call verify ms
-    assert prometheus.total(samples, "sglang:forward_execution_seconds_total", category="decode") == 0
     sched = dict(next(ls for n, ls in samples if n == "sglang:num_running_reqs"))
     assert set(sched) == {"model_name", "engine_type", "tp_rank", "pp_rank", "moe_ep_rank"}
+    passes = prometheus.total(samples, "sglang:cuda_graph_passes_total", mode="decode_cuda_graph")
+    if eagle.version == "0.5.9":
+        # One timer around each scheduler batch: "forward_" + the batch's forward mode.
+        assert "sglang:spec_verify_calls_total" not in names
+        cats = {dict(ls)["category"] for n, ls in samples if n == "sglang:gpu_execution_seconds_total"}
+        assert cats == {"forward_extend", "forward_decode"}
+        assert sf.categories("0.5.9", "scheduler_metrics_mixin.py") == {"forward_"}
+        return
+    cats = {dict(ls)["category"] for n, ls in samples if n == "sglang:forward_execution_seconds_total"}
+    # In CUDA graphs: each graph runner's own category (the saved source's, file by file).
+    assert cats == ({"extend"} | sf.categories("0.5.23", "eager_runner.py") & {"target_verify"}
+                    | sf.categories("0.5.23", "eagle_draft_cuda_graph_runner.py")
+                    | sf.categories("0.5.23", "eagle_draft_extend_cuda_graph_runner.py"))
+    verify = prometheus.total(samples, "sglang:forward_execution_seconds_total", category="target_verify")
+    calls = prometheus.total(samples, "sglang:spec_verify_calls_total")
+    assert verify > 0 and calls == passes  # one request: a verify call per decode pass
+    assert 1000 * verify / passes == pytest.approx(19.0, rel=0.02)  # verify ms per pass
 
 
-def test_log_lines_match_sglang_formats(eagle, baseline):
+def test_eager_draft_passes_are_filed_as_decode_and_extend(tmp_path):
+    """0.5.23 without CUDA graphs: the eager runner names passes by forward mode, so the
+    draft's steps are `decode`, its extend `extend`, verify still `target_verify`."""
+    args = [*EAGLE, *FAST, "--enable-metrics", "--cuda-graph-backend-decode", "disabled",
+            "--cuda-graph-backend-prefill", "disabled"]  # fmt: skip
+    with run_sim(args, cwd=tmp_path, log_path=tmp_path / "server.log", env=TIMER_ENV) as sim:
+        _generate(sim, n=30)
+        samples = prometheus.parse(urllib.request.urlopen(sim.base_url + "/metrics").read().decode())
+        log = sim.log()
+    cats = {dict(ls)["category"] for n, ls in samples if n == "sglang:forward_execution_seconds_total"}
+    eager = sf.categories("0.5.23", "eager_runner.py") - {"idle"}
+    assert eager == {"decode", "extend", "target_verify"} and cats == eager
+    assert not prometheus.total(samples, "sglang:cuda_graph_passes_total", mode="decode_cuda_graph")
+    assert prometheus.total(samples, "sglang:cuda_graph_passes_total", mode="decode_none") > 0
+    assert "cuda graph: False" in log and "cuda graph: True" not in log
+
+
+def test_removed_and_deprecated_graph_flags(tmp_path):
+    """0.5.23 refuses the old --cuda-graph-max-bs as ambiguous (as the real parser did, saved
+    in argv_checks.json) and warns about --disable-cuda-graph; 0.5.9 takes both."""
+    import subprocess
+    import sys
+
+    (refused,) = [c for c in sf.argv_checks() if "--cuda-graph-max-bs" in c["argv"]]
+    run = subprocess.run([sys.executable, "-m", "orchestrator.targets.sim", "--model-path", "m",
+                          "--cuda-graph-max-bs", "32"], capture_output=True, text=True, timeout=60)
+    assert run.returncode == refused["exit_code"] == 2
+    assert run.stderr.strip().splitlines()[-1].split("error: ", 1)[1] == refused["error"].split("error: ", 1)[1]
+    with run_sim([*FAST, "--disable-cuda-graph"], cwd=tmp_path, log_path=tmp_path / "a.log") as sim:
+        assert sim.get_json("/server_info")["disable_decode_cuda_graph"] is True
+        assert "'--disable-cuda-graph' is deprecated" in sim.log()
+    old = [*FAST, "--sim-sglang-version", "0.5.9", "--cuda-graph-max-bs", "8", "--disable-cuda-graph"]
+    with run_sim(old, cwd=tmp_path, log_path=tmp_path / "b.log") as sim:
+        info = sim.get_json("/server_info")
+        assert (info["cuda_graph_max_bs"], info["disable_cuda_graph"], info["version"]) == (8, True, "0.5.9")
+
+
+def test_log_lines_match_sglang_formats(eagle, baseline, version):
     _generate(eagle, n=40)
     _generate(baseline, n=45)
+    decode, prefill = log_line_regexes(version, speculative=True, device_timer=True)
     log = eagle.log().splitlines()
-    assert any(DECODE_LINE.match(line) for line in log)
-    assert any(PREFILL_LINE.match(line) for line in log)
+    assert any(decode.match(line) for line in log), decode.pattern
+    assert any(prefill.match(line) for line in log), prefill.pattern
     for pattern in STARTUP_LINES:
         assert any(pattern.match(line) for line in log), pattern.pattern
+    base_decode, _ = log_line_regexes(version, speculative=False, device_timer=True)
     base_log = baseline.log().splitlines()
-    assert any(DECODE_LINE_BASELINE.match(line) for line in base_log)
+    assert any(base_decode.match(line) for line in base_log), base_decode.pattern
     assert not any("accept len" in line for line in base_log)
     order = [i for i, line in enumerate(log) if "Load weight begin" in line or "fired up" in line]
     assert "Load weight begin" in log[order[0]] and "fired up" in log[order[-1]]
+
+
+def test_accept_totals_grow_once_per_log_window(tmp_path, version):
+    """Both releases add to the totals behind avg_spec_accept_length only when a decode-log
+    window closes (the saved source says where); a shorter run leaves it absent."""
+    assert sf.facts(version)["accept_window"]["totals_only_per_window"]
+    args = [*EAGLE, *FAST, "--decode-log-interval", "10", "--sim-sglang-version", version]
+    with run_sim(args, cwd=tmp_path, log_path=tmp_path / "s.log") as sim:
+        _generate(sim, n=12)  # ~5 cycles: less than one window
+        assert "avg_spec_accept_length" not in sim.get_json("/server_info")["internal_states"][0]
+        _generate(sim, n=60)  # now at least one window has closed
+        assert 1.0 < sim.get_json("/server_info")["internal_states"][0]["avg_spec_accept_length"] <= 3.0
 
 
 def test_flush_cache_resets_accept_statistics(eagle):

@@ -11,7 +11,7 @@ from orchestrator.targets.sim.gpu_state import GpuProcess, GpuStateError
 
 GPU_KEYS = {
     "index", "name", "uuid", "memory_total_mib", "sm_clock_max_mhz", "sm_clock_locked_mhz",
-    "mem_clock_mhz", "power_limit_w", "power_limit_default_w", "power_limit_max_w",
+    "mem_clock_mhz", "mem_clock_locked_mhz", "applications_clock_sm_mhz", "power_limit_w", "power_limit_default_w", "power_limit_max_w",
     "temperature_c", "persistence_mode", "pcie_gen", "pcie_gen_max", "pcie_width",
     "pcie_width_max", "ecc_errors", "processes",
 }  # fmt: skip

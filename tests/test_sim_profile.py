@@ -98,7 +98,7 @@ def _verify_ms(sim) -> float:
     with urllib.request.urlopen(sim.base_url + "/metrics") as resp:
         samples = prometheus.parse(resp.read().decode())
     seconds = prometheus.total(samples, "sglang:forward_execution_seconds_total", category="target_verify")
-    return 1000 * seconds / prometheus.total(samples, "sglang:spec_verify_calls_total")
+    return 1000 * seconds / prometheus.total(samples, "sglang:cuda_graph_passes_total", mode="decode_cuda_graph")
 
 
 def test_profile_and_env_effects_change_the_running_server(tmp_path):
@@ -114,7 +114,7 @@ def test_profile_and_env_effects_change_the_running_server(tmp_path):
         repo = tmp_path / name
         repo.mkdir()
         _write(repo, base, {})
-        env = {**os.environ, **env_extra}
+        env = {**os.environ, "SGLANG_ENABLE_METRICS_DEVICE_TIMER": "1", **env_extra}
         with run_sim([*FAST, *EAGLE, "--enable-metrics"], cwd=repo, log_path=repo / "s.log", env=env) as sim:
             sim.post_json("/generate", request)
             results[name] = _verify_ms(sim)

@@ -362,3 +362,53 @@ def test_most_informative_interleaves_a_comparison() -> None:
     order = evidence.most_informative([{one: 1.0, good: -1.0}], Counter())
     assert order[0] == one  # the side with one trial first; good already has six
     assert evidence.most_informative([{one: 1.0, good: -1.0}], Counter({one: 6}))[0] == good
+
+
+# ------------------------------------------------------------------ bounded trials per subset
+
+
+def test_no_configuration_gets_more_trials_than_the_cap():
+    """A node whose bad configuration only ever yields suspect trials (a throttled GPU): the
+    comparison can never be decided, and before the cap the bad configuration was proposed
+    without end. Now it stops at the cap, inconclusive, saying why."""
+    strategy = IsolateStrategy(3)
+    observations: list[Observation] = []
+    rng = random.Random(0)
+    for _ in range(400):
+        if strategy.verdict(observations).done:
+            break
+        proposals = strategy.propose(observations, [], 1)
+        if not proposals:
+            break
+        point = proposals[0].point
+        subset = strategy.subset(point)
+        observations.append(Observation(point, 100.0 * (1 + 0.02 * rng.gauss(0, 1)),
+                                        suspect=subset == strategy.bad, trial_id=len(observations)))
+    verdict = strategy.verdict(observations)
+    per_subset = {}
+    for o in observations:
+        per_subset[strategy.subset(o.point)] = per_subset.get(strategy.subset(o.point), 0) + 1
+    assert max(per_subset.values()) <= strategy.settings.max_per_subset
+    assert verdict.done and verdict.status == "inconclusive"
+    assert f"{strategy.settings.max_per_subset} trials" in verdict.message
+
+
+@pytest.mark.parametrize("story", ["clock_pair", "launcher_strip", "seed_system"])
+def test_system_stories_through_the_difference_model(story: str) -> None:
+    """Fingerprints of a virtual node -> diff -> changes -> candidates -> the sim's model:
+    both clock settings of the clock pair named within 60 restarts, the variable the launcher
+    strips, and the seed-like story's two causes with the 20 harmless variables cleared. No
+    candidate is measured more than a handful of times (before, a collapsed clock factor had
+    135 trials of one candidate)."""
+    from experiments.bench_isolate import run_system_case
+
+    for seed in range(3):
+        outcome = run_system_case(story, seed)
+        assert outcome.correct, outcome
+        assert outcome.max_per_candidate <= 12
+        if story == "clock_pair":
+            assert outcome.named == {"power_limit_w", "sm_clock_locked_mhz"}
+            assert outcome.n_trials <= 60
+        if story == "seed_system":
+            assert outcome.named == {"sm_clock_locked_mhz", "NCCL_PROTO"}
+            assert outcome.n_changes == 22

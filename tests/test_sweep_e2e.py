@@ -18,7 +18,7 @@ from orchestrator.drive import observation
 from orchestrator.store import RunStore
 from tests.conftest import kill_after_finished
 
-FAST = ["target.time_scale=0.02", "target.load_seconds=5", "bench.requests=2",
+FAST = ["target=sim", "target.time_scale=0.02", "target.load_seconds=5", "bench.requests=2",
         "bench.output_len=32", "bench.input_len=32", "bench.warmup_requests=1",
         "bench.repetitions=2", "trial.ready_timeout_s=30"]
 TINY = """\
@@ -143,7 +143,7 @@ def test_bad_input_exits_2_and_writes_nothing(tmp_path, capsys, sim_repo):
                              "space.params.cuda_graph_max_bs.values=[]",
                              "space.params.cuda_graph_max_bs.low=1"], "needs values")):
         with pytest.raises(SystemExit) as exc:
-            cli_main(["sweep", f"repo={repo}", f"runs_dir={runs}", *extra])
+            cli_main(["sweep", "target=sim", f"repo={repo}", f"runs_dir={runs}", *extra])
         err = capsys.readouterr().err.strip()
         assert exc.value.code == 2 and message in err, err
         assert len(err.splitlines()) == 1

@@ -16,7 +16,7 @@ BASE = Candidate.make("a" * 40, env={"NCCL_DEBUG": "WARN"})
 
 
 def _space(name: str, *overrides: str) -> tuple[SearchSpace, dict]:
-    cfg = compose_config("sweep", [f"space={name}", *overrides])
+    cfg = compose_config("sweep", ["target=sim", f"space={name}", *overrides])
     target = OmegaConf.to_container(cfg.target, resolve=True)
     return setup.space(cfg, target), target
 
@@ -128,6 +128,6 @@ def test_ranges_have_grids_only_when_stepped():
 
 
 def test_no_space_is_bad_input():
-    cfg = compose_config("sweep", [])
+    cfg = compose_config("sweep", ["target=sim"])
     with pytest.raises(UserError, match="space=NAME"):
         setup.space(cfg, {})

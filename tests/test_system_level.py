@@ -15,10 +15,8 @@ from orchestrator.gpu.sim import SimGpuControl
 from orchestrator.records import Outcome
 from orchestrator.store import RunStore
 from orchestrator.targets.sim import gpu_state
-from orchestrator.targets.sim.scenario import generate_scenario
-from orchestrator.targets.simnode import set_node_state
 
-FAST = ["target.time_scale=0.02", "target.load_seconds=5", "bench.requests=2",
+FAST = ["target=sim", "target.time_scale=0.02", "target.load_seconds=5", "bench.requests=2",
         "bench.output_len=32", "bench.input_len=32", "bench.warmup_requests=1",
         "bench.repetitions=2", "trial.ready_timeout_s=30", "trial.retries=0",
         "trial.telemetry_interval_s=0.1"]
@@ -98,34 +96,30 @@ def test_foreign_process_marks_trial_suspect(tmp_path, sim_repo, ray_session):
     assert row.result.fingerprint["telemetry"]["foreign_pids"] == [4242]
 
 
-def test_compare_reference_does_not_reproduce_lists_differences(tmp_path, ray_session):
-    sc = generate_scenario(tmp_path / "sc", 30, 4, "system_change")
-    node = tmp_path / "runs" / ".nodes" / "local-0"
-    set_node_state(node, gpu_state_file=sc.out / "reference_gpu_state.json",
-                   env_file=sc.out / "reference_env.json",
-                   packages_file=sc.out / "reference_packages.json")
-    base = [f"repo={sc.repo}", f"runs_dir={tmp_path / 'runs'}", *FAST, "bench.repetitions=2"]
-    cfg = compose_config("trial", [*base, f"commit={sc.truth['bad']}", "bench.repetitions=3"])
-    assert trial_cmd.run(cfg) == 0
-    ref_cfg = compose_config("trial", [*base, f"commit={sc.truth['bad']}", "run_id=reference"])
-    assert trial_cmd.run(ref_cfg) == 0
-    set_node_state(node, gpu_state_file=sc.out / "now_gpu_state.json",
-                   env_file=sc.out / "now_env.json", packages_file=sc.out / "now_packages.json")
-    cfg = compose_config("compare", [*base, "reference=reference", "metric=verify_ms"])
-    assert compare_cmd.run(cfg) == 0
-    doc = json.loads((_runs(tmp_path)[-1] / "findings.json").read_text())
-    assert doc["verdict"] == "not_reproduced", doc["message"]
-    # ~+34% (power limit + NCCL_PROTO). The reference is one restart and the fast time scale
-    # adds timing jitter, so the interval can be wide (+36% [+9.6, +69.7] in one run); what
-    # matters is a large estimate whose interval excludes no change.
-    total = doc["total_effect"]["verify_ms"]
-    assert total["pct"] > 20 and total["ci"][0] > 0
-    keys = [f["id"] for f in doc["findings"]]
-    assert "power_limit_w" in keys and "NCCL_PROTO" in keys and "rich" in keys
-    assert keys.index("power_limit_w") < keys.index("rich")  # clocks rank before packages
-    by_key = {f["id"]: f for f in doc["findings"]}
-    assert by_key["power_limit_w"]["difference"]["controllable"]
-    assert by_key["NCCL_PROTO"]["difference"]["factor"][1] == ["NCCL_PROTO", "LL128"]
+def test_compare_measures_the_reference_configuration_not_the_command_line(tmp_path, sim_repo,
+                                                                           ray_session):
+    """The issue's case: a trial with target.speculative_num_steps=4, then a plain compare. It
+    re-measures steps=4 (and the reference's bench settings): never "system level"; an
+    override that changes the configuration is refused before anything is written."""
+    repo, shas = sim_repo
+    base = [f"repo={repo}", f"runs_dir={tmp_path / 'runs'}", *FAST]
+    assert trial_cmd.run(compose_config("trial", [*base, f"commit={shas[0]}", "run_id=ref",
+                                                  "target.speculative_num_steps=4"])) == 0
+    cfg = compose_config("compare", ["target=sim", f"repo={repo}",
+                                     f"runs_dir={tmp_path / 'runs'}", "reference=ref", "run_id=cmp"])
+    code = compare_cmd.run(cfg)
+    doc = json.loads((tmp_path / "runs" / "cmp" / "findings.json").read_text())
+    assert doc["verdict"] != "not_reproduced", doc["message"]
+    assert "system level" not in doc["message"]
+    assert (code, doc["verdict"]) in ((0, "reproduced"), (3, "unresolved"))
+    (row, *_) = RunStore.open(tmp_path / "runs" / "cmp" / "trials.db").trials()
+    assert "--speculative-num-steps 4" in (Path(row.log_path).parent / "command.txt").read_text()
+    from orchestrator.errors import UserError
+
+    with pytest.raises(UserError, match="speculative_num_steps=3"):
+        compare_cmd.run(compose_config("compare", [*base, "reference=ref", "run_id=cmp2",
+                                                   "target.speculative_num_steps=3"]))
+    assert not (tmp_path / "runs" / "cmp2").exists()
 
 
 def test_thermally_throttled_trial_is_suspect(tmp_path, sim_repo, ray_session):
@@ -155,3 +149,39 @@ def test_suspect_trial_does_not_flip_a_bisect_decision():
     assert trusted.posterior != a.posterior  # the same value, not suspect, would move it
     assert a.posterior == b.posterior
     assert [c.point for c in a.culprits] == [c.point for c in b.culprits]
+
+
+def _reference(**target) -> dict:
+    from orchestrator.records import Candidate
+
+    return {"candidate": Candidate.make("a" * 40, env={"NCCL_PROTO": "LL128"}),
+            "config": {"target": {**compose_config("compare", []).target, **target},
+                       "bench": dict(compose_config("compare", []).bench)}}
+
+
+def test_reference_configuration_is_adopted_and_a_changing_override_refused():
+    from omegaconf import OmegaConf
+
+    from orchestrator.errors import UserError
+    from orchestrator.redact import REDACTED
+
+    ref = _reference(speculative_num_steps=4, extra_args=["--api-key", REDACTED])
+    ref["config"]["target"] = OmegaConf.to_container(OmegaConf.create(ref["config"]["target"]))
+    with pytest.raises(UserError, match="secret that was not recorded"):
+        compare_cmd.adopt_reference_config(compose_config("compare", []), ref)
+    cfg = compose_config("compare", ["target.extra_args=[--api-key,k3y]"])
+    assert "target.speculative_num_steps=4" in compare_cmd.adopt_reference_config(cfg, ref)
+    assert cfg.target.speculative_num_steps == 4 and list(cfg.target.extra_args)[1] == "k3y"
+    for override, needle in (("target.speculative_num_steps=3", "speculative_num_steps=3"),
+                             ("env.NCCL_PROTO=Simple", "env"), ("clock=power:300", "clock"),
+                             ("bench.output_len=7", "bench.output_len=7")):
+        with pytest.raises(UserError, match=needle):
+            compare_cmd.adopt_reference_config(
+                compose_config("compare", ["target.extra_args=[--api-key,k3y]", override]), ref)
+    same = compose_config("compare", ["target.extra_args=[--api-key,k3y]",
+                                      "target.speculative_num_steps=4", "env.NCCL_PROTO=LL128"])
+    compare_cmd.adopt_reference_config(same, ref)  # agreeing overrides are fine
+    other = _reference()
+    other["config"]["target"] = {"name": "command", "bench": "x"}
+    with pytest.raises(UserError, match="target=command"):
+        compare_cmd.adopt_reference_config(compose_config("compare", []), other)

@@ -255,6 +255,64 @@ def test_shell_mode_and_failures_are_classified(tmp_path, ray_session):
     assert row.result.measurements == ()
 
 
+def test_a_bench_script_outside_the_repo_imports_the_commit_measured(tmp_path, ray_session):
+    """The bench lives outside the repository and imports the project by name, with no
+    sys.path edits of its own; an installed copy is on PYTHONPATH too. The worktree's package
+    comes first (target.pythonpath), so each trial measures its own commit's code."""
+    repo = tmp_path / "repo"
+    (repo / "mypkg").mkdir(parents=True)
+    git(repo, "init", "-q", "-b", "main")
+    shas = []
+    for value in (1, 2):
+        (repo / "mypkg" / "__init__.py").write_text(f"VALUE = {value}\n")
+        git(repo, "add", "-A")
+        git(repo, "commit", "-q", "-m", f"value {value}")
+        shas.append(git(repo, "rev-parse", "HEAD"))
+    installed = tmp_path / "site-packages" / "mypkg"
+    installed.mkdir(parents=True)
+    (installed / "__init__.py").write_text("VALUE = 99\n")
+    bench = tmp_path / "elsewhere" / "bench.py"
+    bench.parent.mkdir()
+    bench.write_text("import json, mypkg\nprint(json.dumps({'value': mypkg.VALUE}))\n")
+    for i, sha in enumerate(shas):
+        runs = tmp_path / f"runs{i}"
+        assert cli_run(["trial", "target=command", f"repo={repo}", f"runs_dir={runs}",
+                        f"commit={sha}", f"target.bench=python {bench}",
+                        f"target.env.PYTHONPATH={installed.parent}", *FAST]) == 0
+        (run_dir,) = [p for p in runs.iterdir() if not p.name.startswith(".")]
+        (row,) = RunStore.open(run_dir / "trials.db").trials()
+        assert row.result.value("value") == i + 1, row.detail
+
+
+def test_a_first_parent_refusal_names_the_merge_to_use(tmp_path):
+    from orchestrator.errors import UserError
+    from orchestrator.workspace import Workspace
+
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    git(repo, "init", "-q", "-b", "main")
+    for name in ("a", "b"):
+        (repo / name).write_text(name)
+        git(repo, "add", "-A")
+        git(repo, "commit", "-q", "-m", name)
+    git(repo, "checkout", "-q", "-b", "side", "HEAD~1")
+    (repo / "side").write_text("s")
+    git(repo, "add", "-A")
+    git(repo, "commit", "-q", "-m", "side work")
+    side = git(repo, "rev-parse", "HEAD")
+    git(repo, "checkout", "-q", "main")
+    git(repo, "merge", "-q", "--no-ff", "-m", "Merge side", "side")
+    merge = git(repo, "rev-parse", "HEAD")
+    (repo / "c").write_text("c")
+    git(repo, "add", "-A")
+    git(repo, "commit", "-q", "-m", "after")
+    with pytest.raises(UserError) as info:
+        Workspace(repo, tmp_path / "cache").commits_between(side, "HEAD")
+    message = str(info.value)
+    assert f"good={merge[:12]}" in message and "Merge side" in message
+    assert "first_parent=false" in message
+
+
 @pytest.mark.slow
 def test_bisect_localizes_a_planted_python_slowdown(tmp_path, ray_session):
     repo = tmp_path / "repo"
@@ -263,7 +321,7 @@ def test_bisect_localizes_a_planted_python_slowdown(tmp_path, ray_session):
     cfg = compose_config("bisect", [
         "target=command", f"repo={repo}", f"runs_dir={tmp_path / 'runs'}", f"good={shas[0]}",
         f"bad={shas[-1]}", "target.bench=python bench.py", "target.build=python build.py",
-        f"target.env.BUILD_RECORD={record}", "metric=value", "nodes=2", "bench.repetitions=3",
+        f"target.env.BUILD_RECORD={record}", "nodes=2", "bench.repetitions=3",
         "bench.warmup_requests=0", "trial.retries=0"])
     assert bisect.run(cfg) == 0
     run_dir = _only_run(tmp_path)
@@ -274,6 +332,18 @@ def test_bisect_localizes_a_planted_python_slowdown(tmp_path, ray_session):
     # may hold only two restarts each (a run here measured +100% [+43, +181]): the estimate is
     # large and the interval clear of zero, its width is not the point.
     assert doc["total_effect"]["pct"] > 50 and doc["total_effect"]["ci"][0] > 10
+    assert doc["metric"] == "value"  # the command target's own metric, without metric=
+    # The answer leads with the change and the commit; a large change reads as a ratio with
+    # its levels, and the report leaves out the columns only an SGLang server fills.
+    answer = doc["answer"]
+    assert answer["causes"][0]["sha"] == shas[15] and answer["sentence"].startswith("value ")
+    if answer["total"]["pct"] >= 100:
+        assert answer["sentence"].startswith("value x") and " -> " in answer["sentence"]
+    from orchestrator.report import load_run
+    from orchestrator.report import tables as T
+
+    headers = T.findings_table(load_run(run_dir).ranked).headers
+    assert not {"phase", "accept len", "cuda graph share"} & set(headers)
     rows = RunStore.open(run_dir / "trials.db").trials()
     for row in rows:
         if row.candidate.commit == shas[6]:

@@ -13,7 +13,7 @@ from orchestrator.config.compose import compose_config
 from orchestrator.records import Outcome
 from orchestrator.store import RunStore
 
-FAST = ["target.time_scale=0.02", "target.load_seconds=5", "bench.requests=2",
+FAST = ["target=sim", "target.time_scale=0.02", "target.load_seconds=5", "bench.requests=2",
         "bench.output_len=32", "bench.input_len=32", "bench.warmup_requests=1",
         "trial.ready_timeout_s=30", "trial.retries=0"]
 
@@ -108,6 +108,8 @@ def test_bad_input_exits_2_and_writes_nothing(tmp_path, sim_repo, capsys, monkey
     repo, _ = sim_repo
     monkeypatch.chdir(tmp_path)
     extra = [] if args[0] != "trial" else [f"runs_dir={tmp_path / 'runs'}"]
+    if args[0] == "trial" and not any(a.startswith("target=") for a in args):
+        extra.append("target=sim")
     if args[0] == "trial" and not any(a.startswith("repo=") for a in args):
         extra.append(f"repo={repo}")
     if "repo=." in args:
@@ -131,7 +133,8 @@ def test_patch_that_does_not_apply_exits_2(tmp_path, sim_repo, capsys):
     with pytest.raises(SystemExit) as exc:
         from orchestrator.cli import main
 
-        main(["trial", f"repo={repo}", f"runs_dir={tmp_path / 'runs'}", f"patches=[{patch}]"])
+        main(["trial", "target=sim", f"repo={repo}", f"runs_dir={tmp_path / 'runs'}",
+              f"patches=[{patch}]"])
     assert exc.value.code == 2
     assert "bad.patch" in capsys.readouterr().err
     assert not [p for p in (tmp_path / "runs").iterdir() if not p.name.startswith(".")]

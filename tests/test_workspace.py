@@ -14,6 +14,7 @@ import pytest
 
 from orchestrator.errors import UserError
 from orchestrator.workspace import CommitInfo, Workspace, path_matches
+from tests.conftest import read_only_view
 
 GIT_ENV = {
     "GIT_AUTHOR_NAME": "Ada Tester",
@@ -344,8 +345,12 @@ def test_patch_that_does_not_apply_leaves_nothing(
         workspace.checkout("main", [good, bad])
     assert "\n" not in str(raised.value)
     assert worktree_paths(repo) == [str(repo.resolve())]
+    # Only the private repository stays (it is reused by every later checkout); no half-made
+    # worktree, no state, no lock file.
     leftovers = [p.name for p in workspace.cache_dir.iterdir() if p.name not in (".locks",)]
-    assert leftovers == []
+    assert leftovers == [".repos"]
+    assert not list((workspace.cache_dir / ".locks").glob("*"))
+    assert [p.name for p in (workspace.cache_dir / ".repos").iterdir()][0].endswith(".git")
 
 
 def test_missing_patch_file_is_a_user_error_before_anything_is_made(
@@ -391,7 +396,9 @@ def test_concurrent_checkouts_of_one_commit_from_several_processes(
     assert len(paths) == 1
     path = Path(paths.pop())
     assert (path / EAGLE).read_text() == "verify = 5\n"
-    assert sorted(worktree_paths(repo)) == sorted([str(repo.resolve()), str(path)])
+    assert worktree_paths(repo) == [str(repo.resolve())]  # the user's repo knows nothing of it
+    (mirror,) = (workspace.cache_dir / ".repos").iterdir()
+    assert str(path) in worktree_paths(mirror)
     assert not [p for p in workspace.cache_dir.iterdir() if p.name.startswith(".tmp-")]
 
 
@@ -431,3 +438,88 @@ def test_prune_removes_worktrees_but_not_foreign_files(
     assert foreign.read_text() == "keep me\n"
     assert worktree_paths(repo) == [str(repo.resolve())]
     assert workspace.checkout("v1") == path  # the cache still works after pruning
+
+
+# ----------------------------------------------------------------------- the user's repository
+
+
+def _tree_digest(path: Path) -> dict[str, str]:
+    """Every file under `path` with its content hash (and every directory)."""
+    out = {}
+    for p in sorted(path.rglob("*")):
+        rel = str(p.relative_to(path))
+        out[rel] = hashlib.sha256(p.read_bytes()).hexdigest() if p.is_file() else "dir"
+    return out
+
+
+def test_checkouts_write_nothing_into_the_users_repository(
+    repo: Path, history: dict[str, str], tmp_path: Path
+) -> None:
+    before = _tree_digest(repo / ".git")
+    ws = Workspace(repo, tmp_path / "cache")
+    patch = write_patch(tmp_path / "fix.patch", "verify = 1", "verify = 9")
+    paths = [ws.checkout(history["root"], [patch]), ws.checkout("v1"), ws.checkout("main")]
+    assert (paths[0] / EAGLE).read_text() == "verify = 9\n"
+    assert ws.dirty_diff_hash(paths[0]) is not None
+    assert ws.checkout("v1") == paths[1]  # reused
+    ws.commits_between(history["root"], history["tip"])
+    ws.is_dirty()
+    assert worktree_paths(repo) == [str(repo.resolve())]
+    assert _tree_digest(repo / ".git") == before  # not one byte changed, no file added
+    ws.prune()
+    assert _tree_digest(repo / ".git") == before
+
+
+@pytest.fixture()
+def read_only_repo(repo: Path, tmp_path: Path):
+    with read_only_view(repo, tmp_path / "ro-repo") as view:
+        yield view
+
+
+def test_a_read_only_repository_checks_out(
+    read_only_repo: Path, history: dict[str, str], tmp_path: Path
+) -> None:
+    with pytest.raises(OSError):
+        (read_only_repo / "probe").write_text("x")
+    ws = Workspace(read_only_repo, tmp_path / "cache")
+    commits = ws.commits_between(history["root"], history["tip"])
+    patch = write_patch(tmp_path / "fix.patch", "verify = 3", "verify = 4")
+    path = ws.checkout(commits[-1].sha, [patch])
+    assert (path / EAGLE).read_text() == "verify = 4\n"
+    assert ws.checkout(commits[-1].sha, [patch]) == path
+
+
+def test_an_old_worktree_registered_in_the_users_repo_is_rebuilt_privately(
+    repo: Path, history: dict[str, str], tmp_path: Path
+) -> None:
+    cache = tmp_path / "cache"
+    old = cache / history["attn"]
+    git(repo, "worktree", "add", "-q", "--detach", str(old), history["attn"])
+    ws = Workspace(repo, cache)
+    assert ws.checkout(history["attn"]) == old
+    assert (old / ".git").read_text().startswith(f"gitdir: {cache.resolve() / '.repos'}")
+    assert (old / ATTN).read_text() == "backend = 'fi'\n"
+
+
+def test_the_cache_is_bounded_least_recently_used_out(
+    repo: Path, history: dict[str, str], tmp_path: Path
+) -> None:
+    probe = Workspace(repo, tmp_path / "probe")
+    one = probe.cache_usage() or 0
+    probe.checkout("v1")
+    one = probe.cache_usage()
+    assert one > 0
+    ws = Workspace(repo, tmp_path / "cache", max_bytes=int(2.5 * one))
+    a = ws.checkout(history["root"])
+    b = ws.checkout(history["eagle"])
+    os.utime(ws.cache_dir / ".state" / f"{history['root']}.json", (1, 1))
+    os.utime(ws.cache_dir / ".state" / f"{history['eagle']}.json", (2, 2))
+    ws.checkout(history["root"])  # used again: now the most recent of the two
+    c = ws.checkout(history["attn"])
+    assert a.exists() and c.exists() and not b.exists()  # eagle was the least recently used
+    assert ws.cache_usage() <= ws.max_bytes
+    with ws.lease(history["root"]) as held:  # a worktree in use is never removed
+        os.utime(ws.cache_dir / ".state" / f"{history['root']}.json", (1, 1))
+        d = ws.checkout(history["docs"])
+        assert held.exists() and d.exists() and not c.exists()
+    assert not list((ws.cache_dir / ".locks").glob("*.lock"))

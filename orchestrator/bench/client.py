@@ -182,11 +182,21 @@ def summarize(records: Sequence[RequestRecord], duration_s: float) -> dict[str, 
         "tpot_ms_p50": percentile(tpot, 50),
         "tpot_ms_p90": percentile(tpot, 90),
     }
-    accept = [
-        float(r.meta_info["spec_accept_length"])
-        for r in records
-        if r.meta_info.get("spec_accept_length") is not None
-    ]
-    if accept:
-        out["accept_len"] = statistics.fmean(accept)
+    accept = meta_accept_length(records)
+    if accept is not None:
+        out["accept_len"] = accept
     return out
+
+
+def meta_accept_length(records: Sequence[RequestRecord]) -> float | None:
+    """Accept length of the repetition from the finished requests' `meta_info`: all completion
+    tokens over all verify passes (`spec_verify_ct`), the per-request `spec_accept_length`
+    pooled by weight. It covers every request of the repetition, unlike the server's
+    `avg_spec_accept_length`, which SGLang only updates once per decode-log window."""
+    pairs = [(r.completion_tokens, int(r.meta_info["spec_verify_ct"])) for r in records
+             if isinstance(r.meta_info.get("spec_verify_ct"), int) and r.meta_info["spec_verify_ct"] > 0]
+    if pairs:
+        return sum(t for t, _ in pairs) / sum(c for _, c in pairs)
+    ratios = [float(r.meta_info["spec_accept_length"]) for r in records
+              if r.meta_info.get("spec_accept_length") is not None]
+    return statistics.fmean(ratios) if ratios else None

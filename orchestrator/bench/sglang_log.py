@@ -3,6 +3,9 @@
 Formats (from SGLang's scheduler source):
 - 0.5.9:  `Decode batch, #running-req: 1, #token: 310, token usage: 0.00, accept len: 2.10,
   accept rate: 0.70, cuda graph: True, gen throughput (token/s): 94.12, #queue-req: 0`
+- 0.5.23 appends `, fwd occupancy: 97.12%, fwd+idle occupancy: 99.80%` with the device timer,
+  and names the graph field after the device: `cuda graph`, or `cpu graph` / `npu graph` /
+  `musa graph` (metrics reporter, `_graph_backend_label`).
 - older releases wrote `Decode batch.` and some add a DP rank `Decode batch [0],`.
 Fields are parsed by name, not position, because their order changed between releases.
 """
@@ -15,6 +18,7 @@ from dataclasses import dataclass
 
 _DECODE = re.compile(r"Decode batch(?: \[\d+\])?[.,] (?P<fields>.*)$")
 _PREFILL = re.compile(r"Prefill batch(?: \[\d+\])?[.,] (?P<fields>.*)$")
+_GRAPH_KEY = re.compile(r"[a-z]+ graph")  # cuda graph, cpu graph, npu graph, musa graph
 _FIELD = re.compile(r"(?P<key>[#A-Za-z][#A-Za-z _\-()/]*?): (?P<value>[^,]+)")
 
 
@@ -42,7 +46,7 @@ def parse_decode(line: str) -> DecodeLine | None:
     if not m:
         return None
     f = _fields(m.group("fields"))
-    graph = f.get("cuda graph")
+    graph = next((v for k, v in f.items() if _GRAPH_KEY.fullmatch(k)), None)
     running = _num(f, "#running-req")
     return DecodeLine(
         running_req=int(running) if running is not None else None,

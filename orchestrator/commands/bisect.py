@@ -30,6 +30,7 @@ from orchestrator.errors import UserError
 from orchestrator.metrics import check_metric, regression_direction
 from orchestrator.progress import Progress, expected_bisect_trials, verdict_best
 from orchestrator.records import Candidate
+from orchestrator.report.terminal import print_answer
 from orchestrator.rundir import create_run, running, runs_root
 from orchestrator.store import RunStore
 from orchestrator.strategies.base import Verdict
@@ -153,11 +154,10 @@ def resume(run_dir: Path, max_trials: int | None = None) -> int:
     cfg = OmegaConf.create(store.config_yaml())
     if max_trials is not None:
         cfg.max_trials = max_trials
-    lost = store.interrupt_unfinished()
+    store.interrupt_unfinished()
     commits, points, weights = _load_plan(run_dir)
     out = render.console()
-    out.print(f"resuming {run_dir.name}: {len(store.trials()) - len(lost)} finished trials reused,"
-              f" {len(lost)} interrupted")
+    out.print(common.resume_notice(run_dir, store))
     store.set_status("running")
     return _execute(cfg, run_dir, store, commits, points, weights)
 
@@ -318,7 +318,8 @@ def _execute(cfg, run_dir: Path, store: RunStore, commits, points, weights) -> i
     with running(store, run_dir, out) as run:
         with Progress(out) as progress, \
                 Controller(cfg, store, run_dir, on_event=progress.on_event) as ctl:
-            verdict, _ = execute(cfg, ctl, run_dir, commits, points, weights, out,
-                                 progress=progress)
+            verdict, doc = execute(cfg, ctl, run_dir, commits, points, weights, out,
+                                   progress=progress)
+        print_answer(out, doc.get("answer"))
         run.status = "done" if verdict.status == "found" else "inconclusive"
         return 0 if verdict.status == "found" else EXIT_INCONCLUSIVE

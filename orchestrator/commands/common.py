@@ -12,7 +12,9 @@ from orchestrator.errors import UserError
 from orchestrator.fingerprint import is_secret
 from orchestrator.gpu.base import ClockPolicy
 from orchestrator.metrics import regression_direction
+from orchestrator.packages import plan as packages
 from orchestrator.records import Candidate
+from orchestrator.redact import secret_in_value
 from orchestrator.rundir import runs_root
 from orchestrator.targets.registry import target_class
 from orchestrator.workspace import Workspace
@@ -29,32 +31,30 @@ def workspace(cfg: DictConfig) -> Workspace:
 
 
 def check_common(cfg: DictConfig) -> None:
-    """Checks every command shares: target known, budgets positive, env names valid."""
+    """Checks every command shares: target known, env names valid, runs_dir writable.
+
+    Numbers (budgets, timeouts, sizes) are range-checked once when the configuration is
+    composed (`orchestrator/config/checks.py`), not here."""
     target_class(str(cfg.target.name))
-    if cfg.bench.repetitions < 1:
-        raise UserError(f"bench.repetitions must be at least 1 (got {cfg.bench.repetitions})")
-    if cfg.bench.requests < 1 or cfg.bench.output_len < 2 or cfg.bench.input_len < 1:
-        raise UserError("bench.requests, bench.input_len must be >= 1 and bench.output_len >= 2")
-    if cfg.bench.concurrency < 1:
-        raise UserError(f"bench.concurrency must be at least 1 (got {cfg.bench.concurrency})")
-    if cfg.nodes < 1:
-        raise UserError(f"nodes must be at least 1 (got {cfg.nodes})")
-    if cfg.trial.retries < 0:
-        raise UserError(f"trial.retries must be >= 0 (got {cfg.trial.retries})")
-    if cfg.trial.ready_timeout_s <= 0:
-        raise UserError("trial.ready_timeout_s must be positive")
     for env in (cfg.env, cfg.target.env):
         for key in env:
             if not key or key[0].isdigit() or not set(key) <= _ENV_NAME_OK:
                 raise UserError(f"invalid environment variable name {key!r}")
-            if is_secret(key):
+            if is_secret(key) or secret_in_value(str(env[key])):
                 # Config is stored in the run directory; secrets must come from the node's
                 # environment, which servers inherit and sleuth never writes down.
                 raise UserError(f"{key} looks like a secret: export it in the environment instead"
                                 " of passing it in the configuration (sleuth stores configs)")
         check_env(env)
     ClockPolicy.parse(str(cfg.clock))
-    regression_direction(str(cfg.metric), str(cfg.direction))
+    packages.check_settings(cfg)
+    if cfg.get("command") == "sweep":  # a sweep optimises: maximize | minimize (or auto)
+        from orchestrator.sweep.setup import maximize
+
+        maximize(str(cfg.metric), str(cfg.direction))
+    else:  # the others explain a regression: increase | decrease (or auto)
+        regression_direction(str(cfg.metric), str(cfg.direction))
+    check_target_available(cfg)
     root = runs_root(cfg)
     probe = root if root.exists() else next((p for p in root.parents if p.exists()), root)
     if not os.access(probe, os.W_OK):
@@ -62,7 +62,8 @@ def check_common(cfg: DictConfig) -> None:
 
 
 def candidate(cfg: DictConfig, ws: Workspace) -> Candidate:
-    """The candidate described by commit / patches / env / clock, with refs resolved to SHAs."""
+    """The candidate described by commit / patches / env / clock / packages, with refs resolved
+    to SHAs; a pin pip cannot install is refused here, before anything is written."""
     sha = ws.resolve(str(cfg.commit))
     patches = []
     for p in cfg.patches:
@@ -70,7 +71,51 @@ def candidate(cfg: DictConfig, ws: Workspace) -> Candidate:
         if not path.is_file():
             raise UserError(f"patch file not found: {p}")
         patches.append(str(path))
-    cand = Candidate.make(sha, patches, {str(k): str(v) for k, v in cfg.env.items()}, cfg.clock)
+    pins = packages.fixed_pins(cfg)
+    cand = Candidate.make(sha, patches, {str(k): str(v) for k, v in cfg.env.items()}, cfg.clock,
+                          packages=pins)
     if patches:
         ws.checkout(sha, patches)  # proves the patches apply before anything is written
+    packages.require(cfg, pins)
     return cand
+
+
+def check_target_available(cfg: DictConfig) -> None:
+    """The default target is a real SGLang server; on a machine without SGLang a run would
+    start, fail every launch and end "untestable". Say so before anything is written, and name
+    the two targets that need no SGLang. On a Ray cluster the nodes judge for themselves
+    (their preflight runs `launch_server --help`), since the controller host need not have it."""
+    target = cfg.target
+    if str(target.name) != "sglang" or str(target.get("engine") or "sglang") == "sim":
+        return
+    if str(cfg.cluster.kind) != "local":
+        return
+    python = str(target.get("python") or "")
+    if python:
+        import subprocess
+
+        try:
+            found = subprocess.run([python, "-c", "import importlib.util as u, sys;"
+                                    " sys.exit(u.find_spec('sglang') is None)"],
+                                   capture_output=True, timeout=60).returncode == 0
+        except (OSError, subprocess.TimeoutExpired):
+            found = False
+    else:
+        import importlib.util
+
+        found = importlib.util.find_spec("sglang") is not None
+    if not found:
+        where = f"target.python={python}" if python else "this Python"
+        raise UserError(f"SGLang is not installed for {where}, and the default target is a real"
+                        " SGLang server: add target=sim to run on the simulated node, or"
+                        " target=command 'target.bench=CMD' to time any benchmark command")
+
+
+def resume_notice(run_dir: Path, store) -> str:
+    """What a resumed run starts from: trials that finished (reused as evidence) and trials
+    that were interrupted (never evidence; what is still needed runs again)."""
+    rows = store.trials()
+    interrupted = sum(1 for r in rows if r.outcome is not None and r.outcome.value == "interrupted")
+    finished = sum(1 for r in rows if r.finished) - interrupted
+    return (f"resuming {run_dir.name}: {finished} finished trial{'s' if finished != 1 else ''}"
+            f" reused, {interrupted} interrupted (not evidence; what is still needed runs again)")

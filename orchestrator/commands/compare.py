@@ -1,30 +1,47 @@
 """`sleuth compare reference=RUN_DIR_OR_FINGERPRINT`: does an earlier result still reproduce?
 
-Re-measures the reference's exact candidate now (same code, patches, env, clock, server
-settings) over fresh restarts, and decides with an interval whether the reference numbers
-reproduce. If they do not, the code is not the cause ("same code, different result -> system
-level"): the fingerprint diff between then and now lists what changed, most plausible first,
-with the differences sleuth can set per trial marked, ready for `sleuth isolate`.
+Re-measures the reference's whole configuration now (its candidate: code, patches, env, clock,
+server settings; and the target and bench settings its trials ran with) over fresh restarts,
+and decides with an interval whether the reference numbers reproduce. A setting on the compare's
+command line that would change that configuration is refused: it would make "different result"
+mean "different experiment". If the numbers do not reproduce, the code is not the cause ("same
+code, different result -> system level"): the fingerprint diff between then and now (the
+server's own environment both times) lists what changed, ranked by the mechanism the trials show
+(:mod:`orchestrator.mechanism`), with the differences sleuth can set per trial marked, ready for
+`sleuth isolate`.
 """
 
 from __future__ import annotations
 
 import json
+import math
+import os
+import statistics
 from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
-from orchestrator import findings, render
+from orchestrator import answer, caveats, findings, mechanism, render
+from orchestrator.answer import phases
+from orchestrator.answer.text import change_text
 from orchestrator.commands import common
 from orchestrator.controller import Controller
 from orchestrator.errors import UserError
+from orchestrator.fingerprint import relevant_env
 from orchestrator.fingerprint_diff import Difference, diff
 from orchestrator.metrics import EFFECT_METRICS, check_metric
+from orchestrator.packages import plan as packages
+from orchestrator.packages.pins import pin_list
 from orchestrator.progress import Progress
-from orchestrator.records import Candidate
+from orchestrator.records import Candidate, Outcome
+from orchestrator.redact import is_redacted, redact_config
+from orchestrator.report.terminal import print_answer
 from orchestrator.rundir import create_run, find_run, running
-from orchestrator.stats.effect import log_effect
+from orchestrator.stats.effect import log_difference, log_effect
 from orchestrator.store import RunStore
+
+# Settings that say where a trial runs rather than what it measures: the compare's own apply.
+WHERE = {"target": ("host", "gpu_state", "python")}
 
 
 def load_reference(cfg: DictConfig, ref: str) -> dict:
@@ -38,7 +55,10 @@ def load_reference(cfg: DictConfig, ref: str) -> dict:
         if "fingerprint" not in doc or "candidate" not in doc:
             raise UserError(f"reference {ref}: a fingerprint file needs 'candidate' and 'fingerprint'")
         return {"candidate": Candidate.from_json(doc["candidate"]), "values": doc.get("values", {}),
-                "fingerprint": doc["fingerprint"], "repo": doc.get("repo"), "name": path.name}
+                "fingerprint": doc["fingerprint"], "repo": doc.get("repo"), "name": path.name,
+                "config": doc.get("config"),
+                "telemetry": [doc["fingerprint"].get("telemetry")],
+                "fingerprints": [doc["fingerprint"]]}
     run_dir = find_run(cfg, ref)
     store = RunStore.open(run_dir / "trials.db")
     try:
@@ -54,26 +74,138 @@ def load_reference(cfg: DictConfig, ref: str) -> dict:
         store.close()
     values = {m: [v for r in chosen if (v := r.result.value(m)) is not None]
               for m in EFFECT_METRICS}
+    fps = [r.result.fingerprint for r in chosen]
     return {"candidate": chosen[0].candidate, "values": {m: v for m, v in values.items() if v},
             "fingerprint": chosen[-1].result.fingerprint, "repo": ref_cfg.get("repo"),
-            "name": run_dir.name, "trials": [r.id for r in chosen]}
+            "name": run_dir.name, "trials": [r.id for r in chosen],
+            "config": {part: OmegaConf.to_container(ref_cfg[part], resolve=True)
+                       for part in ("target", "bench") if part in ref_cfg},
+            "telemetry": [fp.get("telemetry") for fp in fps], "fingerprints": fps}
 
 
-def decide(ref: list[float], now: list[float], min_effect_pct: float, confidence: float) -> tuple[str, dict]:
+def _user_set(cfg: DictConfig) -> DictConfig:
+    """What `cfg` would be without the command line: a setting that differs from it was set
+    by the user (or by a config group the user chose)."""
+    from orchestrator.config.compose import compose_config
+
+    name = str(cfg.target.get("name") or "")
+    group = [f"target={name}"] if name else []
+    if name == "command":  # its one required key; the user's own always differs from this
+        group.append("target.bench=true")
+    return compose_config(str(cfg.command), group)
+
+
+def adopt_reference_config(cfg: DictConfig, ref: dict, resolve=None) -> list[str]:
+    """Make `cfg` measure what the reference measured: its target and bench settings replace
+    the defaults, and a setting the user gave that would change the reference's configuration
+    is refused (one line, exit 2). Returns the settings taken from the reference."""
+    cand: Candidate = ref["candidate"]
+    default = _user_set(cfg)
+    conflicts = []
+    for key, mine, theirs in (("commit", str(cfg.commit), cand.commit),
+                              ("clock", str(cfg.clock), cand.clock)):
+        if key == "commit" and resolve is not None and mine != str(default[key]):
+            mine = resolve(mine)
+        if mine != str(default[key]) and mine != theirs:
+            conflicts.append(f"{key}={mine[:12]} (the reference ran {theirs[:12]})")
+    env = {str(k): str(v) for k, v in cfg.env.items()}
+    if env and env != cand.env_dict:
+        conflicts.append(f"env {env} (the reference ran {cand.env_dict or 'none'})")
+    if list(cfg.patches):
+        conflicts.append("patches= (the reference's own patches are re-applied)")
+    pins = packages.fixed_pins(cfg)
+    if pins and pins != cand.package_dict:
+        ran = ", ".join(cand.packages) or "the node's own packages"
+        conflicts.append(f"packages=[{', '.join(pin_list(pins))}] (the reference ran {ran})")
+    config = ref.get("config") or {}
+    adopted: list[str] = []
+    for part in ("target", "bench"):
+        theirs_part = config.get(part)
+        if not theirs_part:
+            continue
+        mine_part = OmegaConf.to_container(cfg[part], resolve=True)
+        default_part = OmegaConf.to_container(default[part], resolve=True)
+        if part == "target" and theirs_part.get("name") != mine_part.get("name"):
+            raise UserError(f"the reference ran target={theirs_part.get('name')} and this compare"
+                            f" target={mine_part.get('name')}: add target="
+                            f"{theirs_part.get('name')} to re-measure the reference")
+        same_group = default_part.get("name") == mine_part.get("name")
+        for key in sorted(set(theirs_part) | set(mine_part)):
+            if key in WHERE.get(part, ()) or key not in mine_part or key not in theirs_part:
+                continue  # where it runs, or a setting one of the two versions does not have
+            theirs, mine = theirs_part.get(key), mine_part.get(key)
+            if theirs == mine:
+                continue
+            recorded = bool(_redacted(theirs))
+            if recorded and redact_config(mine, key) == theirs:
+                continue  # the command line gives the secret the record left out
+            user_set = not same_group or mine != default_part.get(key)
+            if recorded:
+                raise UserError(f"the reference's {part}.{key} held a secret that was not"
+                                f" recorded: give {part}.{key} again on the command line")
+            if user_set:
+                conflicts.append(f"{part}.{key}={mine!r} (the reference ran {theirs!r})")
+                continue
+            cfg[part][key] = theirs
+            adopted.append(f"{part}.{key}={theirs!r}")
+    if conflicts:
+        raise UserError("compare re-measures the reference's own configuration, and the command"
+                        " line changes it: " + "; ".join(conflicts) + ". Leave these out (to test"
+                        " a change, use isolate good.*=... bad.*=...)")
+    return adopted
+
+
+def _redacted(value: object) -> bool:
+    if isinstance(value, dict):
+        return any(_redacted(v) for v in value.values())
+    if isinstance(value, list | tuple):
+        return any(_redacted(v) for v in value)
+    return is_redacted(value)
+
+
+# A change is called only at this level (the check runs after every batch), and only once the
+# pooled restart noise rests on this many degrees of freedom: a reference is often one restart,
+# and two or three restarts now can show almost no spread by chance, which once made a 3% luck
+# of the reference's single restart read as "system level: +3.5% [+2.9, +4.0]".
+CHANGE_CONFIDENCE = 0.99
+MIN_DF = 4
+
+
+def decide(ref: list[float], now: list[float], min_effect_pct: float, confidence: float,
+           final: bool = False, bound_pct: float = 10.0) -> tuple[str, dict]:
     """reproduced | not_reproduced | unresolved, from a log-scale interval of now vs then.
 
     The restart-to-restart variance is pooled over both sides, so a reference of a single
     restart (the common case: one number from an earlier session) still gets an honest
-    interval, under the stated assumption that restart noise on the node is what it was then."""
-    e = log_effect(ref, now, confidence=confidence)
+    interval, under the stated assumption that restart noise on the node is what it was then.
+
+    "not_reproduced" needs the :data:`CHANGE_CONFIDENCE` interval to exclude no change, an
+    estimate of at least `min_effect_pct`, and :data:`MIN_DF` degrees of freedom. "reproduced"
+    means the `confidence` interval lies within +-`min_effect_pct`. A few reference restarts
+    cannot pin a value that closely (the old restart's own noise stays in the estimate), so
+    once the budget is spent (`final`) an interval within +-`bound_pct` is "reproduced" with
+    `bounded` set: no change of the size being chased was confirmed, and one beyond the
+    interval's ends is ruled out, which is what the answer then says (with the small change
+    that may remain, when the interval excludes zero). A wider interval stays "unresolved":
+    it would rule out too little to be called a reproduction."""
+    logs = ([math.log(v) for v in ref], [math.log(v) for v in now])
+    d = log_difference(*logs, confidence=confidence)
+    e = d.to_effect(len(ref), len(now), confidence)
+    strict = log_effect(ref, now, confidence=max(confidence, CHANGE_CONFIDENCE))
     lo, hi = e.ci
-    if (lo > 0 or hi < 0) and abs(e.pct) >= min_effect_pct:
+    bounded = False
+    enough = len(ref) + len(now) - 2 >= MIN_DF
+    if enough and (strict.ci[0] > 0 or strict.ci[1] < 0) and abs(e.pct) >= min_effect_pct:
         verdict = "not_reproduced"
-    elif -min_effect_pct < lo and hi < min_effect_pct:
+    elif enough and -min_effect_pct < lo and hi < min_effect_pct:
         verdict = "reproduced"
+    elif final and -bound_pct < lo and hi < bound_pct:
+        verdict, bounded = "reproduced", True
     else:
         verdict = "unresolved"
-    return verdict, {"pct": e.pct, "ci": [lo, hi], "p_value": e.p_value, "n": [len(ref), len(now)]}
+    return verdict, {"pct": e.pct, "ci": [lo, hi], "p_value": e.p_value, "n": [len(ref), len(now)],
+                     "bounded": bounded, "log": [d.diff, d.se, d.df],
+                     "before": statistics.fmean(ref), "after": statistics.fmean(now)}
 
 
 def run(cfg: DictConfig) -> int:
@@ -90,17 +222,22 @@ def run(cfg: DictConfig) -> int:
             raise UserError("the reference does not say which repository: add repo=PATH")
         cfg.repo = ref["repo"]
     ws = common.workspace(cfg)
+    adopted = adopt_reference_config(cfg, ref, ws.resolve)
     cand: Candidate = ref["candidate"]
     ws.resolve(cand.commit)
     ref_values = ref["values"].get(metric, [])
     if not ref_values:
         raise UserError(f"the reference has no measured {metric} value")
+    packages.require(cfg, cand.package_dict)  # the reference's own pins, built again if need be
     run_dir, store = create_run(cfg)
     out = render.console()
     with running(store, run_dir, out) as run:
+        if adopted:
+            out.print("measuring with the reference's settings: " + ", ".join(adopted))
         with Progress(out) as progress, \
                 Controller(cfg, store, run_dir, on_event=progress.on_event) as ctl:
             doc = execute(cfg, ctl, run_dir, ref, out, progress=progress)
+        print_answer(out, doc.get("answer"))
         run.status = "done" if doc["verdict"] != "unresolved" else "inconclusive"
         return 0 if doc["verdict"] != "unresolved" else 3
 
@@ -119,8 +256,21 @@ def execute(cfg: DictConfig, ctl: Controller, run_dir: Path, ref: dict, out,
     if progress is not None:  # an earlier experiment's state would mislead
         progress.set_total(None)
         progress.on_verdict("comparing", None, None)
-    now_rows: list = []
+    # A resumed run's finished compare trials count (an interrupted one is run again).
+    now_rows: list = [r for r in ctl.store.trials() if r.phase == "compare" and r.finished
+                      and r.candidate.key == cand.key and r.outcome is not Outcome.INTERRUPTED]
     verdict, eff = "unresolved", {}
+
+    def decide_now() -> tuple[str, dict]:
+        now_vals = [v for r in now_rows if r.outcome.measured and not r.suspect
+                    and (v := r.result.value(metric)) is not None]
+        if len(now_vals) < 2:
+            return "unresolved", eff
+        return decide(ref_values, now_vals, min_effect, 0.95, final=len(now_rows) >= max_trials,
+                      bound_pct=float(params.get("bound_pct", 10.0)))
+
+    if now_rows:
+        verdict, eff = decide_now()
     while verdict == "unresolved" and len(now_rows) < max_trials:
         for _ in range(min(batch, max_trials - len(now_rows))):
             while not ctl.idle_nodes():
@@ -128,10 +278,7 @@ def execute(cfg: DictConfig, ctl: Controller, run_dir: Path, ref: dict, out,
             ctl.submit(cand, phase="compare")
         while ctl.in_flight():
             now_rows += ctl.wait()
-        now_vals = [v for r in now_rows if r.outcome.measured and not r.suspect
-                    and (v := r.result.value(metric)) is not None]
-        if len(now_vals) >= 2:
-            verdict, eff = decide(ref_values, now_vals, min_effect, 0.95)
+        verdict, eff = decide_now()
     measured = [r for r in now_rows if r.outcome and r.outcome.measured and not r.suspect]
     effects = {}
     for m in EFFECT_METRICS:
@@ -139,65 +286,124 @@ def execute(cfg: DictConfig, ctl: Controller, run_dir: Path, ref: dict, out,
         b = [v for r in measured if (v := r.result.value(m)) is not None]
         if a and len(b) >= 2 and min(a + b) > 0:
             effects[m] = decide(a, b, min_effect, 0.95)[1]
-    diffs: list[Difference] = []
+    now_fps = [r.result.fingerprint for r in measured]
+    ref_fps = ref.get("fingerprints") or [ref["fingerprint"]]
+    effects = caveats.qualify(effects, headline=metric,
+                              loads=(caveats.mean_load(ref_fps), caveats.mean_load(now_fps)),
+                              cpus=((now_fps[-1].get("host") or {}).get("cpus") if now_fps else None))
+    ranked: list[tuple[Difference, str]] = []
     if measured:
-        diffs = diff(ref["fingerprint"], measured[-1].result.fingerprint)
-    doc = _findings(ctl.store.run_id, metric, verdict, eff, effects, diffs, ref,
+        diffs = diff(ref["fingerprint"], now_fps[-1]) + _not_reaching(now_fps[-1])
+        ref_telemetry = ref.get("telemetry") or [fp.get("telemetry") for fp in ref_fps]
+        s = mechanism.signals(effects, ref_telemetry, [fp.get("telemetry") for fp in now_fps])
+        ranked = mechanism.rank(diffs, s)
+    doc = _findings(ctl.store.run_id, metric, verdict, eff, effects, ranked, ref,
                     [r.id for r in now_rows])
     if progress is not None:
         progress.on_verdict(verdict.replace("_", " "), None, None)
-    doc["differences"] = [d.to_json() for d in diffs]
+    doc["differences"] = [d.to_json() for d, _ in ranked]
+    doc["answer"] = answer.for_compare(
+        doc, mechanism=phases.mechanism(
+            ref["values"], {m: [v for r in measured if (v := r.result.value(m)) is not None]
+                            for m in phases.SIDE_METRICS},
+            ref.get("telemetry") or [fp.get("telemetry") for fp in ref_fps],
+            [fp.get("telemetry") for fp in now_fps], before_label="reference",
+            after_label="now"),
+        next_step=(f"sleuth investigate reference={ref['name']} (tests the controllable"
+                   " differences)" if ref.get("run", True) and verdict == "not_reproduced"
+                   else ""))
     path = findings.write(run_dir, doc, findings_name)
-    _print(out, doc, diffs)
+    _print(out, doc, ranked)
     out.print(f"findings: {path}")
     return doc
 
 
-def _findings(run_id, metric, verdict, eff, effects, diffs, ref, trial_ids) -> dict:
+def _not_reaching(now_fp: dict) -> list[Difference]:
+    """Variables set where sleuth runs (this controller) that the server does not have: on a
+    cluster the controller's environment does not travel to the nodes, and a user who
+    exported NCCL_ALGO in the shell that starts sleuth expects it in the server. Only the
+    variables that steer the GPU libraries count; the node's own drops are in the diff."""
+    env = now_fp.get("env") or {}
+    if env.get("source") != "process":
+        return []
+    server = env.get("server") or {}
+    dropped = env.get("not_received") or {}
+    return [Difference("env_dropped", var, value, server.get(var),
+                       "set where sleuth runs (the controller) but not in the server's"
+                       " environment: the node does not inherit it")
+            for var, value in sorted(relevant_env(dict(os.environ)).items())
+            if var not in server and var not in dropped]
+
+
+def _findings(run_id, metric, verdict, eff, effects, ranked, ref, trial_ids) -> dict:
     pct = eff.get("pct")
+    assumption = (effects.get(metric) or {}).get("assumption")
     if verdict == "not_reproduced":
-        message = (f"same code, different result -> system level: {metric} is {pct:+.1f}% "
-                   f"[{eff['ci'][0]:+.1f}, {eff['ci'][1]:+.1f}] against the reference;"
-                   f" {len(diffs)} difference(s) in the fingerprint, most plausible first")
+        message = (f"same code, same configuration, different result -> system level: {metric}"
+                   f" is {change_text(eff, metric)} against the"
+                   f" reference; {len(ranked)} difference(s) in the fingerprint, the most"
+                   " likely mechanism first")
+    elif verdict == "reproduced" and eff.get("bounded"):
+        n_ref, n_now = eff["n"]
+        lo, hi = eff["ci"]
+        small = ("no change detected" if lo <= 0 <= hi else
+                 f"a small change may remain (not confirmed at {CHANGE_CONFIDENCE:.0%})")
+        message = (f"the reference reproduces as far as {n_ref} + {n_now} restarts can tell: "
+                   f"{metric} {pct:+.1f}% [{lo:+.1f}, {hi:+.1f}], {small}; a change beyond"
+                   f" {lo:+.1f}% or {hi:+.1f}% is ruled out (more reference restarts would"
+                   " narrow it)")
     elif verdict == "reproduced":
         message = f"the reference reproduces: {metric} {pct:+.1f}% [{eff['ci'][0]:+.1f}, {eff['ci'][1]:+.1f}]"
     else:
         message = "could not decide within the trial budget whether the reference reproduces"
+        if eff:
+            message += (f": {metric} {pct:+.1f}% [{eff['ci'][0]:+.1f}, {eff['ci'][1]:+.1f}]"
+                        f" over {eff['n'][0]} + {eff['n'][1]} restarts (more reference restarts,"
+                        " or max_trials=N, would narrow it)")
+    if assumption:
+        message += f" ({assumption})"
     items = []
-    if verdict == "not_reproduced":
-        for i, d in enumerate(diffs, 1):
+    if ranked:
+        for i, (d, why) in enumerate(ranked, 1):
             items.append({
                 "rank": i, "kind": "system" if d.category not in ("env", "clock", "package") else d.category,
                 "id": d.key, "summary": f"{d.label} ({d.category}{', ' + d.detail if d.detail else ''})"
                 + ("; controllable" if d.controllable else ""),
                 # A fingerprint difference is a suspect, not a measured cause: no probability
                 # until `sleuth isolate` has tested it.
-                "probability": None, "effect": {}, "difference": d.to_json(),
+                "probability": None, "effect": {}, "difference": d.to_json(), "why": why,
             })
     return {"run": run_id, "experiment": "compare", "metric": metric, "verdict": verdict,
             "message": message, "reference": {"name": ref["name"], "trials": ref.get("trials", []),
                           "run": ref.get("run", True)},
-            "total_effect": {m: {"pct": e["pct"], "ci": e["ci"]} for m, e in effects.items()},
+            "total_effect": {m: {k: e[k] for k in ("pct", "ci", "n", "evidence", "caveat",
+                                                   "assumption", "log", "before", "after")
+                                 if k in e}
+                             for m, e in effects.items()},
             "n_trials": len(trial_ids), "findings": items}
 
 
-def _print(out, doc: dict, diffs: list[Difference]) -> None:
+def _print(out, doc: dict, ranked: list[tuple[Difference, str]]) -> None:
     from rich.table import Table
 
-    t = Table(title="now vs reference (same candidate)")
-    for col in ("metric", "change", "interval"):
+    t = Table(title="now vs reference (same candidate, same configuration)")
+    for col in ("metric", "change", "interval", "restarts", "note"):
         t.add_column(col)
     for m, e in doc["total_effect"].items():
-        t.add_row(m, f"{e['pct']:+.1f}%", f"[{e['ci'][0]:+.1f}, {e['ci'][1]:+.1f}]")
+        n = e.get("n") or ["?", "?"]
+        note = f"not evidence: {e['caveat']}" if not e.get("evidence", True) else ""
+        t.add_row(m, f"{e['pct']:+.1f}%", f"[{e['ci'][0]:+.1f}, {e['ci'][1]:+.1f}]",
+                  f"{n[0]} then, {n[1]} now", note)
     out.print(t)
     out.print(doc["message"])
-    if doc["verdict"] == "not_reproduced" and diffs:
-        d = Table(title="what changed since the reference (most plausible first)")
+    if ranked:
+        d = Table(title="what changed since the reference (most likely mechanism first)")
         for col in ("#", "category", "difference", "where", "controllable"):
             d.add_column(col)
-        for i, x in enumerate(diffs, 1):
+        for i, (x, _) in enumerate(ranked, 1):
             d.add_row(str(i), x.category, x.label, x.detail, "yes" if x.controllable else "no")
         out.print(d)
-        if doc["reference"].get("run", True):  # a reference that is a run can be named again
+        out.print(f"why #1: {ranked[0][1]}")
+        if doc["reference"].get("run", True) and doc["verdict"] == "not_reproduced":  # a reference that is a run can be named again
             out.print(f"next: sleuth isolate reference={doc['reference']['name']} to test the"
                       " controllable differences")

@@ -5,14 +5,14 @@ The story (`seed_story` scenario, truth in `scenario/truth.json`):
    89 vs 94 tok/s, 19 ms verify). These trials are the reference.
 2. *Now*: the node changed (power limit lowered, NCCL_PROTO dropped from its environment, a
    package bumped, 30 unrelated env vars) and the code moved on by ~100 commits, one of which
-   slows verify.
-3. `bisect` finds the code culprit; `compare` re-measures the reference candidate and finds the
-   same code no longer measures the same ("system level"); `isolate` tests the controllable
-   differences and names the power limit and NCCL_PROTO.
-4. A short sweep of the NCCL knobs on the bad commit (`space=nccl_quick`, a grid of 12): which
-   setting is fastest on this node now, and which knob matters. It shares the run's store; its
-   trials are told apart by phase.
-5. One ranking of all findings, `report.md`/`report.html`, and a check against the truth.
+   slows verify. `sleuth investigate` takes it from there: it re-measures the reference
+   candidate (same code, different result: system level), isolates the controllable
+   differences (the power limit and NCCL_PROTO), bisects the range under today's system (the
+   verify culprit), ends with a short sweep of the NCCL knobs on the bad commit
+   (`space=nccl_quick`, a grid of 12: which setting is fastest on this node now), and answers
+   with the causes that add up to the change.
+3. A check against the truth: the planted commit, the planted system causes, the sweep's
+   confirmed configuration within 2% of the true best of its space.
 Everything printed was measured in this run.
 """
 
@@ -26,8 +26,8 @@ from pathlib import Path
 from omegaconf import DictConfig, OmegaConf
 from rich.table import Table
 
-from orchestrator import findings, render
-from orchestrator.commands import bisect, common, compare, isolate, sweep
+from orchestrator import render
+from orchestrator.commands import common, investigate, sweep
 from orchestrator.controller import Controller
 from orchestrator.metrics import EFFECT_METRICS
 from orchestrator.progress import Progress
@@ -35,7 +35,6 @@ from orchestrator.records import Candidate
 from orchestrator.rundir import create_run, running
 from orchestrator.sweep import setup
 from orchestrator.sweep.oracle import SimOracle
-from orchestrator.sweep.search import SweepSettings
 from orchestrator.sweep.space import SearchSpace
 from orchestrator.targets.sim.gpu_state import load as load_gpu_state
 from orchestrator.targets.sim.profile import PROFILE_FILENAME
@@ -92,19 +91,11 @@ def _measure_pair(ctl: Controller, good: str, trials: int, out) -> dict[str, lis
 def _reference(rows: list, run_name: str) -> dict:
     ok = [r for r in rows if r.outcome and r.outcome.measured and not r.suspect]
     values = {m: [v for r in ok if (v := r.result.value(m)) is not None] for m in EFFECT_METRICS}
+    fps = [r.result.fingerprint for r in ok]
     return {"candidate": ok[0].candidate, "values": {m: v for m, v in values.items() if v},
-            "fingerprint": ok[-1].result.fingerprint, "name": f"{run_name} (earlier trials)",
-            "trials": [r.id for r in ok], "run": False}
-
-
-def _sweep(cfg: DictConfig, ctl: Controller, run_dir: Path, space: SearchSpace,
-           settings: SweepSettings, out, progress: Progress) -> dict:
-    """The NCCL sweep on the bad commit as the node is now; returns its findings document."""
-    cfg.commit = cfg.bad
-    base = common.candidate(cfg, common.workspace(cfg))
-    _, doc = sweep.execute(cfg, ctl, run_dir, space, settings, base, out, progress=progress)
-    findings.write(run_dir, doc, name="sweep")
-    return doc
+            "fingerprint": fps[-1], "fingerprints": fps,
+            "telemetry": [fp.get("telemetry") for fp in fps],
+            "name": f"{run_name} (earlier trials)", "trials": [r.id for r in ok], "run": False}
 
 
 def _sweep_truth(cfg: DictConfig, scenario_out: Path,
@@ -178,42 +169,25 @@ def run(cfg: DictConfig) -> int:
         out.print(f"scenario: {scenario.repo} ({truth['commits']} commits; planted causes in"
                   f" {scenario.out / 'truth.json'})")
         cfg.repo = str(scenario.repo)
-        cfg.good, cfg.bad = truth["good"], truth["bad"]
-        commits, points, weights = bisect.plan(cfg)
-        docs: dict[str, dict] = {}
+        cfg.good, cfg.bad, cfg.recover = truth["good"], truth["bad"], True
         _set_nodes(cfg, scenario.out, "reference")
         with Progress(out) as progress, \
                 Controller(cfg, store, run_dir, on_event=progress.on_event) as ctl:
             out.print("\n== 1. earlier: the reference measurement ==")
             pair = _measure_pair(ctl, truth["good"], 2, out)
+        ref = _reference(pair["EAGLE-3 (2 steps, topk 1)"], run_dir.name)
+        plan, ws = investigate.plan(cfg, reference=ref)
         _set_nodes(cfg, scenario.out, "now")
+        out.print("\n== 2. now: sleuth investigate, from the reference to the bad commit ==")
         with Progress(out) as progress, \
                 Controller(cfg, store, run_dir, on_event=progress.on_event) as ctl:
-            out.print("\n== 2. now: bisect the code between good and bad ==")
-            _, docs["bisect"] = bisect.execute(cfg, ctl, run_dir, commits, points, weights, out,
-                                               findings_name="bisect", progress=progress)
-            out.print("\n== 3. now: does the earlier reference still reproduce? ==")
-            ref = _reference(pair["EAGLE-3 (2 steps, topk 1)"], run_dir.name)
-            docs["compare"] = compare.execute(cfg, ctl, run_dir, ref, out, findings_name="compare",
-                                              progress=progress)
-            if docs["compare"]["verdict"] == "not_reproduced":
-                out.print("\n== 4. now: isolate the system differences ==")
-                result = isolate.isolate_system(cfg, ctl, run_dir, ref, docs["compare"],
-                                                common.workspace(cfg).resolve, out, progress)
-                if result is not None:
-                    docs["isolate"] = result[1]
-            out.print("\n== 5. now: a short NCCL sweep on the bad commit ==")
-            docs["sweep"] = _sweep(cfg, ctl, run_dir, space, settings, out, progress)
-        from orchestrator.report import write_report
-        from orchestrator.report.ranking import load_docs, rank
-
-        ranked = rank(load_docs(run_dir), store.trials())
-        findings.write(run_dir, ranked)
-        out.print("\n== ranked findings ==")
-        out.print(render.findings_table(ranked))
-        _, files = write_report(run_dir)
-        out.print(f"report: {files.markdown}\nreport: {files.html}")
+            doc, docs = investigate.execute(cfg, ctl, run_dir, plan, ws, out, progress=progress)
+        code = investigate.finish(cfg, run_dir, store, doc, out)
+        cfg.commit = truth["bad"]  # the sweep's truth: its space on the bad commit
         hit = _truth_check(truth, docs, out)
         hit = _sweep_check(cfg, scenario.out, space, docs.get("sweep"), out) and hit
+        explained = "the answer explains the change" if code == 0 else \
+            "the answer leaves part of the change unexplained"
+        out.print(f"truth: {explained}")
         run.status = "done" if hit else "inconclusive"
         return 0 if hit else 3

@@ -4,11 +4,15 @@
                    bad.patches=[a.patch,b.patch] bad.clock=power:300 [metric=verify_ms]
     sleuth isolate reference=RUN [metric=verify_ms]
 
-With explicit specs, each part (commit, patches, env, clock, server) left out on one side is
-the same as on the other. With `reference=RUN`, the reference's candidate is re-measured now
-(`compare`); if the result no longer reproduces, the controllable differences of the
-fingerprint diff (clock/power policy, environment variables) become the differences to test,
-the reference side set per trial and the "now" side being the node as it is. Each test is a
+With explicit specs, each part (commit, clock, server) left out on one side is the same as on
+the other; patches, env variables and package pins are what each side lists (`packages=[...]`
+pins both sides, each side's own pins win). With `reference=RUN`, the reference's whole
+configuration is re-measured now (`compare`); if the result no longer reproduces, the
+controllable differences of the fingerprint diff (each clock setting on its own, environment
+variables of the server process, package versions when a package source is given) become the
+differences to test, the reference side set per trial and the "now" side being the node as it
+is. A difference the record cannot restore (a redacted value) is listed,
+never tested; a patch that does not apply is bad input before anything is written. Each test is a
 set of repeated, interleaved restarts with a statistical decision (noisy delta debugging, see
 `orchestrator/strategies/isolate.py`).
 """
@@ -21,14 +25,25 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
-from orchestrator import findings, render
+from orchestrator import answer, caveats, findings, render
 from orchestrator.commands import common, compare
 from orchestrator.controller import Controller
-from orchestrator.differences import Change, apply, changes_between, changes_from_system
+from orchestrator.differences import (
+    KINDS,
+    Change,
+    apply,
+    changes_between,
+    changes_from_system,
+    check_distinct,
+    level_of,
+    reference_good,
+)
 from orchestrator.drive import drive, unreported
-from orchestrator.errors import UserError
-from orchestrator.fingerprint_diff import Difference
-from orchestrator.metrics import check_metric, regression_direction
+from orchestrator.errors import SleuthError, UserError
+from orchestrator.fingerprint_diff import NOT_FROM_RECORD, Difference
+from orchestrator.metrics import EFFECT_METRICS, check_metric, regression_direction
+from orchestrator.packages import plan as packages
+from orchestrator.packages.pins import pins_of
 from orchestrator.progress import Progress
 from orchestrator.records import Candidate
 from orchestrator.rundir import create_run, running
@@ -36,9 +51,6 @@ from orchestrator.store import RunStore
 from orchestrator.strategies.base import Verdict, probability_relation
 from orchestrator.strategies.isolate import IsolateStrategy
 from orchestrator.system_watch import system_changes
-from orchestrator.targets.base import UNSET
-
-_KIND = {"commit": "commit", "patch": "patch", "env": "env", "clock": "clock", "server": "system"}
 
 
 class IsolatePoints:
@@ -47,27 +59,25 @@ class IsolatePoints:
     def __init__(self, strategy: IsolateStrategy, good: Mapping, changes: list[Change],
                  resolve: Callable[[str], str]):
         self.strategy, self.good, self.changes, self.resolve = strategy, good, changes, resolve
+        self._subset_of_key: dict[str, frozenset[int]] = {}
 
     def candidate(self, point: int) -> Candidate:
-        return apply(self.good, self.changes, self.strategy.subset(point), self.resolve)
+        """The candidate of a point. Two subsets must never launch one candidate: its trials
+        would count for one of them only, and the other would be asked for again and again."""
+        subset = self.strategy.subset(point)
+        cand = apply(self.good, self.changes, subset, self.resolve)
+        seen = self._subset_of_key.setdefault(cand.key, subset)
+        if seen != subset:
+            raise SleuthError(
+                "two configurations of this isolate launch the same candidate "
+                f"({self.strategy.describe_subset(seen)} and "
+                f"{self.strategy.describe_subset(subset)}: {cand.label}): a difference is not"
+                " applied to the candidate")
+        return cand
 
     def subset_of(self, cand: Candidate) -> frozenset[int]:
-        env, server = cand.env_dict, cand.server_dict
-        out = set()
-        for i, c in enumerate(self.changes):
-            if c.factor == "commit":
-                hit = cand.commit == self.resolve(str(c.bad))
-            elif c.factor == "patch":
-                hit = (c.key in cand.patches) == bool(c.bad)
-            elif c.factor == "env":
-                hit = (c.key not in env) if c.bad is None else env.get(c.key) == str(c.bad)
-            elif c.factor == "clock":
-                hit = cand.clock == c.bad
-            else:
-                hit = server.get(c.key) == c.bad
-            if hit:
-                out.add(i)
-        return frozenset(out)
+        return frozenset(i for i, c in enumerate(self.changes)
+                         if level_of(c, cand, self.resolve))
 
     def point(self, cand: Candidate) -> int | None:
         subset = self.subset_of(cand)
@@ -88,24 +98,23 @@ def _spec(node) -> dict:
     return spec
 
 
-def _check_changes(cfg: DictConfig, ws, good: dict, changes: list[Change]) -> None:
-    from orchestrator.envcheck import check_env
-    from orchestrator.gpu.base import ClockPolicy
-
+def _check_changes(cfg: DictConfig, ws, good: dict, bad: dict, changes: list[Change]) -> None:
+    """Refuse what cannot be launched before anything is written: levels (a clock part, an
+    env value, a secret, a redacted record), refs, and patches that do not apply to their
+    side's commit (each side as a whole: a patch that needs another one is a subset the
+    strategy will find untestable, but a side that cannot be built is bad input)."""
     for c in changes:
-        if c.factor == "patch" and not Path(c.key).is_file():
-            raise UserError(f"patch file not found: {c.key}")
-        if c.factor == "clock":
-            ClockPolicy.parse(str(c.good))
-            ClockPolicy.parse(str(c.bad))
-        if c.factor == "env":
-            for value in (c.good, c.bad):
-                if value is not None:
-                    check_env({c.key: str(value)})
-    ws.resolve(str(good.get("commit", "HEAD")))
-    for c in changes:
-        if c.factor == "commit":
-            ws.resolve(str(c.bad))
+        kind = KINDS[c.factor]
+        for level in (c.good, c.bad):
+            if c.factor == "patch":
+                kind.check(c.key, True)
+            elif c.factor != "commit":
+                kind.check(c.key, level)
+    for side in (good, bad):
+        sha = ws.resolve(str(side.get("commit", "HEAD")))
+        if side.get("patches"):
+            ws.checkout(sha, list(side["patches"]))
+    packages.require(cfg, good["packages"], bad["packages"])
 
 
 def _best(verdict: Verdict) -> tuple[str | None, float | None]:
@@ -138,6 +147,16 @@ def _reporter(out, progress: Progress | None) -> Callable[[Verdict, int], None]:
     return plain
 
 
+def _qualified(effects: dict, metric: str, rows, keys: tuple[str, str]) -> dict:
+    """Effects with the caveats that make some of them not evidence (too few restarts,
+    client-side timings that follow the host's load; :mod:`orchestrator.caveats`)."""
+    fps = {k: [r.result.fingerprint for r in rows if r.candidate.key == k and r.result
+               and r.result.fingerprint] for k in keys}
+    cpus = next(((fp.get("host") or {}).get("cpus") for k in keys for fp in fps[k]), None)
+    return caveats.qualify(effects, headline=metric, cpus=cpus,
+                           loads=(caveats.mean_load(fps[keys[0]]), caveats.mean_load(fps[keys[1]])))
+
+
 def execute(cfg: DictConfig, ctl: Controller, run_dir: Path, good: dict, changes: list[Change],
             resolve, out, findings_name: str | None = None, progress: Progress | None = None):
     metric = str(cfg.metric)
@@ -148,6 +167,7 @@ def execute(cfg: DictConfig, ctl: Controller, run_dir: Path, good: dict, changes
         max_trials=int(cfg.max_trials) if cfg.max_trials is not None else None, labels=labels,
         min_effect_pct=(float(cfg.experiment.params["min_effect_pct"])
                         if "min_effect_pct" in cfg.experiment.params else None))
+    check_distinct(good, changes, resolve)
     points = IsolatePoints(strategy, good, changes, resolve)
     out.print(f"isolating {len(changes)} difference(s) on {metric}: "
               + "; ".join(labels[:6]) + (" ..." if len(labels) > 6 else ""))
@@ -156,26 +176,31 @@ def execute(cfg: DictConfig, ctl: Controller, run_dir: Path, good: dict, changes
                     on_system_change=lambda c: say(c.warning))
     rows = ctl.store.trials()
     good_key = points.candidate(0).key
+    # The run's own metric too (a command target's `value` is none of the SGLang metrics).
+    measured = (*EFFECT_METRICS, *([metric] if metric not in EFFECT_METRICS else []))
     items = []
     for culprit in sorted(verdict.culprits, key=lambda c: -c.probability):
         subset = frozenset(culprit.differences)
         with_key = points.candidate(strategy.point_of(subset)).key
-        effects = findings.effects_between(rows, good_key, with_key)
+        effects = _qualified(findings.effects_between(rows, good_key, with_key, measured),
+                             metric, rows, (good_key, with_key))
         first = changes[culprit.differences[0]]
         pair = len(culprit.differences) > 1
         items.append({
-            "kind": _KIND[first.factor],
-            "id": " + ".join(changes[i].key or changes[i].factor for i in culprit.differences),
+            "kind": first.kind,
+            "id": " + ".join(changes[i].name for i in culprit.differences),
             "summary": (" together with ".join(culprit.labels)
                         + (" (only together)" if culprit.kind == "interaction" else "")),
             "probability": round(float(culprit.probability), 4),
-            "effect": {m: {"pct": e["pct"], "ci": e["ci"]} for m, e in effects.items()},
-            "phase": findings.phase_moved(effects),
+            "effect": caveats.evidence_only(effects),
+            "not_evidence": caveats.not_evidence(effects),
+            "phase": findings.phase_moved(caveats.evidence_only(effects)),
             "interaction": pair and culprit.kind == "interaction",
             "differences": [changes[i].to_json() for i in culprit.differences],
             "verified": culprit.verified,
             "evidence": [r.id for r in rows if r.candidate.key in (good_key, with_key)],
             "effect_detail": effects,
+            "before_key": good_key, "after_key": with_key,
         })
     for rank, item in enumerate(items, 1):
         item["rank"] = rank
@@ -187,6 +212,12 @@ def execute(cfg: DictConfig, ctl: Controller, run_dir: Path, good: dict, changes
            "findings": [{"rank": i.pop("rank"), **i} for i in items]}
     system = system_changes(rows)
     doc["system_changes"] = [c.to_json() for c in system]
+    bad_key = points.candidate(strategy.point_of(frozenset(range(len(changes))))).key
+    total = findings.effects_between(rows, good_key, bad_key)
+    if total:
+        doc["total_effect"] = total
+    doc["answer"] = answer.for_isolate(
+        doc, mechanism=findings.mechanism_between(rows, good_key, bad_key, "good", "bad"))
     path = findings.write(run_dir, doc, findings_name)
     out.print(render.findings_table(doc))
     out.print(verdict.message)
@@ -212,14 +243,26 @@ def isolate_system(cfg: DictConfig, ctl: Controller, run_dir: Path, ref: dict, c
     the run's one ranking does not list a tested difference twice."""
     diffs = differences_from_compare(cdoc)
     all_env = bool(cfg.experiment.params.get("all_env", False))
-    changes = changes_from_system(diffs, all_env=all_env)
+    found = changes_from_system(diffs, all_env=all_env)
+    pinned = [c.key for c in found if c.factor == "package"]
+    if pinned and packages.settings(cfg).configured:
+        out.print(f"installing the reference versions of {len(pinned)} package(s) into overlays:"
+                  f" {', '.join(pinned[:8])}{' ...' if len(pinned) > 8 else ''}")
+    changes, no_package = packages.testable(cfg, found)
     untested = [d for d in diffs if not any(c.matches(d) for c in changes)]
-    aside = [d for d in untested if d.controllable]
+    if no_package:
+        out.print(f"package changes not tested ({len(no_package)}): "
+                  + "; ".join(f"{k}: {why.removeprefix('not tested: ')}"
+                              for k, why in list(no_package.items())[:6]))
+    aside = [d for d in untested if d.controllable and d.key not in no_package]
     if aside:
         out.print(f"set aside {len(aside)} shell/session variable(s), not tested"
                   f" (experiment.params.all_env=true tests them): "
                   + ", ".join(d.key for d in aside[:10]) + (" ..." if len(aside) > 10 else ""))
-    fixed = [d for d in untested if not d.controllable]
+    secret = [d for d in untested if NOT_FROM_RECORD in d.detail]
+    if secret:
+        out.print(f"{NOT_FROM_RECORD}, not tested: " + ", ".join(d.key for d in secret[:10]))
+    fixed = [d for d in untested if not d.controllable and d not in secret]
     if fixed:
         out.print("not settable per trial (kept in the compare findings): "
                   + ", ".join(d.label for d in fixed[:8]))
@@ -227,7 +270,10 @@ def isolate_system(cfg: DictConfig, ctl: Controller, run_dir: Path, ref: dict, c
     cdoc["findings"] = [dict(f, rank=i) for i, f in enumerate(
         (f for f in cdoc["findings"] if f["id"] in keep), 1)]
     for f in cdoc["findings"]:
-        f["untested"] = ("set aside: shell/session variable" if f["difference"]["controllable"]
+        detail = f["difference"].get("detail", "")
+        f["untested"] = (NOT_FROM_RECORD if NOT_FROM_RECORD in detail
+                         else no_package[f["id"]] if f["id"] in no_package
+                         else "set aside: shell/session variable" if f["difference"]["controllable"]
                          else "not settable per trial")
     findings.write(run_dir, cdoc, "compare")
     if not changes:
@@ -239,23 +285,7 @@ def isolate_system(cfg: DictConfig, ctl: Controller, run_dir: Path, ref: dict, c
 
 def differences_from_compare(doc: Mapping) -> list[Difference]:
     """The fingerprint differences a compare findings document lists."""
-    keys = ("category", "key", "reference", "now", "detail", "controllable")
-    return [Difference(**{k: d[k] for k in keys},
-                       factor=tuple(d["factor"]) if d.get("factor") else None)
-            for d in doc.get("differences", [])]
-
-
-def reference_good(candidate: Candidate, changes: list[Change]) -> dict:
-    """The good spec of a system-level isolate: the reference candidate with each changed
-    setting put back to its reference level (an absent variable as explicitly unset)."""
-    good = candidate.to_json()
-    good["env"] = {**good.get("env", {}),
-                   **{c.key: (UNSET if c.good is None else c.good)
-                      for c in changes if c.factor == "env"}}
-    clock = [c for c in changes if c.factor == "clock"]
-    if clock:
-        good["clock"] = clock[0].good
-    return good
+    return [Difference.from_json(d) for d in doc.get("differences", [])]
 
 
 def _plan(cfg: DictConfig) -> tuple[dict | None, object, dict | None, list[Change] | None]:
@@ -272,17 +302,44 @@ def _plan(cfg: DictConfig) -> tuple[dict | None, object, dict | None, list[Chang
         cfg.repo = cfg.repo or ref.get("repo")
         ws = common.workspace(cfg)
         ws.resolve(ref["candidate"].commit)
+        ref["adopted"] = compare.adopt_reference_config(cfg, ref, ws.resolve)
+        packages.require(cfg, ref["candidate"].package_dict)
         return ref, ws, None, None
     for side in ("good", "bad"):  # saved absolute, so that a resume finds them from anywhere
         spec = _spec(cfg[side])
         if "patches" in spec:
             cfg[side]["patches"] = spec["patches"]
-    good, changes = changes_between(_spec(cfg.good), _spec(cfg.bad))
+    good, changes = changes_between(*_with_fixed_pins(cfg, _spec(cfg.good), _spec(cfg.bad)))
     if not changes:
         raise UserError("good and bad are the same configuration: nothing to isolate")
     ws = common.workspace(cfg)
-    _check_changes(cfg, ws, good, changes)
+    bad = changes_between(*reversed(_with_fixed_pins(cfg, _spec(cfg.good), _spec(cfg.bad))))[0]
+    _check_changes(cfg, ws, good, bad, changes)
     return None, ws, good, changes
+
+
+def _with_fixed_pins(cfg: DictConfig, good: dict, bad: dict) -> tuple[dict, dict]:
+    """`packages=[...]` pins both sides; a side's own pin of the same package wins."""
+    fixed = packages.fixed_pins(cfg)
+    if not fixed:
+        return good, bad
+    return tuple({**side, "packages": {**fixed, **pins_of(side.get("packages"))}}
+                 for side in (good, bad))
+
+
+def refuse_redacted(cfg: DictConfig, name: str) -> None:
+    """A stored configuration with a redacted value cannot be run again as it is: the
+    secret was never written down, and launching the placeholder would measure something
+    else."""
+    from orchestrator.redact import redacted_paths
+
+    parts = {k: OmegaConf.to_container(cfg[k], resolve=True) if OmegaConf.is_config(cfg[k])
+             else cfg[k] for k in ("target", "bench", "env", "good", "bad")
+             if cfg.get(k) is not None}
+    where = redacted_paths(parts)
+    if where:
+        raise UserError(f"{name}'s configuration held secrets that were not stored"
+                        f" ({', '.join(where)}): start a new run with them on the command line")
 
 
 def run(cfg: DictConfig) -> int:
@@ -300,13 +357,13 @@ def resume(run_dir: Path) -> int:
         if store.command != "isolate":
             raise UserError(f"{run_dir.name} is not an isolate run")
         cfg = OmegaConf.create(store.config_yaml())
+        refuse_redacted(cfg, run_dir.name)
         ref, ws, good, changes = _plan(cfg)
     except BaseException:
         store.close()
         raise
-    lost = store.interrupt_unfinished()
-    render.console().print(f"resuming {run_dir.name}: {len(store.trials()) - len(lost)} finished"
-                           f" trials reused, {len(lost)} interrupted")
+    store.interrupt_unfinished()
+    render.console().print(common.resume_notice(run_dir, store))
     store.set_status("running")
     return _execute(cfg, run_dir, store, ref, ws, good, changes)
 
@@ -315,6 +372,8 @@ def _execute(cfg: DictConfig, run_dir: Path, store: RunStore, ref: dict | None, 
              good: dict | None, changes: list[Change] | None) -> int:
     out = render.console()
     with running(store, run_dir, out) as run:
+        if ref is not None and ref.get("adopted"):
+            out.print("measuring with the reference's settings: " + ", ".join(ref["adopted"]))
         with Progress(out) as progress, \
                 Controller(cfg, store, run_dir, on_event=progress.on_event) as ctl:
             if ref is not None:
@@ -340,9 +399,12 @@ def _execute(cfg: DictConfig, run_dir: Path, store: RunStore, ref: dict | None, 
                 assert good is not None and changes is not None
                 verdict, _ = execute(cfg, ctl, run_dir, good, changes, ws.resolve, out,
                                      progress=progress)
-        if ref is not None:
-            from orchestrator.report.ranking import load_docs, rank
+        from orchestrator.report.ranking import load_docs, rank
+        from orchestrator.report.terminal import print_answer
 
-            findings.write(run_dir, rank(load_docs(run_dir), store.trials()))
+        ranked = rank(load_docs(run_dir), store.trials())
+        if ref is not None:
+            findings.write(run_dir, ranked)
+        print_answer(out, ranked.get("answer"))
         run.status = "done" if verdict.status == "found" else "inconclusive"
         return 0 if verdict.status == "found" else 3

@@ -1,18 +1,23 @@
-"""`sleuth report RUN`: ranked findings in the terminal, `report.md` and `report.html` on disk.
+"""`sleuth report RUN [out=DIR]`: ranked findings in the terminal, `report.md` and `report.html`.
 
-    sleuth report RUN        RUN is a run id under runs_dir or a run directory
+    sleuth report RUN            RUN is a run id under runs_dir or a run directory
+    sleuth report RUN out=DIR    write the report files into DIR instead of the run directory
 
 Reads only what the run stored (trials, findings, the bisect plan); runs nothing. A run that
-does not exist is bad input (exit 2) and nothing is written.
+does not exist, or whose store is damaged, is bad input (exit 2) and nothing is written. A run
+in a read-only directory is still shown in the terminal; its files need `out=DIR`.
 """
 
 from __future__ import annotations
+
+import os
+from pathlib import Path
 
 from omegaconf import DictConfig
 
 from orchestrator import render
 from orchestrator.errors import UserError
-from orchestrator.report import write_report
+from orchestrator.report import load_run, write_files
 from orchestrator.report.terminal import print_report
 from orchestrator.rundir import find_run
 
@@ -21,8 +26,15 @@ def run(cfg: DictConfig) -> int:
     if not cfg.run_id:
         raise UserError("which run? usage: sleuth report RUN (a run id or run directory)")
     run_dir = find_run(cfg, str(cfg.run_id))
-    data, files = write_report(run_dir)
-    out = render.console()
+    out_dir = Path(str(cfg.out)).expanduser().resolve() if cfg.get("out") else None
+    data = load_run(run_dir)
+    console = render.console()
+    if out_dir is None and not os.access(run_dir, os.W_OK):
+        print_report(console, data)
+        console.print(f"{run_dir} is read-only: report.md and report.html were not written"
+                      " (add out=DIR to write them elsewhere)")
+        return 0
+    files = write_files(data, out_dir)
     paths = [files.markdown, files.html] + ([files.findings] if files.findings else [])
-    print_report(out, data, paths)
+    print_report(console, data, paths)
     return 0

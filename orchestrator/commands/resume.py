@@ -15,7 +15,13 @@ def run(cfg: DictConfig) -> int:
     run_dir = find_run(cfg, str(cfg.run_id))
     store = RunStore.open(run_dir / "trials.db")
     command = store.command
+    stored = store.config_yaml()
     store.close()
+    from omegaconf import OmegaConf
+
+    from orchestrator.commands.isolate import refuse_redacted
+
+    refuse_redacted(OmegaConf.create(stored or "{}"), run_dir.name)
     if command == "bisect":
         from orchestrator.commands import bisect
 
@@ -25,6 +31,10 @@ def run(cfg: DictConfig) -> int:
         from orchestrator.commands import isolate
 
         return isolate.resume(run_dir)
+    if command == "investigate":
+        from orchestrator.commands import investigate
+
+        return investigate.resume(run_dir)
     if command == "sweep":
         from orchestrator.commands import sweep
 

@@ -31,4 +31,6 @@ def run(cfg: DictConfig) -> int:
     print(f"truth: {scenario.out / 'truth.json'}")
     print(f"preset {truth['preset']}: {truth['commits']} commits, good {truth['good'][:12]}"
           f" bad {truth['bad'][:12]}, {len(truth['culprits'])} planted culprit(s)")
+    print(f"next: sleuth bisect target=sim repo={scenario.repo} good={truth['good'][:12]}"
+          f" bad={truth['bad'][:12]}")
     return 0

@@ -18,13 +18,14 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
-from orchestrator import findings, render
+from orchestrator import answer, findings, render
 from orchestrator.commands import common
 from orchestrator.controller import Controller
 from orchestrator.drive import observation
 from orchestrator.errors import UserError
 from orchestrator.progress import Progress
 from orchestrator.records import Candidate
+from orchestrator.report.terminal import print_answer
 from orchestrator.rundir import create_run, running, runs_root
 from orchestrator.store import RunStore
 from orchestrator.sweep import importance, report, setup
@@ -47,6 +48,12 @@ PLAN_FILE = "sweep.json"
 def validate(cfg: DictConfig) -> tuple[SearchSpace, SweepSettings]:
     """Every check that needs no repository: space, budget, knobs, sampler."""
     common.check_common(cfg)
+    return validate_inside(cfg)
+
+
+def validate_inside(cfg: DictConfig) -> tuple[SearchSpace, SweepSettings]:
+    """The sweep's own checks, for a command that runs a sweep as one of its steps (its
+    shared checks are that command's)."""
     target_conf = OmegaConf.to_container(cfg.target, resolve=True)
     settings = setup.settings(cfg)
     space = setup.space(cfg, target_conf)
@@ -77,10 +84,9 @@ def resume(run_dir: Path) -> int:
     cfg = OmegaConf.create(store.config_yaml())
     space, settings = validate(cfg)
     base = Candidate.from_json(json.loads((run_dir / PLAN_FILE).read_text())["base"])
-    lost = store.interrupt_unfinished()
+    store.interrupt_unfinished()
     out = render.console()
-    out.print(f"resuming {run_dir.name}: {len(store.trials()) - len(lost)} finished trials "
-              f"reused, {len(lost)} interrupted")
+    out.print(common.resume_notice(run_dir, store))
     store.set_status("running")
     return _execute(cfg, run_dir, store, space, settings, base)
 
@@ -158,6 +164,7 @@ def execute(cfg: DictConfig, ctl: Controller, run_dir: Path, space: SearchSpace,
                                 result=result, importances=importances, rows=rows)
     system = system_changes(rows)
     doc["system_changes"] = [c.to_json() for c in system]
+    doc["answer"] = answer.for_sweep(doc)
     out.print(report.leaders_table(search, metric))
     if importances.values:
         out.print(report.importance_table(importances))
@@ -179,6 +186,7 @@ def _execute(cfg: DictConfig, run_dir: Path, store: RunStore, space: SearchSpace
             result, doc = execute(cfg, ctl, run_dir, space, settings, base, out,
                                   progress=progress)
         out.print(f"findings: {findings.write(run_dir, doc)}")
+        print_answer(out, doc.get("answer"))
         if result.status == "no_data":
             return 1  # the run stays "failed"
         conclusive = result.status in ("found", "baseline_best")

@@ -1,4 +1,13 @@
-"""`sleuth trial`: exactly one isolated, measured trial of one candidate on one node."""
+"""`sleuth trial`: isolated, measured trials of one candidate.
+
+    sleuth trial repo=PATH commit=REF [patches=[a.patch]] [env.NCCL_PROTO=LL128] [clock=...]
+                 [restarts=N] [nodes=K] [bench.repetitions=3]
+
+One trial is one server lifetime; `restarts=N` runs N of them (on up to `nodes` nodes), which
+is how a reference for `sleuth investigate reference=RUN` is made in one command: one restart
+says nothing about restart-to-restart noise, three do. Exit 0 when every trial measured, 1
+otherwise (the trials that did measure are kept and usable as a reference).
+"""
 
 from __future__ import annotations
 
@@ -14,17 +23,32 @@ def run(cfg: DictConfig) -> int:
     common.check_common(cfg)
     ws = common.workspace(cfg)
     cand = common.candidate(cfg, ws)
-    cfg.nodes = 1
+    restarts = int(cfg.restarts)
+    cfg.nodes = max(1, min(int(cfg.nodes), restarts))
     run_dir, store = create_run(cfg)
     out = render.console()
     with running(store, run_dir, out) as run:
+        rows = []
         with Controller(cfg, store, run_dir, on_event=lambda m: out.print(f"  {m}")) as ctl:
-            row = ctl.run_one(cand, phase="trial")
-        out.print(render.trial_table(row))
-        if row.outcome is not None and row.outcome.measured:
+            submitted = 0
+            while submitted < restarts or ctl.in_flight():
+                while submitted < restarts and ctl.idle_nodes():
+                    ctl.submit(cand, phase="trial")
+                    submitted += 1
+                rows += ctl.wait()
+        rows.sort(key=lambda r: r.id)
+        if len(rows) == 1:
+            out.print(render.trial_table(rows[0]))
+        else:
+            out.print(render.restarts_table(rows))
+        failed = [r for r in rows if r.outcome is None or not r.outcome.measured]
+        for row in failed:
+            out.print(f"trial {row.id} {row.outcome.value if row.outcome else '?'}: {row.detail}",
+                      style="red")
+            out.print(f"server log: {row.log_path}")
+        if not failed:
             run.status = "done"
+            if restarts > 1:
+                out.print(f"reference: sleuth investigate reference={run_dir.name} ...")
             return 0
-        out.print(f"trial {row.id} {row.outcome.value if row.outcome else '?'}: {row.detail}",
-                  style="red")
-        out.print(f"server log: {row.log_path}")
         return 1

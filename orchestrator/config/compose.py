@@ -14,6 +14,7 @@ from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
 from omegaconf import DictConfig, OmegaConf
 
+from orchestrator.config.checks import check_values
 from orchestrator.config.schema import register
 from orchestrator.errors import UserError
 
@@ -41,8 +42,45 @@ _OPEN_DICT_KEY = re.compile(
 )
 
 
+# An environment value is a string as typed: Hydra would read `env.X=false` as a bool and
+# `env.X=0.10` as a float, and the server would get "False" and "0.1".
+_ENV_KEY = re.compile(r"^(?:(?:target|good|bad)\.)?env\.[^=]+=")
+
+
+def _as_string(override: str) -> str:
+    key, _, value = override.partition("=")
+    if not value or value[0] in "'\"" or value.startswith("${"):
+        return override
+    # Hydra: inside quotes only the quote and backslashes right before a quote are escaped.
+    body = re.sub(r"(\\*)'", lambda m: m.group(1) * 2 + "\\'", value)
+    trailing = len(body) - len(body.rstrip("\\"))
+    return key + "='" + body + "\\" * trailing + "'"
+
+
 def _open_dict_overrides(overrides: list[str]) -> list[str]:
-    return ["++" + o if _OPEN_DICT_KEY.match(o) else o for o in overrides]
+    return ["++" + (_as_string(o) if _ENV_KEY.match(o) else o) if _OPEN_DICT_KEY.match(o) else o
+            for o in map(_pins_override, overrides)]
+
+
+# Package pins (`packages=[flashinfer-python==0.2.3]`, `good.packages=[...]`): Hydra cannot
+# read `==` inside an unquoted list, so each pin is quoted; `packages=` itself names the pins of
+# the `packages` settings group (`packages.find_links=DIR` sits beside them).
+_PINS_KEY = re.compile(r"^(\+{0,2})((?:good|bad)\.packages|packages(?:\.pins)?)=(.*)$", re.S)
+
+
+def _pins_override(override: str) -> str:
+    m = _PINS_KEY.match(override)
+    if not m:
+        return override
+    prefix, key, value = m.groups()
+    value = value.strip()
+    items = value[1:-1] if value.startswith("[") and value.endswith("]") else value
+    quoted = []
+    for item in (i.strip() for i in items.split(",")):
+        if item:
+            quoted.append(item if item[0] in "'\"" else "'" + item.replace("'", "\\'") + "'")
+    key = "packages.pins" if key == "packages" else key
+    return f"{prefix}{key}=[{','.join(quoted)}]"
 
 
 def _check_syntax(overrides: list[str]) -> None:
@@ -68,10 +106,18 @@ def _check_syntax(overrides: list[str]) -> None:
 # trials, so a restart scatters by about 3%, while the space's best is only 4% better than the
 # baseline and the LL variants are 2-3% off it: with two restarts each, 2 of 3 demos confirmed
 # an LL variant, or none.
+#
+# `investigate recover=true` ends with the same grid, two restarts a configuration: short,
+# and on a real node's lower noise usually enough to bring back a lost setting.
 COMMAND_DEFAULTS: dict[str, list[str]] = {
-    "demo": ["nodes=3", "space=nccl_quick", "trials=48", "sampler=grid",
+    "demo": ["target=sim", "nodes=3", "space=nccl_quick", "trials=48", "sampler=grid",
              "experiment.params.restarts=4"],
+    "investigate": ["space=nccl_quick", "trials=24", "sampler=grid"],
 }
+
+# `target=command` reports its own metrics; without `metric=` its bench's bare number
+# (`value`) is the metric, not SGLang's verify_ms.
+TARGET_METRICS = {"command": "value"}
 
 
 def compose_config(
@@ -89,6 +135,7 @@ def compose_config(
     if not CONF_DIR.is_dir():
         raise UserError(f"sleuth's config directory is missing: {CONF_DIR}")
     register()
+    overrides = [_pins_override(o) for o in overrides]
     _check_syntax(overrides)
     extra: list[str] = []
     if config_dir is not None:
@@ -113,6 +160,11 @@ def compose_config(
         OmegaConf.to_container(cfg, resolve=True, throw_on_missing=True)
     except Exception as exc:
         raise UserError(f"bad configuration: {_first_line(exc)}") from exc
+    if not any(o.lstrip("+~").split("=", 1)[0] == "metric" for o in overrides):
+        default_metric = TARGET_METRICS.get(str(cfg.target.get("name")))
+        if default_metric:
+            cfg.metric = default_metric
+    check_values(cfg)  # numbers and names, once, for every command
     return cfg
 
 

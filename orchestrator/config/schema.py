@@ -5,22 +5,82 @@ type is rejected before anything runs. The YAML files under `conf/` only choose 
 shape of the configuration lives here, in one place.
 
 Groups (one YAML file per option under `conf/<group>/`):
-  target/      the system under test: `sim` (embedded simulated SGLang node), `sglang` (a real
-               SGLang server; `launcher=sim` puts the sim behind the same adapter), `command`
-               (any repository with a benchmark command).
+  target/      the system under test: `sglang` (a real SGLang server, the default;
+               `launcher=sim` puts the sim behind the same adapter), `sim` (the embedded
+               simulated SGLang node), `command` (any repository with a benchmark command).
   bench/       the fixed, seeded request set each repetition sends.
   cluster/     where trials run: `local` (a Ray instance started for the run).
   experiment/  strategy tuning for the command (`trial`, `bisect`, ...).
   space/       search spaces for `sleuth sweep` (`nccl_pcie`, `spec_decode`); none by default.
+
+Values are range-checked here too, once, for every command: a field declared with `ranged(...)`
+or `choice(...)` carries its bounds in its metadata, every float must be finite, and
+`orchestrator/config/checks.py` walks the composed config against them before any command
+looks at it (`trial.ready_timeout_s=nan` would otherwise wait forever for a server that never
+gets ready). Typed settings objects can read the same metadata.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING
+
+
+@dataclass(frozen=True)
+class Bounds:
+    """A numeric field's allowed range (None: unbounded on that side)."""
+
+    gt: float | None = None
+    ge: float | None = None
+    lt: float | None = None
+    le: float | None = None
+
+    def problem(self, value: Any) -> str | None:
+        """Why `value` is not allowed, or None when it is."""
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            return f"must be {self.describe()}"
+        if isinstance(value, float) and not math.isfinite(value):
+            return f"must be {self.describe()}"
+        ok = ((self.gt is None or value > self.gt) and (self.ge is None or value >= self.ge)
+              and (self.lt is None or value < self.lt) and (self.le is None or value <= self.le))
+        return None if ok else f"must be {self.describe()}"
+
+    def describe(self) -> str:
+        parts = [f"{op} {_num(v)}" for op, v in
+                 ((">", self.gt), (">=", self.ge), ("<", self.lt), ("<=", self.le)) if v is not None]
+        return "a finite number" + (f" {' and '.join(parts)}" if parts else "")
+
+
+def _num(value: float) -> str:
+    return f"{value:g}" if isinstance(value, float) else str(value)
+
+
+def ranged(default: Any, **bounds: float) -> Any:
+    """A numeric field with bounds (`gt`, `ge`, `lt`, `le`), checked once after composition."""
+    return field(default=default, metadata={"bounds": Bounds(**bounds)})
+
+
+def choice(default: Any, *options: Any) -> Any:
+    """A field that takes one of a few values (None allowed only when it is the default)."""
+    return field(default=default, metadata={"choices": tuple(options)})
+
+
+# `experiment.params` is an open mapping (each strategy reads its own knobs); the knobs several
+# commands share are range-checked here, the sweep's own in `orchestrator/sweep/setup.py`.
+PARAM_BOUNDS: dict[str, Bounds] = {
+    "min_effect_pct": Bounds(gt=0, le=1000),
+    "untouched_weight": Bounds(gt=0, le=1),
+    "batch": Bounds(ge=1, le=10_000),
+    "max_trials": Bounds(ge=1, le=1_000_000),
+}
+
+# Large enough for any real benchmark, small enough that a typo (an extra digit or three)
+# is refused instead of asking a server for a billion tokens.
+MAX_TOKENS = 1 << 20
 
 
 @dataclass
@@ -44,29 +104,31 @@ class SimTargetConf(TargetConf):
 
     name: str = "sim"
     model_path: str = "moonshotai/Kimi-K2.5"
-    tp_size: int = 8
+    tp_size: int = ranged(8, ge=1, le=1024)
     speculative_algorithm: str | None = "EAGLE3"
     speculative_draft_model_path: str | None = "lightseekorg/kimi-k2.5-eagle3"
-    speculative_num_steps: int = 2
-    speculative_eagle_topk: int = 1
-    speculative_num_draft_tokens: int = 3
-    cuda_graph_max_bs: int | None = None
+    speculative_num_steps: int = ranged(2, ge=1, le=64)
+    speculative_eagle_topk: int = ranged(1, ge=1, le=64)
+    speculative_num_draft_tokens: int = ranged(3, ge=1, le=1024)
+    cuda_graph_max_bs: int | None = ranged(None, ge=1)
     disable_cuda_graph: bool = False
     # Wall-clock sleep = modeled time x time_scale. Client timings are divided by it again, so
     # every number sleuth reports is in modeled (GPU) units.
-    time_scale: float = 0.05
-    noise_restart_cv: float = 0.02
-    noise_request_cv: float = 0.01
+    time_scale: float = ranged(0.05, gt=0, le=1000)
+    noise_restart_cv: float = ranged(0.02, ge=0, le=10)
+    noise_request_cv: float = ranged(0.01, ge=0, le=10)
     # Probability that a launch is an outlier restart running `noise_outlier_factor` x slower.
-    noise_outlier_rate: float = 0.0
-    noise_outlier_factor: float = 3.0
-    load_seconds: float = 20.0
+    noise_outlier_rate: float = ranged(0.0, ge=0, le=1)
+    noise_outlier_factor: float = ranged(3.0, gt=0, le=100)
+    load_seconds: float = ranged(20.0, ge=0)
     # None: each launch draws its own noise (restarts are independent, as on real GPUs).
     seed: int | None = None
     # Fault injected at launch (see `python -m orchestrator.targets.sim --help`), for tests.
     fault: str | None = None
     # Simulated GPU state file of the node; empty = a file in the node's own state directory.
     gpu_state: str = ""
+    # SGLang release the sim imitates (flags, metrics, meta_info): 0.5.23 (empty) or 0.5.9.
+    sglang_version: str = ""
 
 
 @dataclass
@@ -75,40 +137,41 @@ class SglangTargetConf(TargetConf):
     adapter with `engine: sim` (`launcher=sim` on the command line)."""
 
     name: str = "sglang"
-    engine: str | None = None  # sglang (None) | sim
+    engine: str | None = choice(None, "sglang", "sim")  # sglang (None) | sim
     # Interpreter with SGLang installed on the nodes; empty = the node actor's own.
     python: str = ""
     # Worktree directories put first on PYTHONPATH, so a bisected commit's own code runs.
     pythonpath: list[str] = field(default_factory=lambda: ["python"])
-    tp_size: int = 1
+    tp_size: int = ranged(1, ge=1, le=1024)
     trust_remote_code: bool = False
     speculative_algorithm: str | None = None
     speculative_draft_model_path: str | None = None
-    speculative_num_steps: int | None = None
-    speculative_eagle_topk: int | None = None
-    speculative_num_draft_tokens: int | None = None
-    cuda_graph_max_bs: int | None = None
+    speculative_num_steps: int | None = ranged(None, ge=1, le=64)
+    speculative_eagle_topk: int | None = ranged(None, ge=1, le=64)
+    speculative_num_draft_tokens: int | None = ranged(None, ge=1, le=1024)
+    cuda_graph_max_bs: int | None = ranged(None, ge=1)
     disable_cuda_graph: bool = False
-    mem_fraction_static: float | None = None
-    context_length: int | None = None
+    mem_fraction_static: float | None = ranged(None, gt=0, le=1)
+    context_length: int | None = ranged(None, ge=1)
     attention_backend: str | None = None
-    decode_log_interval: int | None = None
+    decode_log_interval: int | None = ranged(None, ge=1)
     # SGLANG_ENABLE_METRICS_DEVICE_TIMER=1: per-phase seconds in /metrics (verify_ms).
     device_timer: bool = True
     # Empty = ask the installed package; set it when the nodes run an unreleased checkout.
+    # With engine=sim: the release the sim imitates (0.5.23 when empty, or 0.5.9).
     sglang_version: str = ""
     # Run `launch_server --help` before the first trial and refuse unknown flags.
     check_flags: bool = True
-    help_timeout_s: float = 300.0
+    help_timeout_s: float = ranged(300.0, gt=0)
     bench_client: str = "builtin"  # builtin | bench_serving
     # bench_serving's argv prefix; empty = `<python> -m sglang.bench_serving` (or its new home).
     bench_serving_command: list[str] = field(default_factory=list)
     bench_serving_args: list[str] = field(default_factory=list)
     # engine=sim only (passed as SLEUTH_SIM_* variables): see SimTargetConf.
-    time_scale: float = 0.05
-    noise_restart_cv: float = 0.02
-    noise_request_cv: float = 0.01
-    load_seconds: float = 20.0
+    time_scale: float = ranged(0.05, gt=0, le=1000)
+    noise_restart_cv: float = ranged(0.02, ge=0, le=10)
+    noise_request_cv: float = ranged(0.01, ge=0, le=10)
+    load_seconds: float = ranged(20.0, ge=0)
     seed: int | None = None
     fault: str | None = None
     gpu_state: str = ""
@@ -125,43 +188,81 @@ class CommandTargetConf(TargetConf):
     server: str = ""  # optional; `{port}` is replaced by the trial's port
     ready_url: str = ""  # optional; default: ready when the port accepts connections
     shell: bool = False  # run the strings with /bin/sh -c instead of splitting them
-    bench_timeout_s: float = 600.0
-    build_timeout_s: float = 3600.0
+    # The interpreter of the project's code, for package overlays: empty = the first word of
+    # the server (or bench) command when it is a Python interpreter, else sleuth's own.
+    python: str = ""
+    # Worktree directories put first on PYTHONPATH (those that exist), so a bench script kept
+    # outside the repository imports the commit's code rather than an installed copy.
+    pythonpath: list[str] = field(default_factory=lambda: [".", "src"])
+    bench_timeout_s: float = ranged(600.0, gt=0)
+    build_timeout_s: float = ranged(3600.0, gt=0)
 
 
 @dataclass
 class BenchConf:
     """A fixed, seeded request set: the same prompts and output length in every repetition."""
 
-    repetitions: int = 3
-    warmup_requests: int = 2
-    requests: int = 4
-    concurrency: int = 1
-    input_len: int = 128
-    output_len: int = 64
+    repetitions: int = ranged(3, ge=1, le=100_000)
+    warmup_requests: int = ranged(2, ge=0, le=100_000)
+    requests: int = ranged(4, ge=1, le=1_000_000)
+    concurrency: int = ranged(1, ge=1, le=100_000)
+    input_len: int = ranged(128, ge=1, le=MAX_TOKENS)
+    output_len: int = ranged(64, ge=2, le=MAX_TOKENS)
     seed: int = 0
-    request_timeout_s: float = 60.0
+    request_timeout_s: float = ranged(60.0, gt=0)
 
 
 @dataclass
 class ClusterConf:
     """Where trials run. `local` starts a private Ray instance bound to loopback."""
 
-    kind: str = "local"
+    kind: str = choice("local", "local", "ray")
     address: str | None = None
-    num_cpus: int | None = None
+    num_cpus: int | None = ranged(None, ge=1)
+    # cluster=ray: how long to wait for the head to answer before giving up with one line.
+    connect_timeout_s: float = ranged(30.0, gt=0, le=3600)
+    # When every sleuth node is lost, how long to wait for one to (re)join before the run
+    # stops as interrupted (resumable).
+    rejoin_timeout_s: float = ranged(600.0, ge=0)
 
 
 @dataclass
 class TrialConf:
     """Limits of one server lifetime."""
 
-    ready_timeout_s: float = 120.0
-    grace_s: float = 10.0
+    ready_timeout_s: float = ranged(120.0, gt=0)
+    grace_s: float = ranged(10.0, ge=0, le=3600)
     # Attempts per candidate before it is recorded as untestable (a failed launch is retried).
-    retries: int = 1
+    retries: int = ranged(1, ge=0, le=100)
     # GPU telemetry sampling period (wall seconds) while the server runs.
-    telemetry_interval_s: float = 0.5
+    telemetry_interval_s: float = ranged(0.5, gt=0, le=3600)
+
+
+@dataclass
+class CacheConf:
+    """The worktree cache under `runs_dir/.cache/worktrees` (one checkout per commit + patch
+    set), bounded: past `max_gb` the least recently used checkouts are removed."""
+
+    max_gb: float = ranged(20.0, gt=0)
+
+
+@dataclass
+class PackagesConf:
+    """The `packages` factor's settings (see `orchestrator/packages`, docs/packages.md).
+
+    `pins` are installed over the node's packages for every candidate of the run (a bisect
+    under a fixed overlay): `packages=[flashinfer-python==0.2.3]` on the command line sets
+    them. Overlays are built with pip from `find_links` (a wheel directory: offline, unless
+    `index_url` is given too) or `index_url`, else from pip's own configuration; a system-level
+    isolate tests package changes only when one of the two is given."""
+
+    pins: list[str] = field(default_factory=list)
+    find_links: str = ""  # a directory of wheels (more: pip_args=[--find-links,DIR2])
+    index_url: str = ""
+    pip_args: list[str] = field(default_factory=list)
+    # Overlays under runs_dir/.cache/overlays; past this the least recently used are removed.
+    max_gb: float = ranged(20.0, gt=0)
+    timeout_s: float = ranged(1800.0, gt=0)
 
 
 @dataclass
@@ -219,31 +320,44 @@ class Config:
     bad: Any = None
     metric: str = "verify_ms"
     direction: str = "auto"
-    confidence: float = 0.99
-    nodes: int = 1
-    max_trials: int | None = None
+    confidence: float = ranged(0.99, gt=0.5, lt=1)
+    nodes: int = ranged(1, ge=1, le=4096)
+    max_trials: int | None = ranged(None, ge=1)
     first_parent: bool = True
     paths: list[str] = field(default_factory=list)
     seed: int = 0
     # `sleuth sweep`: search budget in server restarts (the confirmation adds its own rounds),
     # sampler, space.
-    trials: int = 40
+    trials: int = ranged(40, ge=1)
     sampler: str = "tpe"
     space: SpaceConf | None = None
-    # `sleuth compare` / `sleuth isolate`: an earlier run (or fingerprint file) to compare with.
+    # `sleuth compare` / `isolate` / `investigate`: an earlier run (or fingerprint file) that
+    # measured the good state.
     reference: str | None = None
+    # `sleuth investigate recover=true`: end with a short sweep of `space` on the bad commit.
+    recover: bool = False
+    # `sleuth trial restarts=N`: N trials (server restarts) of the candidate, e.g. a reference.
+    restarts: int = ranged(1, ge=1, le=10_000)
     # `sleuth scenario`: where to write, how many commits, which planted causes.
     out: str | None = None
-    commits: int = 100
+    commits: int = ranged(100, ge=1)
     preset: str = "one_culprit"
     # What serves target=sglang: `sglang` (default) or `sim`, the embedded simulator behind the
     # same adapter (`sleuth bisect target=sglang launcher=sim ...`); sets target.engine.
-    launcher: str | None = None
+    launcher: str | None = choice(None, "sglang", "sim")
     target: Any = MISSING
     bench: BenchConf = field(default_factory=BenchConf)
     cluster: ClusterConf = field(default_factory=ClusterConf)
     trial: TrialConf = field(default_factory=TrialConf)
+    cache: CacheConf = field(default_factory=CacheConf)
+    packages: PackagesConf = field(default_factory=PackagesConf)
     experiment: ExperimentConf = field(default_factory=ExperimentConf)
+
+
+# The schema of `target` by its name (`target` itself is `Any` in Config: each group option
+# brings its own).
+TARGET_SCHEMAS: dict[str, type] = {
+    "sim": SimTargetConf, "sglang": SglangTargetConf, "command": CommandTargetConf}
 
 
 def register(cs: ConfigStore | None = None) -> None:

@@ -5,10 +5,20 @@ simulated node (a JSON GPU-state file the sim server reads), and tests can only 
 latter here. Both backends pass the same conformance suite (`tests/test_gpu_control.py`).
 
 Clock policy is a factor of a candidate: `default` leaves the node as it is (a power limit
-someone lowered stays lowered: that may be the cause being looked for), `locked:MHZ` locks SM
-clocks, `power:WATTS` sets the board power limit; `reset` restores driver defaults. Policies
-combine with commas (`locked:1980,power:450`). Whatever is applied is restored after the trial,
-also when the server crashed.
+someone lowered stays lowered: that may be the cause being looked for); otherwise a policy sets
+some of the node's clock settings, each one a *part* that can be set on its own:
+
+    power:WATTS | power:default      board power limit (or the GPU's default limit)
+    locked:MHZ  | locked:off         SM clock lock (off: unlocked)
+    mem_locked:MHZ | mem_locked:off  memory clock lock
+    app:MHZ     | app:default        SM applications clock
+    persistence:on | persistence:off persistence mode
+    reset                            SM lock off and the default power limit (shorthand)
+
+Parts combine with commas (`locked:1980,power:450`); a setting no part names is left as the node
+has it. That is what lets `isolate` restore each clock difference (a power limit *and* an SM
+lock changed from outside) to the reference's value on its own. Whatever is applied is restored
+after the trial, also when the server crashed.
 """
 
 from __future__ import annotations
@@ -26,38 +36,93 @@ SUSPECT_REASONS = frozenset({
 })
 
 
+# Policy parts in the order a policy is written (`locked:1980,power:450`: existing policies keep
+# their spelling, so candidates keep their keys).
+CLOCK_PARTS = ("reset", "locked", "mem_locked", "app", "power", "persistence")
+_OFF = {"locked": "off", "mem_locked": "off", "app": "default", "power": "default"}
+_PART_HELP = ("use default, reset, locked:MHZ|off, mem_locked:MHZ|off, app:MHZ|default,"
+              " power:WATTS|default, persistence:on|off (comma-separated to combine)")
+
+
+def _part_value(kind: str, value: str, text: str) -> str:
+    if kind == "reset":
+        if value:
+            raise UserError(f"bad clock policy {text!r}: 'reset' takes no value; {_PART_HELP}")
+        return ""
+    if kind == "persistence":
+        if value not in ("on", "off"):
+            raise UserError(f"bad clock policy {text!r}: persistence is on or off; {_PART_HELP}")
+        return value
+    if kind not in _OFF:
+        raise UserError(f"bad clock policy {text!r}: {_PART_HELP}")
+    if value == _OFF[kind]:
+        return value
+    if not value.isdigit() or int(value) <= 0:
+        raise UserError(f"bad clock policy {text!r}: {_PART_HELP}")
+    return str(int(value))
+
+
 @dataclass(frozen=True)
 class ClockPolicy:
+    """A parsed clock policy: which parts it sets (see the module docstring)."""
+
     locked_mhz: int | None = None
     power_w: int | None = None
     reset: bool = False
+    sm_unlock: bool = False
+    mem_locked_mhz: int | None = None
+    mem_unlock: bool = False
+    app_sm_mhz: int | None = None
+    app_default: bool = False
+    power_default: bool = False
+    persistence: bool | None = None
 
     @classmethod
     def parse(cls, text: str) -> ClockPolicy:
-        text = (text or "default").strip()
-        if text == "default":
-            return cls()
-        locked = power = None
-        reset = False
-        for part in text.split(","):
-            kind, _, value = part.strip().partition(":")
-            if kind == "reset" and not value:
-                reset = True
-                continue
-            if kind not in ("locked", "power") or not value.isdigit() or int(value) <= 0:
-                raise UserError(
-                    f"bad clock policy {text!r}: use default, reset, locked:MHZ, power:WATTS"
-                    " (comma-separated to combine)"
-                )
-            if kind == "locked":
-                locked = int(value)
-            else:
-                power = int(value)
-        return cls(locked, power, reset)
+        return cls.from_parts(parse_parts(text))
+
+    @classmethod
+    def from_parts(cls, parts: dict[str, str]) -> ClockPolicy:
+        def num(kind: str) -> int | None:
+            value = parts.get(kind)
+            return int(value) if value is not None and value.isdigit() else None
+
+        return cls(
+            locked_mhz=num("locked"), power_w=num("power"), reset="reset" in parts,
+            sm_unlock=parts.get("locked") == "off", mem_locked_mhz=num("mem_locked"),
+            mem_unlock=parts.get("mem_locked") == "off", app_sm_mhz=num("app"),
+            app_default=parts.get("app") == "default",
+            power_default=parts.get("power") == "default",
+            persistence=None if "persistence" not in parts else parts["persistence"] == "on",
+        )
 
     @property
     def is_default(self) -> bool:
-        return self.locked_mhz is None and self.power_w is None and not self.reset
+        return self == ClockPolicy()
+
+
+def parse_parts(text: str) -> dict[str, str]:
+    """`locked:1980,power:450` -> `{"locked": "1980", "power": "450"}`; `default` -> `{}`.
+    Raises UserError (one line naming the accepted forms) for anything else."""
+    text = (text or "default").strip()
+    if text == "default":
+        return {}
+    parts: dict[str, str] = {}
+    for raw in text.split(","):
+        kind, _, value = raw.strip().partition(":")
+        if kind in parts:
+            raise UserError(f"bad clock policy {text!r}: {kind} is given twice")
+        parts[kind] = _part_value(kind, value.strip(), text)
+    return parts
+
+
+def format_parts(parts: dict[str, str]) -> str:
+    """The policy string of some parts, in the canonical order (`default` for none)."""
+    unknown = set(parts) - set(CLOCK_PARTS)
+    if unknown:
+        raise ValueError(f"unknown clock policy parts {sorted(unknown)}")
+    shown = [k if k == "reset" else f"{k}:{parts[k]}" for k in CLOCK_PARTS if k in parts]
+    return ",".join(shown) or "default"
 
 
 @dataclass(frozen=True)

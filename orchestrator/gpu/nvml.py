@@ -4,6 +4,14 @@ Setting clocks and power limits needs root (or the admin having relaxed the rest
 a failure to apply a policy fails the trial as `prepare_failed`, it never runs silently on the
 wrong clocks. Every value read is best-effort: a field NVML does not support on this GPU is
 left out of the snapshot rather than guessed.
+
+NVML can set SM and memory clock locks but has no call that reads them back. The snapshot
+therefore records no lock value; a lock set from outside shows in the telemetry (the SM clock
+under load, the "applications clocks setting" clock event reason), which is what `compare`
+ranks on. Restoring a policy puts back what NVML can read (power limit, applications clocks,
+persistence mode) and releases the locks this policy set; a lock the policy released
+(`locked:off`, asked for explicitly: a compare on NVML never proposes it, having no lock value
+to restore) stays released, since its value cannot be read.
 """
 
 from __future__ import annotations
@@ -83,6 +91,10 @@ class NvmlGpuControl(GpuControl):
                 "mem_clock_mhz": _try(nv.nvmlDeviceGetClockInfo, h, nv.NVML_CLOCK_MEM),
                 "applications_clock_sm_mhz": _try(nv.nvmlDeviceGetApplicationsClock, h,
                                                   nv.NVML_CLOCK_SM),
+                "applications_clock_sm_default_mhz": _try(nv.nvmlDeviceGetDefaultApplicationsClock,
+                                                          h, nv.NVML_CLOCK_SM),
+                "applications_clock_mem_mhz": _try(nv.nvmlDeviceGetApplicationsClock, h,
+                                                   nv.NVML_CLOCK_MEM),
                 "power_limit_w": power / 1000 if power else None,
                 "power_limit_default_w": default_power / 1000 if default_power else None,
                 "persistence_mode": bool(_try(nv.nvmlDeviceGetPersistenceMode, h, default=0)),
@@ -129,25 +141,63 @@ class NvmlGpuControl(GpuControl):
         if policy.is_default:
             return None
         nv = self.nv
-        previous = {i: _try(nv.nvmlDeviceGetPowerManagementLimit, h) for i, h in self.handles.items()}
-        for h in self.handles.values():
-            if policy.reset:
+        token: dict = {
+            "power_mw": {i: _try(nv.nvmlDeviceGetPowerManagementLimit, h)
+                         for i, h in self.handles.items()},
+            "unlock": policy.locked_mhz is not None,
+            "mem_unlock": policy.mem_locked_mhz is not None,
+        }
+        if policy.app_sm_mhz is not None or policy.app_default:
+            token["app_clocks"] = {
+                i: (_try(nv.nvmlDeviceGetApplicationsClock, h, nv.NVML_CLOCK_MEM),
+                    _try(nv.nvmlDeviceGetApplicationsClock, h, nv.NVML_CLOCK_SM))
+                for i, h in self.handles.items()}
+        if policy.persistence is not None:
+            token["persistence"] = {i: _try(nv.nvmlDeviceGetPersistenceMode, h)
+                                    for i, h in self.handles.items()}
+        for i, h in self.handles.items():
+            if policy.reset or policy.sm_unlock:
                 nv.nvmlDeviceResetGpuLockedClocks(h)
+            if policy.reset or policy.power_default:
                 nv.nvmlDeviceSetPowerManagementLimit(h, nv.nvmlDeviceGetPowerManagementDefaultLimit(h))
             if policy.locked_mhz is not None:
                 nv.nvmlDeviceSetGpuLockedClocks(h, policy.locked_mhz, policy.locked_mhz)
+            if policy.mem_unlock:
+                nv.nvmlDeviceResetMemoryLockedClocks(h)
+            if policy.mem_locked_mhz is not None:
+                nv.nvmlDeviceSetMemoryLockedClocks(h, policy.mem_locked_mhz, policy.mem_locked_mhz)
+            if policy.app_default:
+                nv.nvmlDeviceResetApplicationsClocks(h)
+            if policy.app_sm_mhz is not None:
+                mem = token["app_clocks"][i][0] or nv.nvmlDeviceGetMaxClockInfo(h, nv.NVML_CLOCK_MEM)
+                nv.nvmlDeviceSetApplicationsClocks(h, mem, policy.app_sm_mhz)
             if policy.power_w is not None:
                 nv.nvmlDeviceSetPowerManagementLimit(h, policy.power_w * 1000)
-        return {"power_mw": previous, "unlock": policy.locked_mhz is not None}
+            if policy.persistence is not None:
+                nv.nvmlDeviceSetPersistenceMode(h, nv.NVML_FEATURE_ENABLED if policy.persistence
+                                                else nv.NVML_FEATURE_DISABLED)
+        return token
 
     def restore(self, token: object) -> None:
         if not token:
             return
         nv = self.nv
+
+        def saved(key: str, i: int):
+            values = token.get(key) or {}  # type: ignore[union-attr]
+            return values.get(i, values.get(str(i)))  # JSON round trips turn keys into strings
+
         for i, h in self.handles.items():
             if token["unlock"]:  # type: ignore[index]
                 _try(nv.nvmlDeviceResetGpuLockedClocks, h)
-            saved = token["power_mw"]  # type: ignore[index]
-            mw = saved.get(i, saved.get(str(i)))  # JSON round trips turn keys into strings
+            if token.get("mem_unlock"):  # type: ignore[union-attr]
+                _try(nv.nvmlDeviceResetMemoryLockedClocks, h)
+            app = saved("app_clocks", i)
+            if app and app[0] and app[1]:
+                _try(nv.nvmlDeviceSetApplicationsClocks, h, app[0], app[1])
+            persistence = saved("persistence", i)
+            if persistence is not None:
+                _try(nv.nvmlDeviceSetPersistenceMode, h, persistence)
+            mw = saved("power_mw", i)
             if mw:
                 _try(nv.nvmlDeviceSetPowerManagementLimit, h, mw)

@@ -17,22 +17,65 @@ from orchestrator.targets.sim.model import busy_power_w, effective_sm_clock_mhz
 
 def with_policy(state: gpu_state.GpuState, policy: ClockPolicy) -> gpu_state.GpuState:
     """The GPU state with a clock policy applied, as the driver would apply it. Pure: the
-    sim's GPU control writes the result to the node, the sweep's oracle predicts from it.
-    Raises ValueError for a power limit above a GPU's maximum."""
+    sim's GPU control writes the result to the node, the sweep's oracle and the isolate
+    benchmark predict from it. Raises ValueError for a power limit above a GPU's maximum."""
     for g in state.gpus:
         changes: dict = {}
         if policy.reset:
             changes.update(sm_clock_locked_mhz=None, power_limit_w=g.power_limit_default_w)
         if policy.locked_mhz is not None:
             changes["sm_clock_locked_mhz"] = min(policy.locked_mhz, g.sm_clock_max_mhz)
+        if policy.sm_unlock:
+            changes["sm_clock_locked_mhz"] = None
+        if policy.mem_locked_mhz is not None:
+            changes["mem_clock_locked_mhz"] = min(policy.mem_locked_mhz, g.mem_clock_mhz)
+        if policy.mem_unlock:
+            changes["mem_clock_locked_mhz"] = None
+        if policy.app_sm_mhz is not None:
+            changes["applications_clock_sm_mhz"] = min(policy.app_sm_mhz, g.sm_clock_max_mhz)
+        if policy.app_default:
+            changes["applications_clock_sm_mhz"] = None
+        if policy.power_default:
+            changes["power_limit_w"] = g.power_limit_default_w
         if policy.power_w is not None:
             if policy.power_w > g.power_limit_max_w:
                 raise ValueError(f"power limit {policy.power_w} W is above GPU {g.index}'s"
                                  f" maximum {g.power_limit_max_w} W")
             changes["power_limit_w"] = policy.power_w
+        if policy.persistence is not None:
+            changes["persistence_mode"] = policy.persistence
         if changes:
             state = state.with_gpu(g.index, **changes)
     return state
+
+
+# The settings a policy may change, saved before it is applied and put back after the trial.
+_RESTORED = ("sm_clock_locked_mhz", "power_limit_w", "mem_clock_locked_mhz",
+             "applications_clock_sm_mhz", "persistence_mode")
+
+
+def snapshot_of(state: gpu_state.GpuState) -> dict:
+    """A GPU state as a fingerprint records it (what :meth:`SimGpuControl.snapshot` returns):
+    the applications clock reads as its default (the maximum) when it was never set, as
+    NVML reports it."""
+    doc = gpu_state.to_dict(state)
+    gpus = []
+    for g in doc.get("gpus", []):
+        g = dict(g)
+        g["processes"] = sorted(
+            [{"pid": p["pid"], "name": p["name"], "used_memory_mib": p["used_memory_mib"]}
+             for p in g.get("processes", [])], key=lambda p: p["pid"])
+        g["applications_clock_sm_default_mhz"] = g["sm_clock_max_mhz"]
+        if g.get("applications_clock_sm_mhz") is None:
+            g["applications_clock_sm_mhz"] = g["sm_clock_max_mhz"]
+        gpus.append(g)
+    return {
+        "backend": SimGpuControl.name,
+        "driver_version": doc.get("driver_version"),
+        "cuda_driver_version": doc.get("cuda_driver_version"),
+        "nccl_version": doc.get("nccl_version"),
+        "gpus": gpus,
+    }
 
 
 class SimGpuControl(GpuControl):
@@ -48,21 +91,7 @@ class SimGpuControl(GpuControl):
         return gpu_state.load(self.path)
 
     def snapshot(self) -> dict:
-        doc = gpu_state.to_dict(self._state())
-        gpus = []
-        for g in doc.get("gpus", []):
-            g = dict(g)
-            g["processes"] = sorted(
-                [{"pid": p["pid"], "name": p["name"], "used_memory_mib": p["used_memory_mib"]}
-                 for p in g.get("processes", [])], key=lambda p: p["pid"])
-            gpus.append(g)
-        return {
-            "backend": self.name,
-            "driver_version": doc.get("driver_version"),
-            "cuda_driver_version": doc.get("cuda_driver_version"),
-            "nccl_version": doc.get("nccl_version"),
-            "gpus": gpus,
-        }
+        return snapshot_of(self._state())
 
     def sample(self, own_pids: Collection[int] = ()) -> list[GpuSample]:
         now = time.time()
@@ -82,7 +111,8 @@ class SimGpuControl(GpuControl):
         if policy.is_default:
             return None  # leave the node exactly as it is, and restore nothing
         state = self._state()
-        previous = [(g.index, g.sm_clock_locked_mhz, g.power_limit_w) for g in state.gpus]
+        previous = [{"index": g.index, **{k: getattr(g, k) for k in _RESTORED}}
+                    for g in state.gpus]
         try:
             state = with_policy(state, policy)
         except ValueError as exc:
@@ -94,6 +124,11 @@ class SimGpuControl(GpuControl):
         if token is None:
             return
         state = self._state()
-        for index, locked, power in token:  # type: ignore[union-attr]
-            state = state.with_gpu(index, sm_clock_locked_mhz=locked, power_limit_w=power)
+        for saved in token:  # type: ignore[union-attr]
+            if isinstance(saved, dict):
+                fields = {k: saved[k] for k in _RESTORED if k in saved}
+                state = state.with_gpu(int(saved["index"]), **fields)
+            else:  # a token written before the policy had more parts: (index, lock, power)
+                index, locked, power = saved
+                state = state.with_gpu(index, sm_clock_locked_mhz=locked, power_limit_w=power)
         gpu_state.save(self.path, state)

@@ -29,14 +29,22 @@ def _write_text(path: Path, text: str) -> None:
     tmp.replace(path)
 
 
-def write_report(run_dir: Path) -> tuple[RunData, ReportFiles]:
+def write_report(run_dir: Path, out_dir: Path | None = None) -> tuple[RunData, ReportFiles]:
+    """Write the report files into the run directory, or into `out_dir` when given (a run in
+    a read-only directory); a combined ranking goes to `findings.json` there."""
+    data = load_run(Path(run_dir))
+    return data, write_files(data, out_dir)
+
+
+def write_files(data: RunData, out_dir: Path | None = None) -> ReportFiles:
     from orchestrator.report.html import render_html
     from orchestrator.report.markdown import render_markdown
     from orchestrator.report.plots import PLOT_NAMES, make_plots
 
-    data = load_run(Path(run_dir))
+    target = Path(out_dir) if out_dir is not None else data.run_dir
+    target.mkdir(parents=True, exist_ok=True)
     plots = make_plots(data)
-    plot_dir = data.run_dir / "plots"
+    plot_dir = target / "plots"
     plot_dir.mkdir(exist_ok=True)
     for stale in plot_dir.glob("*.png"):  # a figure the data no longer supports must not linger
         if stale.stem in PLOT_NAMES:
@@ -46,15 +54,15 @@ def write_report(run_dir: Path) -> tuple[RunData, ReportFiles]:
         path = plot_dir / f"{p.name}.png"
         path.write_bytes(p.png)
         plot_paths.append(path)
-    md = data.run_dir / "report.md"
-    page = data.run_dir / "report.html"
+    md = target / "report.md"
+    page = target / "report.html"
     _write_text(md, render_markdown(data, plots, plot_dir="plots"))
     _write_text(page, render_html(data, plots))
     findings = None
     if len(data.docs) > 1:
-        findings = data.run_dir / "findings.json"
+        findings = target / "findings.json"
         _write_text(findings, json.dumps(data.ranked, indent=2, default=float) + "\n")
-    return data, ReportFiles(md, page, tuple(plot_paths), findings)
+    return ReportFiles(md, page, tuple(plot_paths), findings)
 
 
-__all__ = ["ReportFiles", "RunData", "load_run", "write_report"]
+__all__ = ["ReportFiles", "RunData", "load_run", "write_files", "write_report"]

@@ -3,6 +3,8 @@
 The report never re-runs anything: it reads the store (trials, measurements, fingerprints), the
 findings documents the experiments wrote and, for a bisect, the commit plan (`commits.json`), and
 hands the renderers one frozen value. Opening a run that does not exist is bad input (exit 2).
+It opens the store read-only, so a run in a read-only directory (an archive, a copy from a
+cluster) can be reviewed as it is.
 """
 
 from __future__ import annotations
@@ -46,6 +48,16 @@ class RunData:
     def config(self) -> DictConfig:
         return OmegaConf.create(self.config_yaml or "{}")
 
+    @property
+    def simulated(self) -> bool:
+        """A run on the simulated node: every report of it says so in its header."""
+        from orchestrator.targets.registry import is_simulated
+
+        try:
+            return is_simulated(self.config.get("target"))
+        except Exception:  # noqa: BLE001 - an unreadable config: no claim either way
+            return False
+
     def row(self, trial_id: int) -> TrialRow | None:
         return next((r for r in self.rows if r.id == trial_id), None)
 
@@ -73,7 +85,7 @@ def load_run(run_dir: Path) -> RunData:
     run_dir = Path(run_dir)
     if not (run_dir / "trials.db").is_file():
         raise UserError(f"no run at {run_dir}: expected a run directory with trials.db")
-    store = RunStore.open(run_dir / "trials.db")
+    store = RunStore.open(run_dir / "trials.db", readonly=True)
     try:
         rows = tuple(store.trials())
         run_id, command, status = store.run_id, store.command, store.status()

@@ -15,8 +15,10 @@ import time
 from collections.abc import Sequence
 
 from orchestrator.report import tables as T
+from orchestrator.report.answer import causes_table, detail_lines
 from orchestrator.report.collect import RunData
 from orchestrator.report.plots import Plot
+from orchestrator.safe_text import printable
 
 CSP = "default-src 'none'; img-src data:; style-src 'unsafe-inline'"
 
@@ -34,11 +36,14 @@ figure { margin: 16px 0 28px; } figure img { max-width: 100%; border: 1px solid 
 figcaption { color: #616161; font-size: 12px; }
 pre { background: #f5f5f5; padding: 8px; overflow-x: auto; font-size: 12px; }
 .verdict-found { color: #2e7d32; } .verdict-other { color: #c62828; }
+#answer { background: #f1f8e9; border: 1px solid #c5e1a5; padding: 8px 14px; margin: 12px 0; }
+p.answer { font-size: 15px; margin: 6px 0 8px; } p.detail { margin: 2px 0; font-size: 13px; }
+.sim { color: #6a1b9a; font-size: 15px; font-weight: normal; }
 """
 
 
 def esc(text: object) -> str:
-    return html.escape(str(text), quote=True)
+    return html.escape(printable(text), quote=True)
 
 
 def html_table(table: T.TextTable, highlight_first: bool = False) -> str:
@@ -77,23 +82,44 @@ def _finding_section(f: dict) -> str:
     if f.get("failed_trials"):
         parts.append(f"<p>Failed trials (never measured): "
                      f"{esc(', '.join(map(str, f['failed_trials'])))}</p>")
+    if f.get("interrupted_trials"):
+        parts.append(f"<p>Interrupted trials (stopped and run again, not evidence): "
+                     f"{esc(', '.join(map(str, f['interrupted_trials'])))}</p>")
     parts.append("</section>")
     return "".join(parts)
+
+
+def _answer_section(data: RunData) -> list[str]:
+    answer = data.ranked.get("answer")
+    if not answer:
+        return []
+    table = causes_table(answer)
+    return ['<section id="answer">',
+            f'<p class="answer"><strong>Answer:</strong> {esc(answer.get("sentence", ""))}</p>',
+            html_table(table) if table.rows else "",
+            *[f'<p class="detail">{esc(line)}</p>' for line in detail_lines(answer)],
+            "</section>"]
 
 
 def render_html(data: RunData, plots: Sequence[Plot]) -> str:
     ranked = data.ranked
     verdict = str(ranked.get("verdict", ""))
-    vclass = "verdict-found" if verdict == "found" else "verdict-other"
+    vclass = "verdict-found" if verdict in ("found", "explained") else "verdict-other"
     fps = T.fingerprint_tables(data)
+    causes, _, settings = T.split_findings(ranked)
+    sim = (' <span class="sim">&middot; simulated node (modeled times, no GPU measured)</span>'
+           if data.simulated else "")
     body = [
-        f"<h1>sleuth report: {esc(data.run_id)}</h1>",
+        f"<h1>sleuth report: {esc(data.run_id)}{sim}</h1>",
+        *_answer_section(data),
         f'<p>Verdict: <strong class="{vclass}">{esc(verdict)}</strong> &middot; generated '
         f"{esc(time.strftime('%Y-%m-%d %H:%M:%S'))}</p>",
         html_table(T.run_table(data)),
         "<h2>Experiments</h2>", html_table(T.experiments_table(ranked)),
-        "<h2>Ranked findings</h2>", html_table(T.findings_table(ranked), highlight_first=True),
-        *[_finding_section(f) for f in ranked.get("findings", [])],
+        "<h2>Causes</h2>", html_table(T.findings_table(ranked), highlight_first=True),
+        *[f'<p class="note">Not tested: {esc(line)}</p>' for line in T.untested_lines(ranked)],
+        *[_finding_section(f) for f in causes],
+        *(["<h2>Settings (sweep)</h2>", html_table(T.settings_table(ranked))] if settings else []),
         "<h2>Plots</h2>",
         *([_figure(p) for p in plots] or ['<p class="note">No measured trials to plot.</p>']),
         "<h2>Fingerprint differences</h2>",

@@ -2,7 +2,8 @@
 
 Every cell is untrusted text (a commit subject may hold `|`, `*`, `<script>` or a newline), so
 each is escaped: HTML-significant characters as entities, Markdown punctuation with a
-backslash, line breaks folded to spaces. A table cell can therefore neither split the table,
+backslash, line breaks folded to spaces, and control characters (a terminal escape in a commit
+message) dropped. A table cell can therefore neither split the table,
 nor format text, nor become HTML in a renderer that passes HTML through.
 """
 
@@ -12,14 +13,18 @@ import re
 from collections.abc import Sequence
 
 from orchestrator.report import tables as T
+from orchestrator.report.answer import causes_table, detail_lines
 from orchestrator.report.collect import RunData
 from orchestrator.report.plots import Plot
+from orchestrator.safe_text import printable
+
+SIM_HEADER = " · simulated node (modeled times, no GPU measured)"
 
 _MD_PUNCT = re.compile(r"([\\`*_{}\[\]()#+!|~])")
 
 
 def md_escape(text: object) -> str:
-    s = " ".join(str(text).split())
+    s = " ".join(printable(text).split())
     s = s.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
     return _MD_PUNCT.sub(r"\\\1", s)
 
@@ -35,12 +40,28 @@ def md_table(table: T.TextTable) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _answer_md(data: RunData) -> list[str]:
+    answer = data.ranked.get("answer")
+    if not answer:
+        return ["No findings." if not data.ranked.get("findings") else "No answer recorded.", ""]
+    out = [f"**Answer:** {md_escape(answer.get('sentence', ''))}", ""]
+    table = causes_table(answer)
+    if table.rows:
+        out.append(md_table(table))
+    out += [md_escape(line) + "  " for line in detail_lines(answer)]
+    return out + [""]
+
+
 def render_markdown(data: RunData, plots: Sequence[Plot], plot_dir: str = "plots") -> str:
     ranked = data.ranked
-    out = [f"# sleuth report: {md_escape(data.run_id)}", "",
-           md_table(T.run_table(data)), "## Experiments", "", md_table(T.experiments_table(ranked)),
-           "## Ranked findings", "", md_table(T.findings_table(ranked))]
-    for f in ranked.get("findings", []):
+    causes, _, settings = T.split_findings(ranked)
+    out = [f"# sleuth report: {md_escape(data.run_id)}{SIM_HEADER if data.simulated else ''}", "",
+           *_answer_md(data),
+           "## Run", "", md_table(T.run_table(data)), "## Experiments", "",
+           md_table(T.experiments_table(ranked)), "## Causes", "", md_table(T.findings_table(ranked))]
+    out += [f"Not tested: {md_escape(line)}" + "  " for line in T.untested_lines(ranked)]
+    out.append("")
+    for f in causes:
         out += [f"### #{f['rank']} {md_escape(f.get('kind', ''))} {md_escape(f.get('id', ''))}", "",
                 md_escape(f.get("summary", "")), ""]
         if f.get("subject"):
@@ -49,15 +70,18 @@ def render_markdown(data: RunData, plots: Sequence[Plot], plot_dir: str = "plots
         out.append(md_table(T.effects_table(f)))
         evidence = ", ".join(str(t) for t in f.get("evidence", []))
         out += [f"Evidence trials: {md_escape(evidence or 'none')}", ""]
-        for name in ("suspect_trials", "failed_trials", "outlier_trials"):
+        for name in ("suspect_trials", "failed_trials", "interrupted_trials", "outlier_trials"):
             if f.get(name):
                 what = {"suspect_trials": "excluded from effects",
                         "failed_trials": "never measured",
+                        "interrupted_trials": "stopped and run again, not evidence",
                         "outlier_trials": "restarts left out of the bisect as outliers"}[name]
                 out += [f"{name.replace('_', ' ').capitalize()} ({what}):"
                         f" {md_escape(', '.join(map(str, f[name])))}", ""]
-    if not ranked.get("findings"):
-        out += ["No findings.", ""]
+    if not causes:
+        out += ["No causes named.", ""]
+    if settings:
+        out += ["## Settings (sweep)", "", md_table(T.settings_table(ranked))]
     out += ["## Plots", ""]
     for p in plots:
         out += [f"### {md_escape(p.title)}", "", f"![{md_escape(p.title)}]({plot_dir}/{p.name}.png)",

@@ -18,6 +18,8 @@ matplotlib.use("Agg")  # before any figure: headless, whatever the environment s
 import numpy as np  # noqa: E402
 from matplotlib.backends.backend_agg import FigureCanvasAgg  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
+from matplotlib.patches import Patch  # noqa: E402
+from matplotlib.ticker import MaxNLocator  # noqa: E402
 
 from orchestrator.metrics import METRICS  # noqa: E402
 from orchestrator.report import series as S  # noqa: E402
@@ -68,8 +70,9 @@ def distributions_plot(data: RunData) -> Plot | None:
     labels = [s.label for s in per_metric[metrics[0]]]
     if not labels:
         return None
-    height = min(2.0 + 0.32 * len(labels), 40.0)
-    fig = Figure(layout="constrained", figsize=(4.2 * len(metrics) + 2.5, height))
+    lines = max(label.count("\n") + 1 for label in labels)
+    height = min(2.0 + (0.22 + 0.16 * lines) * len(labels), 40.0)
+    fig = Figure(layout="constrained", figsize=(3.6 * len(metrics) + 3.2, height))
     axes = fig.subplots(1, len(metrics), sharey=True, squeeze=False)[0]
     rng = np.random.default_rng(0)  # fixed jitter: the same run draws the same figure
     n_trials = 0
@@ -88,10 +91,13 @@ def distributions_plot(data: RunData) -> Plot | None:
             good = [p.value for p in s.points if not p.suspect]
             if good:
                 ax.plot([np.mean(good)] * 2, [y - 0.35, y + 0.35], color="black", lw=1.2, zorder=2)
-            if s.failed and metric == metrics[-1]:
-                ax.annotate(f"{len(s.failed)} failed", (1.0, y), xycoords=("axes fraction", "data"),
+            if (s.failed or s.interrupted) and metric == metrics[-1]:
+                note = ", ".join(t for t in (f"{len(s.failed)} failed" if s.failed else "",
+                                             f"{len(s.interrupted)} interrupted"
+                                             if s.interrupted else "") if t)
+                ax.annotate(note, (1.0, y), xycoords=("axes fraction", "data"),
                             xytext=(4, 0), textcoords="offset points", va="center",
-                            color=FAILED_COLOR, fontsize=8)
+                            color=FAILED_COLOR if s.failed else "#757575", fontsize=8)
             n_trials += len(s.points) if metric == metrics[0] else 0
         # One collection per kind of mark (not one per trial): a long run stays quick to draw.
         ax.scatter(reps_x, reps_y, s=6, color="#bdbdbd", zorder=1)
@@ -102,13 +108,14 @@ def distributions_plot(data: RunData) -> Plot | None:
                        edgecolors=SUSPECT_COLOR, zorder=3)
         ax.set_xlabel(_unit(metric))
         ax.grid(axis="x", alpha=0.3)
-    axes[0].set_yticks(range(len(labels)), labels)
+    axes[0].set_yticks(range(len(labels)), labels, fontsize=8)
     axes[0].invert_yaxis()
-    fig.suptitle("trial-level values per candidate (dot = one server restart, grey = repetitions,"
-                 " bar = mean, hollow orange = suspect)")
+    fig.suptitle("trial-level values per candidate: dot = one server restart, grey ="
+                 " repetitions, bar = mean, hollow orange = suspect", fontsize=9)
     return Plot("distributions", "Per-candidate metric distributions",
                 f"Every measured trial ({n_trials} on {metrics[0]}) of every candidate; suspect"
-                " trials are drawn hollow and left out of the means; failed trials are counted.",
+                " trials are drawn hollow and left out of the means; failed trials are counted,"
+                " interrupted ones (stopped, then run again) are not failures.",
                 _png(fig))
 
 
@@ -122,8 +129,11 @@ def posterior_plot(history: S.PosteriorHistory) -> Plot:
     fig.colorbar(im, ax=top, label="P(first bad commit)")
     for c in history.culprits:
         top.axvline(c, color="#2e7d32", lw=1, ls="--")
-    top.set_ylabel("after trial #")
-    top.set_title("bisect posterior over commits as trials arrived (dashed: culprit found)")
+    top.set_ylabel("after observation #")
+    top.yaxis.set_major_locator(MaxNLocator(integer=True))
+    culprit = (f"\ndashed: the culprit, {history.culprit_label}" if history.culprit_label
+               else "")
+    top.set_title(f"bisect posterior over commits as trials arrived{culprit}", fontsize=9)
     if n <= 40:
         top.set_xticks(range(n), history.labels, rotation=90, fontsize=7)
     else:
@@ -133,7 +143,8 @@ def posterior_plot(history: S.PosteriorHistory) -> Plot:
                 color="#6a1b9a")
     bottom.axhline(history.confidence, color="grey", ls=":", lw=1)
     bottom.set_ylim(0, 1.02)
-    bottom.set_xlabel("trials (in trial-id order)")
+    bottom.set_xlabel("observations (bisect trials, in trial-id order)")
+    bottom.xaxis.set_major_locator(MaxNLocator(integer=True))
     bottom.set_ylabel("best P")
     bottom.grid(alpha=0.3)
     return Plot("posterior", "Bisect posterior as it progressed",
@@ -145,8 +156,8 @@ def posterior_plot(history: S.PosteriorHistory) -> Plot:
 def _bars(ax, pair: S.PhasePair, metrics: Sequence[str]) -> None:
     rows = [(m, a, b) for m, a, b in pair.metrics if m in metrics]
     x = np.arange(len(rows))
-    for offset, side, color, label in ((-0.2, 1, BEFORE_COLOR, "before"),
-                                       (0.2, 2, AFTER_COLOR, "after")):
+    for offset, side, color, label in ((-0.2, 1, BEFORE_COLOR, f"before: {pair.before_label}"),
+                                       (0.2, 2, AFTER_COLOR, f"after: {pair.after_label}")):
         means = [r[side].mean if r[side] else np.nan for r in rows]
         err = np.array([[r[side].mean - r[side].lo, r[side].hi - r[side].mean] if r[side]
                         else [0, 0] for r in rows]).T.reshape(2, len(rows))
@@ -166,14 +177,15 @@ def _bars(ax, pair: S.PhasePair, metrics: Sequence[str]) -> None:
 
 
 def phase_plot(pairs: Sequence[S.PhasePair]) -> Plot:
-    fig = Figure(layout="constrained", figsize=(10, 3.2 * len(pairs)))
+    fig = Figure(layout="constrained", figsize=(11, 3.6 * len(pairs)))
     axes = fig.subplots(len(pairs), 2, squeeze=False, width_ratios=[3, 2])
     for (ms_ax, other_ax), pair in zip(axes, pairs, strict=True):
         _bars(ms_ax, pair, S.PHASE_MS_METRICS)
         ms_ax.set_ylabel("ms per pass")
         ms_ax.set_title(f"{pair.title}: phase time", loc="left")
-        ms_ax.legend(fontsize=7, title=f"before = {pair.before_label[:40]}\n"
-                     f"after = {pair.after_label[:40]}", title_fontsize=7)
+        # Below the bars, never over them: what "before" and "after" are, in words.
+        ms_ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(0.0, -0.12),
+                     frameon=False, borderaxespad=0.0)
         _bars(other_ax, pair, S.PHASE_OTHER_METRICS)
         other_ax.set_title("accept length, CUDA-graph share", loc="left")
     return Plot("phases", "Phase breakdown before/after",
@@ -222,9 +234,16 @@ def timeline_plot(spans: Sequence[S.Span]) -> Plot:
                     fontsize=6, color="white")
     ax.set_yticks(range(len(nodes)), nodes)
     ax.set_xlabel("seconds since the first trial started")
-    ax.set_title("trials per node (green ok, red failed, orange suspect; text = trial id)",
-                 loc="left")
+    ax.set_title("trials per node (text = trial id)", loc="left")
     ax.grid(axis="x", alpha=0.3)
+    seen = {("suspect" if s.suspect else "ok" if s.outcome == "ok" else
+             "interrupted" if s.outcome in ("interrupted", "running") else "failed")
+            for s in spans}
+    kinds = [("ok", OUTCOME_COLORS["ok"]), ("failed", FAILED_COLOR),
+             ("interrupted (stopped, not failed)", OUTCOME_COLORS["interrupted"]),
+             ("suspect", SUSPECT_COLOR)]
+    ax.legend(handles=[Patch(color=c, label=k) for k, c in kinds if k.split(" ")[0] in seen],
+              fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0), frameon=False)
     return Plot("timeline", "Per-node trial timeline",
                 f"{len(spans)} trials on {len(nodes)} node(s) over {end:.0f} s.", _png(fig))
 

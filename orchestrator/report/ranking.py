@@ -25,6 +25,7 @@ import math
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+from orchestrator.answer import pick
 from orchestrator.store import TrialRow
 from orchestrator.system_watch import system_changes
 
@@ -64,18 +65,21 @@ def _sort_key(finding: Mapping, metric: str, doc_index: int) -> tuple:
 
 def _trial_flags(evidence: Sequence[int], rows_by_id: Mapping[int, TrialRow]) -> dict:
     """Which evidence trials were suspect (excluded) or failed (never a measurement)."""
-    suspect, failed, measured = [], [], 0
+    suspect, failed, interrupted, measured = [], [], [], 0
     for tid in evidence:
         row = rows_by_id.get(int(tid))
         if row is None:
             continue
-        if row.outcome is None or not row.outcome.measured:
+        if row.outcome is not None and row.outcome.value == "interrupted":
+            interrupted.append(int(tid))  # stopped, not failed: it ran again
+        elif row.outcome is None or not row.outcome.measured:
             failed.append(int(tid))
         elif row.suspect:
             suspect.append(int(tid))
         else:
             measured += 1
-    return {"suspect_trials": suspect, "failed_trials": failed, "measured_trials": measured}
+    return {"suspect_trials": suspect, "failed_trials": failed,
+            "interrupted_trials": interrupted, "measured_trials": measured}
 
 
 def combined_verdict(docs: Sequence[Mapping]) -> str:
@@ -119,9 +123,12 @@ def rank(
     a combined file can be ranked again without losing anything).
     """
     rows_by_id = {r.id: r for r in rows}
+    # An investigation's own document holds its answer, not findings: the steps hold those.
+    investigation = next((d for d in docs if d.get("experiment") == "investigate"), None)
+    steps = [d for d in docs if d is not investigation]
     merged: dict[tuple[str, str], dict] = {}
     keys: dict[tuple[str, str], tuple] = {}
-    for doc_index, doc in enumerate(docs):
+    for doc_index, doc in enumerate(steps):
         experiment = str(doc.get("experiment", "?"))
         metric = str(doc.get("metric", ""))
         for raw in doc.get("findings", []):
@@ -152,13 +159,15 @@ def rank(
         if rows_by_id:
             finding.update(_trial_flags(finding.get("evidence", []), rows_by_id))
         findings.append({"rank": position, **finding})
-    names = list(dict.fromkeys(str(d.get("experiment", "?")) for d in docs))
+    names = list(dict.fromkeys(str(d.get("experiment", "?")) for d in steps))
     return {
         "run": run_id or (docs[0].get("run") if docs else None),
-        "experiment": COMBINED_EXPERIMENT_SEPARATOR.join(names) if names else "none",
+        "experiment": ("investigate" if investigation else
+                       COMBINED_EXPERIMENT_SEPARATOR.join(names) if names else "none"),
         "metric": docs[0].get("metric") if docs else None,
-        "verdict": combined_verdict(docs),
-        "experiments": experiment_summaries(docs),
+        "verdict": investigation.get("verdict") if investigation else combined_verdict(steps),
+        "answer": pick(docs),
+        "experiments": experiment_summaries(steps),
         "findings": findings,
         "system_changes": [c.to_json() for c in system_changes(rows)],
         "sources": [copy.deepcopy(dict(d)) for d in docs],

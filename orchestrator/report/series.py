@@ -14,14 +14,12 @@ from dataclasses import dataclass
 
 from scipy.stats import t as student_t
 
-from orchestrator import fingerprint_diff
-from orchestrator.fingerprint_diff import Difference
 from orchestrator.metrics import METRICS
-from orchestrator.records import Candidate
+from orchestrator.records import NOT_EVIDENCE_PHASES, Candidate
 from orchestrator.render import finding_id
+from orchestrator.report import labels
 from orchestrator.report.collect import RunData
 from orchestrator.store import TrialRow
-from orchestrator.system_watch import system_changes
 
 PHASE_MS_METRICS = ("verify_ms", "draft_ms", "decode_ms")
 PHASE_OTHER_METRICS = ("accept_len", "cuda_graph_share")
@@ -47,37 +45,62 @@ class TrialPoint:
 @dataclass(frozen=True)
 class CandidateSeries:
     key: str
-    label: str
+    label: str  # short and wrapped, for a plot axis (labels.short)
     points: tuple[TrialPoint, ...]
     failed: tuple[int, ...]  # trial ids that produced no measurement
+    interrupted: tuple[int, ...] = ()  # stopped (and run again): neither failed nor measured
+    full: str = ""  # the exact label, for tables
 
 
 def candidate_order(data: RunData) -> list[tuple[str, str]]:
-    """`(key, label)` of every candidate: bisect points in commit order, then by first trial."""
-    seen: dict[str, str] = {}
+    """`(key, short label)` of every candidate: bisect points in commit order (`#i` their
+    position), then by first trial."""
+    return [(key, label) for key, label, _ in _ordered(data)]
+
+
+REFERENCE_SUFFIX = ":reference"
+
+
+def series_key(row: TrialRow) -> str:
+    """The series a trial belongs to: its candidate, with reference trials (the node as it
+    was, an earlier state) apart from the same candidate measured now."""
+    return row.candidate.key + (REFERENCE_SUFFIX if row.phase in NOT_EVIDENCE_PHASES else "")
+
+
+def _ordered(data: RunData) -> list[tuple[str, str, str]]:
+    subject_of = labels.subjects(data)
+    seen: dict[str, tuple[str, str]] = {}
+    for row in data.rows:  # the reference (then) first: what everything is compared with
+        if row.phase in NOT_EVIDENCE_PHASES:
+            seen.setdefault(series_key(row), (
+                labels.short(row.candidate, subject_of, prefix="then:"),
+                f"{row.candidate.label} (reference, then)"))
     if data.plan:
-        tested = {r.candidate.key for r in data.rows}
+        tested = {r.candidate.key for r in data.rows if r.phase not in NOT_EVIDENCE_PHASES}
         for i, cand in enumerate(data.plan.candidates):
             if cand.key in tested:
-                seen[cand.key] = f"#{i} {cand.label}"
+                seen[cand.key] = (labels.short(cand, subject_of, prefix=f"#{i}"), cand.label)
     for row in data.rows:
-        seen.setdefault(row.candidate.key, row.candidate.label)
-    return list(seen.items())
+        seen.setdefault(series_key(row), (labels.short(row.candidate, subject_of),
+                                          row.candidate.label))
+    return [(key, short, full) for key, (short, full) in seen.items()]
 
 
 def distributions(data: RunData, metric: str) -> list[CandidateSeries]:
-    """One series per candidate with every trial of it: measured points and failed trial ids."""
+    """One series per candidate with every trial of it: measured points, failed trial ids and
+    interrupted ones (a trial cut short by the user or a lost node is not a failure)."""
     out = []
-    for key, label in candidate_order(data):
-        rows = [r for r in data.rows if r.candidate.key == key and r.finished]
+    for key, label, full in _ordered(data):
+        rows = [r for r in data.rows if series_key(r) == key and r.finished]
         points = []
         for r in rows:
             v = _value(r, metric)
             if v is not None:
                 points.append(TrialPoint(r.id, v, tuple(r.result.values(metric)), r.suspect))
-        failed = tuple(r.id for r in rows if not r.outcome.measured)
-        if points or failed:
-            out.append(CandidateSeries(key, label, tuple(points), failed))
+        stopped = tuple(r.id for r in rows if r.outcome.value == "interrupted")
+        failed = tuple(r.id for r in rows if not r.outcome.measured and r.id not in stopped)
+        if points or failed or stopped:
+            out.append(CandidateSeries(key, label, tuple(points), failed, stopped, full))
     return out
 
 
@@ -98,6 +121,7 @@ class PosteriorHistory:
     steps: tuple[PosteriorStep, ...]
     confidence: float
     culprits: tuple[int, ...]  # points of the final verdict's culprits
+    culprit_label: str = ""  # the first culprit as SHA + subject
 
 
 def posterior_history(data: RunData) -> PosteriorHistory | None:
@@ -145,11 +169,15 @@ def posterior_history(data: RunData) -> PosteriorHistory | None:
     if not steps:
         return None
     final = strategy.verdict(observations)
+    culprits = tuple(c.point for c in final.culprits)
+    first = data.plan.commits[culprits[0]] if culprits else None
     return PosteriorHistory(
-        labels=tuple(c.sha[:10] for c in data.plan.commits),
+        labels=tuple(c.sha[:labels.SHA] for c in data.plan.commits),
         steps=tuple(steps),
         confidence=float(strategy.settings.confidence),
-        culprits=tuple(c.point for c in final.culprits),
+        culprits=culprits,
+        culprit_label=(f"{first.sha[:labels.SHA]} {labels.printable(first.subject)[:48]}"
+                       if first else ""),
     )
 
 
@@ -190,14 +218,37 @@ def _measured(rows: Sequence[TrialRow], key: str, metric: str) -> list[float]:
 
 
 def phase_pair(rows: Sequence[TrialRow], before: Candidate, after: Candidate, title: str,
-               metrics: Sequence[str] = PHASE_MS_METRICS + PHASE_OTHER_METRICS) -> PhasePair:
+               metrics: Sequence[str] = PHASE_MS_METRICS + PHASE_OTHER_METRICS,
+               names: tuple[str, str] | None = None) -> PhasePair:
     found = []
     for m in metrics:
         a = mean_interval(_measured(rows, before.key, m))
         b = mean_interval(_measured(rows, after.key, m))
         if a or b:
             found.append((m, a, b))
-    return PhasePair(title, before.label, after.label, tuple(found))
+    before_label, after_label = names or (labels.one_line(before), labels.one_line(after))
+    return PhasePair(title, before_label, after_label, tuple(found))
+
+
+def _sides(label: str) -> tuple[str, str] | None:
+    """`power limit: 600 W -> 450 W` -> (`power limit 600 W`, `power limit 450 W`)."""
+    name, _, levels = label.partition(": ")
+    before, sep, after = levels.partition(" -> ")
+    return (f"{name} {before}", f"{name} {after}") if sep else None
+
+
+def pair_names(data: RunData, finding: Mapping, cands: tuple[Candidate, Candidate]
+               ) -> tuple[str, str]:
+    """What a finding's before and after are, in words: a culprit's parent and itself with
+    their subjects, a tested difference's two levels, else the candidates' short labels."""
+    subject_of = labels.subjects(data)
+    if finding.get("kind") == "commit":
+        return (f"parent {labels.one_line(cands[0], subject_of)}",
+                f"commit {labels.one_line(cands[1], subject_of)}")
+    sides = [_sides(str(d.get("label", ""))) for d in finding.get("differences") or []]
+    if sides and all(sides):
+        return (", ".join(s[0] for s in sides), ", ".join(s[1] for s in sides))
+    return labels.one_line(cands[0], subject_of), labels.one_line(cands[1], subject_of)
 
 
 def finding_candidates(data: RunData, finding: Mapping) -> tuple[Candidate, Candidate] | None:
@@ -226,13 +277,19 @@ def finding_candidates(data: RunData, finding: Mapping) -> tuple[Candidate, Cand
 def phase_pairs(data: RunData, max_findings: int = 3) -> list[PhasePair]:
     """Before/after phase timings for the top findings and, for a bisect, its endpoints."""
     pairs = []
-    for f in data.ranked.get("findings", [])[:max_findings]:
+    causes = [f for f in data.ranked.get("findings", []) if f.get("experiment") != "sweep"
+              and not (f.get("probability") is None and f.get("difference"))]
+    for f in causes[:max_findings]:
         cands = finding_candidates(data, f)
         if cands:
-            pairs.append(phase_pair(data.rows, *cands, f"#{f['rank']} {f['kind']} {finding_id(f)}"))
+            pairs.append(phase_pair(data.rows, *cands, f"#{f['rank']} {f['kind']} {finding_id(f)}",
+                                    names=pair_names(data, f, cands)))
     if data.plan:
         good, bad = data.plan.candidates[0], data.plan.candidates[-1]
-        pairs.append(phase_pair(data.rows, good, bad, "bisect endpoints (good vs bad)"))
+        subject_of = labels.subjects(data)
+        pairs.append(phase_pair(data.rows, good, bad, "bisect endpoints (good vs bad)",
+                                names=(f"good {labels.one_line(good, subject_of)}",
+                                       f"bad {labels.one_line(bad, subject_of)}")))
     return [p for p in pairs if p.metrics]
 
 
@@ -326,73 +383,3 @@ def timeline(rows: Sequence[TrialRow]) -> list[Span]:
     return [Span(r.node or "?", r.id, r.started_at - t0, r.ended_at - t0,
                  r.outcome.value if r.outcome else "running", r.suspect, r.phase)
             for r in timed]
-
-
-# -- fingerprint diff ---------------------------------------------------------------------------
-
-@dataclass(frozen=True)
-class FingerprintDiff:
-    """Ranked differences (most plausible cause first) between two trial environments."""
-
-    title: str
-    differences: tuple[Difference, ...]
-
-
-def _fingerprinted(rows: Sequence[TrialRow], key: str | None = None) -> list[TrialRow]:
-    return [r for r in rows if r.result and r.result.fingerprint
-            and (key is None or r.candidate.key == key)]
-
-
-def fingerprint_sides(data: RunData) -> tuple[Candidate, Candidate] | None:
-    """Which two candidates to diff: a bisect's endpoints, else the top finding's pair, else the
-    first and the last candidate the run fingerprinted."""
-    if data.plan:
-        return data.plan.candidates[0], data.plan.candidates[-1]
-    for f in data.ranked.get("findings", [])[:1]:
-        cands = finding_candidates(data, f)
-        if cands:
-            return cands
-    seen = list({r.candidate.key: r.candidate for r in _fingerprinted(data.rows)}.values())
-    return (seen[0], seen[-1]) if len(seen) >= 2 else None
-
-
-_DIFFERENCE_FIELDS = ("category", "key", "reference", "now", "detail", "controllable")
-
-
-def _reported(data: RunData) -> list[FingerprintDiff]:
-    """Differences an experiment already listed: compare's reference run vs now (its document's
-    `differences`, or the `difference` of each finding)."""
-    out = []
-    for doc in data.docs:
-        if doc.get("experiment") != "compare":
-            continue
-        listed = doc.get("differences") or [f.get("difference") for f in doc.get("findings", [])]
-        diffs = [Difference(**{k: v for k, v in d.items() if k in _DIFFERENCE_FIELDS})
-                 for d in listed if isinstance(d, Mapping) and {"category", "key"} <= d.keys()]
-        if diffs:
-            name = (doc.get("reference") or {}).get("name", "reference")
-            out.append(FingerprintDiff(f"compare: {name} vs now", tuple(diffs)))
-    return out
-
-
-def fingerprint_diffs(data: RunData) -> list[FingerprintDiff]:
-    """What differed between the environments the report compares.
-
-    Views, each only when it has something to say: what an experiment listed itself, the two
-    sides of the run (bisect endpoints or the top finding's pair), and every change of a node's
-    settled system state between two of its trials (:mod:`orchestrator.system_watch`): the drift
-    that turns "same code" into a different result, the seed's situation.
-    """
-    out = _reported(data)
-    sides = fingerprint_sides(data)
-    if sides:
-        before, after = (_fingerprinted(data.rows, c.key) for c in sides)
-        if before and after:
-            diffs = fingerprint_diff.diff(before[0].result.fingerprint,
-                                          after[-1].result.fingerprint)
-            if diffs:
-                out.append(FingerprintDiff(f"{sides[0].label} vs {sides[1].label}", tuple(diffs)))
-    for change in system_changes(data.rows):
-        out.append(FingerprintDiff(f"during the run, on {change.node}: trial {change.before} vs"
-                                   f" trial {change.after}", change.differences))
-    return out

@@ -13,10 +13,14 @@ from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from orchestrator.answer.compose import not_tested
+from orchestrator.answer.text import change_text
+from orchestrator.fingerprint_diff import show_value
 from orchestrator.render import finding_id
 from orchestrator.render import probability as fmt_probability
 from orchestrator.report import series as S
 from orchestrator.report.collect import RunData
+from orchestrator.report.fingerprints import fingerprint_diffs
 from orchestrator.report.ranking import excludes_zero
 
 
@@ -29,14 +33,55 @@ class TextTable:
     note: str = ""
 
 
-def fmt_effect(effect: Mapping | None) -> str:
+def fmt_effect(effect: Mapping | None, metric: str = "") -> str:
+    """`+53.0% [+47.1, +59.2]`; a large change as a ratio with its levels (`x325 (0.67 ms
+    -> 218 ms)`, :func:`orchestrator.answer.text.change_text`)."""
     if not effect or "pct" not in effect:
         return "-"
-    text = f"{effect['pct']:+.1f}%"
-    ci = effect.get("ci")
-    if ci and all(isinstance(v, int | float) and math.isfinite(v) for v in ci):
-        text += f" [{ci[0]:+.1f}, {ci[1]:+.1f}]"
-    return text
+    return change_text(effect, metric)
+
+
+def effect_of(finding: Mapping, metric: str) -> dict | None:
+    """A finding's effect on `metric`, with the means behind it where the detail has them."""
+    e = (finding.get("effect") or {}).get(metric)
+    if not e:
+        return None
+    return {**((finding.get("effect_detail") or {}).get(metric) or {}), **e}
+
+
+# Columns only some targets fill (SGLang's accept length and CUDA-graph share, the phase):
+# left out of a table where no row has a value.
+OPTIONAL_COLUMNS = ("phase", "accept len", "cuda graph share", "flags")
+
+
+def drop_empty(headers: tuple[str, ...], rows: list[tuple[str, ...]],
+               optional: tuple[str, ...] = OPTIONAL_COLUMNS
+               ) -> tuple[tuple[str, ...], tuple[tuple[str, ...], ...]]:
+    keep = [i for i, h in enumerate(headers)
+            if h not in optional or any(r[i] not in ("", "-") for r in rows)]
+    return (tuple(headers[i] for i in keep), tuple(tuple(r[i] for i in keep) for r in rows))
+
+
+def split_findings(ranked: Mapping) -> tuple[list[dict], list[dict], list[dict]]:
+    """(causes, untested, settings): what was tested as a cause; differences listed but never
+    tested (a compare's fingerprint diff); a sweep's better settings, which are not causes."""
+    causes, untested, settings = [], [], []
+    for f in ranked.get("findings", []):
+        if f.get("experiment") == "sweep":
+            settings.append(f)
+        elif f.get("probability") is None and (f.get("difference") or f.get("untested")):
+            untested.append(f)
+        else:
+            causes.append(f)
+    return causes, untested, settings
+
+
+def untested_lines(ranked: Mapping) -> list[str]:
+    """The untested differences, one collapsed line per reason (the answer's groups)."""
+    groups = (ranked.get("answer") or {}).get("not_tested")
+    if groups is None:
+        groups = not_tested({"findings": split_findings(ranked)[1]})
+    return [g["line"] for g in groups]
 
 
 def _fmt_number(value: float | None) -> str:
@@ -58,9 +103,11 @@ def _flags(f: Mapping) -> str:
     return "; ".join(parts)
 
 
-def findings_table(ranked: Mapping) -> TextTable:
+def findings_table(ranked: Mapping, findings: list[dict] | None = None) -> TextTable:
+    """The causes (tested findings), ranked; untested differences and sweep settings have
+    their own lines and table."""
     rows = []
-    for f in ranked.get("findings", []):
+    for f in split_findings(ranked)[0] if findings is None else findings:
         effect = f.get("effect") or {}
         metric = f.get("metric") or ranked.get("metric") or ""
         prob = f.get("probability")
@@ -73,7 +120,7 @@ def findings_table(ranked: Mapping) -> TextTable:
             finding_id(f),
             ", ".join(f.get("experiments") or [str(f.get("experiment", ""))]),
             "-" if prob is None else fmt_probability(float(prob)),
-            f"{metric} {fmt_effect(effect.get(metric))}" if metric else "-",
+            f"{metric} {fmt_effect(effect_of(f, metric), metric)}" if metric else "-",
             str(f.get("phase") or "-"),
             fmt_effect(effect.get("accept_len")),
             fmt_effect(effect.get("cuda_graph_share")),
@@ -81,14 +128,31 @@ def findings_table(ranked: Mapping) -> TextTable:
             _flags(f),
             str(f.get("summary", "")),
         ))
-    return TextTable(
-        "findings", f"Ranked findings ({ranked.get('experiment')}, verdict {ranked.get('verdict')})",
+    headers, kept = drop_empty(
         ("rank", "kind", "id", "experiment", "P(cause)", "effect [95% CI]", "phase",
-         "accept len", "cuda graph share", "trials", "flags", "summary"),
-        tuple(rows),
+         "accept len", "cuda graph share", "trials", "flags", "summary"), rows)
+    return TextTable(
+        "findings", f"Causes ({ranked.get('experiment')}, verdict {ranked.get('verdict')})",
+        headers, kept,
         "P(cause): the experiment's posterior probability. Effects compare trial-level values"
         " (restarts) of the cause against its parent or reference; suspect trials are excluded.",
     )
+
+
+def settings_table(ranked: Mapping) -> TextTable:
+    """A sweep's findings: the best configuration against the baseline, then each of its
+    settings with its main effect. Better settings, not causes."""
+    rows = []
+    for f in split_findings(ranked)[2]:
+        metric = f.get("metric") or ranked.get("metric") or ""
+        p = f.get("p_better")
+        imp = f.get("importance")
+        rows.append((str(f.get("id", "")), f"{metric} {fmt_effect(effect_of(f, metric), metric)}",
+                     "-" if p is None else fmt_probability(float(p)),
+                     "-" if imp is None else f"{float(imp):.2f}", str(f.get("summary", ""))))
+    return TextTable("settings", "Settings (sweep): better than the baseline, not causes",
+                     ("setting", "effect [95% CI]", "P(better)", "importance", "summary"),
+                     tuple(rows))
 
 
 def effects_table(finding: Mapping) -> TextTable:
@@ -98,7 +162,7 @@ def effects_table(finding: Mapping) -> TextTable:
         d = detail.get(metric, {})
         n = d.get("n")
         rows.append((
-            metric, fmt_effect(e), "yes" if excludes_zero(e) else "no",
+            metric, fmt_effect({**e, **d}, metric), "yes" if excludes_zero(e) else "no",
             _fmt_number(d.get("before")), _fmt_number(d.get("after")),
             f"{n[0]} vs {n[1]}" if isinstance(n, list | tuple) and len(n) == 2 else "-",
         ))
@@ -154,7 +218,7 @@ def candidates_table(data: RunData) -> TextTable:
         vals = [p.value for p in s.points if not p.suspect]
         mean = statistics.fmean(vals) if vals else None
         sd = statistics.stdev(vals) if len(vals) > 1 else None
-        rows.append((s.label, str(len(vals)), str(sum(p.suspect for p in s.points)),
+        rows.append((s.full or s.label, str(len(vals)), str(sum(p.suspect for p in s.points)),
                      str(len(s.failed)), _fmt_number(mean), _fmt_number(sd),
                      ", ".join(str(p.trial_id) for p in s.points)))
     return TextTable("candidates", f"Candidates on {data.metric} (trial-level)",
@@ -184,9 +248,9 @@ def trials_table(rows: Sequence) -> TextTable:
 
 def fingerprint_tables(data: RunData) -> list[TextTable]:
     out = []
-    for i, fd in enumerate(S.fingerprint_diffs(data)):
-        rows = tuple((d.category, d.key, "unset" if d.reference is None else str(d.reference),
-                      "unset" if d.now is None else str(d.now), d.detail,
+    for i, fd in enumerate(fingerprint_diffs(data)):
+        rows = tuple((d.category, d.key, show_value(d.key, d.reference),
+                      show_value(d.key, d.now), d.detail,
                       "yes" if d.controllable else "no") for d in fd.differences)
         out.append(TextTable(f"fingerprint-{i}", f"Fingerprint differences: {fd.title}",
                              ("category", "field", "before", "after", "where", "controllable"),

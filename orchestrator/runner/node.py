@@ -3,28 +3,50 @@
 This is a plain class; the controller turns it into a Ray actor (only the controller knows about
 Ray). Run it as a threaded actor (max_concurrency >= 2) so `status` and `abort` answer while a
 trial runs; the lock guarantees that two trials never overlap on one node.
+
+The node's state directory (`<runs_dir>/.nodes/<name>`: the running server's pid file, a clock
+policy to restore, the sim's GPU state) belongs to one run at a time. The actor takes an
+exclusive `flock` on `node.lock` before it touches anything there and holds it for its whole
+life (the kernel drops it when the actor dies, however it dies), and writes who holds it
+(`holder.json`: pid and its start time, host, run id). A second run on the same `runs_dir` finds
+the node held, touches nothing, and says by whom: it can never take the first run's live
+server for a leftover and kill it, nor set its clocks under the first run's trial.
+
+The holder also names its controller. An actor whose controller is gone (SIGKILLed) is an
+orphan that Ray is about to reap; a new run (or `sleuth resume` of the same one) waits for it,
+and after `ORPHAN_WAIT_S` ends it, instead of refusing a node nobody uses any more.
 """
 
 from __future__ import annotations
 
+import errno
 import json
 import os
+import shutil
 import signal
 import socket
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+from orchestrator.gpu.base import ClockPolicy
 from orchestrator.records import Outcome, TrialResult, TrialState
-from orchestrator.runner.process import ServerProcess, group_members
-from orchestrator.runner.trial import TrialSpec, run_trial
+from orchestrator.runner.process import ServerProcess, group_members, start_time
+from orchestrator.runner.trial import TrialSpec, clock_problem, run_trial
 from orchestrator.targets.base import NodeContext
 from orchestrator.targets.registry import make_target
+from orchestrator.workspace.locking import release, try_exclusive
+
+NODE_LOCK = "node.lock"
+HOLDER_FILE = "holder.json"
+ORPHAN_WAIT_S = 20.0
 
 
 class NodeRunner:
-    def __init__(self, name: str, state_dir: str, target_conf: Mapping, bench_conf: Mapping):
+    def __init__(self, name: str, state_dir: str, target_conf: Mapping, bench_conf: Mapping,
+                 run_id: str = "", adopt: Sequence[str] = (), wait_s: float = 0.0,
+                 controller: Mapping | None = None):
         self.name = name
         self.context = NodeContext(name=name, state_dir=Path(state_dir))
         self.context.state_dir.mkdir(parents=True, exist_ok=True)
@@ -36,8 +58,67 @@ class NodeRunner:
         self._proc: ServerProcess | None = None
         self._leftover_pgid: int | None = None
         self._aborted = False
-        self.reaped = self._reap_leftover()
-        self.clock_restored = self._restore_leftover_clock()
+        self.reaped: list[int] = []
+        self.clock_restored = False
+        self.controller = dict(controller or {})
+        self.held_by = self._hold(run_id)
+        if self.held_by is not None and _orphaned(self.held_by):
+            wait_s = max(wait_s, ORPHAN_WAIT_S)
+        deadline = time.monotonic() + wait_s  # a replacement waits for its predecessor to die
+        while self.held_by is not None and time.monotonic() < deadline:
+            time.sleep(0.2)
+            self.held_by = self._hold(run_id)
+        if self.held_by is not None and _orphaned(self.held_by):
+            _end(self.held_by)  # still there: an actor nobody will ever use again
+            self.held_by = self._hold(run_id)
+        if self.held_by is None:  # ours: clean up what an earlier holder left behind
+            self.reaped = self._reap_leftover(self._pidfile)
+            self.clock_restored = self._restore_leftover_clock(self._clockfile)
+            for other in adopt:
+                self._adopt(Path(other))
+
+    # -- holding the node ---------------------------------------------------------------------
+    def _hold(self, run_id: str) -> dict | None:
+        """Take the node for this actor's life; None on success, else who holds it."""
+        lock = self.context.state_dir / NODE_LOCK
+        holder = self.context.state_dir / HOLDER_FILE
+        try:
+            self._node_lock = try_exclusive(lock)
+        except OSError as exc:  # a filesystem without flock: fall back on the holder file
+            if exc.errno not in (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS):
+                raise
+            self._node_lock = None
+            doc = _read_json(holder)
+            if doc and _alive(doc):
+                return doc
+        else:
+            if self._node_lock is None:
+                return _read_json(holder) or {"pid": None}
+        pid = os.getpid()
+        doc = {"pid": pid, "start_time": self._start_time(pid), "host": socket.gethostname(),
+               "run_id": run_id, "since": time.time(), "controller": self.controller}
+        tmp = holder.with_name(f"{HOLDER_FILE}.{pid}.tmp")
+        tmp.write_text(json.dumps(doc))
+        tmp.replace(holder)
+        return None
+
+    def _adopt(self, other: Path) -> None:
+        """Clean up after a lost node of this host (a raylet that died and came back under a
+        new Ray node id): its server, its clock policy, then its state directory."""
+        if other.resolve() == self.context.state_dir.resolve() or not other.is_dir():
+            return
+        try:
+            lock = try_exclusive(other / NODE_LOCK)
+        except OSError:
+            return
+        if lock is None:
+            return  # alive after all (another actor, maybe another run): not ours
+        try:
+            self.reaped += self._reap_leftover(other / "server.json")
+            self.clock_restored |= self._restore_leftover_clock(other / "clock_restore.json")
+            shutil.rmtree(other, ignore_errors=True)
+        finally:
+            release(lock)
 
     # A server outlives its node actor only if the actor was killed hard; the pidfile lets the
     # next actor on this node find and stop it before anything is measured.
@@ -45,13 +126,7 @@ class NodeRunner:
     def _pidfile(self) -> Path:
         return self.context.state_dir / "server.json"
 
-    @staticmethod
-    def _start_time(pid: int) -> str | None:
-        try:
-            stat = Path(f"/proc/{pid}/stat").read_text()
-        except OSError:
-            return None
-        return stat[stat.rfind(")") + 2:].split()[19]
+    _start_time = staticmethod(start_time)
 
     def _record_server(self, proc: ServerProcess | None) -> None:
         if proc is None:
@@ -74,20 +149,20 @@ class NodeRunner:
         tmp.write_text(json.dumps(token))
         tmp.replace(self._clockfile)
 
-    def _restore_leftover_clock(self) -> bool:
+    def _restore_leftover_clock(self, clockfile: Path) -> bool:
         """Undo a clock/power policy a killed actor applied and could not restore."""
         try:
-            token = json.loads(self._clockfile.read_text())
+            token = json.loads(clockfile.read_text())
         except (OSError, ValueError):
             return False
         self.target.gpu_control().restore(token)
-        self._clockfile.unlink(missing_ok=True)
+        clockfile.unlink(missing_ok=True)
         return True
 
-    def _reap_leftover(self) -> list[int]:
+    def _reap_leftover(self, pidfile: Path) -> list[int]:
         """Kill the server group a previous actor left running on this node; return its pids."""
         try:
-            doc = json.loads(self._pidfile.read_text())
+            doc = json.loads(pidfile.read_text())
         except (OSError, ValueError):
             return []
         pgid = int(doc.get("pgid", 0))
@@ -102,19 +177,37 @@ class NodeRunner:
             deadline = time.monotonic() + 5
             while group_members(pgid) and time.monotonic() < deadline:
                 time.sleep(0.05)
-        self._pidfile.unlink(missing_ok=True)
+        pidfile.unlink(missing_ok=True)
         return pids
 
     def info(self) -> dict:
         return {"name": self.name, "hostname": socket.gethostname(), "pid": os.getpid(),
-                "reaped": self.reaped, "clock_restored": self.clock_restored}
+                "reaped": self.reaped, "clock_restored": self.clock_restored,
+                "held_by": self.held_by}
 
     def status(self) -> dict:
         return dict(self._current)
 
-    def preflight(self) -> str:
-        """Empty if this node can run the target; else one line saying why not."""
-        return self.target.preflight() or ""
+    def preflight(self, clocks: Sequence[str] = ()) -> str:
+        """Empty if this node can run the target with these clock policies; else one line
+        saying why not (a flag the installed server rejects, a clock the GPUs cannot do)."""
+        if self.held_by is not None:
+            return ""  # not ours: the controller reports who holds it
+        problem = self.target.preflight() or ""
+        if problem:
+            return problem
+        policies = [ClockPolicy.parse(c) for c in clocks]
+        if any(not p.is_default for p in policies):
+            snapshot = self.target.gpu_control().snapshot()
+            for p in policies:
+                why = clock_problem(p, snapshot)
+                if why:
+                    return f"{why} on node {self.name}"
+        return ""
+
+    def hello(self, clocks: Sequence[str] = ()) -> dict:
+        """`info` and `preflight` in one round trip (a node joining a running run)."""
+        return {**self.info(), "problem": self.preflight(clocks)}
 
     def _node_clean(self) -> str:
         """Empty if the previous server is gone; otherwise what is still there."""
@@ -134,6 +227,9 @@ class NodeRunner:
         return ""
 
     def run(self, spec: TrialSpec) -> TrialResult:
+        if self.held_by is not None:
+            return TrialResult(Outcome.ERROR, f"node {self.name} is held by another run",
+                               node=self.name)
         if not self._lock.acquire(blocking=False):
             # The controller never does this; refusing loudly beats overlapping two servers.
             return TrialResult(Outcome.ERROR, f"node {self.name} is busy with another trial",
@@ -183,3 +279,37 @@ class NodeRunner:
             return False
         proc.teardown(grace_s=5.0)
         return True
+
+
+def _read_json(path: Path) -> dict | None:
+    try:
+        doc = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return doc if isinstance(doc, dict) else None
+
+
+def _alive(process: Mapping) -> bool:
+    """The process (pid, start time, host) still runs. One on another host is assumed to."""
+    if process.get("host") != socket.gethostname():
+        return True
+    pid = process.get("pid")
+    return bool(pid) and start_time(int(pid)) == process.get("start_time")
+
+
+def _orphaned(holder: Mapping) -> bool:
+    """A holding actor whose controller (on this host) is gone."""
+    controller = holder.get("controller") or {}
+    return bool(controller.get("pid")) and not _alive(controller) and _alive(holder)
+
+
+def _end(holder: Mapping) -> None:
+    """SIGKILL an orphaned actor (its server dies with it: PR_SET_PDEATHSIG), then wait."""
+    pid = int(holder["pid"])
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        return
+    deadline = time.monotonic() + 5
+    while _alive(holder) and time.monotonic() < deadline:
+        time.sleep(0.05)

@@ -63,6 +63,16 @@ def group_members(pgid: int) -> list[int]:
     return members
 
 
+def start_time(pid: int) -> str | None:
+    """The process's start time (clock ticks since boot, from /proc): with the pid, it tells a
+    process from a later one that reused its pid. None when there is no such process."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return stat[stat.rfind(")") + 2:].split()[19]
+
+
 def read_environ(pid: int) -> dict[str, str]:
     """The environment a process was started with, from /proc/<pid>/environ."""
     raw = Path(f"/proc/{pid}/environ").read_bytes()

@@ -32,22 +32,45 @@ trial_flags(trial_id INTEGER, kind TEXT, detail TEXT, PRIMARY KEY (trial_id, kin
     What an experiment concluded about a finished trial without discarding it, e.g. kind
     `outlier`: a restart its commit's other restarts disagree with, left out of the bisect's
     likelihood. Created on first use, so stores written before it stay readable.
+
+A full disk must not lose a finished trial. A run that writes keeps a small reserve file
+(`.trials.db.reserve`, see `ensure_reserve`) beside the database: when a write fails because
+the disk is full, the reserve is deleted and the write tried once more, so the trial that just
+finished and the run's final `interrupted` status still fit; `space_exhausted` then tells the
+controller to stop. Opening checks the file's integrity (`PRAGMA quick_check`), so a damaged
+page anywhere is one clear error, not a traceback halfway through a report.
 """
 
 from __future__ import annotations
 
+import errno
 import json
+import os
 import sqlite3
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
-from dataclasses import dataclass
+from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
 
-from orchestrator.errors import UserError
-from orchestrator.records import Candidate, Measurement, Outcome, TrialResult
+from orchestrator.errors import DiskFull, UserError
+from orchestrator.records import Candidate, TrialResult
+from orchestrator.store.rows import TrialRow, read_trials
 
 SCHEMA_VERSION = 1
+
+# Room kept for the last writes of a run whose disk filled up: a few trial results with their
+# fingerprints, the in-flight trials marked interrupted and the run's status.
+RESERVE_BYTES = 1 << 20
+
+_T = TypeVar("_T")
+
+
+def _is_full(exc: BaseException) -> bool:
+    """SQLITE_FULL, or an I/O error from a write that ran out of space."""
+    code = getattr(exc, "sqlite_errorcode", None)
+    if code == sqlite3.SQLITE_FULL or "database or disk is full" in str(exc):
+        return True
+    return isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT)
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta(key TEXT PRIMARY KEY, value TEXT);
@@ -75,36 +98,21 @@ _FLAGS_SCHEMA = """CREATE TABLE IF NOT EXISTS trial_flags(
     PRIMARY KEY (trial_id, kind))"""
 
 
-@dataclass(frozen=True)
-class TrialRow:
-    """A stored trial with its candidate: what strategies and reports read."""
-
-    id: int
-    candidate_id: int
-    candidate: Candidate
-    node: str
-    phase: str
-    attempt: int
-    state: str
-    outcome: Outcome | None
-    detail: str
-    started_at: float | None
-    ended_at: float | None
-    log_path: str
-    suspect: bool
-    result: TrialResult | None  # None while unfinished
-
-    @property
-    def finished(self) -> bool:
-        return self.outcome is not None
-
-
 class RunStore:
     """The run's database. Open with `create` (new run) or `open` (existing run)."""
 
     def __init__(self, conn: sqlite3.Connection, path: Path):
         self._conn = conn
         self.path = path
+        self.reserve_path = path.with_name(f".{path.name}.reserve")
+        # Set once a write needed the reserve: the run must stop while it still can.
+        self.space_exhausted = False
+        # True for a store this process created (`rundir.create_run`), not for a resumed one.
+        self.fresh = False
+        self.made_root = False  # and made runs_dir for it (removed too if the run is refused)
+        # Called once, just after the first trial row is written (the run directory is then
+        # announced: see `rundir.running`).
+        self.on_first_trial: Callable[[], None] | None = None
 
     # -- lifecycle ---------------------------------------------------------------------------
     @classmethod
@@ -140,17 +148,26 @@ class RunStore:
         return cls(cls._connect(path), path)
 
     @classmethod
-    def open(cls, path: Path) -> RunStore:
-        """Open an existing store; a missing, unreadable or foreign file is a UserError."""
+    def open(cls, path: Path, *, readonly: bool = False) -> RunStore:
+        """Open an existing store; a missing, unreadable, damaged or foreign file is a
+        UserError. `readonly` opens it without writing anything, also in a read-only run
+        directory (a run copied off a cluster, an archive)."""
         if not path.is_file():
             raise UserError(f"no run store at {path}")
+        conn = None
         try:
-            conn = cls._connect(path)
+            conn = cls._connect_readonly(path) if readonly else cls._connect(path)
+            check = conn.execute("PRAGMA quick_check(1)").fetchone()
+            if check is None or check[0] != "ok":
+                raise sqlite3.DatabaseError(str(check[0] if check else "no result"))
             version = conn.execute(
                 "SELECT value FROM meta WHERE key='schema_version'"
             ).fetchone()
         except sqlite3.DatabaseError as exc:
-            raise UserError(f"{path} is not a readable sleuth run store ({exc})") from exc
+            if conn is not None:
+                conn.close()
+            raise UserError(f"{path} is not a readable sleuth run store"
+                            f" ({' '.join(str(exc).split())[:200]})") from exc
         if version is None or int(version[0]) != SCHEMA_VERSION:
             conn.close()
             raise UserError(f"{path} has an unknown schema version: not a sleuth run store")
@@ -164,18 +181,78 @@ class RunStore:
         conn.execute("PRAGMA foreign_keys=ON")
         return conn
 
+    @staticmethod
+    def _connect_readonly(path: Path) -> sqlite3.Connection:
+        """A connection that never writes. A WAL database normally needs its `-shm` file,
+        which a read-only directory cannot get: then the file is read as immutable (nothing
+        can be writing it there anyway)."""
+        uri = path.resolve().as_uri()
+        conn = sqlite3.connect(f"{uri}?mode=ro", uri=True, timeout=30.0, isolation_level=None)
+        try:
+            conn.execute("SELECT 1 FROM sqlite_master LIMIT 1").fetchall()
+            return conn
+        except sqlite3.OperationalError:
+            conn.close()
+            if os.access(path.parent, os.W_OK):
+                raise
+        return sqlite3.connect(f"{uri}?immutable=1", uri=True, isolation_level=None)
+
     def close(self) -> None:
         self._conn.close()
 
-    @contextmanager
-    def _tx(self) -> Iterator[sqlite3.Connection]:
-        self._conn.execute("BEGIN IMMEDIATE")
+    # -- space -------------------------------------------------------------------------------
+    def ensure_reserve(self) -> None:
+        """Put the reserve file in place (a run about to write). No room for it is DiskFull:
+        a run must not start, or resume, on a disk that cannot hold its results."""
+        if self.reserve_path.exists() and self.reserve_path.stat().st_size >= RESERVE_BYTES:
+            return
+        tmp = self.reserve_path.with_name(self.reserve_path.name + ".tmp")
         try:
-            yield self._conn
-        except BaseException:
-            self._conn.execute("ROLLBACK")
+            with open(tmp, "wb") as f:
+                f.write(b"\0" * RESERVE_BYTES)
+                f.flush()
+                os.fsync(f.fileno())
+            tmp.replace(self.reserve_path)
+        except OSError as exc:
+            tmp.unlink(missing_ok=True)
+            if _is_full(exc):
+                raise DiskFull(f"no space left on device for the run in {self.path.parent}:"
+                               " free some space, then sleuth resume it") from exc
             raise
-        self._conn.execute("COMMIT")
+
+    def release_reserve(self) -> bool:
+        """Give the reserve's space back (once). True if there was one."""
+        try:
+            self.reserve_path.unlink()
+        except FileNotFoundError:
+            return False
+        return True
+
+    def _write(self, body: Callable[[sqlite3.Connection], _T]) -> _T:
+        """Run `body` in one IMMEDIATE transaction. When the disk is full, free the reserve
+        and try once more; if that fails too, the write is lost and DiskFull says so."""
+        for attempt in (1, 2):
+            try:
+                self._conn.execute("BEGIN IMMEDIATE")
+                try:
+                    result = body(self._conn)
+                except BaseException:
+                    self._conn.execute("ROLLBACK")
+                    raise
+                self._conn.execute("COMMIT")
+                return result
+            except (sqlite3.OperationalError, OSError) as exc:
+                if not _is_full(exc):
+                    raise
+                if self._conn.in_transaction:
+                    try:
+                        self._conn.execute("ROLLBACK")
+                    except sqlite3.Error:
+                        pass
+                self.space_exhausted = True
+                if attempt == 2 or not self.release_reserve():
+                    raise DiskFull(f"no space left on device for {self.path}") from exc
+        raise AssertionError("unreachable")
 
     # -- run ---------------------------------------------------------------------------------
     def meta(self, key: str) -> str | None:
@@ -197,11 +274,10 @@ class RunStore:
         return self._conn.execute("SELECT config_yaml FROM runs").fetchone()[0] or ""
 
     def set_status(self, status: str, summary: dict | None = None) -> None:
-        with self._tx() as c:
-            c.execute(
-                "UPDATE runs SET status=?, updated_at=?, summary_json=COALESCE(?, summary_json)",
-                (status, time.time(), json.dumps(summary) if summary is not None else None),
-            )
+        self._write(lambda c: c.execute(
+            "UPDATE runs SET status=?, updated_at=?, summary_json=COALESCE(?, summary_json)",
+            (status, time.time(), json.dumps(summary) if summary is not None else None),
+        ))
 
     def summary(self) -> dict:
         row = self._conn.execute("SELECT summary_json FROM runs").fetchone()
@@ -233,12 +309,14 @@ class RunStore:
     # -- candidates --------------------------------------------------------------------------
     def candidate_id(self, cand: Candidate) -> int:
         """The candidate's id, inserting it on first sight."""
-        with self._tx() as c:
+        def body(c: sqlite3.Connection) -> int:
             c.execute(
                 "INSERT OR IGNORE INTO candidates(key, spec_json, label) VALUES (?, ?, ?)",
                 (cand.key, json.dumps(cand.to_json(), sort_keys=True), cand.label),
             )
             return c.execute("SELECT id FROM candidates WHERE key=?", (cand.key,)).fetchone()[0]
+
+        return self._write(body)
 
     def candidate(self, candidate_id: int) -> Candidate:
         row = self._conn.execute(
@@ -253,7 +331,8 @@ class RunStore:
                     attempt: int = 1) -> int:
         """Write the trial row before anything runs, so a crash leaves a trace of it."""
         now = time.time()
-        with self._tx() as c:
+
+        def body(c: sqlite3.Connection) -> int:
             cur = c.execute(
                 "INSERT INTO trials(candidate_id, node, phase, attempt, state, created_at)"
                 " VALUES (?, ?, ?, ?, 'pending', ?)",
@@ -261,15 +340,21 @@ class RunStore:
             )
             trial_id = int(cur.lastrowid)
             c.execute("INSERT INTO trial_states VALUES (?, 'pending', ?)", (trial_id, now))
+            return trial_id
+
+        trial_id = self._write(body)
+        if self.on_first_trial is not None:
+            hook, self.on_first_trial = self.on_first_trial, None
+            hook()
         return trial_id
 
     def set_log_path(self, trial_id: int, log_path: str) -> None:
-        with self._tx() as c:
-            c.execute("UPDATE trials SET log_path=? WHERE id=?", (log_path, trial_id))
+        self._write(lambda c: c.execute("UPDATE trials SET log_path=? WHERE id=?",
+                                        (log_path, trial_id)))
 
     def finish_trial(self, trial_id: int, result: TrialResult) -> None:
         """Record the outcome, the step history, measurements and fingerprint in one transaction."""
-        with self._tx() as c:
+        def body(c: sqlite3.Connection) -> None:
             row = c.execute("SELECT outcome FROM trials WHERE id=?", (trial_id,)).fetchone()
             if row is None:
                 raise KeyError(trial_id)
@@ -300,15 +385,19 @@ class RunStore:
                     (trial_id, json.dumps(result.fingerprint, sort_keys=True, default=str)),
                 )
 
+        self._write(body)
+
     def interrupt_unfinished(self, detail: str = "controller stopped before the trial ended") -> list[int]:
         """Mark trials left without an outcome (controller died) as interrupted; return their ids."""
-        with self._tx() as c:
+        def body(c: sqlite3.Connection) -> list[int]:
             ids = [r[0] for r in c.execute("SELECT id FROM trials WHERE outcome IS NULL")]
             c.executemany(
                 "UPDATE trials SET state='done', outcome='interrupted', detail=? WHERE id=?",
                 [(detail, i) for i in ids],
             )
-        return ids
+            return ids
+
+        return self._write(body)
 
     def trial(self, trial_id: int) -> TrialRow:
         rows = self.trials(where="t.id=?", params=(trial_id,))
@@ -318,54 +407,10 @@ class RunStore:
 
     def trials(self, *, where: str = "1", params: tuple = ()) -> list[TrialRow]:
         """All trials (optionally filtered by a SQL condition on alias `t`), oldest first."""
-        rows = self._conn.execute(
-            "SELECT t.id, t.candidate_id, c.spec_json, t.node, t.phase, t.attempt, t.state,"
-            " t.outcome, t.detail, t.started_at, t.ended_at, t.log_path, t.suspect,"
-            " t.suspect_reason, f.json"
-            " FROM trials t JOIN candidates c ON c.id = t.candidate_id"
-            " LEFT JOIN fingerprints f ON f.trial_id = t.id"
-            f" WHERE {where} ORDER BY t.id",
-            params,
-        ).fetchall()
-        meas: dict[int, dict[int, dict[str, float]]] = {}
-        states: dict[int, list[tuple[str, float]]] = {}
-        ids = [r[0] for r in rows]
-        if ids:
-            marks = ",".join("?" * len(ids))
-            for tid, rep, metric, value in self._conn.execute(
-                f"SELECT trial_id, repetition, metric, value FROM measurements"
-                f" WHERE trial_id IN ({marks}) ORDER BY trial_id, repetition", ids
-            ):
-                meas.setdefault(tid, {}).setdefault(rep, {})[metric] = value
-            for tid, state, at in self._conn.execute(
-                f"SELECT trial_id, state, at FROM trial_states WHERE trial_id IN ({marks})"
-                " ORDER BY rowid", ids
-            ):
-                states.setdefault(tid, []).append((state, at))
-        out = []
-        for (tid, cid, spec, node, phase, attempt, state, outcome, detail, started, ended,
-             log_path, suspect, suspect_reason, fp) in rows:
-            result = None
-            if outcome is not None:
-                result = TrialResult(
-                    outcome=Outcome(outcome),
-                    detail=detail or "",
-                    measurements=tuple(
-                        Measurement(rep, metrics) for rep, metrics in sorted(meas.get(tid, {}).items())
-                    ),
-                    states=tuple(states.get(tid, ())),
-                    started_at=started or 0.0,
-                    ended_at=ended or 0.0,
-                    node=node or "",
-                    fingerprint=json.loads(fp) if fp else {},
-                    suspect=bool(suspect),
-                    suspect_reason=suspect_reason or "",
-                )
-            out.append(TrialRow(
-                id=tid, candidate_id=cid, candidate=Candidate.from_json(json.loads(spec)),
-                node=node or "", phase=phase or "", attempt=attempt, state=state,
-                outcome=Outcome(outcome) if outcome else None, detail=detail or "",
-                started_at=started, ended_at=ended, log_path=log_path or "",
-                suspect=bool(suspect), result=result,
-            ))
-        return out
+        try:
+            return read_trials(self._conn, where, params)
+        except sqlite3.DatabaseError as exc:
+            if isinstance(exc, sqlite3.OperationalError) and "locked" in str(exc):
+                raise
+            raise UserError(f"{self.path} is not a readable sleuth run store"
+                            f" ({' '.join(str(exc).split())[:200]})") from exc

@@ -102,6 +102,10 @@ class IsolateSettings:
       different orders, for one residual or one partner before giving up on it.
     * ``speculate``: during reproduction, give idle nodes evenly spaced points of the first
       chain instead of nothing.
+    * ``max_per_subset``: no configuration ever gets more trials than this (failed and
+      suspect ones included, the good and bad ones too): when everything the answer still
+      needs has reached it, the run ends inconclusive instead of measuring one configuration
+      without end.
     """
 
     reproduce_confidence: float = 0.95
@@ -123,6 +127,7 @@ class IsolateSettings:
     chain_attempts: int = 3
     interval_confidence: float = 0.95
     speculate: bool = True
+    max_per_subset: int = 48
 
 
 class IsolateStrategy(Strategy):
@@ -218,13 +223,21 @@ class IsolateStrategy(Strategy):
             return []
         planned = Counter(self.subset(int(p)) for p in pending)
         proposals: list[Proposal] = []
+        cap = self.settings.max_per_subset
         for subset, phase, reason in wanted(self, planned, k):
             if len(proposals) >= k:
                 break
-            if planned[subset] or self.untestable(subset):
+            if planned[subset] or self.untestable(subset) or self.evidence.trials[subset] >= cap:
                 continue
             planned[subset] += 1
             proposals.append(Proposal(self.point_of(subset), phase, reason))
+        if not proposals and not pending:
+            # Nothing in flight and nothing worth a trial below the cap: waiting would never
+            # end, and one more trial of a capped configuration would not be bounded.
+            self.outcome = "inconclusive"
+            self.note = (f"every configuration the answer still needs has had its {cap} trials"
+                         if any(n >= cap for n in self.evidence.trials.values())
+                         else "no test is left that could decide")
         return proposals
 
     def verdict(self, observations: Sequence[Observation]) -> IsolateVerdict:

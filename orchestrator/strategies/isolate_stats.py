@@ -169,6 +169,7 @@ class SubsetEvidence:
         self.sign = sign
         self.values: dict[Subset, list[float]] = {}
         self.failures: Counter[Subset] = Counter()
+        self.trials: Counter[Subset] = Counter()  # every trial, suspect and failed included
         self.n_trials = 0
         self.n_suspect = 0
         self._pooled: tuple[int, tuple[float, int]] | None = None
@@ -177,6 +178,7 @@ class SubsetEvidence:
     def add(self, subset: Subset, observation: Observation) -> bool:
         """Record one trial; True when it added a measured value."""
         self.n_trials += 1
+        self.trials[subset] += 1
         if observation.value is None:
             self.failures[subset] += 1
             return False

@@ -29,7 +29,7 @@ from orchestrator.sweep.search import SweepResult, SweepSearch
 from orchestrator.sweep.space import SearchSpace
 from orchestrator.sweep.study import make_sampler, open_study
 
-DEFAULTS = ["space=nccl_pcie", "metric=output_throughput", "trials=40", "nodes=2"]
+DEFAULTS = ["target=sim", "space=nccl_pcie", "metric=output_throughput", "trials=40", "nodes=2"]
 
 
 @dataclass(frozen=True)

@@ -17,7 +17,7 @@ Evaluators (`experiment.params.importance`):
   ped_anova  PED-ANOVA (pure Optuna): how differently the top quarter of configurations uses
              each parameter than all of them.
 Why additive by default: it needs no extra dependency and ranked the planted parameter first
-most often in `python -m orchestrator.sweep.benchmark` (numbers in the README). PED-ANOVA
+most often in `python -m orchestrator.sweep.benchmark` (numbers in docs/benchmarks.md). PED-ANOVA
 measures something else (what the best few share), which under restart noise is mostly noise.
 """
 

@@ -263,7 +263,7 @@ class SearchSpace:
                 server.pop(name, None)
             else:
                 server[name] = value
-        return Candidate.make(base.commit, base.patches, env, clock, server)
+        return Candidate.make(base.commit, base.patches, env, clock, server, base.packages)
 
     def label(self, assignment: Mapping[str, Any], baseline: Mapping[str, Any] | None = None) -> str:
         """`NCCL_PROTO=LL NCCL_ALGO=Tree`: the levels (that differ from the baseline)."""

@@ -42,8 +42,8 @@ def tpe_startup_trials(budget: int, share: float = STARTUP_SHARE) -> int:
 
     With restart noise as large as the differences between good configurations, TPE's split
     into "good" and "bad" trials is itself noisy; it pays to let a balanced random design
-    inform the additive model (`effects.py`) and the importance first (README, "Sweeps":
-    measured against Optuna's default of 10 with `python -m orchestrator.sweep.benchmark`)."""
+    inform the additive model (`effects.py`) and the importance first (docs/benchmarks.md,
+    "Sweep": measured against Optuna's default of 10 with `python -m orchestrator.sweep.benchmark`)."""
     return max(4, int(round(budget * share)))
 
 

@@ -9,8 +9,9 @@ another engine later touches nothing but a new module here.
 from __future__ import annotations
 
 import os
+import sys
 from abc import ABC, abstractmethod
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -83,6 +84,26 @@ class Target(ABC):
     def node_packages(self) -> dict[str, str] | None:
         """Installed packages as the server sees them; None = this Python environment's."""
         return None
+
+    def python_executable(self) -> str:
+        """The interpreter that runs the server's Python code: package overlays are built for
+        it (`orchestrator/packages`)."""
+        return sys.executable
+
+    def imported_packages(self, server, base_url: str, env: Mapping[str, str], cwd: Path,
+                          names: Sequence[str], libraries: Sequence[str]) -> dict:
+        """What the server really imports of distributions `names`, and from where it loaded
+        the native `libraries`: `{"source", "packages": {name: {"version", "location",
+        "modules"} | None}, "libraries": {basename: [paths]}}`. Read from the server process
+        (`server`, a running ServerProcess), or for a benchmark command alone from a probe with
+        its interpreter and environment; raises RuntimeError when it cannot tell."""
+        from orchestrator.packages.probe import report_of_command, report_of_process
+
+        if server is not None:
+            return report_of_process(server.pid, server.pgid, names, libraries,
+                                     self.python_executable())
+        return report_of_command(self.command(cwd, 0), env, str(cwd), names,
+                                 self.python_executable())
 
     def prepare(self, worktree: Path, trial_dir: Path) -> None:  # noqa: B027 - optional hook
         """Build step for the checkout (none by default). Raise to mark it untestable."""

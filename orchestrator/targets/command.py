@@ -1,6 +1,8 @@
 """Adapter for any git repository with a benchmark command (`target=command`).
 
-    sleuth bisect target=command repo=R good=G bad=B 'target.bench=python bench.py' metric=value
+    sleuth bisect target=command repo=R good=G bad=B 'target.bench=python bench.py'
+
+The metric is `value` (the bench's bare number) unless `metric=` names one of its JSON keys.
 
 Config keys (all run in the trial's worktree, as argv split with `shlex`, never through a shell
 unless `target.shell=true`):
@@ -10,6 +12,9 @@ unless `target.shell=true`):
 - `target.build` (optional): run once per worktree before its first trial, cached by the
   worktree key (commit SHA + patch-set hash) and the build command itself. A failing build makes
   the commit untestable (skipped), never "slow".
+- `target.pythonpath` (default `[., src]`): worktree directories put first on PYTHONPATH (those
+  that exist), so a bench script kept outside the repository (`python /srv/bench/b.py`)
+  imports the commit's own package, not an installed copy, without any `sys.path` edits.
 - `target.server` + `target.ready_url` (optional): a server launched for the trial like any
   other (own process group, readiness, teardown); `{port}`, `{host}` and `{base_url}` in the
   server, ready URL and bench strings are replaced, and the bench also sees `SLEUTH_BASE_URL`.
@@ -27,9 +32,11 @@ import json
 import math
 import os
 import shlex
+import shutil
 import signal
 import socket
 import subprocess
+import sys
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -174,6 +181,25 @@ class CommandTarget(Target):
                 return f"target.{key} cannot be split into arguments ({exc}): {text!r}"
         return None
 
+    def python_executable(self) -> str:
+        """`target.python`, else the first word of the server (or bench) command when it is a
+        Python interpreter (found on the trial's PATH), else sleuth's own: package overlays
+        are built for it."""
+        from orchestrator.packages.probe import python_invocation
+
+        if self.conf.get("python"):
+            return str(self.conf["python"])
+        text = str(self.conf.get("server") or self.conf.get("bench") or "")
+        try:
+            invocation = python_invocation(self.argv(self._fill(text, port=0)), ".")
+        except ValueError:
+            invocation = None
+        if invocation is not None:
+            found = shutil.which(invocation[0][0], path=(self._trial_env or os.environ).get("PATH"))
+            if found:
+                return found
+        return sys.executable
+
     def command(self, worktree: Path, port: int) -> list[str]:
         """The server's argv; without a server, the benchmark's (for the trial's record)."""
         if self.has_server:
@@ -202,7 +228,8 @@ class CommandTarget(Target):
             except (OSError, ValueError):
                 pass
             timeout = float(self.conf.get("build_timeout_s") or 3600)
-            run = run_command(self.argv(build), cwd=worktree, env=super().environment({}),
+            run = run_command(self.argv(build), cwd=worktree,
+                              env=self._with_worktree_path(super().environment({})),
                               timeout_s=timeout, log_path=log_path, on_start=self._track)
             if run.timed_out:
                 raise RuntimeError(f"build did not finish within {timeout:g}s: {run.tail}")
@@ -232,9 +259,24 @@ class CommandTarget(Target):
 
     # -- benchmark -----------------------------------------------------------------------------
     def environment(self, candidate_env: Mapping[str, str]) -> dict[str, str]:
-        """The trial's environment; kept, because the bench command needs it as much as a server."""
-        self._trial_env = super().environment(candidate_env)
+        """The trial's environment; kept, because the bench command needs it as much as a server.
+        The worktree's own code comes first on PYTHONPATH (:meth:`_with_worktree_path`)."""
+        self._trial_env = self._with_worktree_path(super().environment(candidate_env))
         return self._trial_env
+
+    def _with_worktree_path(self, env: dict[str, str]) -> dict[str, str]:
+        """`target.pythonpath` (default `.` and `src`), those that exist in the worktree, go
+        first on PYTHONPATH: a bench script kept outside the repository then imports the
+        commit being measured, not a copy installed in the environment. Entries already on
+        PYTHONPATH (from the node or the candidate) keep their order after them."""
+        if self._worktree is None:
+            return env
+        own = [str(self._worktree / p) for p in self.conf.get("pythonpath", [".", "src"]) or []
+               if (self._worktree / p).is_dir()]
+        if own:
+            rest = [p for p in (env.get("PYTHONPATH") or "").split(os.pathsep) if p]
+            env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys([*own, *rest]))
+        return env
 
     def _track(self, pid: int | None) -> None:
         self._running_pgid = pid
@@ -247,7 +289,7 @@ class CommandTarget(Target):
         """One run of the bench command in the worktree; its metrics."""
         if self._worktree is None:
             raise BenchError("http", "the bench command ran before its worktree was prepared")
-        env = dict(self._trial_env or super().environment({}))
+        env = dict(self._trial_env or self._with_worktree_path(super().environment({})))
         if base_url:
             env["SLEUTH_BASE_URL"] = base_url
         timeout = float(self.conf.get("bench_timeout_s") or 600)

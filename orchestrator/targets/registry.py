@@ -26,3 +26,12 @@ def target_class(name: str) -> type[Target]:
 
 def make_target(conf: Mapping, bench: Mapping, node: NodeContext) -> Target:
     return target_class(str(conf.get("name")))(conf, bench, node)
+
+
+def is_simulated(conf: Mapping | None) -> bool:
+    """Whether a target configuration runs on the simulated node (`target=sim`, or the sim
+    behind the SGLang adapter with `launcher=sim`): every output of such a run says so."""
+    if not conf:
+        return False
+    name = str(conf.get("name") or "")
+    return name == "sim" or (name == "sglang" and str(conf.get("engine") or "") == "sim")

@@ -8,12 +8,18 @@ installed release accepts (see `sglang_versions`), and measures what SGLang itse
   `SGLANG_ENABLE_METRICS_DEVICE_TIMER=1`, so the adapter sets it (and `--enable-metrics`).
 - `/server_info` (or `/get_server_info` on releases before it existed) accept length. It is
   cumulative, so the cache is flushed before every repetition (`/flush_cache` resets it, and
-  makes every repetition start from the same cold prefix cache).
+  makes every repetition start from the same cold prefix cache); SGLang updates it once per
+  decode-log window only, so the requests' own accounting comes first (see
+  `orchestrator.bench.server_measure`, which does the measuring for this target and `sim`).
 - the scheduler's `Decode batch` log lines written during the repetition.
 
 The client is sleuth's own (default) or, with `target.bench_client=bench_serving`, SGLang's
 `bench_serving`, whose `--output-file` is parsed (it appends, so each repetition gets a fresh
-file).
+file). Its prompts are `random-ids` sent as token ids (`--tokenize-prompt`; without it they are
+decoded to text and re-tokenized by the server, and the input length drifts). Against the sim
+its wall-clock numbers are converted to modeled time (`time_scale`), like the built-in
+client's; offline it needs a local tokenizer (`target.bench_serving_args=[--tokenizer,DIR]`, or
+the sim's `--tokenizer-path DIR` through `target.extra_args`, which `/model_info` reports).
 
 Bisecting SGLang itself means running each commit's own Python code: `target.pythonpath`
 (default `python`, SGLang's package directory) is put first on PYTHONPATH inside the worktree,
@@ -35,6 +41,7 @@ from pathlib import Path
 
 import httpx
 
+from orchestrator.bench import server_measure
 from orchestrator.bench.client import BenchError, RequestSpec
 from orchestrator.targets import sglang_versions as versions
 from orchestrator.targets.base import Target, apply_unset
@@ -59,13 +66,19 @@ BENCH_SERVING_KEYS = {
     "p99_tpot_ms": "tpot_ms_p99",
     "median_e2e_latency_ms": "e2e_ms_p50",
     "p90_e2e_latency_ms": "e2e_ms_p90",
-    "accept_length": "accept_len",
     "duration": "duration_s",
 }
+# Not taken: `accept_length`, which bench_serving reads from /server_info after the run (the
+# server's windowed value, read here directly) and which is missing for a short repetition.
+# Wall-clock keys, converted to modeled time against the sim: durations / time_scale,
+# rates x time_scale.
+_DURATIONS = {name for name in BENCH_SERVING_KEYS.values() if "_ms" in name or name.endswith("_s")}
+_RATES = {"output_throughput", "request_throughput"}
 
 
-def parse_bench_serving(path: Path) -> dict[str, float]:
-    """Our metrics from the last JSON line bench_serving appended to `path`."""
+def parse_bench_serving(path: Path, time_scale: float = 1.0) -> dict[str, float]:
+    """Our metrics from the last JSON line bench_serving appended to `path`, in the server's
+    time units (`time_scale`: wall seconds per modeled second, 1.0 for a real server)."""
     lines = [ln for ln in path.read_text().splitlines() if ln.strip()] if path.exists() else []
     if not lines:
         raise BenchError("http", f"bench_serving wrote no result to {path.name}")
@@ -77,16 +90,16 @@ def parse_bench_serving(path: Path) -> dict[str, float]:
     for key, name in BENCH_SERVING_KEYS.items():
         value = doc.get(key)
         if isinstance(value, int | float) and not isinstance(value, bool):
-            out[name] = float(value)
+            value = float(value)
+            if name in _DURATIONS:
+                value /= time_scale
+            elif name in _RATES:
+                value *= time_scale
+            out[name] = value
     return out
 
 
-def server_accept_length(info: Mapping) -> float | None:
-    """Mean accept length over the server's data-parallel ranks (`internal_states`)."""
-    states = info.get("internal_states") or []
-    values = [float(s["avg_spec_accept_length"]) for s in states
-              if isinstance(s, Mapping) and s.get("avg_spec_accept_length") is not None]
-    return sum(values) / len(values) if values else None
+server_accept_length = server_measure.server_accept_length  # re-exported: used by tests, tools
 
 
 class SglangTarget(Target):
@@ -164,9 +177,12 @@ class SglangTarget(Target):
 
         c = self.conf
         values = {"time-scale": self.time_scale, "load-seconds": c.get("load_seconds"),
+                  "sglang-version": c.get("sglang_version"),
                   "noise-restart-cv": c.get("noise_restart_cv"),
                   "noise-request-cv": c.get("noise_request_cv"), "seed": c.get("seed"),
-                  "fault": c.get("fault"), "gpu-state": self.gpu_state_path}
+                  "fault": c.get("fault"), "gpu-state": self.gpu_state_path,
+                  "packages": (self.node.state_dir / "packages.json"
+                               if (self.node.state_dir / "packages.json").exists() else None)}
         return {sim_env_name(k): str(v) for k, v in values.items() if v not in (None, "")}
 
     def environment(self, candidate_env: Mapping[str, str]) -> dict[str, str]:
@@ -197,9 +213,24 @@ class SglangTarget(Target):
             return SimGpuControl(self.gpu_state_path)
         return super().gpu_control()
 
+    def python_executable(self) -> str:
+        return sys.executable if self.simulated else self.python
+
+    def imported_packages(self, server, base_url, env, cwd, names, libraries) -> dict:
+        """A probe of the server process; the sim reports its own (`GET /sim/packages`)."""
+        if self.simulated:
+            from orchestrator.targets.simnode import sim_report
+
+            return sim_report(base_url)
+        return super().imported_packages(server, base_url, env, cwd, names, libraries)
+
     def node_packages(self) -> dict[str, str] | None:
-        """Packages of the interpreter that runs SGLang, when it is not this one."""
-        if self.simulated or self.python == sys.executable:
+        """Packages of the interpreter that runs SGLang, when it is not this one (the sim's:
+        its node's `packages.json`, if any)."""
+        if self.simulated:
+            path = self.node.state_dir / "packages.json"
+            return json.loads(path.read_text()) if path.exists() else None
+        if self.python == sys.executable:
             return None
         if self._packages is None:
             code = ("import importlib.metadata as m, json; print(json.dumps({(d.metadata['Name']"
@@ -222,9 +253,9 @@ class SglangTarget(Target):
         if self.conf.get("sglang_version"):
             return versions.parse_version(self.conf["sglang_version"])
         if self.simulated:
-            from orchestrator.targets.sim.endpoints import SGLANG_VERSION
+            from orchestrator.targets.sim.dialect import DEFAULT_VERSION
 
-            return versions.parse_version(SGLANG_VERSION)
+            return versions.parse_version(DEFAULT_VERSION)
         code = "import importlib.metadata as m; print(m.version('sglang'))"
         try:
             out = subprocess.run([self.python, "-c", code], capture_output=True, text=True,
@@ -265,13 +296,6 @@ class SglangTarget(Target):
         return None
 
     # -- measuring ---------------------------------------------------------------------------
-    def _flush_cache(self, base_url: str) -> bool:
-        try:
-            r = httpx.post(f"{base_url}/flush_cache", timeout=30.0, trust_env=False)
-        except httpx.HTTPError:
-            return False
-        return r.status_code == 200
-
     def server_info(self, base_url: str) -> dict | None:
         for path in self.features.server_info_paths:
             try:
@@ -297,7 +321,8 @@ class SglangTarget(Target):
                  "--num-prompts", str(b["requests"]), "--random-input-len", str(b["input_len"]),
                  "--random-output-len", str(b["output_len"]), "--random-range-ratio", "1.0",
                  "--max-concurrency", str(b["concurrency"]), "--seed", str(b["seed"]),
-                 "--warmup-requests", "0", "--disable-tqdm", "--output-file", str(output_file)]
+                 "--tokenize-prompt", "--warmup-requests", "0", "--disable-tqdm",
+                 "--output-file", str(output_file)]
         if c.get("model_path"):
             argv += ["--model", str(c["model_path"])]
         return argv + [str(a) for a in c.get("bench_serving_args", []) or []]
@@ -316,7 +341,7 @@ class SglangTarget(Target):
         if run.exit_code != 0:
             raise BenchError("http", f"bench_serving exited with code {run.exit_code}:"
                                      f" {run.tail}")
-        metrics = parse_bench_serving(output)
+        metrics = parse_bench_serving(output, self.time_scale)
         wanted = int(self.bench["requests"])
         if metrics.get("completed", wanted) < wanted:
             raise BenchError("http", f"bench_serving completed {metrics['completed']:g} of"
@@ -324,11 +349,5 @@ class SglangTarget(Target):
         return metrics
 
     def measure(self, base_url: str, requests: list[RequestSpec], log_path: Path) -> dict[str, float]:
-        flushed = self._flush_cache(base_url)
-        metrics = super().measure(base_url, requests, log_path)
-        info = self.server_info(base_url) if flushed else None
-        accept = server_accept_length(info) if info else None
-        if accept is not None:  # only meaningful when the flush scoped it to this repetition
-            metrics["server_accept_len"] = accept
-            metrics.setdefault("accept_len", accept)
-        return metrics
+        return server_measure.measure(self, base_url, requests, log_path,
+                                      server_info=self.server_info)

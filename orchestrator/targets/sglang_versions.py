@@ -18,9 +18,10 @@ scheduler's log code), not from memory:
 - Per-phase device time: 0.5.9 and 0.5.10 export `sglang:gpu_execution_seconds_total` with
   scheduler-level categories (`forward_decode` covers a whole draft+verify step), 0.5.11 renamed
   it `sglang:forward_execution_seconds_total`; per-forward categories such as `target_verify`
-  come with the model-runner timers. `sglang:spec_verify_calls_total` (the divisor for verify
-  time per call) first appears in 0.5.13. Both exist only with `--enable-metrics` and, for the
-  seconds, `SGLANG_ENABLE_METRICS_DEVICE_TIMER=1`.
+  come with the model-runner timers. `sglang:spec_verify_calls_total` first appears in 0.5.13;
+  it counts per request (each finished request adds its verify count), so verify time per pass
+  divides by the decode passes of `sglang:cuda_graph_passes_total` (0.5.9 has it too). All exist
+  only with `--enable-metrics` and, for the seconds, `SGLANG_ENABLE_METRICS_DEVICE_TIMER=1`.
 - `python -m sglang.bench_serving` became a deprecation shim for `sglang.benchmark.serving` in
   0.5.15.
 - Scheduler log: `Decode batch. ` up to 0.5.1 (0.4.6 has no `cuda graph:` field, 0.4.10 and

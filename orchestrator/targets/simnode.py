@@ -4,6 +4,11 @@ It launches `python -m orchestrator.targets.sim` with SGLang's flag names, so th
 surfaces (health, generate, metrics, logs) are exercised as on a real node. The node's simulated
 GPU state lives in a JSON file in the node's state directory; GPU control and telemetry read
 and write the same file.
+
+`target.sglang_version` picks the SGLang release the sim imitates (0.5.23 by default, or 0.5.9;
+see `orchestrator.targets.sim.dialect`); the CUDA-graph flags are spelled for it. Like the
+`sglang` target, it turns on SGLang's device timer (per-phase seconds in `/metrics`) and
+measures each repetition through `orchestrator.bench.server_measure`.
 """
 
 from __future__ import annotations
@@ -12,7 +17,10 @@ import os
 import sys
 from pathlib import Path
 
+from orchestrator.bench import server_measure
+from orchestrator.bench.client import RequestSpec
 from orchestrator.targets.base import Target, apply_unset
+from orchestrator.targets.sim.dialect import DEVICE_TIMER_ENV, Dialect, UnknownVersion, dialect
 
 
 class SimTarget(Target):
@@ -21,6 +29,17 @@ class SimTarget(Target):
     @property
     def time_scale(self) -> float:
         return float(self.conf.get("time_scale", 1.0))
+
+    @property
+    def dialect(self) -> Dialect:
+        return dialect(self.conf.get("sglang_version") or None)
+
+    def preflight(self) -> str | None:
+        try:
+            dialect(self.conf.get("sglang_version") or None)
+        except UnknownVersion as exc:
+            return f"target.sglang_version: {exc}"
+        return None
 
     @property
     def gpu_state_path(self) -> Path:
@@ -45,29 +64,66 @@ class SimTarget(Target):
                      "--speculative-num-draft-tokens", str(c["speculative_num_draft_tokens"])]
             if c.get("speculative_draft_model_path"):
                 argv += ["--speculative-draft-model-path", str(c["speculative_draft_model_path"])]
+        per_phase = self.dialect.per_phase_graph_flags
         if c.get("cuda_graph_max_bs") is not None:
-            argv += ["--cuda-graph-max-bs", str(c["cuda_graph_max_bs"])]
+            flag = "--cuda-graph-max-bs-decode" if per_phase else "--cuda-graph-max-bs"
+            argv += [flag, str(c["cuda_graph_max_bs"])]
         if c.get("disable_cuda_graph"):
-            argv.append("--disable-cuda-graph")
-        argv += ["--sim-time-scale", str(self.time_scale),
+            argv += (["--cuda-graph-backend-decode", "disabled", "--cuda-graph-backend-prefill",
+                      "disabled"] if per_phase else ["--disable-cuda-graph"])
+        argv += ["--sim-sglang-version", self.dialect.version,
+                 "--sim-time-scale", str(self.time_scale),
                  "--sim-noise-restart-cv", str(c["noise_restart_cv"]),
                  "--sim-noise-request-cv", str(c["noise_request_cv"]),
                  "--sim-noise-outlier-rate", str(c.get("noise_outlier_rate", 0.0)),
                  "--sim-noise-outlier-factor", str(c.get("noise_outlier_factor", 3.0)),
                  "--sim-load-seconds", str(c["load_seconds"]),
                  "--sim-gpu-state", str(self.gpu_state_path)]
+        if self.node_packages_path.exists():
+            argv += ["--sim-packages", str(self.node_packages_path)]
         if c.get("seed") is not None:
             argv += ["--sim-seed", str(c["seed"])]
         if c.get("fault"):
             argv += ["--sim-fault", str(c["fault"])]
-        return self.launcher() + argv + [str(a) for a in c.get("extra_args", [])]
+        return self.launcher() + self.node_wrapper() + argv + [str(a) for a in c.get("extra_args", [])]
+
+    @property
+    def node_launcher_path(self) -> Path:
+        return self.node.state_dir / "launcher.json"
+
+    def _launcher(self, key: str) -> list[str]:
+        import json
+
+        if not self.node_launcher_path.exists():
+            return []
+        return [str(v) for v in json.loads(self.node_launcher_path.read_text()).get(key, [])]
+
+    def _stripped(self) -> list[str]:
+        return self._launcher("strip")
+
+    def node_wrapper(self) -> list[str]:
+        """The node's own launcher wrapper (`<node state>/launcher.json`), if it has one: it
+        drops inherited variables before the server starts (`targets/sim/launcher.py`)."""
+        strip, drop = self._stripped(), self._launcher("drop")
+        if not strip and not drop:
+            return []
+        return [sys.executable, "-P", "-m", "orchestrator.targets.sim.launcher",
+                "--strip", ",".join(strip), "--drop", ",".join(drop), "--"]
+
+    @property
+    def node_packages_path(self) -> Path:
+        return self.node.state_dir / "packages.json"
 
     def node_packages(self) -> dict[str, str] | None:
         """The simulated node's installed packages (`<node state>/packages.json`), if set."""
         import json
 
-        path = self.node.state_dir / "packages.json"
+        path = self.node_packages_path
         return json.loads(path.read_text()) if path.exists() else None
+
+    def imported_packages(self, server, base_url, env, cwd, names, libraries) -> dict:
+        """What the sim server found and loaded, as it reports it (`GET /sim/packages`)."""
+        return sim_report(base_url)
 
     @property
     def node_env_path(self) -> Path:
@@ -80,21 +136,54 @@ class SimTarget(Target):
         import json
 
         env = dict(os.environ)
+        env[DEVICE_TIMER_ENV] = "1"  # per-phase seconds in /metrics, as the sglang target sets
         if self.node_env_path.exists():
             env.update({str(k): str(v) for k, v in json.loads(self.node_env_path.read_text()).items()})
-        env.update({str(k): str(v) for k, v in self.conf.get("env", {}).items()})
+        target_env = {str(k): str(v) for k, v in self.conf.get("env", {}).items()}
+        env.update(target_env)
         env.update(candidate_env)
+        if self._stripped():  # what sleuth passes explicitly, as `docker run -e NAME` would
+            from orchestrator.targets.sim.launcher import PASS_VAR
+
+            env[PASS_VAR] = ",".join(sorted({*target_env, *candidate_env}))
         return apply_unset(env)
+
+    def measure(self, base_url: str, requests: list[RequestSpec], log_path: Path) -> dict[str, float]:
+        return server_measure.measure(self, base_url, requests, log_path,
+                                      server_info=self._server_info)
+
+    def _server_info(self, base_url: str) -> dict | None:
+        import httpx
+
+        try:
+            r = httpx.get(f"{base_url}/server_info", timeout=10.0, trust_env=False)
+        except httpx.HTTPError:
+            return None
+        return r.json() if r.status_code == 200 else None
+
+
+def sim_report(base_url: str) -> dict:
+    """A sim server's own account of its packages; RuntimeError when it gives none."""
+    import httpx
+
+    try:
+        r = httpx.get(f"{base_url}/sim/packages", timeout=10.0, trust_env=False)
+    except httpx.HTTPError as exc:
+        raise RuntimeError(f"GET /sim/packages failed: {exc}") from exc
+    if r.status_code != 200:
+        raise RuntimeError(f"GET /sim/packages answered {r.status_code}")
+    return {**r.json(), "source": "the sim server's report"}
 
 
 def set_node_state(state_dir: Path, *, gpu_state_file: Path | None = None,
-                   env_file: Path | None = None, packages_file: Path | None = None) -> None:
-    """Put a simulated node into a recorded system state (GPU state, login env, packages):
-    how scenarios replay "the node as it was then" and "the node as it is now"."""
+                   env_file: Path | None = None, packages_file: Path | None = None,
+                   launcher_file: Path | None = None) -> None:
+    """Put a simulated node into a recorded system state (GPU state, login env, packages, its
+    launcher wrapper): how scenarios replay "the node as it was then" and "as it is now"."""
     import shutil
 
     state_dir.mkdir(parents=True, exist_ok=True)
     for src, name in ((gpu_state_file, "gpu_state.json"), (env_file, "env.json"),
-                      (packages_file, "packages.json")):
+                      (packages_file, "packages.json"), (launcher_file, "launcher.json")):
         if src is not None:
             shutil.copyfile(src, state_dir / name)

@@ -5,30 +5,44 @@ hash of the applied patches, so trials never touch the user's working tree, inde
 commit measured twice is checked out once. All git calls go through GitPython with argument
 lists (never a shell), refs that look like options are refused before they reach git, and
 commit text is only ever parsed, never executed.
+
+Nothing is ever written into the user's repository: it is only read (refs, logs). The worktrees
+belong to a private bare repository in the cache (`<cache>/.repos/<id>.git`) that borrows the
+user's objects through `objects/info/alternates` (as `git clone --shared` does, without copying
+refs), so `git worktree list` in the user's repository never changes and a read-only repository
+bisects. Objects the worktrees make (a patch's blobs) go to the private repository.
+
+The cache is bounded (`max_bytes`): each worktree's size is measured once when it is made, its
+last use is the mtime of its state file, and after a new worktree the least recently used ones
+go until the cache fits again; a worktree a trial is running from (`lease`) is never removed.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import re
 import secrets
 import shutil
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 
 import git
 from git.exc import GitCommandError, InvalidGitRepositoryError, NoSuchPathError
 
 from orchestrator.errors import UserError
+from orchestrator.safe_text import printable
+from orchestrator.workspace.cache import WorktreeCache, disk_usage
 from orchestrator.workspace.commits import LOG_OPTIONS, CommitInfo, parse_log, touches_paths
 from orchestrator.workspace.locking import (
-    LOCKS_DIRNAME,
-    STATE_DIRNAME,
     TEMP_PREFIX,
     exclusive_lock,
     key_of_entry,
+    release,
     sha256_hex,
+    shared_lock,
     worktree_key,
 )
 
@@ -74,7 +88,8 @@ def _first_line(error: GitCommandError) -> str:
 class Workspace:
     """One user repository plus the cache directory that holds its trial worktrees."""
 
-    def __init__(self, repo: Path | str, cache_dir: Path | str) -> None:
+    def __init__(self, repo: Path | str, cache_dir: Path | str,
+                 max_bytes: int | None = None) -> None:
         repo_path = Path(repo).expanduser()
         try:
             self._repo = git.Repo(repo_path)
@@ -93,6 +108,10 @@ class Workspace:
         # Created lazily by checkout(): a Workspace that is only asked about refs (or fails
         # validation) leaves nothing behind.
         self.cache_dir = Path(cache_dir).expanduser().resolve()
+        self.max_bytes = max_bytes
+        self.cache = WorktreeCache(self.cache_dir, max_bytes)
+        self._mirror_repo: git.Repo | None = None
+        self._mirror_at: Path | None = None
 
     # ----------------------------------------------------------------- refs and ranges
 
@@ -142,15 +161,40 @@ class Workspace:
         if not between:
             raise UserError(f"no commits between good {good!r} and bad {bad!r}")
         if first_parent and between[0].parents[:1] != (good_sha,):
+            merge = self._merge_bringing(good_sha, between)
+            instead = (f"; the nearest first-parent commit that contains it is {merge.sha[:12]}"
+                       f" ({merge.subject[:60]}): use good={merge.sha[:12]}, or"
+                       if merge is not None else ";")
             raise UserError(
                 f"good {good!r} is not on the first-parent history of bad {bad!r} "
-                "(it came in through a merge); turn off first-parent mode to search it"
+                f"(it came in through a merge){instead} first_parent=false to search every"
+                " commit of the range"
             )
         return [*self._log("--no-walk", good_sha), *between]
 
+<<<<<<< HEAD
     def commit_infos(self, shas: Sequence[str]) -> list[CommitInfo]:
         """The records of these commits, in the order given (no history walk)."""
         return self._log("--no-walk=unsorted", *shas) if shas else []
+=======
+    def _merge_bringing(self, good_sha: str, mainline: list[CommitInfo]) -> CommitInfo | None:
+        """The first mainline commit that has `good` as an ancestor (the merge that brought it
+        in); ancestry only grows along the first-parent chain, so a binary search finds it."""
+        lo, hi = 0, len(mainline) - 1
+        if not self._repo.is_ancestor(good_sha, mainline[hi].sha):
+            return None
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if self._repo.is_ancestor(good_sha, mainline[mid].sha):
+                hi = mid
+            else:
+                lo = mid + 1
+        return mainline[lo]
+
+    def commit_info(self, ref: str) -> CommitInfo:
+        """One commit's record (subject, author, files), as `commits_between` lists it."""
+        return self._log("--no-walk", self.resolve(ref))[0]
+>>>>>>> main
 
     def _log(self, *rev_args: str) -> list[CommitInfo]:
         raw = self._repo.git.log(
@@ -160,7 +204,11 @@ class Workspace:
             strip_newline_in_stdout=False,
             env=_READ_ONLY_ENV,
         )
-        return parse_log(raw)
+        # Subjects and author names are other people's text: no terminal escape may ride along
+        # into the records, the reports or the terminal.
+        return [dataclasses.replace(c, subject=printable(c.subject, newlines=False),
+                                    author=printable(c.author, newlines=False))
+                for c in parse_log(raw)]
 
     def touches(self, commit: CommitInfo, paths: Sequence[str]) -> bool:
         """True if `commit` changed any file under any of `paths` (dirs, files or globs)."""
@@ -175,26 +223,44 @@ class Workspace:
         worktree is built under a temporary name and moved into place only when complete, and
         a worktree that is found damaged (other HEAD, edited files) is rebuilt.
         """
+        return self._checkout(*self._plan(sha, patches))
+
+    @contextmanager
+    def lease(self, sha: str, patches: Sequence[Path | str] = ()) -> Iterator[Path]:
+        """`checkout`, held for the `with` body: the size cap never removes a worktree a trial
+        is running from. Costs no git call beyond `checkout`'s (one lock file)."""
+        plan = self._plan(sha, patches)
+        use = shared_lock(self.cache.use_path(plan[2]))
+        try:
+            yield self._checkout(*plan)
+        finally:
+            release(use)
+
+    def _plan(self, sha: str, patches: Sequence[Path | str]) -> tuple[str, list[Path], str]:
         full_sha = self.resolve(sha)
         patch_files = [self._patch_file(patch) for patch in patches]
-        hashes = self.patch_hashes(patch_files)
-        key = worktree_key(full_sha, hashes)
+        return full_sha, patch_files, worktree_key(full_sha, self.patch_hashes(patch_files))
+
+    def _checkout(self, full_sha: str, patch_files: list[Path], key: str) -> Path:
         final = self.cache_dir / key
         self.cache_dir.mkdir(parents=True, exist_ok=True)
-        with exclusive_lock(self.cache_dir / LOCKS_DIRNAME / f"{key}.lock"):
+        with exclusive_lock(self.cache.lock_path(key)):
             if self._is_intact(final, full_sha, key):
+                self.cache.touch(key)
                 return final
             self._remove_worktree(final)
+            mirror = self._mirror()
             temp = self.cache_dir / f"{TEMP_PREFIX}{key}-{os.getpid()}-{secrets.token_hex(4)}"
             try:
-                self._repo.git.worktree("add", "--detach", str(temp), full_sha, env=_NO_HOOKS_ENV)
+                mirror.git.worktree("add", "--detach", str(temp), full_sha, env=_NO_HOOKS_ENV)
                 for patch_file in patch_files:
                     self._apply_patch(temp, patch_file, full_sha)
-                self._write_state(key, full_sha, self.dirty_diff_hash(temp))
-                self._repo.git.worktree("move", str(temp), str(final))
+                self.cache.write_state(key, full_sha, self.dirty_diff_hash(temp), disk_usage(temp))
+                mirror.git.worktree("move", str(temp), str(final))
             except BaseException:
                 self._remove_worktree(temp)
                 raise
+        self.cache.evict(key, lambda k: self._remove_worktree(self.cache_dir / k))
         return final
 
     def patch_hashes(self, patches: Sequence[Path | str]) -> list[str]:
@@ -226,18 +292,50 @@ class Workspace:
 
     def prune(self) -> None:
         """Remove every worktree under the cache dir and let git forget stale worktrees."""
-        if self.cache_dir.is_dir():
-            keys = {key_of_entry(entry.name) for entry in self.cache_dir.iterdir()}
-            for path in self._registered_worktrees():
-                if path.parent == self.cache_dir:
-                    keys.add(key_of_entry(path.name))
-            for key in sorted(k for k in keys if k):
-                with exclusive_lock(self.cache_dir / LOCKS_DIRNAME / f"{key}.lock"):
-                    for entry in self.cache_dir.glob(f"{TEMP_PREFIX}{key}-*"):
-                        self._remove_worktree(entry)
-                    self._remove_worktree(self.cache_dir / key)
-                    (self.cache_dir / STATE_DIRNAME / f"{key}.json").unlink(missing_ok=True)
-        self._repo.git.worktree("prune")
+        if not self.cache_dir.is_dir():
+            return
+        keys = {key_of_entry(entry.name) for entry in self.cache_dir.iterdir()}
+        for path in self._registered_worktrees():
+            if path.parent == self.cache_dir:
+                keys.add(key_of_entry(path.name))
+        for key in sorted(k for k in keys if k):
+            with exclusive_lock(self.cache.lock_path(key)):
+                for entry in self.cache_dir.glob(f"{TEMP_PREFIX}{key}-*"):
+                    self._remove_worktree(entry)
+                self._remove_worktree(self.cache_dir / key)
+                self.cache.state_path(key).unlink(missing_ok=True)
+        if self._mirror_path().is_dir():
+            self._mirror().git.worktree("prune")
+
+    def cache_usage(self) -> int:
+        """Bytes the cache's worktrees take, as measured when each was made."""
+        return self.cache.usage()
+
+    # ----------------------------------------------------------------- the private repository
+
+    def _objects_dir(self) -> Path:
+        """The user's object store (shared by all their worktrees)."""
+        return (Path(self._repo.common_dir) / "objects").resolve()
+
+    def _mirror_path(self) -> Path:
+        if self._mirror_at is None:
+            self._mirror_at = self.cache.mirror_path(self._objects_dir(), self.repo_path.name)
+        return self._mirror_at
+
+    def _object_format(self) -> str:
+        try:
+            fmt = self._repo.git.rev_parse("--show-object-format", env=_READ_ONLY_ENV).strip()
+        except GitCommandError:
+            fmt = ""
+        return fmt or "sha1"
+
+    def _mirror(self) -> git.Repo:
+        """The private bare repository the worktrees hang off (see `cache.py`)."""
+        if self._mirror_repo is None:
+            path = self.cache.ensure_mirror(self._mirror_path(), self._objects_dir(),
+                                            self._object_format)
+            self._mirror_repo = git.Repo(path)
+        return self._mirror_repo
 
     # ----------------------------------------------------------------- internals
 
@@ -258,24 +356,15 @@ class Workspace:
                 f"patch {patch_file} does not apply to commit {sha[:12]} ({_first_line(error)})"
             ) from None
 
-    def _state_path(self, key: str) -> Path:
-        return self.cache_dir / STATE_DIRNAME / f"{key}.json"
-
-    def _write_state(self, key: str, sha: str, diff_hash: str | None) -> None:
-        """Record what an intact worktree looks like, atomically (temp file + rename)."""
-        state_path = self._state_path(key)
-        state_path.parent.mkdir(parents=True, exist_ok=True)
-        temp = state_path.with_name(f"{state_path.name}.{os.getpid()}.tmp")
-        temp.write_text(json.dumps({"sha": sha, "diff_hash": diff_hash}))
-        os.replace(temp, state_path)
-
     def _is_intact(self, path: Path, sha: str, key: str) -> bool:
         """A worktree may be reused only if it is exactly what checkout() would build."""
-        if not (path / ".git").is_file():
-            return False
         try:
-            state = json.loads(self._state_path(key).read_text())
+            link = (path / ".git").read_text()
+            state = json.loads(self.cache.state_path(key).read_text())
         except (OSError, ValueError):
+            return False
+        # One made by an older sleuth hangs off the user's repository: rebuild it here.
+        if not link.startswith(f"gitdir: {self._mirror_path()}{os.sep}"):
             return False
         runner = git.Git(str(path))
         try:
@@ -293,7 +382,9 @@ class Workspace:
             return False
 
     def _registered_worktrees(self) -> list[Path]:
-        listing = self._repo.git.worktree("list", "--porcelain", env=_READ_ONLY_ENV)
+        if not self._mirror_path().is_dir():
+            return []
+        listing = self._mirror().git.worktree("list", "--porcelain", env=_READ_ONLY_ENV)
         prefix = "worktree "
         return [
             Path(os.path.realpath(line[len(prefix) :]))
@@ -305,7 +396,7 @@ class Workspace:
         """Remove a (possibly half-made or already deleted) worktree and git's record of it."""
         if Path(os.path.realpath(path)) in self._registered_worktrees():
             try:
-                self._repo.git.worktree("remove", "--force", "--force", str(path))
+                self._mirror().git.worktree("remove", "--force", "--force", str(path))
             except GitCommandError:
                 pass
         if path.exists() or path.is_symlink():
@@ -313,3 +404,4 @@ class Workspace:
                 shutil.rmtree(path)
             else:
                 path.unlink()
+

@@ -10,6 +10,7 @@ whose timings follow the EAGLE-3 performance model, driven by the repo's `sim_pr
 - `gpu_state`  the GPU state file: `load`, `save` (atomic), `default_state`
 - `profile`    profile fragments: `load_fragments`, `resolve_effects`, `Effects`
 - `args`       SGLang + `--sim-*` flags (env fallback `SLEUTH_SIM_*`), `parse()`
+- `dialect`    which SGLang release it imitates (`--sim-sglang-version`: 0.5.23, or 0.5.9)
 - `app`, `endpoints`, `scheduler`, `metrics`, `requests`, `tokens`, `logs`, `noise`, `faults`
 - `launcher`   start/stop a sim process for tests and tools (`run_sim`)
 

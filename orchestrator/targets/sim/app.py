@@ -16,10 +16,13 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace
 
 from orchestrator.targets.sim import gpu_state as gpu_state_mod
 from orchestrator.targets.sim import model
+from orchestrator.targets.sim import packages as sim_packages
 from orchestrator.targets.sim.args import ConfigError, SimConfig, parse
+from orchestrator.targets.sim.dialect import DEVICE_TIMER_ENV
 from orchestrator.targets.sim.endpoints import ServerState, SimHTTPServer
 from orchestrator.targets.sim.faults import FaultPlan, FaultSpecError, parse_faults
 from orchestrator.targets.sim.logs import SimLog, traceback_text
@@ -89,14 +92,20 @@ def load_effects_or_die(config: SimConfig, log: SimLog, env: Mapping[str, str]) 
     return effects
 
 
-def _state_loader(path: str | None) -> Callable[[], gpu_state_mod.GpuState]:
+def _state_loader(path: str | None, nccl: str | None = None
+                  ) -> Callable[[], gpu_state_mod.GpuState]:
+    """The GPU state file, with the NCCL version the server loaded (from its packages) in
+    place of the system one when a package provides it."""
+
     def load() -> gpu_state_mod.GpuState:
-        return gpu_state_mod.load(path) if path else gpu_state_mod.default_state()
+        state = gpu_state_mod.load(path) if path else gpu_state_mod.default_state()
+        return replace(state, nccl_version=nccl) if nccl else state
 
     return load
 
 
-def _cost_factory(config: SimConfig, env: Mapping[str, str], effects: Effects, path: str | None):
+def _cost_factory(config: SimConfig, env: Mapping[str, str], effects: Effects, path: str | None,
+                  load: Callable[[], gpu_state_mod.GpuState]):
     """Rebuilds the cost model when the GPU state file's mtime changes (None: unchanged)."""
     if not path:
         return None
@@ -108,7 +117,7 @@ def _cost_factory(config: SimConfig, env: Mapping[str, str], effects: Effects, p
             return None
         last[0] = mtime
         try:
-            state = gpu_state_mod.load(path)
+            state = load()
         except (OSError, ValueError):
             return None  # mid-write or removed: keep the previous state
         return model.PassCostModel(config.launch, env, state, effects, os.getpid())
@@ -252,12 +261,24 @@ def main(argv: Sequence[str] | None = None) -> int:
     for note in config.notes:
         log.main(note, "warning")
     try:
-        gpu = _state_loader(config.gpu_state_path)()
+        found = sim_packages.find(env, sim_packages.load_node_file(config.packages_path))
+    except (OSError, ValueError) as exc:
+        _die(log, traceback_text("importlib.metadata.PackageNotFoundError",
+                                 f"cannot read the node's packages: {exc}", [
+            ("python/sglang/version.py", 1, "<module>", "__version__ = version('sglang')")]))  # fmt: skip
+    load_state = _state_loader(config.gpu_state_path, found.nccl_version)
+    try:
+        gpu = load_state()
     except (OSError, ValueError) as exc:
         _die(log, traceback_text("RuntimeError", f"cannot read GPU state: {exc}", [
             ("python/sglang/srt/utils/common.py", 1801, "get_device_core_count", "torch.cuda.get_device_properties(device_id)")]))  # fmt: skip
-    metrics = SGLangMetrics(str(args["served_model_name"]))
+    device_timer = env.get(DEVICE_TIMER_ENV, "").strip().lower() in ("1", "true", "yes")
+    metrics = SGLangMetrics(str(args["served_model_name"]), config.dialect, device_timer)
     state = ServerState(config, log, metrics)
+    state.packages = found.report()
+    if found.libraries:
+        log.tp(f"sim: NCCL {found.nccl_version} from {found.libraries[sim_packages.NCCL_LIBRARY][0]}",
+               "debug")
     server = _bind(config, state, faults, log)
     threading.Thread(target=server.serve_forever, name="http", daemon=True).start()
     noise = Noise(
@@ -278,12 +299,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         forever.wait()
     scheduler = Scheduler(
         costs=costs,
-        cost_factory=_cost_factory(config, env, effects, config.gpu_state_path),
+        cost_factory=_cost_factory(config, env, effects, config.gpu_state_path, load_state),
         noise=noise, faults=faults, metrics=metrics, log=log, time_scale=config.time_scale,
         max_running_requests=int(args["max_running_requests"]),
         chunked_prefill_size=int(args["chunked_prefill_size"]),
         decode_log_interval=int(args["decode_log_interval"]),
         radix_cache=not args["disable_radix_cache"],
+        device_timer=device_timer,
     )  # fmt: skip
     state.scheduler = scheduler
     with metrics.lock:

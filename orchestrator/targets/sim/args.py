@@ -1,9 +1,11 @@
 """Command line of the simulated server: SGLang's flag names and defaults, plus `--sim-*`.
 
-SGLang flags follow `python -m sglang.launch_server` (v0.5.9). Every `--sim-*` flag falls back
-to an environment variable `SLEUTH_SIM_<NAME>` (e.g. SLEUTH_SIM_TIME_SCALE), so an adapter that
-only knows SGLang's flags — the real `sglang` target pointed at the sim — can still configure
-it. Precedence: flag, then environment, then default.
+SGLang flags follow `python -m sglang.launch_server` of the release the sim imitates
+(`--sim-sglang-version`, 0.5.23 by default, or 0.5.9; see `dialect`): the CUDA-graph flags are
+the ones that differ. Every `--sim-*` flag falls back to an environment variable
+`SLEUTH_SIM_<NAME>` (e.g. SLEUTH_SIM_TIME_SCALE), so an adapter that only knows SGLang's flags —
+the real `sglang` target pointed at the sim — can still configure it. Precedence: flag, then
+environment, then default.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from orchestrator.targets.sim.dialect import DEFAULT_VERSION, Dialect, UnknownVersion, dialect
 from orchestrator.targets.sim.model import SPEC_ALGORITHMS, LaunchConfig
 
 DEFAULT_SPEC_STEPS, DEFAULT_SPEC_TOPK, DEFAULT_SPEC_DRAFT_TOKENS = 3, 1, 4
@@ -35,7 +38,10 @@ SIM_FLAGS: tuple[tuple[str, Any, Any, str], ...] = (
     ("noise-outlier-factor", float, 3.0, "how much slower an outlier restart runs"),
     ("load-seconds", float, 20.0, "modeled model-loading time before the server is healthy"),
     ("fault", str, None, "fault spec, e.g. crash_after:3 or degrade:5,never_ready"),
+    ("sglang-version", str, DEFAULT_VERSION, "SGLang release to imitate: 0.5.23 or 0.5.9"),
+    ("packages", str, None, "the node's installed packages, a JSON file of name -> version"),
 )
+GRAPH_BACKENDS = ("full", "breakable", "disabled")  # 0.5.23 --cuda-graph-backend-{decode,prefill}
 
 
 def sim_env_name(flag: str) -> str:
@@ -46,10 +52,38 @@ def _bool_flag(parser: argparse.ArgumentParser, name: str, help_text: str) -> No
     parser.add_argument(name, action="store_true", help=help_text)
 
 
-def build_parser() -> argparse.ArgumentParser:
+def _graph_flags(p: argparse.ArgumentParser, per_phase: bool) -> None:
+    """The CUDA-graph flags of the imitated release (the one place 0.5.9 and 0.5.23 differ)."""
+    if not per_phase:
+        p.add_argument("--cuda-graph-max-bs", type=int, default=None)
+        _bool_flag(p, "--disable-cuda-graph", "disable CUDA graphs")
+        return
+    p.add_argument("--cuda-graph-backend-decode", choices=GRAPH_BACKENDS, default=None)
+    p.add_argument("--cuda-graph-backend-prefill", choices=GRAPH_BACKENDS, default=None)
+    p.add_argument("--cuda-graph-max-bs-decode", type=int, default=None)
+    p.add_argument("--cuda-graph-max-bs-prefill", type=int, default=None)
+    _bool_flag(p, "--disable-prefill-cuda-graph",
+               "Disable the prefill-phase CUDA graph (= --cuda-graph-backend-prefill=disabled).")
+    _bool_flag(p, "--disable-decode-cuda-graph",
+               "Disable the decode-phase CUDA graph (= --cuda-graph-backend-decode=disabled).")
+    _bool_flag(p, "--disable-cuda-graph",
+               "Deprecated. Use --cuda-graph-backend-{decode,prefill}=disabled instead.")
+
+
+def requested_version(argv: Sequence[str] | None, env: Mapping[str, str]) -> str:
+    """`--sim-sglang-version` (flag, then SLEUTH_SIM_SGLANG_VERSION, then the default), read
+    before the full parse because the flags themselves depend on it."""
+    pre = argparse.ArgumentParser(add_help=False)
+    pre.add_argument("--sim-sglang-version", default=None)
+    ns, _ = pre.parse_known_args(list(argv) if argv is not None else None)
+    return ns.sim_sglang_version or env.get(sim_env_name("sglang-version")) or DEFAULT_VERSION
+
+
+def build_parser(version: str | None = None) -> argparse.ArgumentParser:
+    d = dialect(version)
     p = argparse.ArgumentParser(
         prog="python -m orchestrator.targets.sim",
-        description="Simulated SGLang server (EAGLE-3 performance model).",
+        description=f"Simulated SGLang {d.version} server (EAGLE-3 performance model).",
     )
     p.add_argument("--model-path", "--model", required=True)
     p.add_argument("--tokenizer-path", default=None)
@@ -67,8 +101,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--speculative-num-draft-tokens", type=int, default=None)
     p.add_argument("--speculative-attention-mode", choices=["prefill", "decode"], default="prefill")
     p.add_argument("--attention-backend", default=None)
-    p.add_argument("--cuda-graph-max-bs", type=int, default=None)
-    _bool_flag(p, "--disable-cuda-graph", "disable CUDA graphs")
+    _graph_flags(p, d.per_phase_graph_flags)
     _bool_flag(p, "--disable-custom-all-reduce", "use NCCL for every all-reduce")
     _bool_flag(p, "--enable-nccl-nvls", "enable NCCL NVLS (no effect on PCIe)")
     _bool_flag(p, "--enable-metrics", "export Prometheus metrics at /metrics")
@@ -102,6 +135,7 @@ class SimConfig:
     time_scale: float
     seed: int | None
     gpu_state_path: str | None
+    packages_path: str | None
     profile_path: str
     noise_restart_cv: float
     noise_request_cv: float
@@ -111,6 +145,7 @@ class SimConfig:
     notes: tuple[str, ...] = field(default_factory=tuple)
     noise_outlier_rate: float = 0.0
     noise_outlier_factor: float = 3.0
+    dialect: Dialect = field(default_factory=lambda: dialect(None))
 
     @property
     def speculative(self) -> bool:
@@ -136,9 +171,31 @@ def _sim_value(
         raise ConfigError(f"{sim_env_name(flag)}={raw!r} is not a valid {typ.__name__}") from None
 
 
+DEPRECATED_DISABLE_CUDA_GRAPH = (
+    "'--disable-cuda-graph' is deprecated and will be removed in a future release. "
+    "Use '--cuda-graph-backend-{decode,prefill}=disabled' instead."
+)
+
+
+def _graph_settings(ns: argparse.Namespace, d: Dialect, notes: list[str]) -> tuple[int | None, bool]:
+    """(decode graph max batch size or None, decode graphs disabled) from either flag set."""
+    if not d.per_phase_graph_flags:
+        return ns.cuda_graph_max_bs, bool(ns.disable_cuda_graph)
+    if ns.disable_cuda_graph:
+        notes.append(DEPRECATED_DISABLE_CUDA_GRAPH)
+    disabled = (ns.cuda_graph_backend_decode == "disabled" or ns.disable_decode_cuda_graph
+                or ns.disable_cuda_graph)  # fmt: skip
+    return ns.cuda_graph_max_bs_decode, bool(disabled)
+
+
 def resolve(ns: argparse.Namespace, env: Mapping[str, str]) -> SimConfig:
     """Apply SGLang's own defaulting rules (speculative params, graph batch sizes, caps)."""
     notes: list[str] = []
+    try:
+        d = dialect(_sim_value(ns, "sglang-version", str, DEFAULT_VERSION, env))
+    except UnknownVersion as exc:
+        raise ConfigError(str(exc)) from None
+    max_bs, graphs_disabled = _graph_settings(ns, d, notes)
     algo = ns.speculative_algorithm
     if algo is not None and algo.upper() not in SPEC_ALGORITHMS:
         raise ConfigError(
@@ -161,7 +218,6 @@ def resolve(ns: argparse.Namespace, env: Mapping[str, str]) -> SimConfig:
         draft = steps + 1
     if ns.tp_size < 1:
         raise ConfigError("--tp-size must be >= 1")
-    max_bs = ns.cuda_graph_max_bs
     if max_bs is None:
         max_bs = SPEC_CUDA_GRAPH_MAX_BS if algo else DEFAULT_CUDA_GRAPH_MAX_BS
     max_running = ns.max_running_requests
@@ -179,7 +235,7 @@ def resolve(ns: argparse.Namespace, env: Mapping[str, str]) -> SimConfig:
         speculative_eagle_topk=topk,
         speculative_num_draft_tokens=draft,
         cuda_graph_max_bs=max_bs,
-        disable_cuda_graph=ns.disable_cuda_graph,
+        disable_cuda_graph=graphs_disabled,
         disable_custom_all_reduce=ns.disable_custom_all_reduce,
     )
     values = {flag: _sim_value(ns, flag, typ, default, env) for flag, typ, default, _ in SIM_FLAGS}
@@ -188,12 +244,23 @@ def resolve(ns: argparse.Namespace, env: Mapping[str, str]) -> SimConfig:
     if ns.decode_log_interval < 1:
         raise ConfigError("--decode-log-interval must be >= 1")
     server_args = _server_args(ns, algo, steps, topk, draft, max_bs, max_running)
+    if d.per_phase_graph_flags:  # 0.5.23 ServerArgs field names (see its /server_info)
+        del server_args["cuda_graph_max_bs"], server_args["stream_output"]
+        server_args.update({
+            "cuda_graph_max_bs_decode": max_bs, "cuda_graph_max_bs_prefill": ns.cuda_graph_max_bs_prefill,
+            "cuda_graph_backend_decode": "disabled" if graphs_disabled else ns.cuda_graph_backend_decode,
+            "cuda_graph_backend_prefill": ns.cuda_graph_backend_prefill,
+            "disable_decode_cuda_graph": graphs_disabled,
+            "disable_prefill_cuda_graph": bool(ns.disable_prefill_cuda_graph),
+            "disable_cuda_graph": bool(ns.disable_cuda_graph),
+        })  # fmt: skip
     return SimConfig(
         server_args=server_args,
         launch=launch,
         time_scale=values["time-scale"],
         seed=values["seed"],
         gpu_state_path=values["gpu-state"],
+        packages_path=values["packages"],
         profile_path=values["profile"],
         noise_restart_cv=max(0.0, values["noise-restart-cv"]),
         noise_request_cv=max(0.0, values["noise-request-cv"]),
@@ -203,6 +270,7 @@ def resolve(ns: argparse.Namespace, env: Mapping[str, str]) -> SimConfig:
         notes=tuple(notes),
         noise_outlier_rate=min(max(0.0, values["noise-outlier-rate"]), 1.0),
         noise_outlier_factor=max(values["noise-outlier-factor"], 0.01),
+        dialect=d,
     )
 
 
@@ -260,7 +328,7 @@ def _server_args(
         "speculative_attention_mode": ns.speculative_attention_mode,
         "attention_backend": ns.attention_backend,
         "cuda_graph_max_bs": max_bs,
-        "disable_cuda_graph": ns.disable_cuda_graph,
+        "disable_cuda_graph": bool(getattr(ns, "disable_cuda_graph", False)),
         "disable_cuda_graph_padding": False,
         "disable_custom_all_reduce": ns.disable_custom_all_reduce,
         "enable_nccl_nvls": ns.enable_nccl_nvls,
@@ -273,6 +341,12 @@ def _server_args(
 
 
 def parse(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None) -> SimConfig:
-    """Parse and resolve; argparse exits 2 on unknown flags, ConfigError on bad values."""
-    ns = build_parser().parse_args(argv)
-    return resolve(ns, os.environ if env is None else env)
+    """Parse and resolve; argparse exits 2 on unknown flags (and, imitating 0.5.23, on the
+    removed `--cuda-graph-max-bs`, an ambiguous prefix there), ConfigError on bad values."""
+    env = os.environ if env is None else env
+    version = requested_version(argv, env)
+    try:
+        parser = build_parser(version)
+    except UnknownVersion as exc:
+        raise ConfigError(str(exc)) from None
+    return resolve(parser.parse_args(argv), env)

@@ -1,7 +1,8 @@
 """The HTTP surface of the simulated server, after SGLang's `entrypoints/http_server.py`.
 
-Routes and payloads follow SGLang (v0.5.9 interface): `/health` and `/health_generate` (503
-while starting), `/server_info` and the deprecated `/get_server_info`, `/get_model_info`,
+Routes and payloads follow SGLang (the release of `dialect`): `/health` and `/health_generate`
+(503 while starting), `/server_info` and the deprecated `/get_server_info`, `/model_info`
+(bench_serving reads the tokenizer path from it) and the deprecated `/get_model_info`,
 `/flush_cache`, `/generate` (SSE stream of `data: {json}` chunks with cumulative text, then
 `data: [DONE]`), `/v1/models`, `/v1/completions` (OpenAI, with `stream_options.include_usage`)
 and `/metrics` (404 unless `--enable-metrics`, as in SGLang). Responses use HTTP/1.1 with
@@ -26,8 +27,8 @@ from orchestrator.targets.sim.metrics import SGLangMetrics
 from orchestrator.targets.sim.requests import FINISHED, SimRequest, meta_info
 from orchestrator.targets.sim.scheduler import Scheduler
 
-SGLANG_VERSION = "0.5.9"
 CONTEXT_LEN = 262144
+MODEL_ARCHITECTURE = "DeepseekV3ForCausalLM"
 HEALTH_CHECK_TIMEOUT_S = 20.0  # SGLang's SGLANG_HEALTH_CHECK_TIMEOUT default (modeled seconds)
 DEFAULT_MAX_NEW_TOKENS = 128
 FLUSH_MESSAGE = (
@@ -47,6 +48,7 @@ class ServerState:
         self.status = "starting"
         self.started_at = time.time()
         self.scheduler_info: dict[str, Any] = {}
+        self.packages: dict[str, Any] = {}  # what it found on its paths (sim/packages.py)
 
     @property
     def served_model_name(self) -> str:
@@ -153,12 +155,14 @@ class Handler(BaseHTTPRequestHandler):
             "/health_generate": ({"GET"}, self.health),
             "/server_info": ({"GET"}, self.server_info),
             "/get_server_info": ({"GET"}, self.server_info),
+            "/model_info": ({"GET"}, self.model_info),
             "/get_model_info": ({"GET"}, self.model_info),
             "/v1/models": ({"GET"}, self.models),
             "/metrics": ({"GET"}, self.metrics),
             "/flush_cache": ({"GET", "POST"}, self.flush_cache),
             "/generate": ({"POST", "PUT"}, self.generate),
             "/v1/completions": ({"POST"}, self.completions),
+            "/sim/packages": ({"GET"}, self.sim_packages),  # the sim's own; not SGLang's
         }
         if path not in routes or (
             path == "/metrics" and not self.state.config.server_args["enable_metrics"]
@@ -202,15 +206,30 @@ class Handler(BaseHTTPRequestHandler):
         sched = self.state.scheduler
         internal = [sched.internal_state()] if sched else []
         self._json(200, {**self.state.config.server_args, **self.state.scheduler_info,
-                         "internal_states": internal, "version": SGLANG_VERSION})  # fmt: skip
+                         "internal_states": internal,
+                         "version": self.state.config.dialect.version})  # fmt: skip
+
+    def sim_packages(self) -> None:
+        """The versions this server found and loaded (a real SGLang has no such route: there
+        a probe of the server process reads them)."""
+        if self._starting():
+            return
+        self._json(200, self.state.packages)
 
     def model_info(self) -> None:
         if self._starting():
             return
         args = self.state.config.server_args
-        self._json(200, {"model_path": args["model_path"], "tokenizer_path": args["tokenizer_path"],
-                         "is_generation": True, "preferred_sampling_params": None,
-                         "weight_version": args["weight_version"]})  # fmt: skip
+        doc = {"model_path": args["model_path"], "tokenizer_path": args["tokenizer_path"],
+               "is_generation": True, "preferred_sampling_params": None,
+               "weight_version": args["weight_version"], "has_image_understanding": False,
+               "has_audio_understanding": False, "model_type": "deepseek_v3",
+               "architectures": [MODEL_ARCHITECTURE]}  # fmt: skip
+        if self.state.config.dialect.model_info_0523:
+            doc.update({"served_model_name": args["served_model_name"],
+                        "load_format": args["load_format"], "reasoning_parser": None,
+                        "tool_call_parser": None, "disaggregation_mode": "null"})  # fmt: skip
+        self._json(200, doc)
 
     def models(self) -> None:
         if self._starting():
@@ -311,7 +330,8 @@ class Handler(BaseHTTPRequestHandler):
     def _meta(self, req: SimRequest, n: int, finished: bool) -> dict[str, Any]:
         launch = self.state.config.launch
         draft = launch.speculative_num_draft_tokens if launch.speculative else None
-        return meta_info(req, n, finished, draft, self.state.config.server_args["weight_version"])
+        return meta_info(req, n, finished, draft, self.state.config.server_args["weight_version"],
+                         self.state.config.dialect)
 
     def _start_stream(self) -> None:
         self.send_response(200)

@@ -9,6 +9,7 @@ Layout (JSON):
     {"driver_version": "590.48.01", "cuda_driver_version": 13010, "nccl_version": "2.27.3",
      "gpus": [{"index": 0, "name": ..., "uuid": ..., "memory_total_mib": ...,
                "sm_clock_max_mhz": ..., "sm_clock_locked_mhz": null, "mem_clock_mhz": ...,
+               "mem_clock_locked_mhz": null, "applications_clock_sm_mhz": null,
                "power_limit_w": ..., "power_limit_default_w": ..., "power_limit_max_w": ...,
                "temperature_c": ..., "persistence_mode": true, "pcie_gen": 5,
                "pcie_gen_max": 5, "pcie_width": 16, "pcie_width_max": 16, "ecc_errors": 0,
@@ -59,6 +60,8 @@ class GpuInfo:
     sm_clock_max_mhz: int = DEFAULT_SM_CLOCK_MAX_MHZ
     sm_clock_locked_mhz: int | None = None
     mem_clock_mhz: int = DEFAULT_MEM_CLOCK_MHZ
+    mem_clock_locked_mhz: int | None = None  # None: memory clocks not locked
+    applications_clock_sm_mhz: int | None = None  # None: the default (the maximum SM clock)
     power_limit_w: float = DEFAULT_POWER_LIMIT_W
     power_limit_default_w: float = DEFAULT_POWER_LIMIT_W
     power_limit_max_w: float = DEFAULT_POWER_LIMIT_W
@@ -133,6 +136,7 @@ _INT_FIELDS = {
     "index", "memory_total_mib", "sm_clock_max_mhz", "mem_clock_mhz", "pcie_gen", "pcie_gen_max",
     "pcie_width", "pcie_width_max", "ecc_errors",
 }  # fmt: skip
+_OPTIONAL_INT_FIELDS = {"sm_clock_locked_mhz", "mem_clock_locked_mhz", "applications_clock_sm_mhz"}
 _FLOAT_FIELDS = {"power_limit_w", "power_limit_default_w", "power_limit_max_w", "temperature_c"}
 
 
@@ -145,7 +149,7 @@ def _typed(key: str, value: object) -> object:
         if isinstance(value, bool) or not isinstance(value, int | float):
             raise GpuStateError(f"gpu field {key!r} must be a number, got {value!r}")
         return value
-    if key == "sm_clock_locked_mhz":
+    if key in _OPTIONAL_INT_FIELDS:
         if value is None:
             return None
         return _typed("sm_clock_max_mhz", value)

@@ -1,8 +1,21 @@
-"""Run a sim server process for tests and tools: free port, readiness wait, guaranteed kill.
+"""Launching the sim server: a node's launcher wrapper, and a test helper that runs a server.
 
-The process runs in its own session (process group) and is killed with SIGKILL to the whole
-group on exit from the context, whatever happened inside it, so no test leaves a server
-behind. Stdlib only (urllib), like the server.
+**The wrapper** (`python -m orchestrator.targets.sim.launcher --strip A,B -- ARGV...`) models
+what sits between a tool and the server on a real node: a container entrypoint, a systemd unit,
+`sudo` with `env_reset`, a site wrapper script. Like `docker run -e NAME` or `sudo
+--preserve-env=NAMES`, it forwards the variables the launching tool names explicitly
+(`SLEUTH_SIM_LAUNCHER_PASS`, set by the sim target from what the trial requested) and drops the
+listed ones it inherited from the node, then execs the server in its place (same pid, so
+`/proc/<pid>/environ` is the server's). A node's wrapper is part of its state
+(`<node state>/launcher.json`: `{"strip": ["NCCL_ALGO"]}`), not of sleuth's configuration:
+it is the "NCCL variables never reached the server" the seed suspected. `--drop` (`"drop"` in
+`launcher.json`) removes variables even when they were passed explicitly, as `sudo` and the
+dynamic linker do with `LD_LIBRARY_PATH` for a privileged program: a package overlay whose
+libraries never reach the server.
+
+**The helper** (`run_sim`) runs a server in its own session (process group) for tests and tools
+and kills the whole group with SIGKILL on exit from the context, whatever happened inside it,
+so no test leaves a server behind. Stdlib only (urllib), like the server.
 """
 
 from __future__ import annotations
@@ -21,6 +34,41 @@ import urllib.request
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+
+PASS_VAR = "SLEUTH_SIM_LAUNCHER_PASS"
+
+
+def wrapped_environment(env: dict[str, str], strip: list[str],
+                        drop: list[str] | tuple[str, ...] = ()) -> dict[str, str]:
+    """What the wrapper hands the server: `env` without the stripped variables, except those
+    the tool asked for explicitly (named in :data:`PASS_VAR`), without the dropped ones in
+    any case, and without its own marker."""
+    env = dict(env)
+    passed = {v for v in env.pop(PASS_VAR, "").split(",") if v}
+    for var in strip:
+        if var not in passed:
+            env.pop(var, None)
+    for var in drop:
+        env.pop(var, None)
+    return env
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="python -m orchestrator.targets.sim.launcher",
+                                     description="a node launcher that drops inherited variables")
+    parser.add_argument("--strip", default="", help="comma-separated variables to drop unless"
+                        " passed explicitly")
+    parser.add_argument("--drop", default="", help="comma-separated variables to drop always")
+    parser.add_argument("command", nargs=argparse.REMAINDER, help="-- ARGV of the server")
+    args = parser.parse_args(argv)
+    command = args.command[1:] if args.command[:1] == ["--"] else args.command
+    if not command:
+        parser.error("no command to run after --")
+    env = wrapped_environment(dict(os.environ), [v for v in args.strip.split(",") if v],
+                              [v for v in args.drop.split(",") if v])
+    os.execvpe(command[0], command, env)
 
 
 def free_port() -> int:
@@ -151,3 +199,7 @@ def run_sim(
             sim.kill()
     finally:
         log_file.close()
+
+
+if __name__ == "__main__":
+    main()

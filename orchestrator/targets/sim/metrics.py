@@ -1,11 +1,16 @@
 """SGLang's Prometheus metrics, rendered in the text exposition format without prometheus_client.
 
 Names, label names, help strings and histogram buckets follow SGLang's
-`python/sglang/srt/observability/metrics_collector.py` (SchedulerMetricsCollector and
-TokenizerMetricsCollector). Counters print like prometheus_client: the family (`# TYPE`) name
-drops `_total`, the sample keeps it. SGLang exports no per-category forward-call counter; pass
-counts are in `sglang:cuda_graph_passes_total{mode=decode_cuda_graph|decode_none|...}` and
-verify calls (per request, at request end) in `sglang:spec_verify_calls_total`.
+`python/sglang/srt/observability/metrics_collector.py` (0.5.23; `metrics/collector.py` in
+0.5.9): SchedulerMetricsCollector and TokenizerMetricsCollector. Counters print like
+prometheus_client: the family (`# TYPE`) name drops `_total`, the sample keeps it, and a
+labelled series exists only once it was incremented (neither release pre-seeds the forward
+seconds or the graph passes). SGLang exports no per-category forward-call counter; pass counts
+are in `sglang:cuda_graph_passes_total{mode=decode_cuda_graph|decode_none|...}` (one per decode
+batch, i.e. one per EAGLE cycle) and, from 0.5.13, verify calls in
+`sglang:spec_verify_calls_total` (each finished request adds its own verify count). Device time
+is `sglang:forward_execution_seconds_total` per forward pass in 0.5.23 and
+`sglang:gpu_execution_seconds_total` per scheduler batch in 0.5.9 (see `dialect`).
 """
 
 from __future__ import annotations
@@ -13,6 +18,8 @@ from __future__ import annotations
 import math
 import threading
 from collections.abc import Iterable, Mapping, Sequence
+
+from orchestrator.targets.sim.dialect import Dialect, dialect
 
 TTFT_BUCKETS = (0.1, 0.2, 0.4, 0.6, 0.8, 1, 2, 4, 6, 8, 10, 20, 40, 60, 80, 100, 200, 400)
 E2E_BUCKETS = (
@@ -23,10 +30,12 @@ ITL_BUCKETS = (
     0.002, 0.004, 0.006, 0.008, 0.010, 0.015, 0.020, 0.025, 0.030, 0.035, 0.040, 0.060, 0.080,
     0.100, 0.200, 0.400, 0.600, 0.800, 1.000, 2.000, 4.000, 6.000, 8.000,
 )  # fmt: skip
-FORWARD_CATEGORIES = (
-    "decode", "extend", "target_verify", "eagle_draft", "eagle_draft_extend", "idle",
-)  # fmt: skip
-CUDA_GRAPH_MODES = ("decode_cuda_graph", "decode_none", "prefill_cuda_graph", "prefill_none")
+FORWARD_DOC = {
+    "sglang:forward_execution_seconds_total": "Total time that GPU is busy executing model "
+    "forward passes. Refer to ForwardMode for category labels.",
+    "sglang:gpu_execution_seconds_total": "Total time that GPU is busy executing a workload. "
+    "Refer to ForwardMode for category labels.",
+}
 
 
 def fmt_value(value: float) -> str:
@@ -156,8 +165,11 @@ class Histogram(_Metric):
 class SGLangMetrics:
     """The subset of SGLang's scheduler and tokenizer metrics the sim maintains."""
 
-    def __init__(self, model_name: str):
+    def __init__(self, model_name: str, release: Dialect | None = None, device_timer: bool = True):
         self.lock = threading.Lock()
+        self.dialect = release or dialect(None)
+        # SGLang times forward passes only with SGLANG_ENABLE_METRICS_DEVICE_TIMER=1.
+        self.device_timer = device_timer
         self.scheduler_labels = {
             "model_name": model_name, "engine_type": "unified", "tp_rank": "0", "pp_rank": "0",
             "moe_ep_rank": "0",
@@ -186,12 +198,8 @@ class SGLangMetrics:
         ):
             g[name] = Gauge(f"sglang:{name}", doc, s)
         self.gauges = g
-        self.forward_seconds = Counter(
-            "sglang:forward_execution_seconds_total",
-            "Total time that GPU is busy executing model forward passes. "
-            "Refer to ForwardMode for category labels.",
-            (*s, "category"),
-        )
+        name = self.dialect.forward_seconds_metric
+        self.forward_seconds = Counter(name, FORWARD_DOC[name], (*s, "category"))
         self.cuda_graph_passes = Counter(
             "sglang:cuda_graph_passes_total",
             "Total number of forward passes categorized by CUDA graph.",
@@ -238,10 +246,6 @@ class SGLangMetrics:
             "sglang:e2e_request_latency_seconds", "Histogram of End-to-end request latency in seconds",
             (*t, "is_streaming"), E2E_BUCKETS,
         )  # fmt: skip
-        for category in FORWARD_CATEGORIES:  # pre-seeded so rate() queries see every series
-            self.forward_seconds.touch({**self.scheduler_labels, "category": category})
-        for mode in CUDA_GRAPH_MODES:
-            self.cuda_graph_passes.touch({**self.scheduler_labels, "mode": mode})
         for gauge in self.gauges.values():
             gauge.set(self.scheduler_labels, 0.0)
 
@@ -250,6 +254,8 @@ class SGLangMetrics:
         self.gauges[name].set(self.scheduler_labels, value)
 
     def forward(self, category: str, seconds: float) -> None:
+        if not self.device_timer:
+            return
         self.forward_seconds.inc({**self.scheduler_labels, "category": category}, seconds)
 
     def graph_pass(self, mode: str) -> None:
@@ -265,7 +271,8 @@ class SGLangMetrics:
             metrics = [
                 *self.gauges.values(), self.forward_seconds, self.cuda_graph_passes,
                 self.realtime_tokens, self.prompt_tokens, self.generation_tokens,
-                self.spec_verify_calls, self.cached_tokens, self.num_requests, self.ttft,
+                *([self.spec_verify_calls] if self.dialect.verify_calls_counter else []),
+                self.cached_tokens, self.num_requests, self.ttft,
                 self.itl, self.e2e,
             ]  # fmt: skip
             for metric in metrics:

@@ -151,12 +151,26 @@ def visible_gpus(state: GpuState, env: Mapping[str, str]) -> tuple[GpuInfo, ...]
     return tuple(out)
 
 
+def sm_clock_cap_mhz(gpu: GpuInfo) -> float:
+    """The highest SM clock the GPU's settings allow: its maximum, a lock, application clocks."""
+    clock = float(gpu.sm_clock_max_mhz)
+    for cap in (gpu.sm_clock_locked_mhz, gpu.applications_clock_sm_mhz):
+        if cap:
+            clock = min(clock, float(cap))
+    return clock
+
+
+def mem_clock_mhz(gpu: GpuInfo) -> float:
+    """The memory clock under load: its setting, or a lower memory clock lock."""
+    clock = float(gpu.mem_clock_mhz)
+    if gpu.mem_clock_locked_mhz:
+        clock = min(clock, float(gpu.mem_clock_locked_mhz))
+    return max(clock, 1.0)
+
+
 def clock_ratio(gpu: GpuInfo, power_demand_w: float) -> float:
     """Effective SM clock under load for a phase, relative to the reference clock."""
-    clock = float(gpu.sm_clock_max_mhz)
-    if gpu.sm_clock_locked_mhz:
-        clock = min(clock, float(gpu.sm_clock_locked_mhz))
-    ratio = clock / REFERENCE_SM_CLOCK_MHZ
+    ratio = sm_clock_cap_mhz(gpu) / REFERENCE_SM_CLOCK_MHZ
     # Power ~ static + dynamic * r: the clock settles where the phase's draw meets the cap.
     demand_at_ratio = STATIC_POWER_W + (power_demand_w - STATIC_POWER_W) * ratio
     if demand_at_ratio > gpu.power_limit_w:
@@ -175,9 +189,9 @@ def effective_sm_clock_mhz(gpu: GpuInfo, phase: str = "verify") -> tuple[float, 
     ratio = clock_ratio(gpu, PHASES[phase].power_demand_w)
     clock = ratio * REFERENCE_SM_CLOCK_MHZ
     reasons = []
-    if gpu.sm_clock_locked_mhz and gpu.sm_clock_locked_mhz < gpu.sm_clock_max_mhz:
+    unlocked = sm_clock_cap_mhz(gpu)
+    if unlocked < gpu.sm_clock_max_mhz:
         reasons.append("applications_clocks_setting")
-    unlocked = min(gpu.sm_clock_max_mhz, gpu.sm_clock_locked_mhz or gpu.sm_clock_max_mhz)
     if gpu.temperature_c >= 88:
         reasons.append("sw_thermal_slowdown")
     if clock < unlocked - 1 and gpu.temperature_c < 88:
@@ -237,7 +251,7 @@ def hardware(
         lat *= 1.0 + 0.15 * gen_penalty
         bw /= max(link, 1e-3)
     n_foreign = max(len(_foreign(g, own_pid)) for g in used)
-    mem_factor = max(REFERENCE_MEM_CLOCK_MHZ / max(g.mem_clock_mhz, 1) for g in used)
+    mem_factor = max(REFERENCE_MEM_CLOCK_MHZ / mem_clock_mhz(g) for g in used)
     return Hardware(used, 1.0 + CONTENTION_PER_PROCESS * n_foreign, mem_factor, lat, bw)
 
 

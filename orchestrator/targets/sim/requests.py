@@ -4,7 +4,10 @@
 (`python/sglang/srt/managers/tokenizer_manager.py`, `_handle_batch_output` and
 `_calculate_spec_decoding_metrics`): e2e_latency only once finished; with speculation
 spec_accept_rate = accepted drafts / (verify_ct * (num_draft_tokens - 1)) and
-spec_accept_length = completion_tokens / verify_ct. All times are modeled seconds.
+spec_accept_length = completion_tokens / verify_ct. The key names are the imitated release's
+(`dialect`: 0.5.9 `spec_accept_token_num` / `spec_draft_token_num` / `spec_accept_histogram`,
+0.5.23 `spec_num_correct_drafts` / `spec_num_proposed_drafts` /
+`spec_correct_drafts_histogram`). All times are modeled seconds.
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from orchestrator.targets.sim import tokens
+from orchestrator.targets.sim.dialect import Dialect, dialect
 
 FINISHED = -1  # update-queue sentinel: the request is done (or the server gave up on it)
 
@@ -66,26 +70,30 @@ def meta_info(
     finished: bool,
     num_draft_tokens: int | None,
     weight_version: str = "default",
+    release: Dialect | None = None,
 ) -> dict[str, Any]:
     """SGLang's meta_info for a snapshot of `n_tokens` output tokens."""
+    d = release or dialect(None)
     meta: dict[str, Any] = {
         "id": req.rid,
         "finish_reason": {"type": "length", "length": req.max_new_tokens} if finished else None,
         "prompt_tokens": len(req.input_ids),
         "weight_version": weight_version,
-        "total_retractions": 0,
-        "completion_tokens": n_tokens,
-        "cached_tokens": req.cached_tokens,
+        d.retractions_key: 0,
     }
+    if d.reasoning_tokens:
+        meta["reasoning_tokens"] = 0
+    meta.update({"completion_tokens": n_tokens, "cached_tokens": req.cached_tokens})
     if finished:
+        meta["e2e_latency"] = req.e2e_latency()
         if num_draft_tokens is not None:
-            meta["spec_verify_ct"] = req.verify_ct
             proposed = req.verify_ct * (num_draft_tokens - 1)
             if req.verify_ct > 0 and proposed > 0:
                 meta["spec_accept_rate"] = req.accepted_drafts / proposed
                 meta["spec_accept_length"] = n_tokens / req.verify_ct
-                meta["spec_accepted_drafts"] = req.accepted_drafts
-                meta["spec_proposed_drafts"] = proposed
-                meta["spec_accept_histogram"] = list(req.accept_histogram)
-        meta["e2e_latency"] = req.e2e_latency()
+                meta[d.spec_correct_key] = req.accepted_drafts  # drafts only, in both releases
+                meta[d.spec_proposed_key] = proposed
+                meta["spec_verify_ct"] = req.verify_ct
+            if any(req.accept_histogram):
+                meta[d.spec_histogram_key] = list(req.accept_histogram)
     return meta

@@ -7,7 +7,8 @@ The sim server reads its behaviour from the checked-out `sim_profile.json` (plus
 means changing those inputs at a known point and recording where in `truth.json`.
 
 Layout of `out/`: `repo/` (the git repo, checked out at HEAD), `truth.json`, `patches/` (when
-the preset has them) and, for system-level presets, `{reference,now}_{env,gpu_state,packages}.json`.
+the preset has them) and, for system-level presets,
+`{reference,now}_{env,gpu_state,packages,launcher}.json`.
 
 The history is written with one `git fast-import` process fed a single stream (1000 commits
 take well under a second of git time); author and committer dates come from the seed, so the
@@ -372,7 +373,7 @@ def _generate(out: Path, commits: int, seed: int, preset: str) -> Scenario:
     if spec.patches:
         truth["patches"] = write_patches(out, history.clock, history.profile, rng)
     if spec.system_change:
-        truth["system"], truth["env"] = write_system(out, rng, history.profile)
+        truth["system"], truth["env"] = write_system(out, rng, history.profile, spec.system_story)
     (out / "truth.json").write_text(material.render_json(truth))
     return Scenario(out=out, repo=out / "repo", truth=truth)
 

@@ -150,6 +150,7 @@ class PresetSpec:
     patches: bool = False
     system_change: bool = False
     env_effects: tuple[dict, ...] = ()
+    system_story: str = "power_nccl"  # which reference -> now system change (SYSTEM_STORIES)
 
 
 # fmt: off
@@ -167,6 +168,23 @@ PRESETS = {spec.name: spec for spec in (
     PresetSpec("seed_story", "a +53% verify culprit, a system-level change and NCCL settings "
                "worth sweeping", ("verify_53",), unbuildable=1, system_change=True,
                env_effects=NCCL_ENV_EFFECTS),
+    PresetSpec("clock_pair", "no culprit in range: power limit 600 -> 450 W and an SM clock "
+               "lock at 1900 MHz, both set from outside since the reference", (),
+               system_change=True, system_story="clock_pair"),
+    PresetSpec("power_commit", "a +30% verify culprit, and the power limit lowered 600 -> "
+               "450 W since the reference", ("verify_30",), system_change=True,
+               system_story="power_limit"),
+    PresetSpec("launcher_strip", "no culprit in range: NCCL_ALGO=Tree is in the node's "
+               "environment, and a launcher wrapper now strips it before the server", (),
+               system_change=True, system_story="launcher_strip",
+               env_effects=({"var": "NCCL_ALGO", "value": "Tree", "allreduce_mult": 0.4},)),
+    PresetSpec("seed_system", "no culprit in range: an outside SM clock lock, NCCL_PROTO "
+               "stripped by a launcher, 20 harmless env differences, a driver and a package "
+               "bump", (), system_change=True, system_story="seed_system",
+               env_effects=({"var": "NCCL_PROTO", "value": "LL128", "allreduce_mult": 0.3},)),
+    PresetSpec("nccl_upgrade", "no culprit in range: the node's NCCL wheel went 2.27.5 -> 2.28.3"
+               " (slower all-reduce), two harmless package bumps and a changed variable; the"
+               " old wheels are in wheels/", (), system_change=True, system_story="nccl_upgrade"),
 )}
 ONE_CULPRIT_CHOICES = ("verify_53", "verify_30", "verify_decode")
 
@@ -452,23 +470,35 @@ HARMLESS_ENV_NAMES = (
 NOW_POWER_LIMIT_W = 450  # reference: the stock 600 W of the sim's default GPU state
 
 
+# A node's login environment, the same then and now.
+NODE_ENV = {
+    "HOME": "/home/infer", "USER": "infer", "LANG": "C.UTF-8", "TERM": "xterm-256color",
+    "PATH": "/usr/local/cuda/bin:/usr/local/bin:/usr/bin:/bin", "HF_HOME": "/data/hf",
+    "CUDA_VISIBLE_DEVICES": "0,1,2,3,4,5,6,7", "NCCL_IB_DISABLE": "1",
+}  # fmt: skip
+
+
 def system_envs(rng: random.Random) -> tuple[dict[str, str], dict[str, str]]:
     """Reference and now env: NCCL_PROTO dropped, 30 harmless variables changed."""
-    reference = {
-        "HOME": "/home/infer", "USER": "infer", "LANG": "C.UTF-8", "TERM": "xterm-256color",
-        "PATH": "/usr/local/cuda/bin:/usr/local/bin:/usr/bin:/bin", "HF_HOME": "/data/hf",
-        "CUDA_VISIBLE_DEVICES": "0,1,2,3,4,5,6,7", "NCCL_IB_DISABLE": "1", "NCCL_PROTO": "LL128",
-    }  # fmt: skip
+    reference = {**NODE_ENV, "NCCL_PROTO": "LL128"}
     now = {k: v for k, v in reference.items() if k != "NCCL_PROTO"}
-    for i, name in enumerate(HARMLESS_ENV_NAMES):
+    plant_harmless(rng, HARMLESS_ENV_NAMES, reference, now)
+    return dict(sorted(reference.items())), dict(sorted(now.items()))
+
+
+def plant_harmless(rng: random.Random, names: tuple[str, ...], reference: dict, now: dict) -> None:
+    """Change `names` between the two environments: a third set only then, a third only now,
+    a third with another value. Boolean-looking names get boolean values."""
+    for i, name in enumerate(names):
         old, new = f"{name.lower()}-{rng.randrange(1000, 9999)}", f"{name.lower()}-{i}-now"
+        if name == "TOKENIZERS_PARALLELISM":
+            old, new = "true", "false"
         if i % 3 == 0:  # set only then
             reference[name] = old
         elif i % 3 == 1:  # set only now
             now[name] = new
         else:  # value changed
             reference[name], now[name] = old, new
-    return dict(sorted(reference.items())), dict(sorted(now.items()))
 
 
 def system_packages() -> tuple[dict[str, str], dict[str, str]]:

@@ -10,8 +10,11 @@ import random
 from collections.abc import Mapping
 from pathlib import Path
 
+from orchestrator.packages.wheels import write_wheel
 from orchestrator.targets.sim import gpu_state
+from orchestrator.targets.sim import packages as sim_packages
 from orchestrator.targets.sim import scenario_presets as material
+from orchestrator.targets.sim import scenario_system as stories
 from orchestrator.targets.sim.scenario_presets import (
     FRAGMENT_DIR,
     effects_of,
@@ -53,12 +56,15 @@ def write_patches(out: Path, clock: int, profile: Mapping, rng: random.Random) -
     }
 
 
-def write_system(out: Path, rng: random.Random, code_profile: Mapping) -> tuple[dict, dict]:
+def write_system(out: Path, rng: random.Random, code_profile: Mapping,
+                 story: str = "power_nccl") -> tuple[dict, dict]:
     """Write the reference/now system-state files; return the `system` and `env` truth.
 
     Each change is priced alone (reference with only that factor moved) by the sim's model,
     at the code of the bad commit, so an isolate run can be graded factor by factor.
     """
+    if story != "power_nccl":
+        return _write_story(out, rng, code_profile, story)
     reference_env, now_env = material.system_envs(rng)
     reference_packages, now_packages = material.system_packages()
     reference_state = gpu_state.default_state()
@@ -69,6 +75,7 @@ def write_system(out: Path, rng: random.Random, code_profile: Mapping) -> tuple[
         "now": {"env": now_env, "gpu_state": gpu_state.to_dict(now_state), "packages": now_packages},
     }  # fmt: skip
     for when, docs in states.items():
+        docs["launcher"] = {"strip": []}
         for what, doc in docs.items():
             (out / f"{when}_{what}.json").write_text(material.render_json(doc))
 
@@ -99,6 +106,50 @@ def write_system(out: Path, rng: random.Random, code_profile: Mapping) -> tuple[
     files = {when: {what: f"{when}_{what}.json" for what in docs} for when, docs in states.items()}
     system = {**files, "changes": changes, "total_effect": effect(now_env, now_state)}
     return system, env_truth(code_profile, now_env, now_state)
+
+
+def _write_story(out: Path, rng: random.Random, code_profile: Mapping, story: str
+                 ) -> tuple[dict, dict]:
+    """A system story of :func:`stories.system_story`: files, and each change priced alone on
+    the server's environment (the node's minus what its launcher strips)."""
+    reference, now, changes = stories.system_story(story, rng)
+    files: dict[str, dict[str, str]] = {}
+    for when, state in (("reference", reference), ("now", now)):
+        docs = {"env": state.env, "gpu_state": gpu_state.to_dict(state.gpus),
+                "packages": state.packages, "launcher": {"strip": list(state.strip)}}
+        for what, doc in docs.items():
+            (out / f"{when}_{what}.json").write_text(material.render_json(doc))
+        files[when] = {what: f"{when}_{what}.json" for what in docs}
+    for name, version in reference.wheels:
+        write_wheel(out / "wheels", name, version, wheel_files(name, version),
+                    f"{name} as the simulated node had it")
+    if reference.wheels:
+        files["wheels"] = "wheels"  # type: ignore[assignment]
+
+    def effect(state: stories.SystemState) -> dict:
+        return modelled_effect(code_profile, (reference.server_env, reference.model_gpus()),
+                               (state.server_env, state.model_gpus()))
+
+    priced = []
+    for record, moved in changes:
+        change = {**record, "effect": effect(moved)}
+        change["harmful"] = any(change["effect"][m]["pct"] >= 1.0
+                                for m in ("verify_ms", "decode_ms"))
+        priced.append(change)
+    system = {**files, "changes": priced, "total_effect": effect(now),
+              "launcher": {"now_strips": list(now.strip)}}
+    return system, env_truth(code_profile, now.server_env, now.gpus)
+
+
+def wheel_files(name: str, version: str) -> dict[str, str | bytes]:
+    """What a simulated node's wheel holds: the NCCL one its shared library (which the sim
+    finds on LD_LIBRARY_PATH and never loads), any other one a module with its version."""
+    if name in sim_packages.NCCL_DISTRIBUTIONS:
+        return {"nvidia/nccl/__init__.py": "",
+                f"nvidia/nccl/lib/{sim_packages.NCCL_LIBRARY}":
+                    f"simulated NCCL {version}: not a real shared library\n".encode()}
+    module = name.replace("-", "_")
+    return {f"{module}/__init__.py": f"__version__ = {version!r}\n"}
 
 
 def env_truth(code_profile: Mapping, now_env: Mapping, now_state: gpu_state.GpuState) -> dict:

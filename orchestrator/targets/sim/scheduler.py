@@ -7,10 +7,17 @@ thread sleeps to an absolute deadline `t0 + modeled_time * time_scale`, so Pytho
 not accumulate as long as the host keeps up, and only then makes the pass's tokens visible.
 When the server goes idle, modeled time re-anchors to the wall clock.
 
-Log lines and metrics follow SGLang's scheduler (`scheduler_metrics_mixin.py`, v0.5.9 log
-formats): a `Prefill batch` line per prefill, a `Decode batch` line every
-`decode_log_interval` decode passes, with accept len = tokens / (requests x cycles) and
-accept rate = accept len / num_draft_tokens over the interval.
+Log lines and metrics follow SGLang's scheduler (0.5.9 `scheduler_metrics_mixin.py`, 0.5.23
+`scheduler_components/metrics_reporter.py`; the release is the `dialect`): a `Prefill batch`
+line per prefill, a `Decode batch` line every `decode_log_interval` decode passes, with accept
+len = tokens / (requests x cycles) over the interval. Only then are the interval's accept
+counts added to the totals behind `/server_info`'s `avg_spec_accept_length`, as in SGLang: a
+repetition shorter than one interval after `/flush_cache` leaves it absent.
+
+Device time per pass goes to the categories the imitated release files it under: 0.5.23's
+per-pass timers put a draft pass run from a CUDA graph under `eagle_draft` /
+`eagle_draft_extend`, an eager one under `decode` / `extend` (the eager runner names passes by
+forward mode); 0.5.9 times the whole scheduler batch as `forward_decode` / `forward_extend`.
 """
 
 from __future__ import annotations
@@ -49,6 +56,7 @@ class Scheduler:
         chunked_prefill_size: int,
         decode_log_interval: int,
         radix_cache: bool,
+        device_timer: bool = False,
     ):
         self.costs = costs
         self.cost_factory = cost_factory  # rebuilds costs when the GPU state file changes
@@ -60,6 +68,8 @@ class Scheduler:
         self.max_running = max_running_requests
         self.chunk_budget = chunked_prefill_size
         self.log_interval = decode_log_interval
+        self.dialect = metrics.dialect
+        self.device_timer = device_timer  # SGLANG_ENABLE_METRICS_DEVICE_TIMER: occupancy in logs
         self.cache = PrefixCache() if radix_cache else None
         self.launch = costs.launch
         self.cond = threading.Condition()
@@ -100,10 +110,12 @@ class Scheduler:
         self.forward_ct_decode = 0
         self.num_generated_tokens = 0
         self.spec_num_accepted_tokens = 0
+        self.spec_num_correct_drafts = 0
         self.spec_num_forward_ct = 0
         self.spec_total_accepted_tokens = 0
         self.spec_total_forward_ct = 0
         self._last_decode_log = self.modeled_now
+        self._window_gpu_s = 0.0
 
     def flush_cache(self) -> bool:
         with self.cond:
@@ -188,10 +200,13 @@ class Scheduler:
             new_tokens += len(req.input_ids) - req.cached_tokens
         ms = self.costs.prefill(new_tokens) * self._factor()
         with self.metrics.lock:
-            self.metrics.forward("extend", ms / 1000.0)
-            self.metrics.graph_pass("prefill_none")
+            self.metrics.forward("extend" if self.dialect.per_pass_timer else "forward_extend",
+                                 ms / 1000.0)
+            if self.dialect.prefill_graph_passes:
+                self.metrics.graph_pass("prefill_none")
             self.metrics.realtime("prefill_compute", new_tokens)
             self.metrics.realtime("prefill_cache", cached)
+        self._window_gpu_s += ms / 1000.0
         self._log_prefill(admit, new_tokens, cached)
         self._advance(ms)
         done = []
@@ -220,21 +235,29 @@ class Scheduler:
             verify_ms *= self._factor()
             extend_ms = self.costs.draft_extend(bs) * self._factor()
             gained = [self._accept(req) for req in batch]
-            with self.metrics.lock:
-                self.metrics.forward("eagle_draft", draft_ms / 1000.0)
-                self.metrics.forward("target_verify", verify_ms / 1000.0)
-                self.metrics.forward("eagle_draft_extend", extend_ms / 1000.0)
             total_ms = draft_ms + verify_ms + extend_ms
+            d = self.dialect
+            with self.metrics.lock:
+                if d.per_pass_timer:
+                    self.metrics.forward(d.draft_category(self.costs.graph_ok(bs, "draft")),
+                                         draft_ms / 1000.0)
+                    self.metrics.forward("target_verify", verify_ms / 1000.0)
+                    self.metrics.forward(
+                        d.draft_extend_category(self.costs.graph_ok(bs, "draft_extend")),
+                        extend_ms / 1000.0)
+                else:
+                    self.metrics.forward("forward_decode", total_ms / 1000.0)
             self.spec_num_accepted_tokens += sum(gained)
+            self.spec_num_correct_drafts += sum(max(0, n - 1) for n in gained)
             self.spec_num_forward_ct += bs
-            self.spec_total_accepted_tokens += sum(gained)
-            self.spec_total_forward_ct += bs
         else:
             total_ms, graph = self.costs.decode(bs)
             total_ms *= self._factor()
             gained = [min(1, req.remaining) for req in batch]
             with self.metrics.lock:
-                self.metrics.forward("decode", total_ms / 1000.0)
+                self.metrics.forward("decode" if self.dialect.per_pass_timer else "forward_decode",
+                                     total_ms / 1000.0)
+        self._window_gpu_s += total_ms / 1000.0
         with self.metrics.lock:
             self.metrics.graph_pass("decode_cuda_graph" if graph else "decode_none")
             self.metrics.realtime("decode", sum(gained))
@@ -371,17 +394,31 @@ class Scheduler:
     def _used_tokens(self) -> int:
         return sum(len(r.input_ids) + len(r.output_ids) for r in self.running)
 
+    def _occupancy(self, gap_s: float) -> str:
+        """0.5.23's `fwd occupancy` suffix (device timer on): busy share of the log window.
+        Modeled time is either a forward pass or idle, so fwd+idle is the whole window."""
+        busy = min(100.0 * self._window_gpu_s / gap_s, 100.0) if gap_s > 0 else 0.0
+        return f", fwd occupancy: {busy:.2f}%, fwd+idle occupancy: {100.0 if gap_s > 0 else 0.0:.2f}%"
+
     def _log_prefill(self, admit: list[SimRequest], new_tokens: int, cached: int) -> None:
         gap = self.modeled_now - self._last_prefill_time
         throughput = self._last_prefill_tokens / gap if gap > 0 else 0.0
         self._last_prefill_time, self._last_prefill_tokens = self.modeled_now, new_tokens
-        usage = (self._used_tokens() + new_tokens + cached) / MAX_TOTAL_NUM_TOKENS
-        self.log.tp(
-            f"Prefill batch, #new-seq: {len(admit)}, #new-token: {new_tokens}, "
-            f"#cached-token: {cached}, token usage: {usage:.2f}, #running-req: {len(self.running)}, "
-            f"#queue-req: {len(self.waiting)}, input throughput (token/s): {throughput:.2f}, "
-            f"cuda graph: False"
-        )
+        used = self._used_tokens() + new_tokens + cached
+        usage = used / MAX_TOTAL_NUM_TOKENS
+        head = (f"Prefill batch, #new-seq: {len(admit)}, #new-token: {new_tokens}, "
+                f"#cached-token: {cached}, ")  # fmt: skip
+        if self.dialect.prefill_log_0523:
+            msg = (head + f"token usage: {usage:.2f}, #running-req: "
+                   f"{len(self.running)}, #queue-req: {len(self.waiting)}, #pending-token: 0, "
+                   f"cuda graph: False, input throughput (token/s): {throughput:.2f}")  # fmt: skip
+            if self.device_timer:
+                msg += self._occupancy(self.modeled_now - self._last_decode_log)
+        else:
+            msg = (head + f"token usage: {usage:.2f}, #running-req: {len(self.running)}, "
+                   f"#queue-req: {len(self.waiting)}, input throughput (token/s): {throughput:.2f}, "
+                   "cuda graph: False")  # fmt: skip
+        self.log.tp(msg)
         total = new_tokens + cached
         with self.metrics.lock:
             self.metrics.set_gauge("num_running_reqs", len(self.running))
@@ -402,13 +439,25 @@ class Scheduler:
         accept_len = accept_rate = 0.0
         if self.launch.speculative and self.spec_num_forward_ct > 0:
             accept_len = self.spec_num_accepted_tokens / self.spec_num_forward_ct
-            accept_rate = accept_len / self.launch.speculative_num_draft_tokens
+            draft = self.launch.speculative_num_draft_tokens
+            if self.dialect.accept_rate_from_correct_drafts:
+                proposed = self.spec_num_forward_ct * (draft - 1)
+                accept_rate = self.spec_num_correct_drafts / proposed if proposed > 0 else 0.0
+            else:
+                accept_rate = accept_len / draft
+            # Only here do the interval's counts reach the totals /server_info reports.
+            self.spec_total_accepted_tokens += self.spec_num_accepted_tokens
+            self.spec_total_forward_ct += self.spec_num_forward_ct
             self.spec_num_accepted_tokens = self.spec_num_forward_ct = 0
+            self.spec_num_correct_drafts = 0
             msg += f"accept len: {accept_len:.2f}, accept rate: {accept_rate:.2f}, "
         msg += (
             f"cuda graph: {graph}, gen throughput (token/s): {self.last_gen_throughput:.2f}, "
             f"#queue-req: {len(self.waiting)}"
         )
+        if self.device_timer and self.dialect.per_pass_timer:
+            msg += self._occupancy(gap)
+        self._window_gpu_s = 0.0
         self.log.tp(msg)
         with self.metrics.lock:
             m = self.metrics

@@ -1,0 +1,341 @@
+"""The `answer` of a findings document: one sentence, its causes with intervals, what is left.
+
+Every run kind ends in an answer built here from its findings document (and, where the command
+has the trials, the mechanism of :mod:`orchestrator.answer.phases`). Its parts, as
+`findings.json` carries them:
+
+- `sentence`: what a person reads first, e.g. "verify_ms +53.2% [+47.1, +59.6] = power limit
+  600 W -> 450 W +30.1% [..] + commit b2d8735e1f0a "Refactor verify" +17.9% [..]; unexplained
+  -0.4% [-5.1, +4.5]";
+- `total`: the change being explained, with its interval (`before` / `after` means);
+- `causes`: each named cause with its effect on the run's metric, its share of the total on the
+  log scale, the probability the experiment gave it, and what found it;
+- `explained` / `unexplained`: the causes' sum and the remainder, with intervals
+  (:mod:`orchestrator.answer.combine`), and `explains`: whether the sum lies within the total's
+  interval (the investigate command's exit code);
+- `not_tested`: differences that were listed but never tested, one group per reason;
+- `settings`: a sweep's better configuration, kept apart from causes;
+- `mechanism`: which phase moved, CUDA-graph share, SM clock and power, before vs after.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+from orchestrator.answer import text as T
+from orchestrator.answer.combine import LogChange, explains, remainder, share, total
+
+NOT_TESTED_SHOWN = 8
+
+
+def _effect_of(finding: Mapping, metric: str) -> Mapping | None:
+    detail = (finding.get("effect_detail") or {}).get(metric)
+    return detail if detail else (finding.get("effect") or {}).get(metric)
+
+
+def cause_label(finding: Mapping) -> str:
+    """How a finding reads as a cause: a commit with its subject, a difference with its
+    levels (`power limit 600 W -> 450 W`), a pair joined by `+`."""
+    if finding.get("kind") == "commit":
+        return T.commit_label(str(finding.get("id", "")), finding.get("subject"))
+    diffs = finding.get("differences") or []
+    if diffs:
+        joined = " with ".join(T.change_label(str(d.get("label") or d.get("key"))) for d in diffs)
+        return joined + (" (only together)" if finding.get("interaction") else "")
+    return T.subject(finding.get("id", ""), 80)
+
+
+def cause(finding: Mapping, metric: str, experiment: str) -> dict | None:
+    """A finding with a probability of being a cause, as an answer's cause (None if it has no
+    effect on `metric`)."""
+    effect = _effect_of(finding, metric)
+    change = LogChange.from_effect(effect)
+    if change is None:
+        return None
+    doc = {"kind": finding.get("kind"), "id": finding.get("id"), "label": cause_label(finding),
+           "experiment": experiment, "probability": finding.get("probability"),
+           **change.to_json(), "phase": finding.get("phase")}
+    for key in ("before", "after"):
+        if isinstance((effect or {}).get(key), int | float):
+            doc[key] = effect[key]
+    if finding.get("kind") == "commit":
+        doc["sha"], doc["subject"] = finding.get("id"), finding.get("subject")
+    return doc
+
+
+def causes_of(doc: Mapping) -> list[dict]:
+    """The tested causes of a bisect or isolate document, most probable first."""
+    metric = str(doc.get("metric", ""))
+    out = []
+    for f in doc.get("findings", []):
+        if f.get("probability") is None:
+            continue
+        c = cause(f, metric, str(doc.get("experiment", "")))
+        if c is not None:
+            out.append(c)
+    return out
+
+
+def not_tested(compare_doc: Mapping | None) -> list[dict]:
+    """The compare's differences nobody tested, one group per reason, most likely first."""
+    if not compare_doc:
+        return []
+    groups: dict[str, list[str]] = {}
+    for f in compare_doc.get("findings", []):
+        d = f.get("difference") or {}
+        reason = f.get("untested") or "not tested yet"
+        if reason.startswith("set aside"):  # a shell's own variables: their names say enough
+            item = str(d.get("key") or f.get("id"))
+        else:
+            item = T.change_label(str(d.get("label") or f.get("id")))
+        groups.setdefault(reason, []).append(item)
+    order = ["not tested yet", "not settable per trial", "set aside: shell/session variable"]
+    out = []
+    for reason in sorted(groups, key=lambda r: order.index(r) if r in order else len(order)):
+        items = groups[reason]
+        what = ("shell/session variable" if reason.startswith("set aside") else "difference")
+        plural = "s" if len(items) != 1 else ""
+        why = {"set aside: shell/session variable": "changed, not tested",
+               "not settable per trial": "that cannot be set per trial, not tested",
+               "not tested yet": "in the fingerprint, not tested yet (most likely first)"
+               }.get(reason, f"not tested ({reason})")
+        shown = ", ".join(items[:NOT_TESTED_SHOWN]) + (" ..." if len(items) > NOT_TESTED_SHOWN
+                                                       else "")
+        out.append({"reason": reason, "count": len(items), "items": items,
+                    "line": f"{len(items)} {what}{plural} {why}: {shown}"})
+    return out
+
+
+def _clause(label: str, change: Mapping) -> str:
+    pct = change["pct"]
+    return f"{label} {T.pct_text(pct)} {T.interval_text(change['ci'], pct)}".rstrip()
+
+
+def assemble(metric: str, whole: LogChange | None, causes: Sequence[dict], *, lead: str,
+             whole_extra: Mapping | None = None, code_clause: str = "",
+             not_tested_groups: Sequence[dict] = (), settings: Sequence[dict] = (),
+             mechanism: Mapping | None = None, next_step: str = "",
+             status: str | None = None) -> dict:
+    """An answer from the total change, the named causes and the rest.
+
+    `lead` is what the total compares ("from good X to bad Y"); `code_clause` says what the
+    code range contributed when no commit was named ("code not the cause ...")."""
+    logs = [LogChange(*c["log"]) for c in causes]
+    doc: dict = {"metric": metric, "causes": [dict(c) for c in causes],
+                 "not_tested": list(not_tested_groups), "settings": list(settings),
+                 "mechanism": dict(mechanism or {}), "next": next_step}
+    if whole is None:
+        doc.update(total=None, explained=None, unexplained=None, explains=False,
+                   status=status or "undecided")
+        doc["sentence"] = lead
+        return doc
+    doc["total"] = {**whole.to_json(), **(whole_extra or {})}
+    for c, change in zip(doc["causes"], logs, strict=True):
+        c["share"] = share(change, whole)
+    if logs:
+        named = total(logs)
+        rest = remainder(whole, logs)
+        doc["explained"] = {**named.to_json(), "share": share(named, whole)}
+        doc["unexplained"] = {**rest.to_json(), "share": share(rest, whole)}
+    else:
+        doc["explained"] = None
+        doc["unexplained"] = {**whole.to_json(), "share": 1.0 if whole.excludes_zero() else None}
+    doc["explains"] = explains(whole, logs)
+    changed = whole.excludes_zero()
+    if status is None:
+        if logs:
+            status = "explained" if doc["explains"] else "partly_explained"
+        elif changed:
+            status = "unexplained"
+        else:
+            status = "no_change" if doc["explains"] else "undecided"
+    elif status == "not_in_code":  # no change in the range: the regression is elsewhere
+        doc["explains"] = False
+    doc["status"] = status
+    total_text = f"{metric} {T.change_text(doc['total'], metric)}"
+    head = f"{total_text} {lead}".strip() if lead else total_text
+    if causes:
+        sentence = head + " = " + " + ".join(_clause(c["label"], c) for c in doc["causes"])
+        sentence += "; " + _clause("unexplained", doc["unexplained"])
+    elif changed:
+        sentence = head + "; no cause named"
+    else:
+        sentence = head + ": no change"
+    if code_clause:
+        sentence += f"; {code_clause}"
+    doc["sentence"] = sentence
+    return doc
+
+
+def _total_effect(doc: Mapping) -> Mapping | None:
+    """A document's total change on its metric: `total_detail` (every endpoint trial, with
+    its log-scale estimate) where a bisect has one, else `total_effect` (one `{pct, ci}`, or
+    one per metric as compare and isolate write it)."""
+    t = doc.get("total_detail") or doc.get("total_effect")
+    if isinstance(t, Mapping) and "pct" not in t:
+        t = t.get(doc.get("metric"))
+    return t if isinstance(t, Mapping) else None
+
+
+def _total(doc: Mapping) -> LogChange | None:
+    return LogChange.from_effect(_total_effect(doc))
+
+
+def _means(doc: Mapping) -> dict:
+    t = _total_effect(doc) or {}
+    return {k: t[k] for k in ("before", "after", "n") if k in t}
+
+
+def for_bisect(doc: Mapping, *, good: str = "", bad: str = "",
+               mechanism: Mapping | None = None, next_step: str = "") -> dict:
+    metric = str(doc.get("metric", ""))
+    whole = _total(doc)
+    verdict = doc.get("verdict")
+    span = f"from good {good} to bad {bad}" if good and bad else ""
+    if verdict == "not_reproducible":
+        lead = (f"between good {good} and bad {bad} today: the code in between is not the cause"
+                if good and bad else "between the endpoints today: the code range is not the"
+                " cause")
+        return assemble(metric, whole, [], lead=lead, whole_extra=_means(doc),
+                        mechanism=mechanism, next_step=next_step, status="not_in_code")
+    if whole is None:
+        return assemble(metric, None, [], lead=f"bisect {verdict}: {doc.get('message', '')}",
+                        mechanism=mechanism, next_step=next_step)
+    return assemble(metric, whole, causes_of(doc), lead=span, whole_extra=_means(doc),
+                    mechanism=mechanism, next_step=next_step)
+
+
+def for_isolate(doc: Mapping, *, mechanism: Mapping | None = None) -> dict:
+    metric = str(doc.get("metric", ""))
+    return assemble(metric, _total(doc), causes_of(doc),
+                    lead="from the good to the bad configuration", whole_extra=_means(doc),
+                    mechanism=mechanism)
+
+
+def for_compare(doc: Mapping, *, mechanism: Mapping | None = None, next_step: str = "") -> dict:
+    metric = str(doc.get("metric", ""))
+    whole = _total(doc)
+    verdict = doc.get("verdict")
+    groups = not_tested(doc)
+    if verdict == "reproduced":
+        return assemble(metric, whole, [], lead="against the reference: it reproduces",
+                        whole_extra=_means(doc), mechanism=mechanism, status="no_change")
+    if verdict == "not_reproduced":
+        return assemble(metric, whole, [], lead="against the reference, same code and"
+                        " configuration: system level", whole_extra=_means(doc),
+                        not_tested_groups=groups, mechanism=mechanism, next_step=next_step,
+                        status="unexplained")
+    return assemble(metric, whole, [], lead="against the reference: undecided",
+                    whole_extra=_means(doc), mechanism=mechanism, status="undecided")
+
+
+def for_sweep(doc: Mapping) -> dict:
+    """A sweep names better settings, not causes: its best configuration goes to `settings`."""
+    metric = str(doc.get("metric", ""))
+    settings = []
+    best = next((f for f in doc.get("findings", []) if f.get("config") is not None), None)
+    if best is not None:
+        e = _effect_of(best, metric)
+        settings.append({"id": best.get("id"), "config": best.get("config"),
+                         "p_better": best.get("p_better"),
+                         **({k: e[k] for k in ("pct", "ci", "before", "after") if k in e}
+                            if e else {})})
+    verdict = doc.get("verdict")
+    n = doc.get("n_configurations")
+    if best is not None and settings[0].get("pct") is not None:
+        what = {"found": "confirmed better than the baseline",
+                "baseline_best": "the baseline is best"}.get(str(verdict), "not confirmed")
+        sentence = (f"best of {n} configurations: {best.get('id')}: {metric} "
+                    f"{T.change_text(settings[0], metric)} against the baseline ({what})")
+    else:
+        sentence = f"sweep {verdict}: {doc.get('message', '')}".strip()
+    return {"metric": metric, "sentence": sentence, "total": None, "causes": [],
+            "explained": None, "unexplained": None, "explains": verdict in ("found",
+                                                                             "baseline_best"),
+            "status": str(verdict), "not_tested": [], "settings": settings, "mechanism": {},
+            "next": ""}
+
+
+def for_system(compare_doc: Mapping, isolate_doc: Mapping | None, *,
+               same_code: str = "") -> dict:
+    """Same code, different result: the compare's change since the reference, the isolate's
+    tested causes, and the differences nobody tested."""
+    metric = str(compare_doc.get("metric", ""))
+    causes = causes_of(isolate_doc) if isolate_doc else []
+    lead = "since the reference" + (f", same code ({same_code})" if same_code else
+                                    ", same code and configuration")
+    return assemble(metric, _total(compare_doc), causes, lead=lead,
+                    whole_extra=_means(compare_doc), not_tested_groups=not_tested(compare_doc),
+                    mechanism=(compare_doc.get("answer") or {}).get("mechanism"),
+                    code_clause="code not the cause (the same commit then and now)")
+
+
+def for_investigation(metric: str, whole: LogChange | None, *, whole_extra: Mapping,
+                      reference: str, bad: str, compare_doc: Mapping | None,
+                      isolate_doc: Mapping | None, bisect_doc: Mapping | None,
+                      sweep_doc: Mapping | None, mechanism: Mapping | None,
+                      next_step: str = "") -> dict:
+    """The whole triage's answer: the change from the reference (then) to the bad commit
+    (now), split into the system's part (the compare, its causes tested by the isolate) and
+    the code's part (the bisect, its culprits), with what neither names left over.
+
+    Without a reference the total is the bisect's own (good vs bad, both now)."""
+    causes = (causes_of(isolate_doc) if isolate_doc else []) + (
+        causes_of(bisect_doc) if bisect_doc and bisect_doc.get("verdict") == "found" else [])
+    clauses = []
+    parts: dict = {}
+    if compare_doc is not None:
+        system = _total_effect(compare_doc)
+        verdict = compare_doc.get("verdict")
+        if system:
+            parts["system"] = {k: system[k] for k in ("pct", "ci", "log") if k in system}
+        if verdict == "reproduced":
+            clauses.append("the system is not the cause (the reference reproduces: "
+                           f"{T.change_text(system, metric)})")
+        elif verdict != "not_reproduced":
+            clauses.append("whether the reference still reproduces is undecided")
+    if bisect_doc is None:
+        if compare_doc is not None:
+            clauses.append("code not the cause (the same commit then and now)")
+    else:
+        code = _total_effect(bisect_doc)
+        if code:
+            parts["code"] = {k: code[k] for k in ("pct", "ci", "log") if k in code}
+        verdict = bisect_doc.get("verdict")
+        if verdict == "not_reproducible":
+            clauses.append("code not the cause (today the range measures "
+                           f"{T.change_text(code, metric) if code else 'alike'})")
+        elif verdict != "found":
+            clauses.append(f"the code range is undecided ({verdict})")
+    lead = f"from {reference} to {bad}"
+    elsewhere = (compare_doc is None and bisect_doc is not None
+                 and bisect_doc.get("verdict") == "not_reproducible")
+    doc = assemble(metric, whole, causes, lead=lead, whole_extra=whole_extra,
+                   status="not_in_code" if elsewhere else None,
+                   code_clause="; ".join(clauses),
+                   not_tested_groups=not_tested(compare_doc),
+                   settings=for_sweep(sweep_doc)["settings"] if sweep_doc else (),
+                   mechanism=mechanism, next_step=next_step)
+    doc["parts"] = parts
+    return doc
+
+
+def pick(docs: Sequence[Mapping]) -> dict | None:
+    """The answer of a run holding several experiments' documents: an investigation's own, else
+    the only one, else the first cause-finding experiment's."""
+    for d in docs:
+        if d.get("experiment") == "investigate" and d.get("answer"):
+            return dict(d["answer"])
+    by_kind = {d.get("experiment"): d for d in docs}
+    compare, isolate = by_kind.get("compare"), by_kind.get("isolate")
+    if compare and isolate and compare.get("verdict") == "not_reproduced" \
+            and "bisect" not in by_kind:
+        return for_system(compare, isolate)
+    with_answer = [d for d in docs if d.get("answer")]
+    if len(with_answer) == 1:
+        return dict(with_answer[0]["answer"])
+    for kind in ("bisect", "isolate", "compare", "sweep"):
+        for d in with_answer:
+            if d.get("experiment") == kind:
+                return dict(d["answer"])
+    return None

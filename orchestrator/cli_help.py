@@ -1,0 +1,131 @@
+"""`sleuth <command> --help` and `sleuth help <command>`: each command's usage and options.
+
+Kept as data beside the CLI so every option a user reads here is checked against the
+configuration schema by the tests (a renamed key cannot leave its help behind).
+"""
+
+from __future__ import annotations
+
+import textwrap
+
+# command: (usage lines, [(option, what it does)])
+HELP: dict[str, tuple[tuple[str, ...], tuple[tuple[str, str], ...]]] = {
+    "investigate": (
+        ("sleuth investigate repo=PATH reference=RUN [bad=REF] [metric=verify_ms] [nodes=K]"
+         " [recover=true]",
+         "sleuth investigate repo=PATH good=REF bad=REF [metric=verify_ms] [nodes=K]"),
+        (("reference=RUN", "an earlier run (id or directory) or fingerprint JSON that measured"
+          " the good state; its whole configuration is re-measured now"),
+         ("bad=REF", "the commit that is slow now (default: the reference's own commit)"),
+         ("good=REF", "without a reference: the good end of the range to bisect"),
+         ("metric=NAME", "what got worse (default verify_ms; value for target=command)"),
+         ("recover=true", "end with a short sweep of space= on the bad commit"),
+         ("space=NAME", "the sweep's space with recover=true (default nccl_quick)"),
+         ("nodes=K", "trials in parallel on K nodes"),
+         ("max_trials=N", "budget of the bisect and of the isolate, each"),
+         ("confidence=0.99", "the probability at which a cause is named"),
+         ("experiment.params.all_env=true", "also test shell/session variables"))),
+    "trial": (
+        ("sleuth trial repo=PATH commit=REF [restarts=N] [env.VAR=VALUE] [clock=POLICY]",),
+        (("repo=PATH", "the git repository to check out"),
+         ("commit=REF", "the commit to run (default HEAD)"),
+         ("restarts=N", "N trials (server restarts): a reference for investigate"),
+         ("patches=[a.patch,b.patch]", "patches applied to the worktree"),
+         ("env.VAR=VALUE", "environment of the server (env.VAR='<unset>' removes one)"),
+         ("clock=POLICY", "default | locked:MHZ | power:W | app:MHZ, parts joined by commas"),
+         ("bench.repetitions=N", "benchmark repetitions inside each trial"))),
+    "bisect": (
+        ("sleuth bisect repo=PATH good=REF bad=REF [metric=verify_ms] [nodes=K]",),
+        (("good=REF", "a commit that was fast"),
+         ("bad=REF", "a commit that is slow"),
+         ("metric=NAME", "what got worse (default verify_ms; value for target=command)"),
+         ("direction=auto", "auto | increase | decrease: which way is worse"),
+         ("confidence=0.99", "stop when one commit holds this probability"),
+         ("nodes=K", "trials in parallel on K nodes"),
+         ("max_trials=N", "stop after N trials with the best guess"),
+         ("first_parent=true", "follow the mainline (a merge is one step)"),
+         ("paths=[python/sglang/srt]", "commits touching these paths are likelier"),
+         ("experiment.params.min_effect_pct=P", "a change below P% does not count"))),
+    "compare": (
+        ("sleuth compare reference=RUN [metric=verify_ms] [repo=PATH]",),
+        (("reference=RUN", "the run (or fingerprint JSON) to re-measure now"),
+         ("metric=NAME", "the metric that decides"),
+         ("max_trials=N", "restarts now (default 9)"))),
+    "isolate": (
+        ("sleuth isolate reference=RUN [metric=verify_ms]",
+         "sleuth isolate good.commit=REF good.env.VAR=V bad.clock=POLICY bad.patches=[a.patch]"),
+        (("reference=RUN", "test the controllable differences since that run"),
+         ("good.PART=...", "the good configuration: commit, patches, env.VAR, clock, server"),
+         ("bad.PART=...", "the bad configuration (a part left out: same as good)"),
+         ("metric=NAME", "what got worse"),
+         ("confidence=0.99", "the probability at which a cause is named"),
+         ("max_trials=N", "stop after N trials"),
+         ("experiment.params.all_env=true", "also test shell/session variables"))),
+    "sweep": (
+        ("sleuth sweep repo=PATH commit=REF space=nccl_pcie [metric=...] [trials=40]",),
+        (("space=NAME", "nccl_pcie | nccl_quick | spec_decode, or your own DIR/space/NAME.yaml"),
+         ("metric=NAME", "what to optimise"),
+         ("direction=auto", "auto | maximize | minimize"),
+         ("trials=N", "search budget in restarts (the confirmation adds its own)"),
+         ("sampler=tpe", "tpe | random | grid"),
+         ("seed=S", "the sampler's seed"),
+         ("nodes=K", "configurations in flight"),
+         ("experiment.params.KNOB=V", "the sweep's knobs (orchestrator/sweep/setup.py)"))),
+    "report": (("sleuth report RUN [out=DIR]",),
+               (("RUN", "a run id under runs_dir, or a run directory"),
+                ("out=DIR", "write report.md / report.html there"))),
+    "resume": (("sleuth resume RUN",),
+               (("RUN", "an interrupted bisect, isolate, sweep or investigate run"),)),
+    "scenario": (("sleuth scenario out=DIR [commits=100] [seed=0] [preset=one_culprit]",),
+                 (("out=DIR", "where to write the repo and truth.json"),
+                  ("commits=N", "history length"), ("seed=S", "the scenario's seed"),
+                  ("preset=NAME", "which causes to plant (sleuth scenario --help lists them)"))),
+    "demo": (("sleuth demo [seed=S] [commits=N] [nodes=K]",),
+             (("seed=S", "the scenario's seed"), ("commits=N", "history length"),
+              ("nodes=K", "simulated nodes (default 3)"))),
+    "doctor": (("sleuth doctor",), ()),
+}
+
+COMMON = (
+    ("target=NAME", "sglang (a real server, the default) | sim (the simulated node) | command"),
+    ("cluster=local", "local (a private Ray instance) | ray (cluster.address=HOST:PORT)"),
+    ("runs_dir=DIR", "where run directories go (default runs)"),
+    ("--cfg [job]", "print the resolved configuration and exit"),
+    ("--config-dir DIR", "your own config groups, e.g. DIR/target/mynode.yaml"),
+)
+
+
+WIDTH = 80
+
+
+def _options(options) -> list[str]:
+    """Two columns that fit 80: an option too long for the first column gets its own line."""
+    col = 22
+    out = []
+    for opt, what in options:
+        body = textwrap.wrap(what, WIDTH - col - 4) or [""]
+        if len(opt) > col:
+            out.append(f"  {opt}")
+            out += [f"  {'':<{col}}  {line}" for line in body]
+        else:
+            out.append(f"  {opt:<{col}}  {body[0]}")
+            out += [f"  {'':<{col}}  {line}" for line in body[1:]]
+    return out
+
+
+def command_help(command: str, summary: str) -> str:
+    usage, options = HELP.get(command, ((f"sleuth {command}",), ()))
+    lines = [*textwrap.wrap(usage[0], WIDTH, initial_indent="usage: ", subsequent_indent=" " * 9),
+             *[w for u in usage[1:] for w in textwrap.wrap(u, WIDTH, initial_indent=" " * 7,
+                                                           subsequent_indent=" " * 9)],
+             "", summary]
+    if options:
+        lines += ["", "options:", *_options(options)]
+    if command not in ("report", "resume", "doctor", "scenario"):
+        lines += ["", "common options:", *_options(COMMON)]
+    if command == "scenario":
+        from orchestrator.targets.sim.scenario_presets import PRESETS
+
+        lines += ["", "presets:", *_options((n, spec.summary) for n, spec in PRESETS.items())]
+    lines += ["", "any setting of `sleuth " + command + " --cfg` can be given as key=value"]
+    return "\n".join(lines)

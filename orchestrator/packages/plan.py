@@ -1,0 +1,134 @@
+"""The controller's part of the packages factor: settings, and every pin built before a run.
+
+A pin that pip cannot install is bad input: it is found here, before the run directory exists,
+by building the overlay on the controller (one line with pip's reason, exit 2, nothing written).
+On a shared `runs_dir` the nodes then find the overlay ready; a node with its own disk builds
+its copy from the same source before its first trial with the pin.
+
+Package differences a system-level compare found are different: the run is already under way.
+Those are tested only when the user named a package source (`packages.find_links=DIR` or
+`packages.index_url=URL`: testing one means installing an old version of it), and one that
+cannot be installed from it is set aside with pip's reason, like a variable the record cannot
+restore.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+
+from omegaconf import DictConfig
+
+from orchestrator.errors import UserError
+from orchestrator.packages.overlay import (
+    OVERLAYS_DIRNAME,
+    OverlayCache,
+    OverlayError,
+    OverlaySettings,
+)
+from orchestrator.packages.pins import format_pin, pins_of
+from orchestrator.rundir import runs_root
+
+NO_SOURCE = ("not tested: no package source (packages.find_links=DIR of wheels, or"
+             " packages.index_url=URL)")
+
+
+def _conf(cfg: DictConfig):
+    return cfg.get("packages") or {}
+
+
+def check_settings(cfg: DictConfig) -> None:
+    """The pins parse and the wheel directory exists; its path is stored absolute (a resumed
+    run and every node find it from anywhere)."""
+    conf = _conf(cfg)
+    if not conf:
+        return
+    pins_of(list(conf.get("pins") or []))
+    links = str(conf.get("find_links") or "")
+    if links:
+        path = Path(links).expanduser().resolve()
+        if not path.is_dir():
+            raise UserError(f"packages.find_links={links}: not a directory of wheels")
+        cfg.packages.find_links = str(path)
+
+
+def settings(cfg: DictConfig) -> OverlaySettings:
+    conf = _conf(cfg)
+    gb = conf.get("max_gb") if conf else None
+    links = str(conf.get("find_links") or "") if conf else ""
+    return OverlaySettings(
+        root=str(runs_root(cfg) / ".cache" / OVERLAYS_DIRNAME),
+        find_links=(links,) if links else (),
+        index_url=str(conf.get("index_url") or "") if conf else "",
+        pip_args=tuple(str(a) for a in (conf.get("pip_args") or [])) if conf else (),
+        max_bytes=int(float(gb) * 2**30) if gb else None,
+        timeout_s=float(conf.get("timeout_s") or 1800.0) if conf else 1800.0,
+    )
+
+
+def fixed_pins(cfg: DictConfig) -> dict[str, str]:
+    """`packages=[...]`: pins every candidate of the run gets."""
+    return pins_of(list((_conf(cfg) or {}).get("pins") or []))
+
+
+def interpreter(cfg: DictConfig) -> str:
+    """The interpreter the target's servers run (overlays are built for it)."""
+    from omegaconf import OmegaConf
+
+    from orchestrator.targets.base import NodeContext
+    from orchestrator.targets.registry import make_target
+
+    conf = OmegaConf.to_container(cfg.target, resolve=True)
+    bench = OmegaConf.to_container(cfg.bench, resolve=True)
+    try:
+        target = make_target(conf, bench, NodeContext("controller", runs_root(cfg) / ".nodes"))
+        return target.python_executable()
+    except Exception:
+        return sys.executable
+
+
+def build(cfg: DictConfig, pins: Mapping[str, str]) -> dict[str, str]:
+    """Build the overlays of `pins`; `{pin: pip's reason}` of those that cannot be built."""
+    cache = OverlayCache(settings(cfg))
+    python = interpreter(cfg)
+    failed = {}
+    for name, version in sorted(pins.items()):
+        pin = format_pin(name, version)
+        try:
+            cache.ensure(pin, python)
+        except OverlayError as exc:
+            failed[pin] = str(exc)
+    return failed
+
+
+def require(cfg: DictConfig, *pin_sets: Mapping[str, str]) -> None:
+    """Every pin of `pin_sets` can be installed, or one line naming the first that cannot."""
+    pins: dict[str, str] = {}
+    for p in pin_sets:
+        pins.update(p)
+    if not pins:
+        return
+    failed = build(cfg, pins)
+    if failed:
+        pin, why = next(iter(failed.items()))
+        raise UserError(f"cannot install {pin} for the trials: {why}")
+
+
+def testable(cfg: DictConfig, changes: Iterable) -> tuple[list, dict[str, str]]:
+    """Split system-level changes: those to test, and `{difference key: why not}` for the
+    package changes that cannot be (no package source, or pip cannot install the version)."""
+    keep, untested = [], {}
+    configured = settings(cfg).configured
+    for change in changes:
+        if change.factor != "package":
+            keep.append(change)
+        elif not configured:
+            untested[change.name] = NO_SOURCE
+        else:
+            why = build(cfg, {change.key: str(change.good)})
+            if why:
+                untested[change.name] = "not tested: " + next(iter(why.values()))
+            else:
+                keep.append(change)
+    return keep, untested

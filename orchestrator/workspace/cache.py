@@ -1,0 +1,173 @@
+"""The worktree cache's own bookkeeping: state files, the size cap, the private repository.
+
+No git command runs here except `git init` for the private repository; `git.Workspace` owns the
+worktrees themselves and calls in for the rest.
+
+- State: `.state/<key>.json` says what an intact worktree is (its SHA, the hash of its applied
+  diff, its size when made); its mtime is the worktree's last use.
+- Size cap: past `max_bytes`, the least recently used worktrees go (never the one just made,
+  never one a trial holds through its `.use` lock).
+- The private repository `.repos/<name>-<id>.git`: a bare repository whose only content is one
+  line of `objects/info/alternates` naming the user's object store. Worktrees are registered
+  there, so the user's repository is read and never written.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import shutil
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import git
+
+from orchestrator.workspace.locking import (
+    LOCKS_DIRNAME,
+    MIRRORS_DIRNAME,
+    STATE_DIRNAME,
+    TEMP_PREFIX,
+    exclusive_lock,
+    key_of_entry,
+    release,
+    sha256_hex,
+    try_exclusive,
+)
+
+
+class WorktreeCache:
+    def __init__(self, root: Path, max_bytes: int | None = None):
+        self.root = root
+        self.max_bytes = max_bytes
+
+    def lock_path(self, key: str) -> Path:
+        """Exclusive while the worktree is built or removed."""
+        return self.root / LOCKS_DIRNAME / f"{key}.lock"
+
+    def use_path(self, key: str) -> Path:
+        """Shared while a trial runs from the worktree."""
+        return self.root / LOCKS_DIRNAME / f"{key}.use"
+
+    def state_path(self, key: str) -> Path:
+        return self.root / STATE_DIRNAME / f"{key}.json"
+
+    def read_state(self, key: str) -> dict | None:
+        try:
+            doc = json.loads(self.state_path(key).read_text())
+        except (OSError, ValueError):
+            return None
+        return doc if isinstance(doc, dict) else None
+
+    def write_state(self, key: str, sha: str, diff_hash: str | None, size: int) -> None:
+        """Record what an intact worktree looks like, atomically (temp file + rename)."""
+        state_path = self.state_path(key)
+        state_path.parent.mkdir(parents=True, exist_ok=True)
+        temp = state_path.with_name(f"{state_path.name}.{os.getpid()}.tmp")
+        temp.write_text(json.dumps({"sha": sha, "diff_hash": diff_hash, "size_bytes": size,
+                                    "made_at": time.time()}))
+        os.replace(temp, state_path)
+
+    def touch(self, key: str) -> None:
+        """Mark a worktree used now (the size cap removes the least recently used first)."""
+        try:
+            os.utime(self.state_path(key))
+        except OSError:
+            pass
+
+    def entries(self) -> list[tuple[float, str, int]]:
+        """(last use, key, bytes) of every finished worktree in the cache."""
+        out: list[tuple[float, str, int]] = []
+        if not self.root.is_dir():
+            return out
+        for entry in self.root.iterdir():
+            key = key_of_entry(entry.name)
+            if key is None or entry.name != key:  # temporary entries are someone's build
+                continue
+            try:
+                used = self.state_path(key).stat().st_mtime
+            except OSError:
+                used = 0.0
+            size = int((self.read_state(key) or {}).get("size_bytes") or 0)
+            out.append((used, key, size or disk_usage(entry)))
+        return out
+
+    def usage(self) -> int:
+        return sum(size for _, _, size in self.entries())
+
+    def evict(self, keep: str, remove: Callable[[str], None]) -> None:
+        """Remove least recently used worktrees (`remove(key)`) until the cache fits."""
+        if self.max_bytes is None:
+            return
+        entries = sorted(self.entries())
+        total = sum(size for _, _, size in entries)
+        for _, key, size in entries:
+            if total <= self.max_bytes:
+                break
+            if key == keep:
+                continue
+            use = try_exclusive(self.use_path(key))
+            if use is None:
+                continue  # a trial runs from it
+            try:
+                with exclusive_lock(self.lock_path(key)):
+                    remove(key)
+                    self.state_path(key).unlink(missing_ok=True)
+            finally:
+                release(use, self.use_path(key))
+            total -= size
+
+    # -- the private repository ----------------------------------------------------------------
+    def mirror_path(self, objects_dir: Path, repo_name: str) -> Path:
+        key = sha256_hex(str(objects_dir).encode())[:16]
+        return self.root / MIRRORS_DIRNAME / f"{repo_name[:40]}-{key}.git"
+
+    def ensure_mirror(self, path: Path, objects_dir: Path, object_format: Callable[[], str]
+                      ) -> Path:
+        """The private repository at `path`, made once (under a lock, built aside and moved
+        into place, so a crash never leaves half of one)."""
+        alternates = path / "objects" / "info" / "alternates"
+        if alternates.is_file():
+            return path
+        with exclusive_lock(self.root / LOCKS_DIRNAME / f"{path.name}.lock"):
+            if alternates.is_file():
+                return path
+            temp = path.with_name(f"{TEMP_PREFIX}{path.name}-{secrets.token_hex(4)}")
+            try:
+                git.Git().init("--bare", "--quiet", f"--object-format={object_format()}",
+                               str(temp))
+                config = str(temp / "config")
+                runner = git.Git(str(temp))
+                # Never gc here (the objects are borrowed) and never run a hook.
+                runner.config("--file", config, "gc.auto", "0")
+                runner.config("--file", config, "core.hooksPath", os.devnull)
+                (temp / "objects" / "info").mkdir(parents=True, exist_ok=True)
+                (temp / "objects" / "info" / "alternates").write_text(f"{objects_dir}\n")
+                path.parent.mkdir(parents=True, exist_ok=True)
+                shutil.rmtree(path, ignore_errors=True)  # a half-made one from a crash
+                os.replace(temp, path)
+            except BaseException:
+                shutil.rmtree(temp, ignore_errors=True)
+                raise
+        return path
+
+
+def disk_usage(path: Path) -> int:
+    """Bytes of disk the files under `path` take (what the cache cap counts)."""
+    total = 0
+    stack = [str(path)]
+    while stack:
+        try:
+            with os.scandir(stack.pop()) as it:
+                for entry in it:
+                    try:
+                        if entry.is_dir(follow_symlinks=False):
+                            stack.append(entry.path)
+                        else:
+                            total += entry.stat(follow_symlinks=False).st_blocks * 512
+                    except OSError:
+                        continue
+        except OSError:
+            continue
+    return total

@@ -1,0 +1,123 @@
+"""Help and errors: each command's usage, `--cfg job`, the line a stopped run ends with, what a
+resumed run says it reuses, and the sweep's own direction words."""
+
+from __future__ import annotations
+
+import io
+
+import pytest
+from omegaconf import OmegaConf
+from rich.console import Console
+
+from orchestrator.cli import COMMANDS, main
+from orchestrator.cli_help import HELP
+from orchestrator.commands import common
+from orchestrator.config.compose import compose_config
+from orchestrator.errors import UserError
+from orchestrator.records import Candidate, Outcome, TrialResult
+from orchestrator.rundir import create_run, running
+
+
+def _run(capsys, argv: list[str]) -> tuple[int, str]:
+    with pytest.raises(SystemExit) as exc:
+        main(argv)
+    return exc.value.code, capsys.readouterr().out
+
+
+def test_bisect_help_lists_its_options(capsys):
+    code, out = _run(capsys, ["bisect", "--help"])
+    assert code == 0 and out.startswith("usage: sleuth bisect")
+    for option in ("good=", "bad=", "metric=", "confidence=", "nodes=", "target="):
+        assert option in out, option
+    assert _run(capsys, ["help", "bisect"]) == (0, out)
+    assert _run(capsys, ["bisect", "repo=x", "-h"]) == (0, out)
+
+
+@pytest.mark.parametrize("command", list(COMMANDS))
+def test_every_command_has_help_that_fits_80_columns(capsys, command):
+    code, out = _run(capsys, [command, "--help"])
+    assert code == 0 and f"sleuth {command}" in out and COMMANDS[command] in out
+    assert max(len(line) for line in out.splitlines()) <= 80
+
+
+def test_the_command_list_fits_80_columns(capsys):
+    code, out = _run(capsys, ["--help"])
+    assert code == 0 and all(f"  {c}" in out for c in COMMANDS)
+    assert max(len(line) for line in out.splitlines()) <= 80
+
+
+@pytest.mark.parametrize("command", [c for c in HELP if c not in ("report", "resume", "doctor")])
+def test_the_options_help_names_exist_in_the_configuration(command):
+    cfg = compose_config(command, ["target=sim"])
+    for option, _ in HELP[command][1]:
+        key = option.split("=", 1)[0]
+        if key.startswith(("good.", "bad.", "env.", "experiment.params.")) or key == "RUN":
+            continue
+        assert OmegaConf.select(cfg, key, default="<absent>") != "<absent>", (command, key)
+
+
+def test_help_of_an_unknown_command_is_bad_input(capsys):
+    with pytest.raises(SystemExit) as exc:
+        main(["help", "frobnicate"])
+    assert exc.value.code == 2 and "unknown command" in capsys.readouterr().err
+
+
+def test_cfg_job_prints_the_configuration(capsys):
+    code, out = _run(capsys, ["trial", "--cfg", "job", "target=sim", "env.NCCL_PROTO=LL128"])
+    assert code == 0 and "NCCL_PROTO: LL128" in out and "name: sim" in out
+    assert _run(capsys, ["trial", "--cfg=job", "target=sim", "env.NCCL_PROTO=LL128"]) == (0, out)
+    assert _run(capsys, ["trial", "target=sim", "env.NCCL_PROTO=LL128", "--cfg"]) == (0, out)
+
+
+def test_a_sweep_takes_maximize_and_a_bisect_does_not():
+    sweep = compose_config("sweep", ["target=sim", "space=nccl_quick", "direction=maximize",
+                                     "metric=output_throughput"])
+    common.check_common(sweep)
+    with pytest.raises(UserError, match="increase or decrease"):
+        common.check_common(compose_config("bisect", ["target=sim", "direction=maximize"]))
+    with pytest.raises(UserError, match="maximize or minimize"):
+        common.check_common(compose_config("sweep", ["target=sim", "direction=up"]))
+
+
+def test_target_command_defaults_to_its_own_metric():
+    assert compose_config("bisect", ["target=command", "target.bench=x"]).metric == "value"
+    assert compose_config("bisect", ["target=command", "target.bench=x", "metric=p99"]).metric \
+        == "p99"
+    assert compose_config("bisect", ["target=sim"]).metric == "verify_ms"
+
+
+def _finish(store, cand: Candidate, outcome: Outcome) -> int:
+    tid = store.begin_trial(store.candidate_id(cand), node="local-0", phase="search")
+    store.finish_trial(tid, TrialResult(outcome, "x"))
+    return tid
+
+
+def test_resume_counts_finished_and_interrupted_trials(tmp_path):
+    cfg = compose_config("bisect", ["target=sim", f"runs_dir={tmp_path}", "run_id=r"])
+    run_dir, store = create_run(cfg)
+    cand = Candidate.make("a" * 40)
+    _finish(store, cand, Outcome.OK)
+    _finish(store, cand, Outcome.LAUNCH_FAILED)
+    _finish(store, cand, Outcome.INTERRUPTED)  # an earlier Ctrl-C: not reused
+    store.begin_trial(store.candidate_id(cand), node="local-0", phase="search")  # cut short
+    store.interrupt_unfinished()
+    assert common.resume_notice(run_dir, store) == (
+        "resuming r: 2 finished trials reused, 2 interrupted (not evidence; what is still needed"
+        " runs again)")
+    store.close()
+
+
+@pytest.mark.parametrize("command, resumable", [("bisect", True), ("compare", False)])
+def test_ctrl_c_ends_with_the_resume_line(tmp_path, command, resumable):
+    cfg = compose_config(command, ["target=sim", f"runs_dir={tmp_path}", "run_id=stopped"])
+    run_dir, store = create_run(cfg)
+    _finish(store, Candidate.make("a" * 40), Outcome.OK)
+    buf = io.StringIO()
+    with pytest.raises(KeyboardInterrupt), running(store, run_dir, Console(file=buf, width=200)):
+        raise KeyboardInterrupt
+    text = buf.getvalue()
+    assert "simulated node" in text.splitlines()[0]
+    if resumable:
+        assert f"continue with: sleuth resume stopped runs_dir={tmp_path}" in text
+    else:
+        assert "not resumable" in text and "sleuth resume" not in text

@@ -1,0 +1,143 @@
+"""`sleuth investigate` end to end on simulated nodes: one command from a reference to one
+answer whose parts add up.
+
+Two scenarios, each a real git repo and real sim servers on two Ray nodes:
+- `power_commit`: since the reference the node's power limit went 600 -> 450 W and a commit in
+  `reference..bad` makes verify 30% slower. One investigate names both, with intervals whose
+  sum explains the total change, and report.md names the commit and the power limit up top.
+- `launcher_strip`: no code change; a launcher wrapper now strips NCCL_ALGO=Tree before the
+  server starts. "code not the cause", NCCL_ALGO named, exit 0; the run is killed (SIGKILL)
+  during its compare and finished by `sleuth resume`. Then, without a reference, the range
+  from that commit on measures alike: "not the cause" (exit 3), naming the run that holds
+  the reference and the command that continues from it.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import sys
+from contextlib import redirect_stdout
+from pathlib import Path
+
+import pytest
+
+from orchestrator.answer.combine import LogChange
+from orchestrator.cli import run as cli_run
+from orchestrator.commands import investigate
+from orchestrator.commands import trial as trial_cmd
+from orchestrator.config.compose import compose_config
+from orchestrator.store import RunStore
+from orchestrator.targets.sim.scenario import generate_scenario
+from orchestrator.targets.simnode import set_node_state
+from tests.conftest import kill_after_finished
+
+pytestmark = pytest.mark.slow
+
+FAST = ["target=sim", "target.time_scale=0.02", "target.load_seconds=5", "bench.requests=2",
+        "bench.output_len=32", "bench.input_len=32", "bench.warmup_requests=1",
+        "bench.repetitions=2", "trial.ready_timeout_s=30", "target.noise_restart_cv=0.01",
+        "nodes=2"]
+
+
+def _nodes(tmp_path: Path, out: Path, when: str) -> None:
+    for node in ("local-0", "local-1"):
+        launcher = out / f"{when}_launcher.json"
+        set_node_state(tmp_path / "runs" / ".nodes" / node,
+                       gpu_state_file=out / f"{when}_gpu_state.json",
+                       env_file=out / f"{when}_env.json", packages_file=out / f"{when}_packages.json",
+                       launcher_file=launcher if launcher.exists() else None)
+
+
+def _reference(tmp_path: Path, preset: str, commit_key: str = "good"):
+    """A scenario, and a 3-restart reference trial of one of its commits on the node as it was
+    (then the nodes are switched to now)."""
+    sc = generate_scenario(tmp_path / "sc", 20, 1, preset)
+    base = [f"repo={sc.repo}", f"runs_dir={tmp_path / 'runs'}", *FAST]
+    _nodes(tmp_path, sc.out, "reference")
+    assert trial_cmd.run(compose_config("trial", [*base, f"commit={sc.truth[commit_key]}",
+                                                  "restarts=3", "run_id=reference"])) == 0
+    _nodes(tmp_path, sc.out, "now")
+    return sc, base
+
+
+def test_a_power_cap_and_a_commit_add_up_to_the_change(tmp_path, ray_session, capsys):
+    sc, base = _reference(tmp_path, "power_commit")
+    code = investigate.run(compose_config("investigate", [*base, "reference=reference",
+                                                          f"bad={sc.truth['bad']}", "run_id=inv"]))
+    printed = capsys.readouterr().out
+    run_dir = tmp_path / "runs" / "inv"
+    ranked = json.loads((run_dir / "findings.json").read_text())
+    answer = ranked["answer"]
+    assert code == 0, answer["sentence"]
+    culprit = sc.truth["culprits"][0]["sha"]
+    causes = {c["id"]: c for c in answer["causes"]}
+    assert set(causes) == {"power_limit_w", culprit}, answer["sentence"]
+    assert all(c["ci"][0] > 0 for c in causes.values())  # each interval excludes no change
+    # The parts add up: on the log scale causes + remainder = total, the shares sum to what is
+    # explained, and the remainder is confidently small (a few percent: the reference ran on
+    # the node as it was, a restored power limit is not all of that state).
+    total, named = LogChange(*answer["total"]["log"]), LogChange(*answer["explained"]["log"])
+    rest = LogChange(*answer["unexplained"]["log"])
+    assert named.diff + rest.diff == pytest.approx(total.diff)
+    assert sum(c["share"] for c in causes.values()) == pytest.approx(
+        answer["explained"]["share"])
+    lo, hi = answer["unexplained"]["ci"]
+    assert answer["explains"] and -8 < lo and hi < 8, answer["sentence"]
+    assert answer["explained"]["share"] > 0.85
+    # The planted effects, within the intervals sleuth states (verify +30% from the commit).
+    assert causes[culprit]["ci"][0] < 30.0 < causes[culprit]["ci"][1] + 2.0
+    assert answer["mechanism"]["phase"] == "verify"
+    assert answer["mechanism"]["sm_clock_mhz"]["after"] < answer["mechanism"]["sm_clock_mhz"]["before"]
+    head = "\n".join((run_dir / "report.md").read_text().splitlines()[:15])
+    assert culprit[:12] in head and "power limit 600 W -&gt; 450 W" in head
+    assert "simulated node" in head.splitlines()[0]
+    assert "answer: verify_ms" in printed and "simulated node" in printed
+    assert sorted(d["experiment"] for d in ranked["sources"]) == [
+        "bisect", "compare", "investigate", "isolate"]
+
+
+def test_same_code_a_stripped_variable_resumed_then_a_range_alike(tmp_path, ray_session,
+                                                                 capsys):
+    sc, base = _reference(tmp_path, "launcher_strip")
+    runs = tmp_path / "runs"
+    db = runs / "inv" / "trials.db"
+    args = [sys.executable, "-m", "orchestrator", "investigate", *base, "reference=reference",
+            "run_id=inv"]
+    kill_after_finished(args, db, 2)
+    store = RunStore.open(db)
+    before = {r.id for r in store.trials() if r.finished}
+    store.close()
+    out = io.StringIO()
+    with redirect_stdout(out):
+        code = cli_run(["resume", "inv", f"runs_dir={runs}"])
+    printed = out.getvalue()
+    assert f"resuming inv: {len(before)} finished trial" in printed
+    ranked = json.loads((runs / "inv" / "findings.json").read_text())
+    answer = ranked["answer"]
+    assert code == 0, answer["sentence"]
+    assert [c["id"] for c in answer["causes"]] == ["NCCL_ALGO"], answer["sentence"]
+    assert "code not the cause" in answer["sentence"]
+    assert answer["causes"][0]["label"] == "NCCL_ALGO Tree -> unset"
+    # The compare saw the variable in the server process's environment, not in sleuth's.
+    compare = json.loads((runs / "inv" / "findings-compare.json").read_text())
+    (d,) = [d for d in compare["differences"] if d["category"] == "env"]
+    assert (d["key"], d["reference"], d["now"]) == ("NCCL_ALGO", "Tree", None)
+    assert "drops it" in d["detail"] and d["controllable"]
+    store = RunStore.open(db)
+    rows = store.trials()
+    store.close()
+    assert before <= {r.id for r in rows if r.finished}  # every finished trial kept
+    assert rows[0].result.fingerprint["env"]["not_received"] == {"NCCL_ALGO": "Tree"}
+
+    # Without a reference: the code from the reference's commit on is not the cause, and the
+    # answer says which run measured that commit and what to run next.
+    capsys.readouterr()
+    code = investigate.run(compose_config("investigate", [
+        *base, f"good={sc.truth['good']}", f"bad={sc.truth['bad']}", "run_id=range",
+        "experiment.params.min_effect_pct=10"]))
+    answer = json.loads((runs / "range" / "findings.json").read_text())["answer"]
+    assert code == 3 and answer["status"] == "not_in_code", answer["sentence"]
+    assert "not the cause" in answer["sentence"]
+    assert "reference=reference" in answer["next"] or "reference=inv" in answer["next"]
+    assert "next: " in capsys.readouterr().out
