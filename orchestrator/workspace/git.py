@@ -172,11 +172,10 @@ class Workspace:
             )
         return [*self._log("--no-walk", good_sha), *between]
 
-<<<<<<< HEAD
     def commit_infos(self, shas: Sequence[str]) -> list[CommitInfo]:
         """The records of these commits, in the order given (no history walk)."""
         return self._log("--no-walk=unsorted", *shas) if shas else []
-=======
+
     def _merge_bringing(self, good_sha: str, mainline: list[CommitInfo]) -> CommitInfo | None:
         """The first mainline commit that has `good` as an ancestor (the merge that brought it
         in); ancestry only grows along the first-parent chain, so a binary search finds it."""
@@ -194,7 +193,6 @@ class Workspace:
     def commit_info(self, ref: str) -> CommitInfo:
         """One commit's record (subject, author, files), as `commits_between` lists it."""
         return self._log("--no-walk", self.resolve(ref))[0]
->>>>>>> main
 
     def _log(self, *rev_args: str) -> list[CommitInfo]:
         raw = self._repo.git.log(
