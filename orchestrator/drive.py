@@ -15,7 +15,7 @@ from typing import Protocol
 
 from orchestrator.controller import RETRYABLE, Controller
 from orchestrator.records import NOT_EVIDENCE_PHASES, Candidate
-from orchestrator.repetition_design import RepetitionDesign
+from orchestrator.repetition_design import RepetitionDesign, change_size
 from orchestrator.store import TrialRow
 from orchestrator.strategies.base import Observation, Strategy, Verdict
 from orchestrator.system_watch import SystemChange, SystemWatch
@@ -164,7 +164,8 @@ def drive(
                 count = None
                 if repetitions is not None and proposals:
                     count = repetitions.update(rows, (o.trial_id for o in verdict.outliers
-                                                      if o.trial_id is not None))
+                                                      if o.trial_id is not None),
+                                               change_size(verdict))
                 for proposal in proposals:
                     controller.submit(pmap.candidate(proposal.point), phase=proposal.phase,
                                       repetitions=count)

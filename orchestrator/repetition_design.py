@@ -30,13 +30,13 @@ class RepetitionSettings:
     start: int = 3
     adaptive: bool = True
     lo: int = 1
-    hi: int = 16
+    hi: int = 32
 
     @classmethod
     def from_conf(cls, bench: Mapping) -> RepetitionSettings:
         start = int(bench.get("repetitions", 3))
         lo = int(bench.get("min_repetitions", 1))
-        hi = max(int(bench.get("max_repetitions", 16)), lo)
+        hi = max(int(bench.get("max_repetitions", 32)), lo)
         return cls(start, bool(bench.get("adaptive_repetitions", True)), lo, hi)
 
     def describe(self) -> str:
@@ -45,6 +45,15 @@ class RepetitionSettings:
         return (f"repetitions: {self.start} per restart to start, then chosen per restart in "
                 f"{self.lo}..{self.hi} by information per GPU-minute (restarts vs repetitions "
                 "noise, measured cost)")
+
+
+def change_size(verdict) -> float | None:
+    """The reproduced change between the endpoints (absolute log ratio), once the search
+    runs; None before (the repetitions then follow the noise alone)."""
+    pct = getattr(verdict, "total_effect_pct", None)
+    if verdict.status not in ("searching", "verifying") or pct is None or pct <= -100:
+        return None
+    return abs(math.log1p(pct / 100.0)) or None
 
 
 def components_of(rows: Iterable[TrialRow], metric: str,
@@ -77,14 +86,16 @@ class RepetitionDesign:
         self.cost: CostModel | None = None
         self.components: VarianceComponents | None = None
 
-    def update(self, rows: Sequence[TrialRow], outliers: Iterable[int] = ()) -> int:
-        """Re-estimate from the stored trials; returns the count for the next trial."""
+    def update(self, rows: Sequence[TrialRow], outliers: Iterable[int] = (),
+               effect: float | None = None) -> int:
+        """Re-estimate from the stored trials; returns the count for the next trial.
+        ``effect``: the reproduced change's size (signed log), when known."""
         self.cost = cost_model(rows, self.target)
         self.components = components_of(rows, self.metric, outliers)
         if not self.settings.adaptive:
             return self.current
         plan = plan_repetitions(self.components, self.cost, self.current, self.settings.lo,
-                                self.settings.hi)
+                                self.settings.hi, effect=effect)
         self.plan = plan
         if plan.changed:
             self.current = plan.repetitions

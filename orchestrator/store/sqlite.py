@@ -291,11 +291,13 @@ class RunStore:
     # -- trial flags -------------------------------------------------------------------------
     def set_trial_flags(self, kind: str, flags: dict[int, str]) -> None:
         """Replace every flag of ``kind`` with ``flags`` (trial id -> detail), atomically."""
-        with self._tx() as c:
+        def body(c: sqlite3.Connection) -> None:
             c.execute(_FLAGS_SCHEMA)
             c.execute("DELETE FROM trial_flags WHERE kind=?", (kind,))
             c.executemany("INSERT INTO trial_flags(trial_id, kind, detail) VALUES (?, ?, ?)",
                           [(int(t), kind, d) for t, d in sorted(flags.items())])
+
+        self._write(body)
 
     def trial_flags(self, kind: str | None = None) -> dict[int, dict[str, str]]:
         """``{trial id: {kind: detail}}`` (empty for a store that never had flags)."""
