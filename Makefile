@@ -6,7 +6,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test lint install bench-localize bench-isolate clean
+.PHONY: demo test lint install bench-localize bench-isolate bench-cost clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -30,6 +30,9 @@ lint: $(STAMP)
 
 bench-localize: $(STAMP)
 	$(BIN)/python -m experiments.bench_localize
+
+bench-cost: $(STAMP)
+	$(BIN)/python -m experiments.bench_cost
 
 bench-isolate: $(STAMP)
 	$(BIN)/python experiments/bench_isolate.py

@@ -64,6 +64,7 @@ class _InFlight:
     ref: object
     started: float
     losses: int = 0
+    repetitions: int | None = None
 
 
 @dataclass
@@ -75,6 +76,7 @@ class _Queued:
     attempt: int
     losses: int
     node: str = ""
+    repetitions: int | None = None
 
 
 class Controller:
@@ -219,8 +221,10 @@ class Controller:
         return [*self._busy.values(), *self._queue]
 
     def submit(self, candidate: Candidate, *, phase: str = "", node: str | None = None,
-               attempt: int = 1, losses: int = 0) -> int:
-        """Persist a trial row, then dispatch it to an idle node. Returns the trial id."""
+               attempt: int = 1, losses: int = 0, repetitions: int | None = None) -> int:
+        """Persist a trial row, then dispatch it to an idle node. Returns the trial id.
+        ``repetitions``: the benchmark repetitions of this trial (default
+        ``bench.repetitions``); a retry keeps the count of the attempt it repeats."""
         if self._interrupted:
             raise KeyboardInterrupt
         idle = [n for n in self._actors if n not in self._busy]
@@ -243,7 +247,8 @@ class Controller:
             ready_timeout_s=float(self.cfg.trial.ready_timeout_s),
             grace_s=float(self.cfg.trial.grace_s),
             telemetry_interval_s=float(self.cfg.trial.telemetry_interval_s),
-            repetitions=int(self.cfg.bench.repetitions),
+            repetitions=int(repetitions if repetitions is not None
+                            else self.cfg.bench.repetitions),
             warmup_requests=int(self.cfg.bench.warmup_requests),
             phase=phase,
             cache_max_bytes=self._cache_max_bytes,
@@ -251,7 +256,7 @@ class Controller:
         )
         ref = self._actors[node].run.remote(spec)
         inflight = _InFlight(trial_id, candidate, cand_id, node, phase, attempt, ref, time.time(),
-                             losses)
+                             losses, repetitions)
         self._busy[node] = inflight
         self._by_ref[ref] = inflight
         self.on_event(f"trial {trial_id} started on {node}: {candidate.label} ({phase or 'trial'})")
@@ -322,11 +327,11 @@ class Controller:
             raise DiskFull(f"no space left on device for {self.store.path}")
         if lost:
             self._queue.append(_Queued(inflight.candidate, inflight.phase, inflight.attempt,
-                                       inflight.losses + 1))
+                                       inflight.losses + 1, repetitions=inflight.repetitions))
             return None
         if result.outcome in RETRYABLE and inflight.attempt <= self.retries:
             self.submit(inflight.candidate, phase=inflight.phase, node=inflight.node,
-                        attempt=inflight.attempt + 1)
+                        attempt=inflight.attempt + 1, repetitions=inflight.repetitions)
             return None
         return self.store.trial(inflight.trial_id)
 
@@ -337,7 +342,7 @@ class Controller:
                 return
             q = self._queue.pop(0)
             self.submit(q.candidate, phase=q.phase, node=idle[0], attempt=q.attempt,
-                        losses=q.losses)
+                        losses=q.losses, repetitions=q.repetitions)
 
     # -- results ---------------------------------------------------------------------------------
     def run_one(self, candidate: Candidate, *, phase: str = "") -> TrialRow:

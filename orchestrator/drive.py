@@ -8,11 +8,14 @@ trial is reused, none is repeated.
 
 from __future__ import annotations
 
+import math
+import statistics
 from collections.abc import Callable, Sequence
 from typing import Protocol
 
 from orchestrator.controller import RETRYABLE, Controller
 from orchestrator.records import NOT_EVIDENCE_PHASES, Candidate
+from orchestrator.repetition_design import RepetitionDesign, change_size
 from orchestrator.store import TrialRow
 from orchestrator.strategies.base import Observation, Strategy, Verdict
 from orchestrator.system_watch import SystemChange, SystemWatch
@@ -33,7 +36,10 @@ def observation(row: TrialRow, point: int, metric: str, final_attempt: int,
         value = row.result.value(metric) if row.result else None
         if value is None:
             return Observation(point, None, row.suspect, row.id, epoch)
-        return Observation(point, value, row.suspect, row.id, epoch)
+        reps = row.result.values(metric)
+        logs = [math.log(v) for v in reps if v > 0]
+        spread = statistics.variance(logs) if len(logs) >= 2 and len(logs) == len(reps) else None
+        return Observation(point, value, row.suspect, row.id, epoch, len(reps), spread)
     if row.attempt >= final_attempt or row.outcome not in RETRYABLE:
         return Observation(point, None, row.suspect, row.id, epoch)
     return None
@@ -130,12 +136,17 @@ def drive(
     metric: str,
     on_verdict: Callable[[Verdict, int], None] | None = None,
     on_system_change: Callable[[SystemChange], None] | None = None,
+    repetitions: RepetitionDesign | None = None,
 ) -> Verdict:
     """Run trials until the strategy is done (or proposes nothing while nothing runs).
 
     ``on_system_change`` hears of every change of a node's system state between its trials
     (:mod:`orchestrator.system_watch`), including one across an interruption: the first trial
     of a resumed run is compared with the node's last trial before it.
+
+    ``repetitions`` chooses each new trial's benchmark repetitions from what the stored trials
+    say about the two noise levels and the costs (:mod:`orchestrator.repetition_design`);
+    without it every trial runs ``bench.repetitions``.
     """
     pmap = _as_map(points)
     stored = controller.store.trials()
@@ -143,16 +154,25 @@ def drive(
     observations = replay(stored, pmap, metric, controller.retries, epochs)
     final_attempt = controller.retries + 1
     verdict = strategy.verdict(observations)
+    rows = list(stored)
     while True:
         if not verdict.done:
             idle = controller.idle_nodes()
             if idle:
                 pending = [pmap.point(f.candidate) for f in controller.in_flight()]
-                for proposal in strategy.propose(observations, pending, len(idle))[: len(idle)]:
-                    controller.submit(pmap.candidate(proposal.point), phase=proposal.phase)
+                proposals = strategy.propose(observations, pending, len(idle))[: len(idle)]
+                count = None
+                if repetitions is not None and proposals:
+                    count = repetitions.update(rows, (o.trial_id for o in verdict.outliers
+                                                      if o.trial_id is not None),
+                                               change_size(verdict))
+                for proposal in proposals:
+                    controller.submit(pmap.candidate(proposal.point), phase=proposal.phase,
+                                      repetitions=count)
         if not controller.in_flight():
             break
         for row in controller.wait():
+            rows.append(row)
             epoch, change = epochs.feed(row)
             if change is not None and on_system_change is not None:
                 on_system_change(change)

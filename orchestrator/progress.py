@@ -112,6 +112,7 @@ class Progress:
         self._nodes: dict[str, None] = {}
         self._status, self._best, self._probability = "starting", None, None
         self._live: Live | None = None
+        self._cost = ""
 
     # -- lifecycle ---------------------------------------------------------------------------
     def __enter__(self) -> Progress:
@@ -128,6 +129,10 @@ class Progress:
 
     def set_total(self, total_hint: int | None) -> None:
         self.total_hint = total_hint
+
+    def set_cost(self, text: str) -> None:
+        """What the trials so far cost (``~12.3 GPU-min at 3 repetitions per restart``)."""
+        self._cost = text
 
     def set_remaining(self, remaining: int) -> None:
         """A strategy's forecast of the trials still needed, running ones included."""
@@ -226,6 +231,8 @@ class Progress:
             prob = "" if s.probability is None else f" p{probability_relation(s.probability, '')}"
             parts.append(f"best {s.best_label}{prob}")
         parts.append(f"[{s.status}]")
+        if self._cost:
+            parts.append(self._cost)
         if s.eta_s is not None:
             parts.append(f"ETA ~{format_duration(s.eta_s)}")
         return " · ".join(parts)
@@ -250,5 +257,6 @@ class Progress:
         summary = Text(
             f"{s.done}{total} trials done ({s.failed} failed) · status {s.status} · best: {best}\n"
             f"trial duration: last {format_duration(s.last_duration)},"
-            f" mean {format_duration(s.mean_duration)} · ETA ~{format_duration(s.eta_s)}")
+            f" mean {format_duration(s.mean_duration)} · ETA ~{format_duration(s.eta_s)}"
+            + (f"\ncost: {self._cost}" if self._cost else ""))
         return Group(table, summary)

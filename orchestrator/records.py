@@ -145,6 +145,7 @@ class Measurement:
 
     repetition: int
     metrics: Mapping[str, float]
+    seconds: float | None = None  # node wall time of this repetition (its share of the cost)
 
 
 @dataclass(frozen=True)

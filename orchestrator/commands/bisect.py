@@ -26,11 +26,13 @@ from orchestrator import findings, render
 from orchestrator.commands import common
 from orchestrator.config import params as experiment_params
 from orchestrator.controller import Controller
+from orchestrator.cost import describe_cost
 from orchestrator.drive import drive, unreported
 from orchestrator.errors import UserError
 from orchestrator.metrics import check_metric, regression_direction
 from orchestrator.progress import Progress, expected_bisect_trials, verdict_best
 from orchestrator.records import Candidate
+from orchestrator.repetition_design import RepetitionDesign, RepetitionSettings
 from orchestrator.report.terminal import print_answer
 from orchestrator.rundir import create_run, running, runs_root
 from orchestrator.store import RunStore
@@ -163,7 +165,8 @@ def resume(run_dir: Path, max_trials: int | None = None) -> int:
     return _execute(cfg, run_dir, store, commits, points, weights)
 
 
-def _progress_line(verdict: Verdict, commits: list[CommitInfo], n_obs: int) -> str:
+def _progress_line(verdict: Verdict, commits: list[CommitInfo], n_obs: int,
+                   cost: str = "") -> str:
     top = verdict.top
     if top:
         best = f"best {commits[top.point].sha[:10]} p={render.probability(top.probability)}"
@@ -172,10 +175,11 @@ def _progress_line(verdict: Verdict, commits: list[CommitInfo], n_obs: int) -> s
         best = f"best {commits[i].sha[:10]} p={render.probability(verdict.posterior[i])}"
     else:
         best = "endpoints first"
-    return f"[{verdict.status}] {n_obs} trials; {best}"
+    return f"[{verdict.status}] {n_obs} trials{cost}; {best}"
 
 
-def reproduction_notice(verdict: Verdict, metric: str, budget: int | None) -> list[str]:
+def reproduction_notice(verdict: Verdict, metric: str, budget: int | None,
+                        design: RepetitionDesign | None = None) -> list[str]:
     """The lines to print once, when the endpoints' change has reproduced and the search starts.
 
     The size of the change against the restart noise decides what the whole run costs, so this
@@ -191,7 +195,10 @@ def reproduction_notice(verdict: Verdict, metric: str, budget: int | None) -> li
     left = verdict.expected_remaining
     if left is None:
         return [line]  # the noise is not measured yet
-    lines = [line, f"forecast: about {left} more trials to name the culprit "
+    cost = design.cost if design is not None else None
+    minutes = (f", about {describe_cost(cost.gpu_minutes(design.current, left))} at "
+               f"{design.current} repetitions per restart" if cost is not None else "")
+    lines = [line, f"forecast: about {left} more trials{minutes} to name the culprit "
                    "(a rough figure, often off by a factor of two)"]
     if budget is not None and verdict.n_trials + left > budget:
         lines.append(f"the forecast exceeds max_trials={budget}: the run will likely stop "
@@ -254,6 +261,12 @@ def execute(cfg, ctl: Controller, run_dir: Path, commits, points, weights, out,
                          reference_value=reference[0] if reference else None)
     for line in opening_lines(cfg, strategy, reference):
         out.print(line)
+    settings = RepetitionSettings.from_conf(cfg.bench)
+    out.print(settings.describe())
+    design = RepetitionDesign(settings, OmegaConf.to_container(cfg.target, resolve=True),
+                              str(cfg.metric),
+                              on_change=lambda text: (progress.note if progress is not None
+                                                      else out.print)(text))
     if not (run_dir / "commits.json").exists():  # the report replays the posterior from it
         _save_plan(run_dir, commits, points, weights)
     labels = [c.sha[:10] for c in commits]
@@ -263,7 +276,7 @@ def execute(cfg, ctl: Controller, run_dir: Path, commits, points, weights, out,
     def announce(v: Verdict, say) -> None:
         if "reproduced" not in said and v.status in ("searching", "verifying"):
             said.add("reproduced")
-            for line in reproduction_notice(v, str(cfg.metric), budget):
+            for line in reproduction_notice(v, str(cfg.metric), budget, design):
                 say(line)
         for note in v.notes:  # a withdrawn reproduction, an early stop: said when it happens
             if note.startswith(("retracted", "stopped early")) and note not in said:
@@ -280,22 +293,31 @@ def execute(cfg, ctl: Controller, run_dir: Path, commits, points, weights, out,
             if v.expected_remaining is not None:  # measured change and noise: a better ETA
                 progress.set_remaining(v.expected_remaining)
             announce(v, progress.note)
+            if design.cost is not None:
+                progress.set_cost(f"~{describe_cost(design.cost.gpu_minutes(design.current, _n))}"
+                                  f" at {design.current} repetitions per restart")
             progress.on_verdict(v.status, *verdict_best(v, labels))
     else:
         def on_verdict(v: Verdict, n: int) -> None:
             announce(v, out.print)
-            out.print(f"  {_progress_line(v, commits, n)}")
+            cost = design.cost
+            spent = (f", ~{describe_cost(cost.gpu_minutes(design.current, n))}"
+                     if cost is not None else "")
+            out.print(f"  {_progress_line(v, commits, n, spent)}")
     verdict = drive(ctl, strategy, points, metric=str(cfg.metric), on_verdict=on_verdict,
-                    on_system_change=system_changed)
+                    on_system_change=system_changed, repetitions=design)
     rows = ctl.store.trials()
     _flag_outliers(ctl.store, verdict)
     doc = findings.bisect_findings(run_id=ctl.store.run_id, metric=str(cfg.metric), verdict=verdict,
                                    commits=commits, keys=[p.key for p in points], rows=rows)
     changes = system_changes(rows)
     doc["system_changes"] = [c.to_json() for c in changes]
+    design.update(rows, [o.trial_id for o in verdict.outliers if o.trial_id is not None])
+    doc["repetitions"] = design.summary(rows)
     path = findings.write(run_dir, doc, findings_name)
     out.print(render.findings_table(doc))
     out.print(verdict.message)
+    out.print(f"cost: {design.line(rows)}")
     for note in verdict.notes:
         if note not in said:
             out.print(note)

@@ -196,6 +196,11 @@ class BenchConf:
     """A fixed, seeded request set: the same prompts and output length in every repetition."""
 
     repetitions: int = ranged(3, ge=1, le=100_000)
+    # A bisect chooses each restart's repetitions in min..max by information per GPU-minute
+    # (the two noise levels and the measured costs); false keeps `repetitions` throughout.
+    adaptive_repetitions: bool = True
+    min_repetitions: int = ranged(1, ge=1, le=100_000)
+    max_repetitions: int = ranged(32, ge=1, le=100_000)
     warmup_requests: int = ranged(2, ge=0, le=100_000)
     requests: int = ranged(4, ge=1, le=1_000_000)
     concurrency: int = ranged(1, ge=1, le=100_000)

@@ -208,8 +208,25 @@ def run_table(data: RunData) -> TextTable:
         ("suspect trials", str(sum(1 for r in data.rows if r.suspect))),
         ("nodes", ", ".join(nodes) or "-"),
         ("trial duration", f"median {statistics.median(timed):.1f} s" if timed else "-"),
+        ("GPU time", _gpu_time(data)),
     ]
+    for doc in data.docs:
+        reps = doc.get("repetitions") if isinstance(doc, dict) else None
+        if isinstance(reps, dict) and reps.get("reason"):
+            rows.append(("repetitions", "; ".join(reps.get("changes") or [reps["reason"]])))
     return TextTable("run", "Run", ("field", "value"), tuple(rows))
+
+
+def _gpu_time(data: RunData) -> str:
+    """Node wall time x GPUs of every trial (modeled time against the simulator)."""
+    from orchestrator.cost import describe_cost, gpu_minutes
+
+    try:
+        target = data.config.get("target") or {}
+        target = dict(target)
+    except Exception:  # noqa: BLE001 - an unreadable config: real time, GPUs from fingerprints
+        target = {}
+    return f"{describe_cost(gpu_minutes(data.rows, target))} over {len(data.rows)} restarts"
 
 
 def candidates_table(data: RunData) -> TextTable:

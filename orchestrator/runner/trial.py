@@ -364,11 +364,12 @@ def run_trial(
         enter(TrialState.BENCHMARKING)
         requests = target.requests()
         for rep in range(spec.repetitions):
+            began = time.time()
             try:
                 metrics = target.measure(base_url, requests, log_path)
             except BenchError as exc:
                 raise _classify_bench_error(exc, proc, f"repetition {rep + 1}") from exc
-            measurements.append(Measurement(rep, metrics))
+            measurements.append(Measurement(rep, metrics, time.time() - began))
         if proc is not None and proc.poll() is not None:
             raise TrialFailure(
                 Outcome.CRASHED, f"server exited with code {proc.poll()} right after the benchmark"

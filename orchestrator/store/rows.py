@@ -47,6 +47,7 @@ def read_trials(conn: sqlite3.Connection, where: str = "1", params: tuple = ()) 
     ).fetchall()
     meas: dict[int, dict[int, dict[str, float]]] = {}
     states: dict[int, list[tuple[str, float]]] = {}
+    seconds: dict[tuple[int, int], float] = {}
     ids = [r[0] for r in rows]
     if ids:
         marks = ",".join("?" * len(ids))
@@ -60,6 +61,15 @@ def read_trials(conn: sqlite3.Connection, where: str = "1", params: tuple = ()) 
             " ORDER BY rowid", ids
         ):
             states.setdefault(tid, []).append((state, at))
+        try:  # a store written before repetitions were timed has no such table
+            for tid, rep, secs in conn.execute(
+                f"SELECT trial_id, repetition, seconds FROM repetition_times"
+                f" WHERE trial_id IN ({marks})", ids
+            ):
+                seconds[(tid, rep)] = secs
+        except sqlite3.OperationalError as exc:
+            if "no such table" not in str(exc):
+                raise
     out = []
     for (tid, cid, spec, node, phase, attempt, state, outcome, detail, started, ended,
          log_path, suspect, suspect_reason, fp) in rows:
@@ -69,7 +79,8 @@ def read_trials(conn: sqlite3.Connection, where: str = "1", params: tuple = ()) 
                 outcome=Outcome(outcome),
                 detail=detail or "",
                 measurements=tuple(
-                    Measurement(rep, metrics) for rep, metrics in sorted(meas.get(tid, {}).items())
+                    Measurement(rep, metrics, seconds.get((tid, rep)))
+                    for rep, metrics in sorted(meas.get(tid, {}).items())
                 ),
                 states=tuple(states.get(tid, ())),
                 started_at=started or 0.0,

@@ -96,6 +96,11 @@ CREATE INDEX IF NOT EXISTS trials_by_candidate ON trials(candidate_id);
 _FLAGS_SCHEMA = """CREATE TABLE IF NOT EXISTS trial_flags(
     trial_id INTEGER NOT NULL REFERENCES trials(id), kind TEXT NOT NULL, detail TEXT,
     PRIMARY KEY (trial_id, kind))"""
+# Node wall seconds of each benchmark repetition (the cost split of a trial: launch to ready
+# and warm-up come from `trial_states`). Created on first use, so older stores still open.
+_REPETITION_TIMES_SCHEMA = """CREATE TABLE IF NOT EXISTS repetition_times(
+    trial_id INTEGER NOT NULL REFERENCES trials(id), repetition INTEGER NOT NULL,
+    seconds REAL NOT NULL, PRIMARY KEY (trial_id, repetition))"""
 
 
 class RunStore:
@@ -386,6 +391,11 @@ class RunStore:
                     if v is not None
                 ],
             )
+            timed = [(trial_id, m.repetition, float(m.seconds)) for m in result.measurements
+                     if m.seconds is not None]
+            if timed:
+                c.execute(_REPETITION_TIMES_SCHEMA)
+                c.executemany("INSERT INTO repetition_times VALUES (?, ?, ?)", timed)
             if result.fingerprint:
                 c.execute(
                     "INSERT OR REPLACE INTO fingerprints VALUES (?, ?)",

@@ -51,6 +51,7 @@ class Observation:
     ignored by the strategy but still count as trials spent. ``epoch`` numbers the system the
     trial ran on: it goes up when a node's system changes during the run (a power limit set
     from outside, a driver update), so a strategy can compare trials within one system.
+    ``repetitions``/``spread`` say how precise the value is (see the fields).
     """
 
     point: int
@@ -58,6 +59,11 @@ class Observation:
     suspect: bool = False
     trial_id: int | None = None
     epoch: int = 0
+    # How many repetitions the value averages (0: not known) and their sample variance on the
+    # log scale (None with fewer than two): trials of different repetition counts then weigh
+    # by their precision, 1 / (sigma_restart^2 + sigma_repetition^2 / n).
+    repetitions: int = 0
+    spread: float | None = None
 
 
 @dataclass(frozen=True)

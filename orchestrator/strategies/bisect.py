@@ -237,6 +237,7 @@ class BisectStrategy(Strategy):
             log_prior=self.log_prior[hyps],
             null_prior=self.settings.null_prior_top if first else self.settings.null_prior_later,
             g=self._step_scale() ** 2, one_sided=first, r_weights=ev.r_weights(),
+            weights=ev.kept_weights(),
         )
         result = stage_posterior(self.history, data)
         self._post_cache[stage.index] = (ev.version, result)

@@ -90,17 +90,26 @@ def _design(points: np.ndarray, epochs: np.ndarray, fit_points: np.ndarray) -> n
     return cols
 
 
-def _solve(x: np.ndarray, y: np.ndarray, blocks: np.ndarray, r: float):
-    """GLS pieces for one ``r``: (beta, unscaled cov, RSS, rank, log REML likelihood)."""
+def _solve(x: np.ndarray, y: np.ndarray, blocks: np.ndarray, r: float,
+           prec: np.ndarray | None = None):
+    """GLS pieces for one ``r``: (beta, unscaled cov, RSS, rank, log REML likelihood).
+
+    ``prec``: relative precision per trial (its variance is ``sigma^2 / prec``); with it the
+    block inverse is ``W - r W11'W / (1 + r 1'W1)``, the same closed form on weighted sums."""
     n_blocks = int(blocks.max()) + 1 if blocks.size else 0
-    counts = np.bincount(blocks, minlength=n_blocks).astype(float)
+    if prec is None:
+        counts = np.bincount(blocks, minlength=n_blocks).astype(float)
+        wx, wy = x, y
+    else:
+        counts = np.bincount(blocks, weights=prec, minlength=n_blocks)
+        wx, wy = x * prec[:, None], y * prec
     w = r / (1.0 + r * counts)
     block_x = np.zeros((n_blocks, x.shape[1]))
-    np.add.at(block_x, blocks, x)
-    block_y = np.bincount(blocks, weights=y, minlength=n_blocks)
-    xtvx = x.T @ x - block_x.T @ (w[:, None] * block_x)
-    xtvy = x.T @ y - block_x.T @ (w * block_y)
-    ytvy = float(y @ y - (w * block_y**2).sum())
+    np.add.at(block_x, blocks, wx)
+    block_y = np.bincount(blocks, weights=wy, minlength=n_blocks)
+    xtvx = x.T @ wx - block_x.T @ (w[:, None] * block_x)
+    xtvy = x.T @ wy - block_x.T @ (w * block_y)
+    ytvy = float(y @ wy - (w * block_y**2).sum())
     eigval, eigvec = np.linalg.eigh(xtvx)
     keep = eigval > 1e-9 * max(float(eigval.max()), 1e-300)
     inv = (eigvec[:, keep] / eigval[keep]) @ eigvec[:, keep].T
@@ -115,10 +124,12 @@ def _solve(x: np.ndarray, y: np.ndarray, blocks: np.ndarray, r: float):
 
 
 def fit_levels(points: np.ndarray, values: np.ndarray, blocks: np.ndarray,
-               epochs: np.ndarray, must: tuple[int, ...] = ()) -> LevelFit | None:
+               epochs: np.ndarray, must: tuple[int, ...] = (),
+               weights: np.ndarray | None = None) -> LevelFit | None:
     """Fit the levels of the replicated commits (the ``MAX_FIT_POINTS`` most measured, plus
-    ``must`` when replicated). ``blocks`` must be nested in ``epochs``. None without any
-    replicated commit."""
+    ``must`` when replicated). ``blocks`` must be nested in ``epochs``. ``weights``: relative
+    precision per trial (trials of different repetition counts), None for all alike. None
+    without any replicated commit."""
     uniq, counts = np.unique(points, return_counts=True)
     replicated = uniq[counts >= 2]
     if replicated.size == 0:
@@ -129,6 +140,7 @@ def fit_levels(points: np.ndarray, values: np.ndarray, blocks: np.ndarray,
         replicated = np.array(sorted(chosen))
     sel = np.isin(points, replicated)
     p, y, b, e = points[sel], values[sel], blocks[sel], epochs[sel]
+    prec = None if weights is None else np.asarray(weights, dtype=float)[sel]
     _, b = np.unique(b, return_inverse=True)
     x = _design(p, e, replicated)
     centre = float(y.mean())
@@ -139,7 +151,7 @@ def fit_levels(points: np.ndarray, values: np.ndarray, blocks: np.ndarray,
     else:
         grid = tuple(zip(DRIFT_GRID, DRIFT_PRIOR, strict=True))
     for r, prior in grid:
-        beta, inv, rss, df, log_like = _solve(x, y, b, r)
+        beta, inv, rss, df, log_like = _solve(x, y, b, r, prec)
         results.append((log_like + math.log(prior), r, beta, inv, rss, df))
     logs = np.array([res[0] for res in results])
     post = np.exp(logs - logs.max())

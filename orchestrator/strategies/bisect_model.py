@@ -56,6 +56,9 @@ class StageData:
     g: float  # step prior variance in sigma^2 units
     one_sided: bool
     r_weights: tuple[tuple[float, float], ...] = ((0.0, 1.0),)
+    # Relative precision of each trial (variance sigma^2 / w: trials of different repetition
+    # counts); None: all alike, the plain model.
+    weights: np.ndarray | None = None
 
 
 @dataclass(frozen=True)
@@ -104,11 +107,15 @@ def stage_posterior(history: History, data: StageData) -> StagePosterior:
         cols.append(np.array([history.descends(int(p), culprit) for p in measured],
                              dtype=float)[point_idx])
     f = np.stack(cols, axis=1)
-    # Per block and measured point: trial counts and sums.
+    # Per block and measured point: trial counts and sums (precision-weighted when trials
+    # differ in precision: every sum below then carries W, the GLS form is unchanged).
+    prec = None if data.weights is None else np.asarray(data.weights, dtype=float)
+    wf = f if prec is None else f * prec[:, None]
+    wy = y if prec is None else y * prec
     counts = np.zeros((n_blocks, measured.size))
     sums = np.zeros((n_blocks, measured.size))
-    np.add.at(counts, (blk, point_idx), 1.0)
-    np.add.at(sums, (blk, point_idx), y)
+    np.add.at(counts, (blk, point_idx), 1.0 if prec is None else prec)
+    np.add.at(sums, (blk, point_idx), wy)
     if history.linear:  # bad points of cell c are measured points c.. (reverse cumsum)
         first = _first_bad(reads)
         m_bad = _tail_sums(counts)[:, first]
@@ -117,13 +124,13 @@ def stage_posterior(history: History, data: StageData) -> StagePosterior:
         m_bad = counts @ reads.T
         t_bad = sums @ reads.T
     point_f = np.zeros((measured.size, f.shape[1]))
-    np.add.at(point_f, point_idx, f)
+    np.add.at(point_f, point_idx, wf)
     x_f = reads.astype(float) @ point_f  # (cells, nuisance)
     n_k = counts.sum(axis=1)
     s_k = sums.sum(axis=1)
     f_k = np.zeros((n_blocks, f.shape[1]))
-    np.add.at(f_k, blk, f)
-    ff, fy, yy = f.T @ f, f.T @ y, float(y @ y)
+    np.add.at(f_k, blk, wf)
+    ff, fy, yy = f.T @ wf, f.T @ wy, float(y @ wy)
     n_total = float(y.size)
 
     cell_prior = np.full(n_cells, -np.inf)

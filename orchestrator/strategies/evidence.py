@@ -57,6 +57,8 @@ class Evidence:
         self._epochs: list[int] = []
         self._orders: list[int] = []
         self._ids: list[int | None] = []
+        self._reps: list[int] = []
+        self._spreads: list[float | None] = []
         self._cache: dict[str, object] = {}
         self._cache_version = -1
 
@@ -96,6 +98,8 @@ class Evidence:
         self._epochs.append(int(getattr(observation, "epoch", 0) or 0))
         self._orders.append(order)
         self._ids.append(observation.trial_id)
+        self._reps.append(int(getattr(observation, "repetitions", 0) or 0))
+        self._spreads.append(getattr(observation, "spread", None))
         self.version += 1
 
     # ------------------------------------------------------------------------- derived
@@ -146,8 +150,47 @@ class Evidence:
     def levels(self) -> LevelFit | None:
         def build():
             points, values, blocks, epochs = self.kept()
-            return fit_levels(points, values, blocks, epochs)
+            weights = self.kept_weights()
+            if weights is None:
+                return self._plain_levels()
+            return fit_levels(points, values, blocks, epochs, weights=weights)
         return self._cached("levels", build)
+
+    def _plain_levels(self) -> LevelFit | None:
+        def build():
+            points, values, blocks, epochs = self.kept()
+            return fit_levels(points, values, blocks, epochs)
+        return self._cached("plain_levels", build)
+
+    def kept_weights(self) -> np.ndarray | None:
+        """Relative precision of each kept trial, or None when all weigh alike (one repetition
+        count for every trial, or counts not known: the plain model, exactly).
+
+        A trial averaging ``n`` repetitions has variance ``sigma_r^2 + sigma_e^2 / n``. The
+        repetition component is the pooled sample variance of the trials' repetitions; the
+        restart component is what the unweighted level fit's noise leaves beyond it. Weights
+        are relative to a trial of the latest count (the one the next trials run), so the
+        model's sigma stays the noise of the next trial."""
+        def build():
+            reps = np.asarray(self._reps, dtype=np.int64)[self.status() == KEPT]
+            known = reps[reps > 0]
+            if known.size == 0 or np.all(known == known[0]):
+                return None
+            num = den = 0.0
+            for n, spread in zip(self._reps, self._spreads, strict=True):
+                if n >= 2 and spread is not None and math.isfinite(spread):
+                    num += (n - 1) * spread
+                    den += n - 1
+            plain = self._plain_levels()
+            if den <= 0 or plain is None or not math.isfinite(plain.sigma2):
+                return None
+            var_e = num / den
+            var_r = max(plain.sigma2 - var_e * float(np.mean(1.0 / known)),
+                        0.05 * plain.sigma2, 1e-12)
+            n_ref = next((n for n in reversed(self._reps) if n > 0), int(known[0]))
+            n_eff = np.where(reps > 0, reps, n_ref).astype(float)
+            return (var_r + var_e / n_ref) / (var_r + var_e / n_eff)
+        return self._cached("weights", build)
 
     # ----------------------------------------------------------------------------- queries
 
@@ -264,12 +307,19 @@ class Evidence:
                 return exact
         # Some point is measured once (or nothing is replicated): plain means, fitted noise.
         points, values, _, _ = self.kept()
+        precision = self.kept_weights()
         est = 0.0
         var_units = 0.0
         for point, w in weights.items():
-            vals = values[points == point]
-            est += w * float(vals.mean())
-            var_units += w * w / vals.size
+            at = points == point
+            vals = values[at]
+            if precision is None:
+                est += w * float(vals.mean())
+                var_units += w * w / vals.size
+            else:
+                prec = precision[at]
+                est += w * float((prec * vals).sum() / prec.sum())
+                var_units += w * w / float(prec.sum())
         sigma2 = fit.sigma2 if fit is not None else math.nan
         df = fit.df if fit is not None else 0
         if not math.isfinite(sigma2) or df <= 0:

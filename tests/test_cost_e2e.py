@@ -1,0 +1,39 @@
+"""End to end on the sim: with request-level noise far above restart-level noise, the bisect
+raises its repetitions per restart, says so, names the planted commit, and spends fewer modeled
+GPU-minutes than the same bisect with a fixed `bench.repetitions=3`."""
+
+from __future__ import annotations
+
+import pytest
+
+from orchestrator.targets.sim.scenario import generate_scenario
+from tests.test_bisect_e2e import _bisect
+
+pytestmark = pytest.mark.slow
+
+NOISY_REQUESTS = ["target.noise_request_cv=1.2", "target.noise_restart_cv=0.002",
+                  "target.load_seconds=60", "bench.repetitions=3"]
+
+
+def test_request_noise_raises_repetitions_and_saves_gpu_minutes(tmp_path, ray_session, capsys):
+    scenario = generate_scenario(tmp_path / "sc", 20, 3, "one_culprit")
+    (planted,) = scenario.truth["culprits"]
+    code, doc, _ = _bisect(tmp_path / "adaptive", scenario, *NOISY_REQUESTS)
+    printed = capsys.readouterr().out
+    assert code == 0, doc["message"]
+    assert doc["findings"][0]["id"] == planted["sha"]
+    reps = doc["repetitions"]
+    assert reps["adaptive"] and reps["final"] > 3, reps
+    assert "3 -> " in reps["changes"][0] and "a restart costs" in reps["changes"][0]
+    assert "then chosen per restart in 1..32" in printed  # stated in the run's first lines
+    assert "repetitions per restart: " in printed  # each change is said when it happens
+    assert "GPU-min" in printed or "GPU-h" in printed
+    noise = reps["noise"]
+    assert noise["repetition_sd_pct"] > 3 * noise["restart_sd_pct"]
+
+    code, fixed, _ = _bisect(tmp_path / "fixed", scenario, *NOISY_REQUESTS,
+                             "bench.adaptive_repetitions=false")
+    assert code == 0, fixed["message"]
+    assert fixed["findings"][0]["id"] == planted["sha"]
+    assert fixed["repetitions"]["final"] == 3 and not fixed["repetitions"]["changes"]
+    assert reps["gpu_minutes"] < fixed["repetitions"]["gpu_minutes"], (reps, fixed["repetitions"])
