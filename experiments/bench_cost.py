@@ -45,7 +45,7 @@ from pathlib import Path
 
 import numpy as np
 
-from orchestrator.repetition_design import change_size
+from orchestrator.control.repetitions import change_size
 from orchestrator.stats.variance import variance_components
 from orchestrator.strategies.base import Observation
 from orchestrator.strategies.bisect import BisectStrategy

@@ -181,14 +181,14 @@ def run_system_case(story: str, seed: int, *, k: int = 1, confidence: float = 0.
     from collections import Counter
 
     from orchestrator.commands.isolate import IsolatePoints
-    from orchestrator.differences import (
+    from orchestrator.records import Candidate
+    from orchestrator.system.differences import (
         apply,
         changes_from_system,
         check_distinct,
         reference_good,
     )
-    from orchestrator.fingerprint_diff import diff
-    from orchestrator.records import Candidate
+    from orchestrator.system.fingerprint_diff import diff
     from orchestrator.targets.sim import scenario_presets as material
     from orchestrator.targets.sim import scenario_system as stories
     from orchestrator.targets.sim.system_oracle import SystemOracle

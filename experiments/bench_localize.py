@@ -36,6 +36,8 @@ finished case there and skips those already in it, so a long run can be resumed)
 ``runs/bench-localize.json``:
 ``{regime: {method: {"accuracy", "mean_trials", "p90_trials", "mean_rounds", ...}}}``, where
 ``statuses`` counts how the runs ended.
+
+Size: a benchmark script (methods, driver, summaries and the table), not product code.
 """
 
 from __future__ import annotations
@@ -67,13 +69,13 @@ from experiments.localize_cases import (
     VirtualOracle,
     regime,
 )
-from experiments.reference_oracle import KnownLevelsOracle, OraclePlacedBisect
-from orchestrator.strategies import BisectSettings, BisectStrategy, Observation, Strategy, Verdict
-from orchestrator.strategies.baselines import (
+from experiments.peers import (
     BAYESECT_IMPLEMENTATION,
     BayesectStrategy,
     ThresholdBisectStrategy,
 )
+from experiments.reference_oracle import KnownLevelsOracle, OraclePlacedBisect
+from orchestrator.strategies import BisectSettings, BisectStrategy, Observation, Strategy, Verdict
 
 __all__ = ["BASE_VALUE", "MAX_TRIALS", "N_COMMITS", "REGIMES", "SEED", "Regime",
            "VirtualOracle", "drive", "run_benchmark", "regime"]

@@ -2,7 +2,7 @@
 
 A virtual oracle answers every proposal at once (a culprit at 60% of the range, +20%, 2%
 restart noise, one node), so only the strategy's own time is measured: each `propose()` and
-each `verdict()` call of the drive loop (`orchestrator/drive.py` calls both once per finished
+each `verdict()` call of the drive loop (`orchestrator/control/drive.py` calls both once per finished
 trial). With `profile`, cProfile's top functions by own time say where it goes.
 
     python experiments/overhead_strategy.py --sizes 1000,10000,50000 --profile

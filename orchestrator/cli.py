@@ -13,7 +13,7 @@ import sys
 from collections.abc import Sequence
 
 from orchestrator.errors import SleuthError, UserError
-from orchestrator.safe_text import printable
+from orchestrator.ui.safe_text import printable
 
 COMMANDS = {
     "investigate": "why is it slower? from a reference run (or good..bad) to an answer",
@@ -123,7 +123,7 @@ def run(argv: Sequence[str]) -> int:
         print(_help())
         return 0
     if command.startswith("help:"):
-        from orchestrator.cli_help import command_help
+        from orchestrator.ui.help import command_help
 
         name = command.split(":", 1)[1]
         print(command_help(name, COMMANDS[name]))

@@ -91,8 +91,8 @@ def ray_session():
     """One real local Ray instance for the whole session; controllers reuse it."""
     import ray
 
-    from orchestrator.controller import loopback_only
-    from orchestrator.ray_cluster import lean_head, stop_owned
+    from orchestrator.control.controller import loopback_only
+    from orchestrator.control.ray_cluster import lean_head, stop_owned
 
     stop_owned()  # an instance an earlier test's command left for the rest of its process
     loopback_only()

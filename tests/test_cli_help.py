@@ -10,12 +10,12 @@ from omegaconf import OmegaConf
 from rich.console import Console
 
 from orchestrator.cli import COMMANDS, main
-from orchestrator.cli_help import HELP
 from orchestrator.commands import common
 from orchestrator.config.compose import compose_config
 from orchestrator.errors import UserError
 from orchestrator.records import Candidate, Outcome, TrialResult
-from orchestrator.rundir import create_run, running
+from orchestrator.run.rundir import create_run, running
+from orchestrator.ui.help import HELP
 
 
 def _run(capsys, argv: list[str]) -> tuple[int, str]:

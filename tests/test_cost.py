@@ -8,9 +8,9 @@ import random
 import numpy as np
 import pytest
 
-from orchestrator.cost import cost_model, gpus_of, time_scale_of, trial_cost
+from orchestrator.control.repetitions import components_of
 from orchestrator.records import Candidate, Measurement, Outcome, TrialResult
-from orchestrator.repetition_design import components_of
+from orchestrator.run.cost import cost_model, gpus_of, time_scale_of, trial_cost
 from orchestrator.stats.variance import variance_components
 from orchestrator.store import RunStore
 from orchestrator.strategies.base import Observation

@@ -6,7 +6,11 @@ from __future__ import annotations
 import pytest
 
 from orchestrator.commands.isolate import IsolatePoints
-from orchestrator.differences import (
+from orchestrator.errors import SleuthError, UserError
+from orchestrator.gpu.base import ClockPolicy, format_parts, parse_parts
+from orchestrator.records import Candidate
+from orchestrator.strategies.isolate import IsolateStrategy
+from orchestrator.system.differences import (
     Change,
     apply,
     changes_between,
@@ -14,11 +18,7 @@ from orchestrator.differences import (
     check_distinct,
     reference_good,
 )
-from orchestrator.errors import SleuthError, UserError
-from orchestrator.fingerprint_diff import Difference, diff
-from orchestrator.gpu.base import ClockPolicy, format_parts, parse_parts
-from orchestrator.records import Candidate
-from orchestrator.strategies.isolate import IsolateStrategy
+from orchestrator.system.fingerprint_diff import Difference, diff
 from orchestrator.targets.base import UNSET
 
 SHA = "a" * 40

@@ -12,8 +12,8 @@ import dataclasses
 
 import pytest
 
-from orchestrator.controller import RETRYABLE
-from orchestrator.drive import observation, unreported
+from orchestrator.control.controller import RETRYABLE
+from orchestrator.control.drive import observation, unreported
 from orchestrator.records import Candidate, Measurement, Outcome, TrialResult
 from orchestrator.store import TrialRow
 

@@ -13,9 +13,9 @@ import pytest
 
 from orchestrator.commands import trial as trial_cmd
 from orchestrator.config.compose import compose_config
-from orchestrator.controller import Controller
+from orchestrator.control.controller import Controller
 from orchestrator.records import Candidate, Outcome
-from orchestrator.rundir import create_run
+from orchestrator.run.rundir import create_run
 from orchestrator.runner.process import group_members
 from orchestrator.store import RunStore
 from orchestrator.targets.sim import gpu_state

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import copy
 
-from orchestrator.fingerprint_diff import diff
+from orchestrator.system.fingerprint_diff import diff
 
 
 def _fingerprint(sha: str = "a" * 40, patches: dict | None = None) -> dict:

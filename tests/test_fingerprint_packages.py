@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator import fingerprint
+from orchestrator.system import fingerprint
 
 
 def fake_dist(site: Path, name: str, version: str) -> Path:

@@ -27,11 +27,11 @@ import pytest
 from optuna.trial import FrozenTrial, TrialState
 
 from orchestrator.cli import run as cli_run
-from orchestrator.controller import RETRYABLE
-from orchestrator.drive import observation
+from orchestrator.control.controller import RETRYABLE
+from orchestrator.control.drive import observation
 from orchestrator.records import Outcome
 from orchestrator.store import RunStore, TrialRow
-from orchestrator.sweep.work import parse_phase
+from orchestrator.strategies.sweep_work import parse_phase
 from tests.conftest import _our_processes
 
 TRIALS = 200

@@ -6,9 +6,10 @@ from __future__ import annotations
 
 import random
 
-from orchestrator import caveats, mechanism
-from orchestrator.fingerprint_diff import Difference, diff
 from orchestrator.records import Candidate
+from orchestrator.stats import caveats
+from orchestrator.system import mechanism
+from orchestrator.system.fingerprint_diff import Difference, diff
 from orchestrator.targets.sim import scenario_presets as material
 from orchestrator.targets.sim import scenario_system as stories
 from orchestrator.targets.sim.system_oracle import SystemOracle
@@ -82,7 +83,7 @@ def test_omp_num_threads_and_perf_variables_are_kept_and_ranked_above_others():
     ref = {"env": {"server": {"OMP_NUM_THREADS": "8", "HF_HUB_OFFLINE": "1", "EDITOR": "vi"}}}
     now = {"env": {"server": {"OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "0", "EDITOR": "vim"}}}
     assert [d.key for d in diff(ref, now)] == ["OMP_NUM_THREADS", "HF_HUB_OFFLINE", "EDITOR"]
-    from orchestrator.fingerprint import whole_env
+    from orchestrator.system.fingerprint import whole_env
 
     assert whole_env({"OMP_NUM_THREADS": "1", "RAY_ADDRESS": "x"}) == {"OMP_NUM_THREADS": "1"}
 

@@ -15,14 +15,14 @@ import pytest
 from pkgwheels import build_test_wheels
 
 from orchestrator.config.compose import compose_config
-from orchestrator.differences import apply, changes_between, changes_from_system, level_of
 from orchestrator.errors import UserError
-from orchestrator.fingerprint_diff import diff
 from orchestrator.packages import trial as pkg_trial
 from orchestrator.packages.overlay import OverlayCache, OverlayError, OverlaySet, OverlaySettings
 from orchestrator.packages.pins import parse_pin, pins_of
 from orchestrator.packages.probe import mapped_libraries, python_invocation, report_of_command
 from orchestrator.records import Candidate
+from orchestrator.system.differences import apply, changes_between, changes_from_system, level_of
+from orchestrator.system.fingerprint_diff import diff
 from orchestrator.targets.sim import model
 from orchestrator.targets.sim import packages as sim_packages
 from orchestrator.targets.sim.gpu_state import default_state
@@ -110,7 +110,7 @@ def test_fingerprint_package_changes_are_controllable_when_the_reference_had_the
 def test_pinned_packages_are_not_a_system_change():
     from orchestrator.records import Outcome, TrialResult
     from orchestrator.store import TrialRow
-    from orchestrator.system_watch import SystemWatch
+    from orchestrator.system.watch import SystemWatch
 
     def row(i: int, cand: Candidate, pkgs: dict) -> TrialRow:
         result = TrialResult(Outcome.OK, fingerprint={"packages": pkgs, "gpu": {}})
@@ -329,7 +329,7 @@ def test_a_bisect_runs_every_candidate_under_the_fixed_overlay(tmp_path, wheels)
 
 
 def test_a_sweep_keeps_the_fixed_overlay():
-    from orchestrator.sweep.space import SearchSpace
+    from orchestrator.strategies.sweep_space import SearchSpace
 
     space = SearchSpace.from_conf({"name": "s", "params": {
         "NCCL_PROTO": {"kind": "env", "values": ["LL", "Simple"]}}})

@@ -32,8 +32,8 @@ from conftest import git
 from orchestrator.cli import run as cli_run
 from orchestrator.commands import bisect
 from orchestrator.config.compose import compose_config
-from orchestrator.progress import Progress
 from orchestrator.records import Candidate
+from orchestrator.ui.progress import Progress
 
 pytestmark = pytest.mark.slow
 
@@ -91,8 +91,8 @@ def test_progress_follows_a_real_controller(real_run, tmp_path):
     """The controller's real event lines drive the progress counters and durations."""
     from rich.console import Console
 
-    from orchestrator.controller import Controller
-    from orchestrator.rundir import create_run
+    from orchestrator.control.controller import Controller
+    from orchestrator.run.rundir import create_run
 
     cfg = compose_config("trial", [f"repo={real_run['repo']}", f"runs_dir={tmp_path / 'runs'}",
                                    "nodes=1", *FAST])

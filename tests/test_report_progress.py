@@ -8,15 +8,15 @@ import io
 import pytest
 from rich.console import Console
 
-from orchestrator.progress import (
+from orchestrator.records import Candidate, Outcome, TrialResult
+from orchestrator.store import TrialRow
+from orchestrator.strategies.base import Culprit, Verdict
+from orchestrator.ui.progress import (
     Progress,
     expected_bisect_trials,
     format_duration,
     verdict_best,
 )
-from orchestrator.records import Candidate, Outcome, TrialResult
-from orchestrator.store import TrialRow
-from orchestrator.strategies.base import Culprit, Verdict
 
 
 class Clock:

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import json
 
-from orchestrator import findings
 from orchestrator.records import Candidate, Measurement, Outcome, TrialResult
-from orchestrator.report import ranking
+from orchestrator.run import findings
 from orchestrator.store import TrialRow
+from orchestrator.ui.report import ranking
 
 CONTRACT_KEYS = {"rank", "kind", "id", "summary", "probability", "effect"}
 

@@ -3,7 +3,7 @@
 The synthetic run is a real `RunStore` filled the way the bisect command fills it: the real
 `BisectStrategy` proposes points, a virtual oracle (19 ms before the culprit, 29 ms from it,
 2% restart noise) answers, rows are written with `begin_trial`/`finish_trial`, and the findings
-come from `orchestrator.findings.bisect_findings`. One trial is suspect, one commit cannot be
+come from `orchestrator.run.findings.bisect_findings`. One trial is suspect, one commit cannot be
 built, and the node's power limit changes half-way (drift a fingerprint diff must show).
 """
 
@@ -20,22 +20,23 @@ from pathlib import Path
 import pytest
 from omegaconf import OmegaConf
 
-from orchestrator import findings
 from orchestrator.cli import main as cli_main
 from orchestrator.commands import bisect
+from orchestrator.config.bisect import bisect_strategy
 from orchestrator.config.compose import compose_config
-from orchestrator.drive import observation
+from orchestrator.control.drive import observation
 from orchestrator.records import Candidate, Measurement, Outcome, TrialResult
-from orchestrator.render import finding_id
-from orchestrator.report import load_run, write_report
-from orchestrator.report import series as S
-from orchestrator.report import tables as T
-from orchestrator.report.fingerprints import fingerprint_diffs
-from orchestrator.report.html import render_html
-from orchestrator.report.markdown import md_escape, render_markdown
-from orchestrator.report.plots import make_plots
+from orchestrator.run import findings
 from orchestrator.store import RunStore
 from orchestrator.strategies.base import probability_relation, probability_text
+from orchestrator.ui.render import finding_id
+from orchestrator.ui.report import load_run, write_report
+from orchestrator.ui.report import series as S
+from orchestrator.ui.report import tables as T
+from orchestrator.ui.report.fingerprints import fingerprint_diffs
+from orchestrator.ui.report.html import render_html
+from orchestrator.ui.report.markdown import md_escape, render_markdown
+from orchestrator.ui.report.plots import make_plots
 from orchestrator.workspace import CommitInfo
 
 N, CULPRIT, BROKEN = 16, 9, 4
@@ -73,7 +74,7 @@ def build_bisect_run(root: Path, run_id: str = "syn") -> dict:
                for i in range(N)]
     points = [Candidate.make(c.sha) for c in commits]
     bisect._save_plan(run_dir, commits, points, None)
-    strategy = bisect._strategy(cfg, N, None)
+    strategy = bisect_strategy(cfg, N, None)
     rng = random.Random(7)
     obs, clock, suspect_id = [], 1000.0, None
     while not strategy.verdict(obs).done:
@@ -317,7 +318,7 @@ def test_a_run_without_measurements_still_reports(tmp_path):
 
 
 def test_compare_differences_are_listed_and_ranked_after_causes(tmp_path):
-    from orchestrator.fingerprint_diff import Difference
+    from orchestrator.system.fingerprint_diff import Difference
 
     run = build_bisect_run(tmp_path / "runs", run_id="cmp")
     driver = Difference("driver", "driver_version", "590.48.01", "595.10", "")
@@ -380,7 +381,7 @@ def test_a_verdict_without_findings_is_one_line_not_an_empty_table():
     """A "not reproducible" bisect printed a findings table with headers and no rows."""
     from rich.table import Table
 
-    from orchestrator.render import findings_table
+    from orchestrator.ui.render import findings_table
 
     empty = findings_table({"experiment": "bisect", "verdict": "not_reproducible",
                             "metric": "verify_ms", "findings": []})
@@ -398,7 +399,7 @@ def test_the_terminal_report_reads_at_80_columns(data):
 
     from rich.console import Console
 
-    from orchestrator.report.terminal import print_report
+    from orchestrator.ui.report.terminal import print_report
 
     buf = io.StringIO()
     print_report(Console(file=buf, width=80, color_system=None), data)
@@ -413,7 +414,7 @@ def test_the_terminal_report_reads_at_80_columns(data):
 def test_plot_labels_are_short_and_interrupted_trials_are_not_failed(tmp_path):
     """A candidate reads as SHA + subject (wrapped), settings as they are said; a trial cut
     short is counted apart from the failed ones."""
-    from orchestrator.report import labels
+    from orchestrator.ui.report import labels
 
     cand = Candidate.make("557fc874c92b" + "0" * 28, env={"NCCL_PROTO": "<unset>",
                                                           "NCCL_ALGO": "Tree"},

@@ -9,12 +9,12 @@ import sys
 import pytest
 
 from orchestrator.cli import main
-from orchestrator.fingerprint import REDACTED, redact_env, whole_env
+from orchestrator.system.fingerprint import REDACTED, redact_env, whole_env
 from tests.conftest import make_sim_repo
 
 LISTENERS = r"""
 import json, os, ray
-from orchestrator.controller import start_ray
+from orchestrator.control.controller import start_ray
 
 def children(pid):
     kids = []
@@ -124,7 +124,7 @@ SECRET_VALUES = {  # name -> value: each must appear nowhere under a run directo
 
 
 def test_names_are_secret_by_part_not_by_substring():
-    from orchestrator.redact import is_secret_name
+    from orchestrator.system.redact import is_secret_name
 
     for name in ("HF_TOKEN", "GH_PAT", "SENTRY_DSN", "OPENAI_API_KEY", "DB_PASSWORD",
                  "AWS_SECRET_ACCESS_KEY", "GITHUB_ACCESS_TOKEN", "hf-token", "api-key"):
@@ -135,7 +135,7 @@ def test_names_are_secret_by_part_not_by_substring():
 
 
 def test_values_are_redacted_by_shape_and_urls_keep_their_host():
-    from orchestrator.redact import REDACTED, redact_value, secret_in_value
+    from orchestrator.system.redact import REDACTED, redact_value, secret_in_value
 
     assert redact_value(SECRET_VALUES["DATABASE_URL"]) == f"postgres://{REDACTED}@db.internal:5432/metrics"
     assert redact_value(SECRET_VALUES["SENTRY_DSN"]) == f"https://{REDACTED}@o1234.ingest.sentry.io/5678"
@@ -150,7 +150,7 @@ def test_values_are_redacted_by_shape_and_urls_keep_their_host():
 
 
 def test_argument_lists_hide_the_value_after_a_credential_flag():
-    from orchestrator.redact import REDACTED, redact_argv
+    from orchestrator.system.redact import REDACTED, redact_argv
 
     argv = ["--api-key", "k3y", "--tp-size", "8", "--hf-token=abc", "--tokenizer-path", "/m",
             "--token", "--next"]
@@ -160,7 +160,7 @@ def test_argument_lists_hide_the_value_after_a_credential_flag():
 
 def test_config_yaml_and_store_hold_no_secret(tmp_path):
     from orchestrator.config.compose import compose_config
-    from orchestrator.rundir import create_run
+    from orchestrator.run.rundir import create_run
 
     repo = tmp_path / "repo"
     make_sim_repo(repo, [{}])
@@ -190,9 +190,9 @@ def test_secret_values_in_a_candidate_are_refused(tmp_path, capsys):
 def test_a_redacted_value_is_never_a_level_of_a_candidate():
     """A secret set at the reference and gone now cannot be restored from the record: the
     difference says so and is not tested; nothing can build a candidate holding the mark."""
-    from orchestrator.differences import Change, apply, changes_from_system
     from orchestrator.errors import SleuthError
-    from orchestrator.fingerprint_diff import NOT_FROM_RECORD, diff
+    from orchestrator.system.differences import Change, apply, changes_from_system
+    from orchestrator.system.fingerprint_diff import NOT_FROM_RECORD, diff
 
     ref = {"env": {"server": {"HF_TOKEN": REDACTED, "NCCL_PROTO": "LL128"}}}
     now = {"env": {"server": {"OTHER_KEY": REDACTED}}}
@@ -259,7 +259,7 @@ def test_trial_with_secrets_on_the_node_writes_none_and_launches_real_values(tmp
 
 
 def test_credentials_a_server_prints_are_scrubbed_from_its_log():
-    from orchestrator.redact import scrub, secret_values
+    from orchestrator.system.redact import scrub, secret_values
 
     argv = ["python", "-m", "sglang.launch_server", "--api-key", "k3y-ab12cd34", "--tp", "8"]
     env = {"HF_TOKEN": "hf_" + "z" * 30, "DATABASE_URL": SECRET_VALUES["DATABASE_URL"], "X": "1"}
@@ -305,7 +305,7 @@ def _clean(text: str) -> bool:
 
 
 def test_printable_drops_whole_escape_sequences():
-    from orchestrator.safe_text import printable
+    from orchestrator.ui.safe_text import printable
 
     assert printable(HOSTILE) == "retitle red overwrite  bidiexe"
     assert printable("line one\r\nline two\ttab") == "line one\nline two\ttab"

@@ -6,7 +6,7 @@ NCCL_P2P_LEVEL the parameter that matters most (levels that turn P2P off cost ~5
 computed from the sim's pure model over all 7056 configurations of `space=nccl_pcie`; each sweep
 runs the real experiment code against restart noise of 2% (the sim's default), two trials in
 flight, 40 search trials. Seeds are fixed, so the rates below are exact for this code; the same
-measurement over 40 seeds is in docs/benchmarks.md (`python -m orchestrator.sweep.benchmark`).
+measurement over 40 seeds is in docs/benchmarks.md (`python -m experiments.bench_sweep`).
 """
 
 from __future__ import annotations
@@ -14,9 +14,10 @@ from __future__ import annotations
 import pytest
 from omegaconf import OmegaConf
 
+from experiments import bench_sweep as benchmark
+from orchestrator.config import sweep as setup
 from orchestrator.config.compose import compose_config
-from orchestrator.sweep import benchmark, setup
-from orchestrator.sweep.oracle import SimOracle
+from orchestrator.targets.sim.sweep_oracle import SimOracle
 
 SEEDS = range(12)
 

@@ -14,7 +14,7 @@ from orchestrator.cli import main as cli_main
 from orchestrator.cli import run as cli_run
 from orchestrator.commands import sweep
 from orchestrator.config.compose import compose_config
-from orchestrator.drive import observation
+from orchestrator.control.drive import observation
 from orchestrator.store import RunStore
 from tests.conftest import kill_after_finished
 

@@ -163,7 +163,7 @@ def test_reference_configuration_is_adopted_and_a_changing_override_refused():
     from omegaconf import OmegaConf
 
     from orchestrator.errors import UserError
-    from orchestrator.redact import REDACTED
+    from orchestrator.system.redact import REDACTED
 
     ref = _reference(speculative_num_steps=4, extra_args=["--api-key", REDACTED])
     ref["config"]["target"] = OmegaConf.to_container(OmegaConf.create(ref["config"]["target"]))

@@ -8,7 +8,7 @@ import pytest
 
 from orchestrator.records import Candidate, Measurement, Outcome, TrialResult
 from orchestrator.store import RunStore
-from orchestrator.system_watch import SystemWatch, system_changes, system_differences
+from orchestrator.system.watch import SystemWatch, system_changes, system_differences
 
 
 def _fingerprint(**changes) -> dict:

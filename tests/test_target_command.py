@@ -339,8 +339,8 @@ def test_bisect_localizes_a_planted_python_slowdown(tmp_path, ray_session):
     assert answer["causes"][0]["sha"] == shas[15] and answer["sentence"].startswith("value ")
     if answer["total"]["pct"] >= 100:
         assert answer["sentence"].startswith("value x") and " -> " in answer["sentence"]
-    from orchestrator.report import load_run
-    from orchestrator.report import tables as T
+    from orchestrator.ui.report import load_run
+    from orchestrator.ui.report import tables as T
 
     headers = T.findings_table(load_run(run_dir).ranked).headers
     assert not {"phase", "accept len", "cuda graph share"} & set(headers)

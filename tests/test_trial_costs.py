@@ -12,9 +12,9 @@ from http.server import BaseHTTPRequestHandler, HTTPServer
 
 import pytest
 
-from orchestrator import ray_cluster
 from orchestrator.bench import http
 from orchestrator.bench.client import make_requests
+from orchestrator.control import ray_cluster
 from orchestrator.gpu.base import NoGpuControl
 from orchestrator.records import Candidate
 from orchestrator.runner.telemetry import TelemetrySampler
@@ -110,11 +110,11 @@ TWO_CONTROLLERS = r"""
 import json, sys
 from pathlib import Path
 from omegaconf import OmegaConf
-from orchestrator import ray_cluster
+from orchestrator.control import ray_cluster
 from orchestrator.config.compose import compose_config
-from orchestrator.controller import Controller
+from orchestrator.control.controller import Controller
 from orchestrator.records import Candidate
-from orchestrator.rundir import create_run
+from orchestrator.run.rundir import create_run
 
 repo, sha, runs = sys.argv[1:4]
 cfg = compose_config("trial", ["target=command", f"repo={repo}", f"runs_dir={runs}",
@@ -171,7 +171,7 @@ def test_a_closed_node_actor_gives_its_node_back_while_its_process_lives(tmp_pat
 def test_stopping_asks_only_started_actors_to_close_and_kills_every_one(monkeypatch):
     """An actor still starting may be blocked waiting for its node lock; a close sent to it
     would queue behind that and hold the stop for the whole close wait."""
-    from orchestrator import node_pool
+    from orchestrator.control import node_pool
 
     class Actor:
         def __init__(self, name):

@@ -12,7 +12,7 @@ import math
 from collections.abc import Mapping
 
 from orchestrator.metrics import METRICS
-from orchestrator.safe_text import printable
+from orchestrator.ui.safe_text import printable
 
 # A change this large (or a halving) reads as a ratio.
 RATIO_FROM = 2.0

@@ -22,25 +22,27 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
-from orchestrator import findings, render
 from orchestrator.commands import common
 from orchestrator.config import params as experiment_params
-from orchestrator.controller import Controller
-from orchestrator.cost import describe_cost
-from orchestrator.drive import drive, unreported
+from orchestrator.config.bisect import bisect_strategy
+from orchestrator.control.controller import Controller
+from orchestrator.control.drive import drive, unreported
+from orchestrator.control.repetitions import RepetitionDesign, RepetitionSettings
 from orchestrator.errors import UserError
 from orchestrator.metrics import check_metric, regression_direction
-from orchestrator.progress import Progress, expected_bisect_trials, verdict_best
 from orchestrator.records import Candidate
-from orchestrator.repetition_design import RepetitionDesign, RepetitionSettings
-from orchestrator.report.terminal import print_answer
-from orchestrator.rundir import create_run, running, runs_root
+from orchestrator.run import findings
+from orchestrator.run.cost import describe_cost
+from orchestrator.run.rundir import create_run, running, runs_root
 from orchestrator.store import RunStore
 from orchestrator.strategies.base import Verdict
 from orchestrator.strategies.bisect import BisectStrategy
-from orchestrator.system_watch import SystemChange, system_changes
+from orchestrator.system.watch import SystemChange, system_changes
+from orchestrator.ui import render
+from orchestrator.ui.progress import Progress, expected_bisect_trials, verdict_best
+from orchestrator.ui.report.terminal import print_answer
 from orchestrator.workspace import CommitInfo
-from orchestrator.workspace.commits import boundary_parents, graph_order, parent_points
+from orchestrator.workspace.commits import boundary_parents, graph_order
 
 EXIT_INCONCLUSIVE = 3
 
@@ -80,31 +82,6 @@ def plan(cfg: DictConfig) -> tuple[list[CommitInfo], list[Candidate], list[float
     return commits, points, weights
 
 
-def _strategy(cfg: DictConfig, n: int, weights: list[float] | None,
-              commits: list[CommitInfo] | None = None, replay: bool = False,
-              reference_value: float | None = None) -> BisectStrategy:
-    """The strategy as the run uses it. ``commits``: the plan's commits (their parents make
-    the graph when ``first_parent`` is off); ``replay``: rebuilding a finished run's
-    posterior history (the report), where no budget applies; ``reference_value``: the
-    metric in a reference run, which sets the change being chased."""
-    params = experiment_params.of(cfg)
-    parents = assumed_good = None
-    if commits is not None and not cfg.get("first_parent", True):
-        parents, assumed_good = parent_points(commits)
-    max_trials = int(cfg.max_trials) if cfg.max_trials is not None else None
-    return BisectStrategy(
-        n,
-        direction=regression_direction(str(cfg.metric), str(cfg.direction)),
-        confidence=float(cfg.confidence),
-        max_trials=10**9 if replay else max_trials,
-        prior_weights=weights,
-        min_effect_pct=params.min_effect_pct,
-        parents=parents,
-        assumed_good=assumed_good or (),
-        reference_value=reference_value,
-    )
-
-
 def reference_level(cfg: DictConfig) -> tuple[float, str] | None:
     """The metric's geometric mean in `reference=RUN`, and the run's name; None without one."""
     if not cfg.get("reference"):
@@ -141,7 +118,7 @@ def run(cfg: DictConfig) -> int:
     validate(cfg)
     reference_level(cfg)  # a bad reference is bad input: refused before anything is written
     commits, points, weights = plan(cfg)
-    _strategy(cfg, len(points), weights, commits)  # constructor checks before anything runs
+    bisect_strategy(cfg, len(points), weights, commits)  # constructor checks before anything runs
     run_dir, store = create_run(cfg)
     _save_plan(run_dir, commits, points, weights)
     return _execute(cfg, run_dir, store, commits, points, weights)
@@ -257,7 +234,7 @@ def execute(cfg, ctl: Controller, run_dir: Path, commits, points, weights, out,
     out.print(f"bisecting {len(commits)} commits {commits[0].sha[:10]}..{commits[-1].sha[:10]}"
               f"{graph} on {cfg.metric} with {len(ctl.nodes)} node(s)")
     reference = reference_level(cfg)
-    strategy = _strategy(cfg, len(points), weights, commits,
+    strategy = bisect_strategy(cfg, len(points), weights, commits,
                          reference_value=reference[0] if reference else None)
     for line in opening_lines(cfg, strategy, reference):
         out.print(line)

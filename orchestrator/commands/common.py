@@ -7,15 +7,15 @@ from pathlib import Path
 
 from omegaconf import DictConfig
 
-from orchestrator.envcheck import check_env
 from orchestrator.errors import UserError
-from orchestrator.fingerprint import is_secret
 from orchestrator.gpu.base import ClockPolicy
 from orchestrator.metrics import regression_direction
 from orchestrator.packages import plan as packages
 from orchestrator.records import Candidate
-from orchestrator.redact import secret_in_value
-from orchestrator.rundir import runs_root
+from orchestrator.run.rundir import runs_root
+from orchestrator.system.envcheck import check_env
+from orchestrator.system.fingerprint import is_secret
+from orchestrator.system.redact import secret_in_value
 from orchestrator.targets.registry import target_class
 from orchestrator.workspace import Workspace
 
@@ -49,7 +49,7 @@ def check_common(cfg: DictConfig) -> None:
     ClockPolicy.parse(str(cfg.clock))
     packages.check_settings(cfg)
     if cfg.get("command") == "sweep":  # a sweep optimises: maximize | minimize (or auto)
-        from orchestrator.sweep.setup import maximize
+        from orchestrator.config.sweep import maximize
 
         maximize(str(cfg.metric), str(cfg.direction))
     else:  # the others explain a regression: increase | decrease (or auto)

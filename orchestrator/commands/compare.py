@@ -7,7 +7,7 @@ command line that would change that configuration is refused: it would make "dif
 mean "different experiment". If the numbers do not reproduce, the code is not the cause ("same
 code, different result -> system level"): the fingerprint diff between then and now (the
 server's own environment both times) lists what changed, ranked by the mechanism the trials show
-(:mod:`orchestrator.mechanism`), with the differences sleuth can set per trial marked, ready for
+(:mod:`orchestrator.system.mechanism`), with the differences sleuth can set per trial marked, ready for
 `sleuth isolate`.
 """
 
@@ -21,25 +21,29 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
-from orchestrator import answer, caveats, findings, mechanism, render
+from orchestrator import answer
 from orchestrator.answer import phases
 from orchestrator.answer.text import change_text
 from orchestrator.commands import common
 from orchestrator.config import params as experiment_params
-from orchestrator.controller import Controller
+from orchestrator.control.controller import Controller
 from orchestrator.errors import UserError
-from orchestrator.fingerprint import relevant_env
-from orchestrator.fingerprint_diff import Difference, diff
 from orchestrator.metrics import EFFECT_METRICS, check_metric
 from orchestrator.packages import plan as packages
 from orchestrator.packages.pins import pin_list
-from orchestrator.progress import Progress
 from orchestrator.records import Candidate, Outcome
-from orchestrator.redact import is_redacted, redact_config
-from orchestrator.report.terminal import print_answer
-from orchestrator.rundir import create_run, find_run, running
+from orchestrator.run import findings
+from orchestrator.run.rundir import create_run, find_run, running
+from orchestrator.stats import caveats
 from orchestrator.stats.effect import log_difference, log_effect
 from orchestrator.store import RunStore
+from orchestrator.system import mechanism
+from orchestrator.system.fingerprint import relevant_env
+from orchestrator.system.fingerprint_diff import Difference, diff
+from orchestrator.system.redact import is_redacted, redact_config
+from orchestrator.ui import render
+from orchestrator.ui.progress import Progress
+from orchestrator.ui.report.terminal import print_answer
 
 # Settings that say where a trial runs rather than what it measures: the compare's own apply.
 WHERE = {"target": ("host", "gpu_state", "python")}

@@ -26,20 +26,20 @@ from pathlib import Path
 from omegaconf import DictConfig, OmegaConf
 from rich.table import Table
 
-from orchestrator import render
 from orchestrator.commands import common, investigate, sweep
-from orchestrator.controller import Controller
+from orchestrator.config import sweep as setup
+from orchestrator.control.controller import Controller
 from orchestrator.metrics import EFFECT_METRICS
-from orchestrator.progress import Progress
 from orchestrator.records import Candidate
-from orchestrator.rundir import create_run, running
-from orchestrator.sweep import setup
-from orchestrator.sweep.oracle import SimOracle
-from orchestrator.sweep.space import SearchSpace
+from orchestrator.run.rundir import create_run, running
+from orchestrator.strategies.sweep_space import SearchSpace
 from orchestrator.targets.sim.gpu_state import load as load_gpu_state
 from orchestrator.targets.sim.profile import PROFILE_FILENAME
 from orchestrator.targets.sim.scenario import generate_scenario
+from orchestrator.targets.sim.sweep_oracle import SimOracle
 from orchestrator.targets.simnode import set_node_state
+from orchestrator.ui import render
+from orchestrator.ui.progress import Progress
 
 DEMO_PRESET = "seed_story"
 

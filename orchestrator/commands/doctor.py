@@ -16,7 +16,7 @@ from collections.abc import Callable
 
 from omegaconf import DictConfig
 
-from orchestrator.rundir import runs_root
+from orchestrator.run.rundir import runs_root
 
 Check = tuple[str, str, str]  # (status, name, detail)
 
@@ -38,7 +38,7 @@ def check_ray() -> Check:
 
     if ray.is_initialized():
         return "ok", "ray", f"{ray.__version__} (already running in this process)"
-    from orchestrator.controller import loopback_only
+    from orchestrator.control.controller import loopback_only
 
     loopback_only()
     try:

@@ -32,21 +32,23 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
-from orchestrator import findings, render
 from orchestrator.answer.combine import LogChange
 from orchestrator.answer.compose import for_investigation
 from orchestrator.answer.phases import log_change, mechanism
 from orchestrator.answer.text import commit_label
 from orchestrator.commands import bisect, common, compare, isolate, sweep
 from orchestrator.config import params as experiment_params
-from orchestrator.controller import Controller
+from orchestrator.config.bisect import bisect_strategy
+from orchestrator.control.controller import Controller
 from orchestrator.errors import UserError
 from orchestrator.metrics import check_metric
-from orchestrator.progress import Progress
 from orchestrator.records import Candidate
-from orchestrator.report.terminal import print_answer
-from orchestrator.rundir import create_run, running
+from orchestrator.run import findings
+from orchestrator.run.rundir import create_run, running
 from orchestrator.store import RunStore
+from orchestrator.ui import render
+from orchestrator.ui.progress import Progress
+from orchestrator.ui.report.terminal import print_answer
 from orchestrator.workspace import CommitInfo
 
 EXIT_INCONCLUSIVE = 3
@@ -106,7 +108,7 @@ def plan(cfg: DictConfig, reference: dict | None = None) -> tuple[Plan, object]:
         points = [dataclasses.replace(base, commit=c.sha) for c in commits]
         untouched = experiment_params.of(cfg).untouched_weight
         weights = bisect.prior_weights(commits, list(cfg.paths), ws, untouched)
-        bisect._strategy(cfg, len(points), weights)  # its own checks, before anything is written
+        bisect_strategy(cfg, len(points), weights)  # its own checks, before anything is written
     sweep_plan = sweep.validate_inside(cfg) if cfg.recover else None
     return Plan(reference, base, bad, commits, points, weights, sweep_plan), ws
 
@@ -254,8 +256,8 @@ def reference_runs(root: Path, sha: str, *, exclude: str = "", limit: int = 3,
 
 def finish(cfg: DictConfig, run_dir: Path, store: RunStore, doc: dict, out) -> int:
     """Rank every step's findings into `findings.json`, write the report, print the answer."""
-    from orchestrator.report import write_report
-    from orchestrator.report.ranking import load_docs, rank
+    from orchestrator.ui.report import write_report
+    from orchestrator.ui.report.ranking import load_docs, rank
 
     code = 0 if doc["answer"].get("explains") else EXIT_INCONCLUSIVE
     findings.write(run_dir, rank(load_docs(run_dir), store.trials()))

@@ -25,11 +25,23 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
-from orchestrator import answer, caveats, findings, render
+from orchestrator import answer
 from orchestrator.commands import common, compare
 from orchestrator.config import params as experiment_params
-from orchestrator.controller import Controller
-from orchestrator.differences import (
+from orchestrator.control.controller import Controller
+from orchestrator.control.drive import drive, unreported
+from orchestrator.errors import SleuthError, UserError
+from orchestrator.metrics import EFFECT_METRICS, check_metric, regression_direction
+from orchestrator.packages import plan as packages
+from orchestrator.packages.pins import pins_of
+from orchestrator.records import Candidate
+from orchestrator.run import findings
+from orchestrator.run.rundir import create_run, running
+from orchestrator.stats import caveats
+from orchestrator.store import RunStore
+from orchestrator.strategies.base import Verdict, probability_relation
+from orchestrator.strategies.isolate import IsolateStrategy
+from orchestrator.system.differences import (
     KINDS,
     Change,
     apply,
@@ -39,19 +51,10 @@ from orchestrator.differences import (
     level_of,
     reference_good,
 )
-from orchestrator.drive import drive, unreported
-from orchestrator.errors import SleuthError, UserError
-from orchestrator.fingerprint_diff import NOT_FROM_RECORD, Difference
-from orchestrator.metrics import EFFECT_METRICS, check_metric, regression_direction
-from orchestrator.packages import plan as packages
-from orchestrator.packages.pins import pins_of
-from orchestrator.progress import Progress
-from orchestrator.records import Candidate
-from orchestrator.rundir import create_run, running
-from orchestrator.store import RunStore
-from orchestrator.strategies.base import Verdict, probability_relation
-from orchestrator.strategies.isolate import IsolateStrategy
-from orchestrator.system_watch import system_changes
+from orchestrator.system.fingerprint_diff import NOT_FROM_RECORD, Difference
+from orchestrator.system.watch import system_changes
+from orchestrator.ui import render
+from orchestrator.ui.progress import Progress
 
 
 class IsolatePoints:
@@ -150,7 +153,7 @@ def _reporter(out, progress: Progress | None) -> Callable[[Verdict, int], None]:
 
 def _qualified(effects: dict, metric: str, rows, keys: tuple[str, str]) -> dict:
     """Effects with the caveats that make some of them not evidence (too few restarts,
-    client-side timings that follow the host's load; :mod:`orchestrator.caveats`)."""
+    client-side timings that follow the host's load; :mod:`orchestrator.stats.caveats`)."""
     fps = {k: [r.result.fingerprint for r in rows if r.candidate.key == k and r.result
                and r.result.fingerprint] for k in keys}
     cpus = next(((fp.get("host") or {}).get("cpus") for k in keys for fp in fps[k]), None)
@@ -331,7 +334,7 @@ def refuse_redacted(cfg: DictConfig, name: str) -> None:
     """A stored configuration with a redacted value cannot be run again as it is: the
     secret was never written down, and launching the placeholder would measure something
     else."""
-    from orchestrator.redact import redacted_paths
+    from orchestrator.system.redact import redacted_paths
 
     parts = {k: OmegaConf.to_container(cfg[k], resolve=True) if OmegaConf.is_config(cfg[k])
              else cfg[k] for k in ("target", "bench", "env", "good", "bad")
@@ -399,8 +402,8 @@ def _execute(cfg: DictConfig, run_dir: Path, store: RunStore, ref: dict | None, 
                 assert good is not None and changes is not None
                 verdict, _ = execute(cfg, ctl, run_dir, good, changes, ws.resolve, out,
                                      progress=progress)
-        from orchestrator.report.ranking import load_docs, rank
-        from orchestrator.report.terminal import print_answer
+        from orchestrator.ui.report.ranking import load_docs, rank
+        from orchestrator.ui.report.terminal import print_answer
 
         ranked = rank(load_docs(run_dir), store.trials())
         if ref is not None:

@@ -15,11 +15,11 @@ from pathlib import Path
 
 from omegaconf import DictConfig
 
-from orchestrator import render
 from orchestrator.errors import UserError
-from orchestrator.report import load_run, write_files
-from orchestrator.report.terminal import print_report
-from orchestrator.rundir import find_run
+from orchestrator.run.rundir import find_run
+from orchestrator.ui import render
+from orchestrator.ui.report import load_run, write_files
+from orchestrator.ui.report.terminal import print_report
 
 
 def run(cfg: DictConfig) -> int:

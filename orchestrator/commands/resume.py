@@ -5,7 +5,7 @@ from __future__ import annotations
 from omegaconf import DictConfig
 
 from orchestrator.errors import UserError
-from orchestrator.rundir import find_run
+from orchestrator.run.rundir import find_run
 from orchestrator.store import RunStore
 
 

@@ -18,19 +18,20 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
-from orchestrator import answer, findings, render
+from orchestrator import answer
 from orchestrator.commands import common
 from orchestrator.config import params as experiment_params
-from orchestrator.controller import Controller
-from orchestrator.drive import observation
+from orchestrator.config import sweep as setup
+from orchestrator.control.controller import Controller
+from orchestrator.control.drive import observation
 from orchestrator.errors import UserError
-from orchestrator.progress import Progress
 from orchestrator.records import Candidate
-from orchestrator.report.terminal import print_answer
-from orchestrator.rundir import create_run, running, runs_root
+from orchestrator.run import findings
+from orchestrator.run import sweep_findings as report
+from orchestrator.run.rundir import create_run, running, runs_root
 from orchestrator.store import RunStore
-from orchestrator.sweep import importance, report, setup
-from orchestrator.sweep.search import (
+from orchestrator.strategies import sweep_importance as importance
+from orchestrator.strategies.sweep_search import (
     MAX_GRID,
     SweepResult,
     SweepSearch,
@@ -38,9 +39,12 @@ from orchestrator.sweep.search import (
     Work,
     parse_phase,
 )
-from orchestrator.sweep.space import SearchSpace
-from orchestrator.sweep.study import make_sampler, open_study, storage_url
-from orchestrator.system_watch import SystemWatch, system_changes
+from orchestrator.strategies.sweep_space import SearchSpace
+from orchestrator.strategies.sweep_study import make_sampler, open_study, storage_url
+from orchestrator.system.watch import SystemWatch, system_changes
+from orchestrator.ui import render
+from orchestrator.ui.progress import Progress
+from orchestrator.ui.report.terminal import print_answer
 
 EXIT_INCONCLUSIVE = 3
 PLAN_FILE = "sweep.json"

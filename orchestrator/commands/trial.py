@@ -13,10 +13,10 @@ from __future__ import annotations
 
 from omegaconf import DictConfig
 
-from orchestrator import render
 from orchestrator.commands import common
-from orchestrator.controller import Controller
-from orchestrator.rundir import create_run, running
+from orchestrator.control.controller import Controller
+from orchestrator.run.rundir import create_run, running
+from orchestrator.ui import render
 
 
 def run(cfg: DictConfig) -> int:

@@ -28,7 +28,7 @@ from orchestrator.packages.overlay import (
     OverlaySettings,
 )
 from orchestrator.packages.pins import format_pin, pins_of
-from orchestrator.rundir import runs_root
+from orchestrator.run.rundir import runs_root
 
 NO_SOURCE = ("not tested: no package source (packages.find_links=DIR of wheels, or"
              " packages.index_url=URL)")

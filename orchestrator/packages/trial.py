@@ -13,9 +13,9 @@ import os
 from collections.abc import Mapping
 from pathlib import Path
 
-from orchestrator.fingerprint import package_fields
 from orchestrator.packages.overlay import OverlaySet, OverlaySettings
 from orchestrator.packages.pins import canonical
+from orchestrator.system.fingerprint import package_fields
 
 
 def lease(extra: Mapping, pins: Mapping[str, str], python: str) -> OverlaySet | None:

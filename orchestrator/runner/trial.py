@@ -9,6 +9,9 @@ write under the run or the worktree cache fails with ENOSPC, or a failed trial f
 nearly full) ends the trial `interrupted` with a detail starting with `NO_SPACE`, which stops
 the run (resumable); and a clock or power limit that changes during the trial without this
 trial setting it (another tool, another run on the same GPUs) marks the trial suspect.
+
+Size: the one sequence of a server lifetime, step by step; each step's failure handling sits
+beside the step it belongs to, so the ordering reads top to bottom.
 """
 
 from __future__ import annotations
@@ -21,12 +24,10 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from orchestrator import fingerprint
 from orchestrator.bench.client import BenchError
 from orchestrator.gpu.base import ClockPolicy, GpuControl
 from orchestrator.packages import trial as packages
 from orchestrator.records import Candidate, Measurement, Outcome, TrialResult, TrialState
-from orchestrator.redact import redact_argv, scrub, secret_values
 from orchestrator.runner.process import (
     ServerProcess,
     TeardownReport,
@@ -36,8 +37,10 @@ from orchestrator.runner.process import (
     read_environ,
 )
 from orchestrator.runner.telemetry import TelemetrySampler
-from orchestrator.safe_text import printable
+from orchestrator.system import fingerprint
+from orchestrator.system.redact import redact_argv, scrub, secret_values
 from orchestrator.targets.base import UNSET, Target
+from orchestrator.ui.safe_text import printable
 from orchestrator.workspace import Workspace
 
 LOG_TAIL_BYTES = 16_384

@@ -39,6 +39,9 @@ the disk is full, the reserve is deleted and the write tried once more, so the t
 finished and the run's final `interrupted` status still fit; `space_exhausted` then tells the
 controller to stop. Opening checks the file's integrity (`PRAGMA quick_check`), so a damaged
 page anywhere is one clear error, not a traceback halfway through a report.
+
+Size: one class over one schema (trials, states, measurements, flags, repetition times) and its
+write discipline; splitting the tables apart would split the transactions that must stay one.
 """
 
 from __future__ import annotations

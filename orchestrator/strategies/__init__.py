@@ -13,7 +13,7 @@ from orchestrator.strategies.base import (
     Verdict,
 )
 from orchestrator.strategies.bisect import BisectSettings, BisectStrategy
-from orchestrator.strategies.report import NOT_REPRODUCIBLE_MESSAGE
+from orchestrator.strategies.bisect_verdict import NOT_REPRODUCIBLE_MESSAGE
 
 __all__ = [
     "NOT_REPRODUCIBLE_MESSAGE",

@@ -24,6 +24,9 @@ Tuning lives in :mod:`bisect_settings`, the shape of history (chain or graph) in
 sticky: the strategy
 replays observations in order and records them as they happen. Results depend only on the
 observation sequence.
+
+Size: the strategy's driver (state, sync, the phase transitions); each phase lives in its
+own `bisect_*` module over :class:`~orchestrator.strategies.bisect_state.BisectState`.
 """
 
 from __future__ import annotations
@@ -49,10 +52,10 @@ from orchestrator.strategies.bisect_reproduce import (
 )
 from orchestrator.strategies.bisect_search import search_points
 from orchestrator.strategies.bisect_settings import BisectSettings
+from orchestrator.strategies.bisect_verdict import describe
 from orchestrator.strategies.bisect_verify import check_reverified, check_verified, verify_target
 from orchestrator.strategies.evidence import Evidence
 from orchestrator.strategies.forecast import stage_forecast
-from orchestrator.strategies.report import describe
 
 
 class BisectStrategy(Strategy):

@@ -5,7 +5,8 @@ A reproduction found by one of many looks can be luck (:mod:`bisect_reproduce`).
 culprit is verified, the endpoints' trials since the reproduction keep testing it; these
 functions decide when the search must give them trials, and when to stop.
 
-Functions over a live :class:`~orchestrator.strategies.bisect.BisectStrategy`.
+Functions over the live strategy's state
+(:class:`~orchestrator.strategies.bisect_state.BisectState`).
 """
 
 from __future__ import annotations
@@ -19,10 +20,10 @@ from orchestrator.strategies.bisect_verify import verify_target
 from orchestrator.strategies.forecast import stage_forecast
 
 if TYPE_CHECKING:
-    from orchestrator.strategies.bisect import BisectStrategy
+    from orchestrator.strategies.bisect_state import BisectState
 
 
-def too_costly(strategy: BisectStrategy, stage: Stage) -> bool:
+def too_costly(strategy: BisectState, stage: Stage) -> bool:
     """Stop when the forecast says, again and again, that the run would cost far more
     than its budget. A single forecast is rough (often off by 2x, more while the step is
     barely measured), so it is taken every ``forecast_every`` trials once a stage has run
@@ -48,7 +49,7 @@ def too_costly(strategy: BisectStrategy, stage: Stage) -> bool:
     return True
 
 
-def ready_but_unconfirmed(strategy: BisectStrategy, stage: Stage) -> bool:
+def ready_but_unconfirmed(strategy: BisectState, stage: Stage) -> bool:
     """The first culprit would be accepted but for the change itself: the endpoints'
     interval does not yet clear the level that pays for the reproduce check's looks. A
     search that chased a lucky reproduction converges somewhere too, and verifying that
@@ -60,7 +61,7 @@ def ready_but_unconfirmed(strategy: BisectStrategy, stage: Stage) -> bool:
         cfg.verify_min_per_side
 
 
-def audit_point(strategy: BisectStrategy, in_flight: Counter) -> int | None:
+def audit_point(strategy: BisectState, in_flight: Counter) -> int | None:
     """An endpoint to re-measure for the test of the reproduction, or None."""
     if strategy.found() or strategy.reproduction is None:
         return None

@@ -1,7 +1,8 @@
 """Later stages of the bisect strategy: is part of the change left unexplained, and which
 anchors to measure to tell (:mod:`bisect_remainders` computes the parts).
 
-Functions over a live :class:`~orchestrator.strategies.bisect.BisectStrategy`.
+Functions over the live strategy's state
+(:class:`~orchestrator.strategies.bisect_state.BisectState`).
 """
 
 from __future__ import annotations
@@ -11,10 +12,10 @@ from typing import TYPE_CHECKING
 from orchestrator.strategies.bisect_remainders import unexplained_total
 
 if TYPE_CHECKING:
-    from orchestrator.strategies.bisect import BisectStrategy
+    from orchestrator.strategies.bisect_state import BisectState
 
 
-def signalled(strategy: BisectStrategy) -> bool:
+def signalled(strategy: BisectState) -> bool:
     """Is part of the change left unexplained, clearly enough to search for its culprit?
     Not a sticky decision: a later stage with no such part is idle (the run is done) and
     wakes up if trials still in flight show one."""
@@ -27,7 +28,7 @@ def signalled(strategy: BisectStrategy) -> bool:
     return False
 
 
-def suggestive_points(strategy: BisectStrategy) -> list[int]:
+def suggestive_points(strategy: BisectState) -> list[int]:
     """Anchors of remainders that hint at a change but do not yet show one."""
     cfg, ev = strategy.settings, strategy.evidence
     points = []

@@ -24,10 +24,10 @@ from scipy.stats import t as student_t
 from orchestrator.strategies.bisect_plan import Remainder
 
 if TYPE_CHECKING:
-    from orchestrator.strategies.bisect import BisectStrategy
+    from orchestrator.strategies.bisect_state import BisectState
 
 
-def anchor_pairs(strategy: BisectStrategy) -> list[tuple[int, int]]:
+def anchor_pairs(strategy: BisectState) -> list[tuple[int, int]]:
     found = sorted((s.culprit for s in strategy.stages if s.culprit is not None
                     and s.outcome == "found"), key=lambda c: c.point)
     last = strategy.n - 1
@@ -52,7 +52,7 @@ def anchor_pairs(strategy: BisectStrategy) -> list[tuple[int, int]]:
     return pairs
 
 
-def remainder(strategy: BisectStrategy, lo: int, hi: int, confidence: float) -> Remainder | None:
+def remainder(strategy: BisectState, lo: int, hi: int, confidence: float) -> Remainder | None:
     """``level(hi) - level(lo)`` less the named steps between them, with a t-interval."""
     weights = {hi: 1.0, lo: -1.0}
     history = strategy.history
@@ -74,7 +74,7 @@ def remainder(strategy: BisectStrategy, lo: int, hi: int, confidence: float) -> 
     return Remainder(lo, hi, diff, p_value)
 
 
-def unexplained_total(strategy: BisectStrategy, confidence: float) -> Remainder | None:
+def unexplained_total(strategy: BisectState, confidence: float) -> Remainder | None:
     """The endpoints' change less every named step: all the remainders at once. Its anchors
     include the endpoints, measured most, so it has more power than any one remainder and
     tells a staircase (the first step explains a third) from a lone culprit early."""
@@ -83,7 +83,7 @@ def unexplained_total(strategy: BisectStrategy, confidence: float) -> Remainder 
     return remainder(strategy, 0, strategy.n - 1, confidence)
 
 
-def remainders(strategy: BisectStrategy, confidence: float) -> list[Remainder]:
+def remainders(strategy: BisectState, confidence: float) -> list[Remainder]:
     out = []
     for lo, hi in anchor_pairs(strategy):
         found = remainder(strategy, lo, hi, confidence)

@@ -15,7 +15,8 @@ is paid here too:
   than its budget keeps the change only if it clears a level that pays for all the looks
   (:func:`confirmed`).
 
-Functions over a live :class:`~orchestrator.strategies.bisect.BisectStrategy`.
+Functions over the live strategy's state
+(:class:`~orchestrator.strategies.bisect_state.BisectState`).
 """
 
 from __future__ import annotations
@@ -27,10 +28,10 @@ from orchestrator.stats.effect import LogDifference
 from orchestrator.strategies.bisect_plan import Reproduction
 
 if TYPE_CHECKING:
-    from orchestrator.strategies.bisect import BisectStrategy
+    from orchestrator.strategies.bisect_state import BisectState
 
 
-def check_reproduced(strategy: BisectStrategy) -> bool:
+def check_reproduced(strategy: BisectState) -> bool:
     """Decide the endpoints: reproduced, reversed, not reproducible, unmeasurable; True if
     decided."""
     ev, cfg = strategy.evidence, strategy.settings
@@ -62,7 +63,7 @@ def check_reproduced(strategy: BisectStrategy) -> bool:
     return True
 
 
-def look_level(strategy: BisectStrategy) -> float:
+def look_level(strategy: BisectState) -> float:
     """One-sided level of the confirmation at the current look: the reproduce level for the
     first ``confirm_free_looks`` looks (a large change is confirmed as soon as it reproduces),
     then shrinking as ``1 / (k (k + 1))``, so that the late looks, which find the small lucky
@@ -74,14 +75,14 @@ def look_level(strategy: BisectStrategy) -> float:
     return base if k <= free else base * free * (free + 1) / (k * (k + 1))
 
 
-def confirmed(strategy: BisectStrategy) -> bool:
+def confirmed(strategy: BisectState) -> bool:
     """The endpoints' interval excludes zero at the level the repeated looks have earned."""
     ev = strategy.evidence
     diff = ev.compare(0, strategy.n - 1, 1.0 - 2.0 * look_level(strategy))
     return diff is not None and diff.lo > 0.0 and diff.diff >= strategy.negligible
 
 
-def clearly_reversed(strategy: BisectStrategy) -> bool:
+def clearly_reversed(strategy: BisectState) -> bool:
     """Reversal ends the run, so it needs stronger evidence than confirmation does.
 
     The check is repeated after every trial while the range reproduces: a fixed 99% interval
@@ -100,7 +101,7 @@ def clearly_reversed(strategy: BisectStrategy) -> bool:
     return diff is not None and diff.hi < 0.0
 
 
-def refuted(strategy: BisectStrategy) -> str | None:
+def refuted(strategy: BisectState) -> str | None:
     """Was the reproduction a fluke of the repeated looks? Why, if so. Checks on the
     endpoints:
 
@@ -125,7 +126,7 @@ def refuted(strategy: BisectStrategy) -> str | None:
     return None
 
 
-def fresh_endpoint_ratio(strategy: BisectStrategy) -> float:
+def fresh_endpoint_ratio(strategy: BisectState) -> float:
     """Log likelihood ratio of "no change" over "a change of ``refute_fraction`` of the
     reproduced one" (or of the user's ``min_effect_pct`` when that is larger: a lucky
     reproduction just above zero would otherwise be refuted against a change the user said
@@ -152,6 +153,6 @@ def fresh_endpoint_ratio(strategy: BisectStrategy) -> float:
     return floor * (floor - 2.0 * gap) / (2.0 * variance)
 
 
-def within_noise_floor(strategy: BisectStrategy, diff: LogDifference) -> bool:
+def within_noise_floor(strategy: BisectState, diff: LogDifference) -> bool:
     """The interval lies within +-``negligible_pct``: the endpoints measure alike."""
     return -strategy.negligible < diff.lo and diff.hi < strategy.negligible

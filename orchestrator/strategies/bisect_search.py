@@ -34,14 +34,14 @@ from orchestrator.strategies.posterior import (
 )
 
 if TYPE_CHECKING:
-    from orchestrator.strategies.bisect import BisectStrategy
+    from orchestrator.strategies.bisect_state import BisectState
 
 _MAX_GRAPH_CANDIDATES = 96
 _LOOKAHEAD_CANDIDATES = 40
 _MAX_GRAPH_BATCH = 8
 
 
-def chain_posterior(strategy: BisectStrategy, stage: Stage, with_data: bool) -> RangePosterior:
+def chain_posterior(strategy: BisectState, stage: Stage, with_data: bool) -> RangePosterior:
     """The stage posterior as a :class:`RangePosterior` over all points (for placement and for
     the verdict's posterior vector)."""
     post = strategy.stage_posterior(stage)
@@ -64,7 +64,7 @@ def chain_posterior(strategy: BisectStrategy, stage: Stage, with_data: bool) -> 
     return RangePosterior(0, n - 1, mass, post.null_mass, block_of, data)
 
 
-def _step_error(strategy: BisectStrategy, stage: Stage) -> float:
+def _step_error(strategy: BisectState, stage: Stage) -> float:
     ev = strategy.evidence
     if stage.index == 0:
         step = ev.compare(0, strategy.n - 1, 0.5)
@@ -75,7 +75,7 @@ def _step_error(strategy: BisectStrategy, stage: Stage) -> float:
     return channel_error(size, ev.sigma())
 
 
-def search_points(strategy: BisectStrategy, stage: Stage, in_flight: Counter,
+def search_points(strategy: BisectState, stage: Stage, in_flight: Counter,
                   slots: int) -> list[Proposal]:
     ev = strategy.evidence
     untestable = ev.untestable_mask()
@@ -107,7 +107,7 @@ def search_points(strategy: BisectStrategy, stage: Stage, in_flight: Counter,
     return proposals
 
 
-def graph_lookahead_point(strategy: BisectStrategy, stage: Stage, p_bad: np.ndarray,
+def graph_lookahead_point(strategy: BisectState, stage: Stage, p_bad: np.ndarray,
                           usable: np.ndarray) -> int | None:
     """The point whose next trial is expected to reduce the posterior's entropy most, by the
     same exact look-ahead the chain uses (:func:`placement.expected_information`), over the
@@ -185,7 +185,7 @@ def _entropy_bits(log_w: np.ndarray) -> np.ndarray:
     return -terms.sum(axis=-1)
 
 
-def graph_reads_bad(strategy: BisectStrategy, stage: Stage) -> np.ndarray:
+def graph_reads_bad(strategy: BisectState, stage: Stage) -> np.ndarray:
     """P(point reads bad) for every point: the posterior mass of its ancestors."""
     post = strategy.stage_posterior(stage)
     points = np.arange(strategy.n)
@@ -193,7 +193,7 @@ def graph_reads_bad(strategy: BisectStrategy, stage: Stage) -> np.ndarray:
     return post.mass @ reads
 
 
-def choose_graph_points(strategy: BisectStrategy, stage: Stage, p_bad: np.ndarray,
+def choose_graph_points(strategy: BisectState, stage: Stage, p_bad: np.ndarray,
                         usable: np.ndarray, in_flight: list[int], k: int,
                         error: float) -> list[int]:
     """Greedy batch maximising the joint information of binary readings on a graph.
@@ -229,7 +229,7 @@ def choose_graph_points(strategy: BisectStrategy, stage: Stage, p_bad: np.ndarra
     return chosen
 
 
-def _patterns(strategy: BisectStrategy, hyps: np.ndarray, points: list[int]) -> np.ndarray:
+def _patterns(strategy: BisectState, hyps: np.ndarray, points: list[int]) -> np.ndarray:
     """Integer code of the readings each hypothesis (and, last, "no change") gives."""
     codes = np.zeros(hyps.size + 1, dtype=np.int64)
     for point in points:

@@ -12,7 +12,8 @@ sees drift, or the node's system changed during the run, the step's interval mus
 in the stage's direction, and after a system change both sides need trials on the system as it
 is now (:func:`check_reverified` re-measures a culprit found before the change).
 
-Functions over a live :class:`~orchestrator.strategies.bisect.BisectStrategy`.
+Functions over the live strategy's state
+(:class:`~orchestrator.strategies.bisect_state.BisectState`).
 """
 
 from __future__ import annotations
@@ -27,10 +28,10 @@ from orchestrator.strategies.base import Culprit
 from orchestrator.strategies.bisect_plan import Stage
 
 if TYPE_CHECKING:
-    from orchestrator.strategies.bisect import BisectStrategy
+    from orchestrator.strategies.bisect_state import BisectState
 
 
-def best_block(strategy: BisectStrategy, stage: Stage) -> tuple[list[int], float]:
+def best_block(strategy: BisectState, stage: Stage) -> tuple[list[int], float]:
     """The likeliest culprit of a stage with the hypotheses it cannot be told apart from
     (untestable commits between them), in order, and their posterior mass."""
     post = strategy.stage_posterior(stage)
@@ -48,7 +49,7 @@ def best_block(strategy: BisectStrategy, stage: Stage) -> tuple[list[int], float
     return [best], mass
 
 
-def verify_target(strategy: BisectStrategy, stage: Stage) -> tuple[int, tuple[int, ...], float]:
+def verify_target(strategy: BisectState, stage: Stage) -> tuple[int, tuple[int, ...], float]:
     """``(culprit, parents, mass)`` for the head-to-head."""
     members, mass = best_block(strategy, stage)
     untestable = strategy.evidence.untestable_mask()
@@ -61,17 +62,17 @@ def verify_target(strategy: BisectStrategy, stage: Stage) -> tuple[int, tuple[in
     return culprit, parents, mass
 
 
-def _needs_step(strategy: BisectStrategy) -> bool:
+def _needs_step(strategy: BisectState) -> bool:
     """Is the noise unclean enough that the head-to-head must show the step by itself?"""
     ev = strategy.evidence
     return ev.drift_weight() > strategy.settings.drift_requires_step or len(ev.epochs_seen) > 1
 
 
-def step_effect(strategy: BisectStrategy, culprit: int, parent: int, confidence: float):
+def step_effect(strategy: BisectState, culprit: int, parent: int, confidence: float):
     return strategy.evidence.compare(parent, culprit, confidence)
 
 
-def check_verified(strategy: BisectStrategy, stage: Stage) -> bool:
+def check_verified(strategy: BisectState, stage: Stage) -> bool:
     """Accept the stage's culprit once the posterior holds ``confidence`` and the head-to-head
     trials suffice. True if accepted."""
     ev, cfg = strategy.evidence, strategy.settings
@@ -119,7 +120,7 @@ def check_verified(strategy: BisectStrategy, stage: Stage) -> bool:
     return True
 
 
-def latest_step(strategy: BisectStrategy, culprit: int, parent: int
+def latest_step(strategy: BisectState, culprit: int, parent: int
                 ) -> tuple[float, tuple[float, float]]:
     """The step measured on the system as it is now (the latest epoch's trials only)."""
     ev, cfg = strategy.evidence, strategy.settings
@@ -129,7 +130,7 @@ def latest_step(strategy: BisectStrategy, culprit: int, parent: int
     return ev.to_pct(now.diff), ev.ci_pct(now.lo, now.hi)
 
 
-def current_culprit(strategy: BisectStrategy, stage: Stage) -> Culprit:
+def current_culprit(strategy: BisectState, stage: Stage) -> Culprit:
     """The stage's culprit with its step and share re-read from all the trials so far (trials
     keep arriving after a culprit is accepted: the next stage's, those in flight), so that the
     steps and the remainders of one verdict come from one fit and add up."""
@@ -149,7 +150,7 @@ def current_culprit(strategy: BisectStrategy, stage: Stage) -> Culprit:
                                explained_ci=explained_ci)
 
 
-def check_reverified(strategy: BisectStrategy, stage: Stage) -> bool:
+def check_reverified(strategy: BisectState, stage: Stage) -> bool:
     """A culprit found before a system change, measured again on the system as it is now:
     once both sides have ``verify_min_per_side`` trials in the latest epoch, the step there is
     recorded beside the pooled one. True when done."""

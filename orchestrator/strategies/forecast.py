@@ -26,8 +26,8 @@ import numpy as np
 from orchestrator.strategies.posterior import RangePosterior
 
 if TYPE_CHECKING:
-    from orchestrator.strategies.bisect import BisectStrategy
     from orchestrator.strategies.bisect_plan import Stage
+    from orchestrator.strategies.bisect_state import BisectState
 
 PER_BIT_NOISE = 11.6  # A: restarts per bit at d = 1, less the floor below
 PER_BIT_FLOOR = 0.76  # B: restarts per bit with no noise to speak of (misreadings aside)
@@ -94,7 +94,7 @@ def mean_squared_step(counts: np.ndarray, sums: np.ndarray, mass: np.ndarray,
     return step2 if step2 > 0.0 else None
 
 
-def stage_forecast(strategy: BisectStrategy, stage: Stage) -> int | None:
+def stage_forecast(strategy: BisectState, stage: Stage) -> int | None:
     """:func:`remaining_trials` for one search stage of the strategy.
 
     The first stage on a chain reads the step from its posterior (:func:`range_forecast`); a

@@ -19,13 +19,14 @@ from orchestrator.strategies.isolate_plan import VERIFYING, Chain
 from orchestrator.strategies.isolate_stats import PRESENT, Subset
 
 if TYPE_CHECKING:
-    from orchestrator.strategies.isolate import IsolateStrategy, Weights
+    from orchestrator.strategies.isolate_settings import Weights
+    from orchestrator.strategies.isolate_state import IsolateState
 
 Wanted = Iterator[tuple[Subset, str, str]]
 
 
 def informative(
-    strategy: IsolateStrategy, contrasts: Sequence[Weights], planned: Counter, cap: int
+    strategy: IsolateState, contrasts: Sequence[Weights], planned: Counter, cap: int
 ) -> list[Subset]:
     """Subsets of ``contrasts`` by information, dropping those at ``cap`` (endpoints excepted)."""
     endpoints = (strategy.good, strategy.bad)
@@ -35,7 +36,7 @@ def informative(
     ]
 
 
-def wanted(strategy: IsolateStrategy, planned: Counter, k: int) -> Wanted:
+def wanted(strategy: IsolateState, planned: Counter, k: int) -> Wanted:
     """Subsets worth a trial now, most useful first (duplicates are filtered by the caller)."""
     describe = strategy.describe_subset
     if not strategy.reproduced:
@@ -65,7 +66,7 @@ def wanted(strategy: IsolateStrategy, planned: Counter, k: int) -> Wanted:
         yield from _explain_wanted(strategy, planned)
 
 
-def _speculative(strategy: IsolateStrategy) -> Wanted:
+def _speculative(strategy: IsolateState) -> Wanted:
     """Evenly spaced prefixes of the first chain (1/2, 1/4, 3/4, ...) for otherwise idle nodes
     during reproduction: the search will want points like these next."""
     n = strategy.n_differences
@@ -92,7 +93,7 @@ def _chain_wanted(chain: Chain, planned: Counter, k: int) -> Wanted:
             f"{chain.origin} chain, {proposal.phase}: {proposal.reason}"
 
 
-def _explain_wanted(strategy: IsolateStrategy, planned: Counter) -> Wanted:
+def _explain_wanted(strategy: IsolateState, planned: Counter) -> Wanted:
     named = strategy.named()
     cap = strategy.settings.final_max_per_subset
     open_checks = []
@@ -106,7 +107,7 @@ def _explain_wanted(strategy: IsolateStrategy, planned: Counter) -> Wanted:
         yield subset, "verify", "strengthen the weakest claim of the answer"
 
 
-def final_wanted(strategy: IsolateStrategy, planned: Counter) -> list[Subset]:
+def final_wanted(strategy: IsolateState, planned: Counter) -> list[Subset]:
     """Subsets of the weakest claim of the answer that can still take trials."""
     claims = strategy.claims()
     probabilities = strategy.claim_probabilities()

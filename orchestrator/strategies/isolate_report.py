@@ -18,7 +18,7 @@ from orchestrator.strategies.isolate_plan import CONFIRMED, NEEDS_PARTNER, SINGL
 from orchestrator.strategies.isolate_stats import PRESENT, Subset
 
 if TYPE_CHECKING:
-    from orchestrator.strategies.isolate import IsolateStrategy
+    from orchestrator.strategies.isolate_state import IsolateState
 
 KINDS = ("single", "interaction", "group")
 
@@ -73,7 +73,7 @@ class IsolateVerdict(Verdict):
 _PHASE_STATUS = {"reproduce": "reproducing", "search": "searching", "verify": "verifying"}
 
 
-def _interval(strategy: IsolateStrategy, weights: dict[Subset, float]
+def _interval(strategy: IsolateState, weights: dict[Subset, float]
               ) -> tuple[float | None, tuple[float, float] | None]:
     """A contrast as a percentage change of the metric, with its interval (None: unmeasured)."""
     contrast = strategy.evidence.contrast(weights)
@@ -84,7 +84,7 @@ def _interval(strategy: IsolateStrategy, weights: dict[Subset, float]
     return strategy.evidence.to_pct(contrast.estimate), ci
 
 
-def _record(strategy: IsolateStrategy, members: Subset, kind: str,
+def _record(strategy: IsolateState, members: Subset, kind: str,
             claims: list[dict[Subset, float]], verified: bool, note: str,
             interaction: dict[Subset, float] | None = None) -> IsolateCulprit:
     probability = math.prod(strategy.claim_probability(PRESENT, w) for w in claims)
@@ -112,7 +112,7 @@ def _record(strategy: IsolateStrategy, members: Subset, kind: str,
     )
 
 
-def culprits_of(strategy: IsolateStrategy, include_guesses: bool) -> list[IsolateCulprit]:
+def culprits_of(strategy: IsolateState, include_guesses: bool) -> list[IsolateCulprit]:
     """Confirmed causes, and with ``include_guesses`` the ones still under test."""
     result: list[IsolateCulprit] = []
     for suspect in strategy.suspects:
@@ -142,7 +142,7 @@ def culprits_of(strategy: IsolateStrategy, include_guesses: bool) -> list[Isolat
     return sorted(result, key=lambda c: -c.probability)
 
 
-def _chain_guesses(strategy: IsolateStrategy) -> list[IsolateCulprit]:
+def _chain_guesses(strategy: IsolateState) -> list[IsolateCulprit]:
     """The most probable next cause of every chain still searching."""
     guesses = []
     for chain in strategy.chains:
@@ -186,7 +186,7 @@ def _culprit_sentence(culprit: IsolateCulprit) -> str:
     return text
 
 
-def describe(strategy: IsolateStrategy) -> IsolateVerdict:
+def describe(strategy: IsolateState) -> IsolateVerdict:
     ev = strategy.evidence
     total_pct, total_ci = _interval(strategy, {strategy.bad: 1.0, strategy.good: -1.0})
     status = strategy.terminal_status()

@@ -11,8 +11,9 @@ These start and finish the searches; :mod:`isolate_verify` decides what a search
   the whole change both ways; a residual starts a new chain over the unnamed ones, in a new
   order when an earlier search came back empty.
 
-Functions over a live :class:`~orchestrator.strategies.isolate.IsolateStrategy`; they change
-its plan (chains, suspects, outcome) and return True when they did.
+Functions over the live strategy's state
+(:class:`~orchestrator.strategies.isolate_state.IsolateState`); they change its plan (chains,
+suspects, outcome) and return True when they did.
 """
 
 from __future__ import annotations
@@ -34,10 +35,11 @@ from orchestrator.strategies.isolate_verify import (
 )
 
 if TYPE_CHECKING:
-    from orchestrator.strategies.isolate import IsolateSettings, IsolateStrategy
+    from orchestrator.strategies.isolate_settings import IsolateSettings
+    from orchestrator.strategies.isolate_state import IsolateState
 
 
-def check_reproduced(strategy: IsolateStrategy) -> bool:
+def check_reproduced(strategy: IsolateState) -> bool:
     """Decide reproduction from good and bad's trials; True if it was decided."""
     cfg, ev = strategy.settings, strategy.evidence
     for end, name in ((strategy.good, "good"), (strategy.bad, "bad")):
@@ -65,7 +67,7 @@ def check_reproduced(strategy: IsolateStrategy) -> bool:
 
 
 def start_chain(
-    strategy: IsolateStrategy,
+    strategy: IsolateState,
     base: Subset,
     order: tuple[int, ...],
     origin: str,
@@ -108,7 +110,7 @@ def search_orders(settings: IsolateSettings, differences: Sequence[int]) -> list
     return list(dict.fromkeys(orders[: settings.chain_attempts]))
 
 
-def harvest(strategy: IsolateStrategy, chain: Chain) -> bool:
+def harvest(strategy: IsolateState, chain: Chain) -> bool:
     """Turn a chain's found step into a suspect (or a pair); close the chain when done."""
     verdict = chain.current()
     changed = False
@@ -139,7 +141,7 @@ def harvest(strategy: IsolateStrategy, chain: Chain) -> bool:
     return changed
 
 
-def _hand_over(strategy: IsolateStrategy, chain: Chain, members: Subset) -> None:
+def _hand_over(strategy: IsolateState, chain: Chain, members: Subset) -> None:
     """A partner chain's step completes its owner's pair; any other chain's is a suspect."""
     if chain.origin == "partner" and chain.owner is not None:
         add_pair(strategy, strategy.suspects[chain.owner], frozenset(members))
@@ -147,7 +149,7 @@ def _hand_over(strategy: IsolateStrategy, chain: Chain, members: Subset) -> None
         add_suspect(strategy, frozenset(members), chain.context_before(members), chain.origin)
 
 
-def _harvest_guess(strategy: IsolateStrategy, chain: Chain, posterior: Sequence[float]) -> None:
+def _harvest_guess(strategy: IsolateState, chain: Chain, posterior: Sequence[float]) -> None:
     """A chain that gave up (several steps blur a one-step model) still hands over its most
     probable step: testing it both ways is cheap and decides."""
     if len(posterior) < 2:
@@ -158,7 +160,7 @@ def _harvest_guess(strategy: IsolateStrategy, chain: Chain, posterior: Sequence[
     _hand_over(strategy, chain, members)
 
 
-def explain(strategy: IsolateStrategy) -> bool:
+def explain(strategy: IsolateState) -> bool:
     """All work done: does the named set explain the change? Start a chain if not."""
     named = strategy.named()
     remaining = tuple(sorted(strategy.bad - named))

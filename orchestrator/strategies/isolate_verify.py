@@ -34,11 +34,12 @@ from orchestrator.strategies.isolate_plan import (
 from orchestrator.strategies.isolate_stats import ABSENT, PRESENT, Subset, posterior_present
 
 if TYPE_CHECKING:
-    from orchestrator.strategies.isolate import IsolateStrategy, Weights
+    from orchestrator.strategies.isolate_settings import Weights
+    from orchestrator.strategies.isolate_state import IsolateState
 
 
 def add_suspect(
-    strategy: IsolateStrategy, members: Subset, context: tuple[int, ...], origin: str
+    strategy: IsolateState, members: Subset, context: tuple[int, ...], origin: str
 ) -> None:
     """Queue differences for verification, unless they are already known or named. One that
     was dismissed and is pointed at again by a new search is verified again, on fresh trials."""
@@ -54,7 +55,7 @@ def add_suspect(
     strategy.suspects.append(Suspect(members, context, origin))
 
 
-def reverify(strategy: IsolateStrategy, suspect: Suspect, why: str) -> None:
+def reverify(strategy: IsolateState, suspect: Suspect, why: str) -> None:
     """Send a suspect back to verification; its next decision waits for fresh trials, or the
     same data would only repeat the same turn."""
     sides = (suspect.members, strategy.bad - suspect.members)
@@ -62,7 +63,7 @@ def reverify(strategy: IsolateStrategy, suspect: Suspect, why: str) -> None:
     suspect.state, suspect.note = VERIFYING, f"{why}: verified again"
 
 
-def add_pair(strategy: IsolateStrategy, owner: Suspect, found: Subset) -> None:
+def add_pair(strategy: IsolateState, owner: Suspect, found: Subset) -> None:
     """A partner chain found ``found``: pair it with its owner. Even a difference already named
     as a cause on its own may be the partner; the interaction contrast decides."""
     if any(p.members == owner.members | found for p in strategy.pairs):
@@ -70,7 +71,7 @@ def add_pair(strategy: IsolateStrategy, owner: Suspect, found: Subset) -> None:
     strategy.pairs.append(Pair(owner.members, found))
 
 
-def seek_partner(strategy: IsolateStrategy, suspect: Suspect) -> None:
+def seek_partner(strategy: IsolateState, suspect: Suspect) -> None:
     """Start (or restart) the partner search of a suspect that hurts only in a context.
 
     Differences of the context already shown not to be its partner go into the chain's base, so
@@ -92,7 +93,7 @@ def seek_partner(strategy: IsolateStrategy, suspect: Suspect) -> None:
         suspect.note = "hurts only in a context, but there is no partner left to search"
 
 
-def partner_not_found(strategy: IsolateStrategy, owner: Suspect) -> None:
+def partner_not_found(strategy: IsolateState, owner: Suspect) -> None:
     """A partner chain ended empty: search in another order, or give up on its owner."""
     owner_index = strategy.suspects.index(owner)
     still_looking = any(c.owner == owner_index and not c.finished for c in strategy.chains)
@@ -102,29 +103,29 @@ def partner_not_found(strategy: IsolateStrategy, owner: Suspect) -> None:
             owner.note = "hurts only in a context, but no single partner was found"
 
 
-def _ready(strategy: IsolateStrategy, *tested: Subset, offset: int = 0) -> bool:
+def _ready(strategy: IsolateState, *tested: Subset, offset: int = 0) -> bool:
     need = offset + strategy.settings.verify_min_per_side
     return all(strategy.evidence.count(s) >= need for s in tested)
 
 
-def _capped(strategy: IsolateStrategy, *tested: Subset, offset: int = 0) -> bool:
+def _capped(strategy: IsolateState, *tested: Subset, offset: int = 0) -> bool:
     cap = offset + strategy.settings.verify_max_per_side
     return any(strategy.evidence.count(s) >= cap for s in tested)
 
 
-def _route_present(strategy: IsolateStrategy, weights: Weights) -> bool:
+def _route_present(strategy: IsolateState, weights: Weights) -> bool:
     contrast = strategy.evidence.contrast(weights)
     return contrast is not None and \
         contrast.prob_above(0.0) >= strategy.settings.route_confidence
 
 
-def _route_below(strategy: IsolateStrategy, weights: Weights, threshold: float) -> bool:
+def _route_below(strategy: IsolateState, weights: Weights, threshold: float) -> bool:
     contrast = strategy.evidence.contrast(weights)
     return contrast is not None and \
         contrast.prob_below(threshold) >= strategy.settings.route_confidence
 
 
-def _much_smaller(strategy: IsolateStrategy, small: Weights, large: Weights) -> bool:
+def _much_smaller(strategy: IsolateState, small: Weights, large: Weights) -> bool:
     """Is ``small`` below half of ``large`` (and below at least the tolerance)?"""
     big = strategy.evidence.contrast(large)
     if big is None:
@@ -132,21 +133,21 @@ def _much_smaller(strategy: IsolateStrategy, small: Weights, large: Weights) -> 
     return _route_below(strategy, small, max(strategy.tolerance(), big.estimate / 2.0))
 
 
-def _claim(strategy: IsolateStrategy, weights: Weights) -> float:
+def _claim(strategy: IsolateState, weights: Weights) -> float:
     """Spike-and-slab probability that the effect is real (0 when unmeasured)."""
     contrast = strategy.evidence.contrast(weights)
     return 0.0 if contrast is None else posterior_present(contrast, strategy.prior())
 
 
-def _claim_present(strategy: IsolateStrategy, weights: Weights) -> bool:
+def _claim_present(strategy: IsolateState, weights: Weights) -> bool:
     return _claim(strategy, weights) >= strategy.settings.route_confidence
 
 
-def _claim_refuted(strategy: IsolateStrategy, weights: Weights) -> bool:
+def _claim_refuted(strategy: IsolateState, weights: Weights) -> bool:
     return _claim(strategy, weights) <= 1.0 - strategy.settings.route_confidence
 
 
-def verify_suspect(strategy: IsolateStrategy, suspect: Suspect) -> bool:
+def verify_suspect(strategy: IsolateState, suspect: Suspect) -> bool:
     """Advance one suspect (or demote a named cause the evidence turned against); True when
     its state changed."""
     members = suspect.members
@@ -199,7 +200,7 @@ def verify_suspect(strategy: IsolateStrategy, suspect: Suspect) -> bool:
     return False
 
 
-def _force_suspect(strategy: IsolateStrategy, suspect: Suspect) -> None:
+def _force_suspect(strategy: IsolateState, suspect: Suspect) -> None:
     """At the cap, the estimates route the suspect (its claims keep their probability)."""
     half = strategy.tolerance() / 2.0
     add_c = strategy.evidence.contrast(strategy.add_weights(suspect.members))
@@ -212,14 +213,14 @@ def _force_suspect(strategy: IsolateStrategy, suspect: Suspect) -> None:
         suspect.state, suspect.note = DISMISSED, "no effect shown within the trial cap"
 
 
-def _owner(strategy: IsolateStrategy, pair: Pair) -> Suspect | None:
+def _owner(strategy: IsolateState, pair: Pair) -> Suspect | None:
     for suspect in strategy.suspects:
         if suspect.members == pair.first and suspect.state == NEEDS_PARTNER:
             return suspect
     return None
 
 
-def verify_pair(strategy: IsolateStrategy, pair: Pair) -> bool:
+def verify_pair(strategy: IsolateState, pair: Pair) -> bool:
     """Advance one pair (or demote a confirmed one the evidence turned against); True when its
     state changed."""
     joint, interaction = strategy.add_weights(pair.members), strategy.interaction_weights(pair)

@@ -41,9 +41,9 @@ from pathlib import Path
 
 import httpx
 
-from orchestrator import fingerprint
 from orchestrator.bench import http, server_measure
 from orchestrator.bench.client import BenchError, RequestSpec
+from orchestrator.system import fingerprint
 from orchestrator.targets import sglang_versions as versions
 from orchestrator.targets.base import Target, apply_unset
 from orchestrator.targets.command import run_command

@@ -15,6 +15,9 @@ bisects. Objects the worktrees make (a patch's blobs) go to the private reposito
 The cache is bounded (`max_bytes`): each worktree's size is measured once when it is made, its
 last use is the mtime of its state file, and after a new worktree the least recently used ones
 go until the cache fits again; a worktree a trial is running from (`lease`) is never removed.
+
+Size: the one class that talks to git (refs, ranges, worktrees and their verification);
+the commit graph's ordering is `commits.py`.
 """
 
 from __future__ import annotations
@@ -33,7 +36,7 @@ import git
 from git.exc import GitCommandError, InvalidGitRepositoryError, NoSuchPathError
 
 from orchestrator.errors import UserError
-from orchestrator.safe_text import printable
+from orchestrator.ui.safe_text import printable
 from orchestrator.workspace.cache import WorktreeCache, disk_usage
 from orchestrator.workspace.commits import LOG_OPTIONS, CommitInfo, parse_log, touches_paths
 from orchestrator.workspace.locking import (

@@ -7,6 +7,9 @@ Routes and payloads follow SGLang (the release of `dialect`): `/health` and `/he
 `data: [DONE]`), `/v1/models`, `/v1/completions` (OpenAI, with `stream_options.include_usage`)
 and `/metrics` (404 unless `--enable-metrics`, as in SGLang). Responses use HTTP/1.1 with
 chunked encoding for streams, as uvicorn does. Stdlib only: this runs on every trial launch.
+
+Size: one route per SGLang endpoint the sim mirrors, each short; kept together so the
+surface reads like SGLang's own `http_server.py`.
 """
 
 from __future__ import annotations

@@ -9,6 +9,8 @@ Everything here is a pure function of a `random.Random` handed in by the caller,
 always gives one scenario. The numbers are chosen to be detectable under the sim's noise
 (every harmful effect is >= 10%) and to echo the investigation the tool automates: a +53%
 verify regression with only ~8% on decode, NCCL settings worth sweeping, a lowered power limit.
+
+Size: mostly data (the presets and the commit subjects and files they dress them in).
 """
 
 from __future__ import annotations

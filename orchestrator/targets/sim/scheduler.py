@@ -18,6 +18,8 @@ Device time per pass goes to the categories the imitated release files it under:
 per-pass timers put a draft pass run from a CUDA graph under `eagle_draft` /
 `eagle_draft_extend`, an eager one under `decode` / `extend` (the eager runner names passes by
 forward mode); 0.5.9 times the whole scheduler batch as `forward_decode` / `forward_extend`.
+
+Size: one scheduler loop and its per-pass bookkeeping, as SGLang's scheduler is one loop.
 """
 
 from __future__ import annotations

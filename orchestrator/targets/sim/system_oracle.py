@@ -15,10 +15,10 @@ from __future__ import annotations
 import random
 from collections.abc import Mapping
 
-from orchestrator.fingerprint import record_server_env, whole_env
 from orchestrator.gpu.base import ClockPolicy
 from orchestrator.gpu.sim import snapshot_of, with_policy
 from orchestrator.records import Candidate
+from orchestrator.system.fingerprint import record_server_env, whole_env
 from orchestrator.targets.base import apply_unset
 from orchestrator.targets.sim import model
 from orchestrator.targets.sim.gpu_state import GpuState

@@ -1,0 +1,1 @@
+"""Run bookkeeping: run directories, findings documents (bisect, isolate, sweep), what a run cost."""

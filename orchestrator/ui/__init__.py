@@ -1,0 +1,1 @@
+"""Presentation: console rendering, live progress, per-command help, reports."""

@@ -1,0 +1,72 @@
+"""The answer as every medium opens with it: a sentence, the causes that add up, the rest.
+
+Shared by the terminal, `report.md` and `report.html`: the same lines and the same table, so
+the three never tell different stories. The numbers are the answer's own
+(:mod:`orchestrator.answer`); this module only decides their order and wording.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from orchestrator.answer.text import change_text
+from orchestrator.ui.render import probability as fmt_probability
+from orchestrator.ui.report.tables import TextTable
+
+
+def _share(value) -> str:
+    return "-" if not isinstance(value, int | float) else f"{100 * value:.0f}%"
+
+
+def causes_table(answer: Mapping) -> TextTable:
+    """Cause, effect on the metric with its interval, share of the total (log scale), the
+    probability the experiment gave it and which experiment named it; then the remainder."""
+    metric = str(answer.get("metric", ""))
+    rows = []
+    for c in answer.get("causes", []):
+        prob = c.get("probability")
+        rows.append((str(c.get("label", "")), change_text(c, metric), _share(c.get("share")),
+                     "-" if prob is None else fmt_probability(float(prob)),
+                     str(c.get("experiment", ""))))
+    rest = answer.get("unexplained")
+    if rows and rest:
+        rows.append(("unexplained", change_text(rest, metric), _share(rest.get("share")), "",
+                     ""))
+    total = answer.get("total")
+    if rows and total:
+        rows.append(("total change", change_text(total, metric), "100%", "", ""))
+    return TextTable("answer", f"Causes of the change in {metric}",
+                     ("cause", f"{metric} [95% CI]", "share", "P(cause)", "found by"),
+                     tuple(rows),
+                     "Effects compound: they add on the log scale, and share is each cause's"
+                     " part of the total there; the unexplained remainder has its own interval.")
+
+
+def detail_lines(answer: Mapping) -> list[str]:
+    """What follows the sentence and the table, one line each: mechanism, what was not
+    tested, better settings (a sweep's, apart from the causes) and what to run next."""
+    lines = []
+    mech = (answer.get("mechanism") or {}).get("text")
+    if mech:
+        lines.append(f"mechanism: {mech}")
+    for group in answer.get("not_tested", []):
+        lines.append(f"not tested: {group['line']}")
+    for s in answer.get("settings", []):
+        lines.append(f"better setting (a sweep's, not a cause): {s.get('id')}: "
+                     f"{change_text(s, str(answer.get('metric', '')))} against the baseline")
+    if answer.get("next"):
+        lines.append(f"next: {answer['next']}")
+    return lines
+
+
+def answer_lines(answer: Mapping) -> list[str]:
+    """The answer as plain lines (a log, a pipe): sentence, causes, details."""
+    lines = [f"answer: {answer.get('sentence', '')}"]
+    table = causes_table(answer)
+    if table.rows:
+        widths = [max(len(h), *(len(r[i]) for r in table.rows))
+                  for i, h in enumerate(table.headers)]
+        for row in (table.headers, *table.rows):
+            lines.append("  " + "  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True))
+                         .rstrip())
+    return lines + detail_lines(answer)

@@ -1,0 +1,94 @@
+"""`report.md`: the ranked findings, per-finding effects, plots (as files) and tables.
+
+Every cell is untrusted text (a commit subject may hold `|`, `*`, `<script>` or a newline), so
+each is escaped: HTML-significant characters as entities, Markdown punctuation with a
+backslash, line breaks folded to spaces, and control characters (a terminal escape in a commit
+message) dropped. A table cell can therefore neither split the table,
+nor format text, nor become HTML in a renderer that passes HTML through.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+
+from orchestrator.ui.report import tables as T
+from orchestrator.ui.report.answer import causes_table, detail_lines
+from orchestrator.ui.report.collect import RunData
+from orchestrator.ui.report.plots import Plot
+from orchestrator.ui.safe_text import printable
+
+SIM_HEADER = " · simulated node (modeled times, no GPU measured)"
+
+_MD_PUNCT = re.compile(r"([\\`*_{}\[\]()#+!|~])")
+
+
+def md_escape(text: object) -> str:
+    s = " ".join(printable(text).split())
+    s = s.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+    return _MD_PUNCT.sub(r"\\\1", s)
+
+
+def md_table(table: T.TextTable) -> str:
+    if not table.rows:
+        return f"_{md_escape(table.title)}: none._\n"
+    lines = ["| " + " | ".join(md_escape(h) for h in table.headers) + " |",
+             "|" + "|".join("---" for _ in table.headers) + "|"]
+    lines += ["| " + " | ".join(md_escape(c) or " " for c in row) + " |" for row in table.rows]
+    if table.note:
+        lines += ["", f"_{md_escape(table.note)}_"]
+    return "\n".join(lines) + "\n"
+
+
+def _answer_md(data: RunData) -> list[str]:
+    answer = data.ranked.get("answer")
+    if not answer:
+        return ["No findings." if not data.ranked.get("findings") else "No answer recorded.", ""]
+    out = [f"**Answer:** {md_escape(answer.get('sentence', ''))}", ""]
+    table = causes_table(answer)
+    if table.rows:
+        out.append(md_table(table))
+    out += [md_escape(line) + "  " for line in detail_lines(answer)]
+    return out + [""]
+
+
+def render_markdown(data: RunData, plots: Sequence[Plot], plot_dir: str = "plots") -> str:
+    ranked = data.ranked
+    causes, _, settings = T.split_findings(ranked)
+    out = [f"# sleuth report: {md_escape(data.run_id)}{SIM_HEADER if data.simulated else ''}", "",
+           *_answer_md(data),
+           "## Run", "", md_table(T.run_table(data)), "## Experiments", "",
+           md_table(T.experiments_table(ranked)), "## Causes", "", md_table(T.findings_table(ranked))]
+    out += [f"Not tested: {md_escape(line)}" + "  " for line in T.untested_lines(ranked)]
+    out.append("")
+    for f in causes:
+        out += [f"### #{f['rank']} {md_escape(f.get('kind', ''))} {md_escape(f.get('id', ''))}", "",
+                md_escape(f.get("summary", "")), ""]
+        if f.get("subject"):
+            out += [f"Commit subject: {md_escape(f['subject'])}"
+                    + (f" (author {md_escape(f['author'])})" if f.get("author") else ""), ""]
+        out.append(md_table(T.effects_table(f)))
+        evidence = ", ".join(str(t) for t in f.get("evidence", []))
+        out += [f"Evidence trials: {md_escape(evidence or 'none')}", ""]
+        for name in ("suspect_trials", "failed_trials", "interrupted_trials", "outlier_trials"):
+            if f.get(name):
+                what = {"suspect_trials": "excluded from effects",
+                        "failed_trials": "never measured",
+                        "interrupted_trials": "stopped and run again, not evidence",
+                        "outlier_trials": "restarts left out of the bisect as outliers"}[name]
+                out += [f"{name.replace('_', ' ').capitalize()} ({what}):"
+                        f" {md_escape(', '.join(map(str, f[name])))}", ""]
+    if not causes:
+        out += ["No causes named.", ""]
+    if settings:
+        out += ["## Settings (sweep)", "", md_table(T.settings_table(ranked))]
+    out += ["## Plots", ""]
+    for p in plots:
+        out += [f"### {md_escape(p.title)}", "", f"![{md_escape(p.title)}]({plot_dir}/{p.name}.png)",
+                "", md_escape(p.caption), ""]
+    fps = T.fingerprint_tables(data)
+    out += ["## Fingerprint differences", ""]
+    out += [md_table(t) for t in fps] or ["No fingerprint differences recorded.\n"]
+    out += ["## Candidates", "", md_table(T.candidates_table(data)),
+            "## Trials", "", md_table(T.trials_table(data.rows))]
+    return "\n".join(out)

@@ -1,0 +1,385 @@
+"""The numbers behind each plot and table, computed from stored trials (no drawing here).
+
+Kept apart from `plots.py` so that what a figure shows can be tested as data: every trial of a
+candidate is one point, the bisect posterior is the strategy's own, replayed trial by trial.
+All values are trial-level (the mean over a trial's repetitions): the restart is the unit.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from scipy.stats import t as student_t
+
+from orchestrator.metrics import METRICS
+from orchestrator.records import NOT_EVIDENCE_PHASES, Candidate
+from orchestrator.store import TrialRow
+from orchestrator.ui.render import finding_id
+from orchestrator.ui.report import labels
+from orchestrator.ui.report.collect import RunData
+
+PHASE_MS_METRICS = ("verify_ms", "draft_ms", "decode_ms")
+PHASE_OTHER_METRICS = ("accept_len", "cuda_graph_share")
+
+
+def _value(row: TrialRow, metric: str) -> float | None:
+    if row.outcome is None or not row.outcome.measured or row.result is None:
+        return None
+    v = row.result.value(metric)
+    return v if v is not None and math.isfinite(v) else None
+
+
+# -- per-candidate distributions ----------------------------------------------------------------
+
+@dataclass(frozen=True)
+class TrialPoint:
+    trial_id: int
+    value: float
+    repetitions: tuple[float, ...]
+    suspect: bool
+
+
+@dataclass(frozen=True)
+class CandidateSeries:
+    key: str
+    label: str  # short and wrapped, for a plot axis (labels.short)
+    points: tuple[TrialPoint, ...]
+    failed: tuple[int, ...]  # trial ids that produced no measurement
+    interrupted: tuple[int, ...] = ()  # stopped (and run again): neither failed nor measured
+    full: str = ""  # the exact label, for tables
+
+
+def candidate_order(data: RunData) -> list[tuple[str, str]]:
+    """`(key, short label)` of every candidate: bisect points in commit order (`#i` their
+    position), then by first trial."""
+    return [(key, label) for key, label, _ in _ordered(data)]
+
+
+REFERENCE_SUFFIX = ":reference"
+
+
+def series_key(row: TrialRow) -> str:
+    """The series a trial belongs to: its candidate, with reference trials (the node as it
+    was, an earlier state) apart from the same candidate measured now."""
+    return row.candidate.key + (REFERENCE_SUFFIX if row.phase in NOT_EVIDENCE_PHASES else "")
+
+
+def _ordered(data: RunData) -> list[tuple[str, str, str]]:
+    subject_of = labels.subjects(data)
+    seen: dict[str, tuple[str, str]] = {}
+    for row in data.rows:  # the reference (then) first: what everything is compared with
+        if row.phase in NOT_EVIDENCE_PHASES:
+            seen.setdefault(series_key(row), (
+                labels.short(row.candidate, subject_of, prefix="then:"),
+                f"{row.candidate.label} (reference, then)"))
+    if data.plan:
+        tested = {r.candidate.key for r in data.rows if r.phase not in NOT_EVIDENCE_PHASES}
+        for i, cand in enumerate(data.plan.candidates):
+            if cand.key in tested:
+                seen[cand.key] = (labels.short(cand, subject_of, prefix=f"#{i}"), cand.label)
+    for row in data.rows:
+        seen.setdefault(series_key(row), (labels.short(row.candidate, subject_of),
+                                          row.candidate.label))
+    return [(key, short, full) for key, (short, full) in seen.items()]
+
+
+def distributions(data: RunData, metric: str) -> list[CandidateSeries]:
+    """One series per candidate with every trial of it: measured points, failed trial ids and
+    interrupted ones (a trial cut short by the user or a lost node is not a failure)."""
+    out = []
+    for key, label, full in _ordered(data):
+        rows = [r for r in data.rows if series_key(r) == key and r.finished]
+        points = []
+        for r in rows:
+            v = _value(r, metric)
+            if v is not None:
+                points.append(TrialPoint(r.id, v, tuple(r.result.values(metric)), r.suspect))
+        stopped = tuple(r.id for r in rows if r.outcome.value == "interrupted")
+        failed = tuple(r.id for r in rows if not r.outcome.measured and r.id not in stopped)
+        if points or failed or stopped:
+            out.append(CandidateSeries(key, label, tuple(points), failed, stopped, full))
+    return out
+
+
+# -- bisect posterior, replayed -----------------------------------------------------------------
+
+@dataclass(frozen=True)
+class PosteriorStep:
+    trial_id: int
+    status: str
+    posterior: tuple[float, ...]
+    best_point: int | None
+    best_probability: float
+
+
+@dataclass(frozen=True)
+class PosteriorHistory:
+    labels: tuple[str, ...]  # short SHA per point
+    steps: tuple[PosteriorStep, ...]
+    confidence: float
+    culprits: tuple[int, ...]  # points of the final verdict's culprits
+    culprit_label: str = ""  # the first culprit as SHA + subject
+
+
+def posterior_history(data: RunData) -> PosteriorHistory | None:
+    """Replay the stored observations through the bisect strategy in trial order.
+
+    The strategy is built exactly as the bisect command builds it (same config, same prior
+    weights), so each step's posterior is the one the run acted on at that point, up to the
+    order in which concurrent trials finished (the store orders them by trial id).
+    """
+    if data.plan is None:
+        return None
+    from orchestrator.config.bisect import bisect_strategy
+    from orchestrator.control.drive import observation
+
+    cfg = data.config
+    n = len(data.plan.candidates)
+    weights = list(data.plan.prior_weights) if data.plan.prior_weights else None
+    try:
+        strategy = bisect_strategy(cfg, n, weights, list(data.plan.commits),
+                                            replay=True)
+    except Exception:  # a config the strategy no longer accepts: no replay, not a crash
+        return None
+    index = {c.key: i for i, c in enumerate(data.plan.candidates)}
+    metric = str(cfg.get("metric", data.metric))
+    final_attempt = int(cfg.get("trial", {}).get("retries", 1)) + 1
+    observations, steps = [], []
+    for row in data.rows:
+        point = index.get(row.candidate.key)
+        if point is None:
+            continue
+        obs = observation(row, point, metric, final_attempt)
+        if obs is None:
+            continue
+        observations.append(obs)
+        verdict = strategy.verdict(observations)
+        top = verdict.top
+        if top is not None:
+            best, prob = top.point, float(top.probability)
+        elif verdict.posterior and max(verdict.posterior) > 0:
+            best = max(range(n), key=verdict.posterior.__getitem__)
+            prob = float(verdict.posterior[best])
+        else:
+            best, prob = None, 0.0
+        steps.append(PosteriorStep(row.id, verdict.status, tuple(verdict.posterior), best, prob))
+    if not steps:
+        return None
+    final = strategy.verdict(observations)
+    culprits = tuple(c.point for c in final.culprits)
+    first = data.plan.commits[culprits[0]] if culprits else None
+    return PosteriorHistory(
+        labels=tuple(c.sha[:labels.SHA] for c in data.plan.commits),
+        steps=tuple(steps),
+        confidence=float(strategy.settings.confidence),
+        culprits=culprits,
+        culprit_label=(f"{first.sha[:labels.SHA]} {labels.printable(first.subject)[:48]}"
+                       if first else ""),
+    )
+
+
+# -- before / after phase breakdown -------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Interval:
+    mean: float
+    lo: float
+    hi: float
+    n: int
+    values: tuple[float, ...] = ()  # the trial-level values behind it
+
+
+def mean_interval(values: Sequence[float], confidence: float = 0.95) -> Interval | None:
+    """Mean with a t-interval over trial-level values (the bounds equal the mean when n = 1)."""
+    if not values:
+        return None
+    mean = statistics.fmean(values)
+    if len(values) < 2:
+        return Interval(mean, mean, mean, 1, tuple(values))
+    half = float(student_t.ppf(0.5 + confidence / 2, len(values) - 1)) * statistics.stdev(
+        values) / math.sqrt(len(values))
+    return Interval(mean, mean - half, mean + half, len(values), tuple(values))
+
+
+@dataclass(frozen=True)
+class PhasePair:
+    title: str
+    before_label: str
+    after_label: str
+    metrics: tuple[tuple[str, Interval | None, Interval | None], ...]
+
+
+def _measured(rows: Sequence[TrialRow], key: str, metric: str) -> list[float]:
+    return [v for r in rows if r.candidate.key == key and not r.suspect
+            and (v := _value(r, metric)) is not None]
+
+
+def phase_pair(rows: Sequence[TrialRow], before: Candidate, after: Candidate, title: str,
+               metrics: Sequence[str] = PHASE_MS_METRICS + PHASE_OTHER_METRICS,
+               names: tuple[str, str] | None = None) -> PhasePair:
+    found = []
+    for m in metrics:
+        a = mean_interval(_measured(rows, before.key, m))
+        b = mean_interval(_measured(rows, after.key, m))
+        if a or b:
+            found.append((m, a, b))
+    before_label, after_label = names or (labels.one_line(before), labels.one_line(after))
+    return PhasePair(title, before_label, after_label, tuple(found))
+
+
+def _sides(label: str) -> tuple[str, str] | None:
+    """`power limit: 600 W -> 450 W` -> (`power limit 600 W`, `power limit 450 W`)."""
+    name, _, levels = label.partition(": ")
+    before, sep, after = levels.partition(" -> ")
+    return (f"{name} {before}", f"{name} {after}") if sep else None
+
+
+def pair_names(data: RunData, finding: Mapping, cands: tuple[Candidate, Candidate]
+               ) -> tuple[str, str]:
+    """What a finding's before and after are, in words: a culprit's parent and itself with
+    their subjects, a tested difference's two levels, else the candidates' short labels."""
+    subject_of = labels.subjects(data)
+    if finding.get("kind") == "commit":
+        return (f"parent {labels.one_line(cands[0], subject_of)}",
+                f"commit {labels.one_line(cands[1], subject_of)}")
+    sides = [_sides(str(d.get("label", ""))) for d in finding.get("differences") or []]
+    if sides and all(sides):
+        return (", ".join(s[0] for s in sides), ", ".join(s[1] for s in sides))
+    return labels.one_line(cands[0], subject_of), labels.one_line(cands[1], subject_of)
+
+
+def finding_candidates(data: RunData, finding: Mapping) -> tuple[Candidate, Candidate] | None:
+    """The (before, after) candidates a finding compares, from its evidence trials."""
+    by_key: dict[str, Candidate] = {}
+    evidence = set(finding.get("evidence") or ())
+    for r in data.rows:
+        if r.id in evidence:
+            by_key.setdefault(r.candidate.key, r.candidate)
+    for r in data.rows:  # explicit keys, when an experiment names them
+        if r.candidate.key in (finding.get("before_key"), finding.get("after_key")):
+            by_key.setdefault(r.candidate.key, r.candidate)
+    if finding.get("before_key") in by_key and finding.get("after_key") in by_key:
+        return by_key[finding["before_key"]], by_key[finding["after_key"]]
+    cands = list(by_key.values())
+    if finding.get("kind") == "commit" and finding.get("parent"):
+        before = [c for c in cands if c.commit == finding["parent"]]
+        after = [c for c in cands if c.commit == finding.get("id")]
+        if before and after:
+            return before[0], after[0]
+    if len(cands) == 2:
+        return cands[0], cands[1]
+    return None
+
+
+def phase_pairs(data: RunData, max_findings: int = 3) -> list[PhasePair]:
+    """Before/after phase timings for the top findings and, for a bisect, its endpoints."""
+    pairs = []
+    causes = [f for f in data.ranked.get("findings", []) if f.get("experiment") != "sweep"
+              and not (f.get("probability") is None and f.get("difference"))]
+    for f in causes[:max_findings]:
+        cands = finding_candidates(data, f)
+        if cands:
+            pairs.append(phase_pair(data.rows, *cands, f"#{f['rank']} {f['kind']} {finding_id(f)}",
+                                    names=pair_names(data, f, cands)))
+    if data.plan:
+        good, bad = data.plan.candidates[0], data.plan.candidates[-1]
+        subject_of = labels.subjects(data)
+        pairs.append(phase_pair(data.rows, good, bad, "bisect endpoints (good vs bad)",
+                                names=(f"good {labels.one_line(good, subject_of)}",
+                                       f"bad {labels.one_line(bad, subject_of)}")))
+    return [p for p in pairs if p.metrics]
+
+
+# -- sweep --------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class SweepSeries:
+    metric: str
+    higher_is_better: bool
+    history: tuple[tuple[int, float, float], ...]  # (trial id, value, best so far)
+    importance: tuple[tuple[str, float], ...]  # (parameter, share of variance), largest first
+    importance_source: str
+
+
+def candidate_params(cand: Candidate) -> dict[str, str]:
+    """A candidate's factor levels other than the commit, as flat parameter names."""
+    params = {f"env.{k}": v for k, v in cand.env}
+    params.update({f"server.{k}": v for k, v in cand.server})
+    params["clock"] = cand.clock
+    params["patches"] = ",".join(p.rsplit("/", 1)[-1] for p in cand.patches) or "(none)"
+    return params
+
+
+def eta_squared(groups: Mapping[str, Sequence[float]]) -> float:
+    """Share of the variance of all values explained by the grouping (one-way ANOVA's eta^2)."""
+    values = [v for vs in groups.values() for v in vs]
+    if len(values) < 3:
+        return 0.0
+    grand = statistics.fmean(values)
+    total = sum((v - grand) ** 2 for v in values)
+    if total <= 0:
+        return 0.0
+    between = sum(len(vs) * (statistics.fmean(vs) - grand) ** 2 for vs in groups.values() if vs)
+    return between / total
+
+
+def sweep_series(data: RunData) -> SweepSeries | None:
+    """Trial history and parameter importance of the sweep trials of a run, if any ran."""
+    doc = next((d for d in data.docs if d.get("experiment") == "sweep"), None)
+    rows = [r for r in data.rows if "sweep" in (r.phase or "") or data.command == "sweep"]
+    if not rows:
+        return None
+    metric = str(doc.get("metric")) if doc and doc.get("metric") else data.metric
+    info = METRICS.get(metric)
+    direction = str(data.config.get("direction", "auto"))
+    higher = info.higher_is_better if info and direction == "auto" else direction == "decrease"
+    history, best = [], None
+    for r in rows:
+        v = _value(r, metric)
+        if v is None or r.suspect:
+            continue
+        best = v if best is None else (max(best, v) if higher else min(best, v))
+        history.append((r.id, v, best))
+    if doc and isinstance(doc.get("importance"), Mapping):
+        importance = {str(k): float(v) for k, v in doc["importance"].items()}
+        source = "reported by the sweep"
+    else:
+        params: dict[str, dict[str, list[float]]] = {}
+        for r in rows:
+            v = _value(r, metric)
+            if v is None or r.suspect:
+                continue
+            for name, level in candidate_params(r.candidate).items():
+                params.setdefault(name, {}).setdefault(level, []).append(v)
+        importance = {k: eta_squared(g) for k, g in params.items() if len(g) > 1}
+        source = "share of trial-to-trial variance explained by each parameter alone (eta squared)"
+    ranked = tuple(sorted(importance.items(), key=lambda kv: -kv[1]))
+    if not history and not ranked:
+        return None
+    return SweepSeries(metric, higher, tuple(history), ranked, source)
+
+
+# -- per-node timeline --------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Span:
+    node: str
+    trial_id: int
+    start: float  # seconds since the run's first trial started
+    end: float
+    outcome: str
+    suspect: bool
+    phase: str
+
+
+def timeline(rows: Sequence[TrialRow]) -> list[Span]:
+    timed = [r for r in rows if r.started_at and r.ended_at and r.ended_at >= r.started_at]
+    if not timed:
+        return []
+    t0 = min(r.started_at for r in timed)
+    return [Span(r.node or "?", r.id, r.started_at - t0, r.ended_at - t0,
+                 r.outcome.value if r.outcome else "running", r.suspect, r.phase)
+            for r in timed]
