@@ -52,6 +52,7 @@ from orchestrator.strategies.bisect_settings import BisectSettings
 from orchestrator.strategies.bisect_verify import check_reverified, check_verified, verify_target
 from orchestrator.strategies.evidence import Evidence
 from orchestrator.strategies.forecast import stage_forecast
+from orchestrator.strategies.posterior import range_log_prior
 from orchestrator.strategies.report import describe
 
 
@@ -114,6 +115,7 @@ class BisectStrategy(Strategy):
         self.reference_value = reference_value
         self.negligible = math.log1p(self.settings.negligible_pct / 100.0)  # signed-log floor
         self.log_prior = self._log_prior(prior_weights)
+        self.range_log_prior = range_log_prior(self.log_prior, self.settings.null_prior_top)
         self._consumed: list[Observation] = []
         self._reset()
 

@@ -30,7 +30,7 @@ from orchestrator.strategies.posterior import (
     RangeData,
     RangePosterior,
     log_weights,
-    range_posterior,
+    range_data,
 )
 
 if TYPE_CHECKING:
@@ -56,11 +56,7 @@ def chain_posterior(strategy: BisectStrategy, stage: Stage, with_data: bool) -> 
     data = None
     stats = strategy.evidence.stats(0, n - 1)
     if with_data and stats.counts[0] > 0 and stats.counts[-1] > 0:  # both ends measured
-        plain = range_posterior(
-            0, n - 1, stats, untestable, strategy.log_prior,
-            step_scale=strategy._step_scale(), null_prior=strategy.settings.null_prior_top,
-        )
-        data = plain.data
+        data = range_data(stats, strategy.range_log_prior, strategy._step_scale())
     return RangePosterior(0, n - 1, mass, post.null_mass, block_of, data)
 
 
