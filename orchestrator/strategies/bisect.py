@@ -116,6 +116,7 @@ class BisectStrategy(Strategy):
         self.negligible = math.log1p(self.settings.negligible_pct / 100.0)  # signed-log floor
         self.log_prior = self._log_prior(prior_weights)
         self.range_log_prior = range_log_prior(self.log_prior, self.settings.null_prior_top)
+        self._prior_runs: dict[tuple[int, ...], dict[tuple[int, int], float]] = {}
         self._consumed: list[Observation] = []
         self._reset()
 
@@ -157,6 +158,7 @@ class BisectStrategy(Strategy):
         self.reverify: list[Stage] = []
         self._consumed = []
         self._post_cache: dict[int, tuple[int, StagePosterior]] = {}
+        self._chain_cache: dict[tuple[int, bool], tuple] = {}
         self.far_forecasts: list[bool] = []
         self.far_checked_at = -1
 
@@ -239,7 +241,7 @@ class BisectStrategy(Strategy):
             log_prior=self.log_prior[hyps],
             null_prior=self.settings.null_prior_top if first else self.settings.null_prior_later,
             g=self._step_scale() ** 2, one_sided=first, r_weights=ev.r_weights(),
-            weights=ev.kept_weights(),
+            weights=ev.kept_weights(), prior_runs=self._prior_runs.setdefault(known, {}),
         )
         result = stage_posterior(self.history, data)
         self._post_cache[stage.index] = (ev.version, result)
