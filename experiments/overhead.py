@@ -327,11 +327,13 @@ def _print_sim(r: dict) -> None:
 
 def _print_strategy(rows: list[dict]) -> None:
     print("\n== BisectStrategy per decision (virtual oracle) ==")
-    print(f"  {'commits':>8} {'decisions':>9} {'propose ms':>11} {'max':>8} {'verdict ms':>11}"
-          f" {'max':>8}")
+    print(f"  {'commits':>8} {'decisions':>9} {'propose ms':>11} {'max':>8} {'cpu':>6}"
+          f" {'verdict ms':>11} {'max':>8} {'cpu':>6} {'load':>5}")
     for r in rows:
         print(f"  {r['commits']:>8} {r['decisions']:>9} {r['propose_ms']:>11.2f}"
-              f" {r['propose_max_ms']:>8.2f} {r['verdict_ms']:>11.2f} {r['verdict_max_ms']:>8.2f}")
+              f" {r['propose_max_ms']:>8.2f} {r['propose_cpu_ms']:>6.2f}"
+              f" {r['verdict_ms']:>11.2f} {r['verdict_max_ms']:>8.2f}"
+              f" {r['verdict_cpu_ms']:>6.2f} {r['load']:>5.2f}")
         for line in r.get("profile", []):
             print(f"      {line}")
 

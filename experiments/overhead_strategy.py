@@ -3,7 +3,9 @@
 A virtual oracle answers every proposal at once (a culprit at 60% of the range, +20%, 2%
 restart noise, one node), so only the strategy's own time is measured: each `propose()` and
 each `verdict()` call of the drive loop (`orchestrator/control/drive.py` calls both once per finished
-trial). With `profile`, cProfile's top functions by own time say where it goes.
+trial). Each call is timed by the wall clock and by the process's CPU time: on a shared machine
+the CPU time is what the strategy itself costs, the wall time adds other users' load. With
+`profile`, cProfile's top functions by own time say where it goes.
 
     python experiments/overhead_strategy.py --sizes 1000,10000,50000 --profile
 """
@@ -12,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import cProfile
+import os
 import pstats
 import random
 import statistics
@@ -38,6 +41,8 @@ def one_size(n: int, seed: int = 0, profile: bool = False) -> dict:
     observations: list[Observation] = []
     propose_s: list[float] = []
     verdict_s: list[float] = []
+    propose_cpu: list[float] = []
+    verdict_cpu: list[float] = []
     prof = cProfile.Profile() if profile else None
     verdict = strategy.verdict(observations)
     for _ in range(MAX_DECISIONS):
@@ -45,9 +50,10 @@ def one_size(n: int, seed: int = 0, profile: bool = False) -> dict:
             break
         if prof:
             prof.enable()
-        t = time.perf_counter()
+        t, c = time.perf_counter(), time.process_time()
         proposals = strategy.propose(observations, [], 1)
         propose_s.append(time.perf_counter() - t)
+        propose_cpu.append(time.process_time() - c)
         if prof:
             prof.disable()
         if not proposals:
@@ -57,9 +63,10 @@ def one_size(n: int, seed: int = 0, profile: bool = False) -> dict:
                                         trial_id=len(observations) + 1))
         if prof:
             prof.enable()
-        t = time.perf_counter()
+        t, c = time.perf_counter(), time.process_time()
         verdict = strategy.verdict(observations)
         verdict_s.append(time.perf_counter() - t)
+        verdict_cpu.append(time.process_time() - c)
         if prof:
             prof.disable()
     row = {
@@ -69,6 +76,9 @@ def one_size(n: int, seed: int = 0, profile: bool = False) -> dict:
         "propose_max_ms": round(max(propose_s) * 1e3, 2),
         "verdict_ms": round(statistics.median(verdict_s) * 1e3, 2),
         "verdict_max_ms": round(max(verdict_s) * 1e3, 2),
+        "propose_cpu_ms": round(statistics.median(propose_cpu) * 1e3, 2),
+        "verdict_cpu_ms": round(statistics.median(verdict_cpu) * 1e3, 2),
+        "load": round(os.getloadavg()[0], 2),
         "status": verdict.status,
         "found": bool(verdict.top and verdict.top.point == culprit),
     }

@@ -56,6 +56,7 @@ from orchestrator.strategies.bisect_verdict import describe
 from orchestrator.strategies.bisect_verify import check_reverified, check_verified, verify_target
 from orchestrator.strategies.evidence import Evidence
 from orchestrator.strategies.forecast import stage_forecast
+from orchestrator.strategies.posterior import range_log_prior
 
 
 class BisectStrategy(Strategy):
@@ -117,6 +118,8 @@ class BisectStrategy(Strategy):
         self.reference_value = reference_value
         self.negligible = math.log1p(self.settings.negligible_pct / 100.0)  # signed-log floor
         self.log_prior = self._log_prior(prior_weights)
+        self.range_log_prior = range_log_prior(self.log_prior, self.settings.null_prior_top)
+        self._prior_runs: dict[tuple[int, ...], dict[tuple[int, int], float]] = {}
         self._consumed: list[Observation] = []
         self._reset()
 
@@ -158,6 +161,7 @@ class BisectStrategy(Strategy):
         self.reverify: list[Stage] = []
         self._consumed = []
         self._post_cache: dict[int, tuple[int, StagePosterior]] = {}
+        self._chain_cache: dict[tuple[int, bool], tuple] = {}
         self.far_forecasts: list[bool] = []
         self.far_checked_at = -1
 
@@ -240,7 +244,7 @@ class BisectStrategy(Strategy):
             log_prior=self.log_prior[hyps],
             null_prior=self.settings.null_prior_top if first else self.settings.null_prior_later,
             g=self._step_scale() ** 2, one_sided=first, r_weights=ev.r_weights(),
-            weights=ev.kept_weights(),
+            weights=ev.kept_weights(), prior_runs=self._prior_runs.setdefault(known, {}),
         )
         result = stage_posterior(self.history, data)
         self._post_cache[stage.index] = (ev.version, result)

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from functools import lru_cache
 
 import numpy as np
 from scipy.stats import t as student_t
@@ -35,6 +36,13 @@ from orchestrator.stats.effect import LogDifference
 DRIFT_GRID = (0.0, 0.5, 2.0, 8.0)
 DRIFT_PRIOR = (0.94, 0.02, 0.02, 0.02)
 MAX_FIT_POINTS = 40  # the most-measured commits carry the drift; the rest add only cost
+
+
+@lru_cache(maxsize=1024)
+def _t_quantile(q: float, df: int) -> float:
+    """Student-t quantile: a handful of (confidence, df) pairs, asked for many times a
+    decision, each a costly scipy call."""
+    return float(student_t.ppf(q, df))
 
 
 @dataclass(frozen=True)
@@ -74,7 +82,7 @@ class LevelFit:
         if not math.isfinite(var) or var < 0:
             return None
         se = math.sqrt(var)
-        half = float(student_t.ppf(0.5 + confidence / 2.0, self.df)) * se
+        half = _t_quantile(0.5 + confidence / 2.0, self.df) * se
         return LogDifference(est, est - half, est + half, se, self.df)
 
     def difference(self, before: int, after: int, confidence: float) -> LogDifference | None:

@@ -59,6 +59,10 @@ class StageData:
     # Relative precision of each trial (variance sigma^2 / w: trials of different repetition
     # counts); None: all alike, the plain model.
     weights: np.ndarray | None = None
+    # Log prior mass of runs of hypotheses already summed, by (first, end) index: the prior
+    # does not change between trials, and most cells survive a new measurement. Only for one
+    # ``hyps``/``log_prior`` pair; None: summed afresh.
+    prior_runs: dict[tuple[int, int], float] | None = None
 
 
 @dataclass(frozen=True)
@@ -81,7 +85,10 @@ def _cells(history: History, hyps: np.ndarray, measured: np.ndarray
     reads bad under the hypotheses of cell ``c``."""
     if history.linear:
         first = np.searchsorted(measured, hyps)  # first measured point at or after h
-        cells, cell_of = np.unique(first, return_inverse=True)
+        # ``hyps`` ascend, so ``first`` does: its cells are runs, found without sorting N.
+        starts = np.flatnonzero(np.concatenate(([True], first[1:] != first[:-1])))
+        cells = first[starts]
+        cell_of = np.repeat(np.arange(starts.size), np.diff(np.append(starts, first.size)))
         reads = np.arange(measured.size)[None, :] >= cells[:, None]
         return cell_of, reads
     rows = history.bad_matrix(hyps, measured)
@@ -133,8 +140,7 @@ def stage_posterior(history: History, data: StageData) -> StagePosterior:
     ff, fy, yy = f.T @ wf, f.T @ wy, float(y @ wy)
     n_total = float(y.size)
 
-    cell_prior = np.full(n_cells, -np.inf)
-    np.logaddexp.at(cell_prior, cell_of, data.log_prior)
+    cell_prior = _cell_log_prior(cell_of, data.log_prior, n_cells, data.prior_runs)
     shift = float(cell_prior.max())
     log_null_prior = math.log(data.null_prior) if data.null_prior > 0 else -math.inf
     log_steps_prior = (cell_prior - shift
@@ -183,6 +189,35 @@ def stage_posterior(history: History, data: StageData) -> StagePosterior:
     within = np.exp(data.log_prior - cell_prior[cell_of])
     mass = post[:-1][cell_of] * within
     return StagePosterior(hyps, mass, float(post[-1]), np.where(sign == 0, 1.0, sign)[cell_of])
+
+
+_MAX_PRIOR_RUNS = 4096
+
+
+def _cell_log_prior(cell_of: np.ndarray, log_prior: np.ndarray, n_cells: int,
+                    runs: dict[tuple[int, int], float] | None = None) -> np.ndarray:
+    """Log prior mass of each cell. Where the cells are runs of hypotheses (a chain) each is
+    added in the same order as ``logaddexp.at`` would, without its per-element cost, and a
+    run summed before (``runs``) is not summed again."""
+    if cell_of.size and cell_of[0] == 0 and np.all(np.diff(cell_of) >= 0):
+        starts = np.flatnonzero(np.concatenate(([True], cell_of[1:] != cell_of[:-1])))
+        if starts.size == n_cells:
+            if runs is None:
+                return np.logaddexp.reduceat(log_prior, starts)
+            if len(runs) > _MAX_PRIOR_RUNS:
+                runs.clear()
+            ends = np.append(starts[1:], cell_of.size)
+            out = np.empty(n_cells)
+            for i, (first, end) in enumerate(zip(starts.tolist(), ends.tolist(), strict=True)):
+                value = runs.get((first, end))
+                if value is None:
+                    value = runs[(first, end)] = float(
+                        np.logaddexp.reduceat(log_prior[first:end], [0])[0])
+                out[i] = value
+            return out
+    cell_prior = np.full(n_cells, -np.inf)
+    np.logaddexp.at(cell_prior, cell_of, log_prior)
+    return cell_prior
 
 
 def _tail_sums(a: np.ndarray) -> np.ndarray:

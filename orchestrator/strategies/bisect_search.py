@@ -30,10 +30,11 @@ from orchestrator.strategies.posterior import (
     RangeData,
     RangePosterior,
     log_weights,
-    range_posterior,
+    range_data,
 )
 
 if TYPE_CHECKING:
+    from orchestrator.strategies.bisect_model import StagePosterior
     from orchestrator.strategies.bisect_state import BisectState
 
 _MAX_GRAPH_CANDIDATES = 96
@@ -43,8 +44,22 @@ _MAX_GRAPH_BATCH = 8
 
 def chain_posterior(strategy: BisectState, stage: Stage, with_data: bool) -> RangePosterior:
     """The stage posterior as a :class:`RangePosterior` over all points (for placement and for
-    the verdict's posterior vector)."""
+    the verdict's posterior vector). Made once per stage posterior and step scale: the
+    proposal and the verdict's forecast after one trial ask for the same."""
     post = strategy.stage_posterior(stage)
+    scale = strategy._step_scale() if with_data else None
+    key = (stage.index, with_data)
+    cached = strategy._chain_cache.get(key)
+    if cached is not None and cached[0] is post and cached[1] == strategy.evidence.version \
+            and cached[2] == scale:
+        return cached[3]
+    result = _chain_posterior(strategy, post, scale)
+    strategy._chain_cache[key] = (post, strategy.evidence.version, scale, result)
+    return result
+
+
+def _chain_posterior(strategy: BisectState, post: StagePosterior,
+                     scale: float | None) -> RangePosterior:
     n = strategy.n
     untestable = strategy.evidence.untestable_mask()
     mass = np.zeros(n)
@@ -55,12 +70,8 @@ def chain_posterior(strategy: BisectState, stage: Stage, with_data: bool) -> Ran
     block_of[1:] = np.concatenate(([0], np.cumsum(testable_interior[1 : n - 1])))
     data = None
     stats = strategy.evidence.stats(0, n - 1)
-    if with_data and stats.counts[0] > 0 and stats.counts[-1] > 0:  # both ends measured
-        plain = range_posterior(
-            0, n - 1, stats, untestable, strategy.log_prior,
-            step_scale=strategy._step_scale(), null_prior=strategy.settings.null_prior_top,
-        )
-        data = plain.data
+    if scale is not None and stats.counts[0] > 0 and stats.counts[-1] > 0:  # both ends measured
+        data = range_data(stats, strategy.range_log_prior, scale)
     return RangePosterior(0, n - 1, mass, post.null_mass, block_of, data)
 
 

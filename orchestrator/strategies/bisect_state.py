@@ -29,6 +29,8 @@ class BisectState(Protocol):
     history: History
     evidence: Evidence
     log_prior: np.ndarray
+    range_log_prior: np.ndarray
+    _chain_cache: dict[tuple[int, bool], tuple]
     budget: int
     negligible: float
     reproduction: Reproduction | None

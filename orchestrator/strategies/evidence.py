@@ -245,9 +245,15 @@ class Evidence:
         return bool(self.failures[point] > 0 and point not in set(self._points))
 
     def untestable_mask(self, lo: int = 0, hi: int | None = None) -> np.ndarray:
-        hi = self.n - 1 if hi is None else hi
-        measured = np.bincount(np.asarray(self._points, dtype=np.int64), minlength=self.n) > 0
-        return (self.failures[lo : hi + 1] > 0) & ~measured[lo : hi + 1]
+        """Per point of ``lo..hi``: untestable (read-only; made once per change of evidence)."""
+        def build():
+            measured = np.bincount(np.asarray(self._points, dtype=np.int64),
+                                   minlength=self.n) > 0
+            mask = (self.failures > 0) & ~measured
+            mask.flags.writeable = False
+            return mask
+        mask = self._cached("untestable", build)
+        return mask if lo == 0 and hi is None else mask[lo : (self.n - 1 if hi is None else hi) + 1]
 
     def stats(self, lo: int, hi: int) -> PointStats:
         s = self.point_stats()

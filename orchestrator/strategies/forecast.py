@@ -78,15 +78,22 @@ def mean_squared_step(counts: np.ndarray, sums: np.ndarray, mass: np.ndarray,
     trials count as well as the endpoints' (which alone are few, and overstate the change just
     after the reproduce check stopped on a large one). Each squared difference of means is
     corrected for its variance; None when nothing is left of it.
+
+    Hypotheses with no trial between them split the trials alike, so the squared step is
+    taken once per such cell and weighted by the cell's mass: the cost grows with the points
+    measured, not with the commits.
     """
-    n_left = np.cumsum(counts)[:-1]
-    s_left = np.cumsum(sums)[:-1]
+    size = counts.size
+    # Hypothesis j (index j - 1) starts a cell when point j - 1 holds trials.
+    starts = np.flatnonzero(np.concatenate(([True], counts[1 : size - 1] > 0)))
+    n_left = np.cumsum(counts)[:-1][starts]
+    s_left = np.cumsum(sums)[:-1][starts]
     n_all, s_all = float(counts.sum()), float(sums.sum())
     n_right = n_all - n_left
     with np.errstate(divide="ignore", invalid="ignore"):
         diff = (s_all - s_left) / n_right - s_left / n_left
         squared = diff**2 - sigma2 * (1.0 / n_left + 1.0 / n_right)
-    weights = mass[1:]
+    weights = np.add.reduceat(mass[1:], starts)
     usable = np.isfinite(squared) & (weights > 0)
     if not usable.any():
         return None

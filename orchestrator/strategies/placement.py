@@ -14,11 +14,10 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 import numpy as np
 
-from orchestrator.strategies.posterior import RangeData, RangePosterior, log_weights
+from orchestrator.strategies.posterior import PriorSums, RangeData, RangePosterior, log_weights
 
 # Jointly scored readings are capped: 2**cap outcomes are enumerated per candidate.
 _MAX_JOINT_POINTS = 11
@@ -43,39 +42,25 @@ _HERMITE_X, _HERMITE_W = np.polynomial.hermite_e.hermegauss(6)
 _HERMITE_W = _HERMITE_W / _HERMITE_W.sum()
 
 
-@dataclass(frozen=True)
-class _PriorSums:
-    """Cumulative prior mass and prior ``p log p`` over hypotheses, for grouping them."""
-
-    cum_p: np.ndarray
-    cum_plogp: np.ndarray
-    log_scale: float
-
-    @classmethod
-    def of(cls, log_prior_steps: np.ndarray) -> _PriorSums:
-        scale = float(log_prior_steps.max())
-        prior = np.exp(log_prior_steps - scale)
-        with np.errstate(divide="ignore", invalid="ignore"):
-            plogp = np.where(prior > 0, prior * np.log(prior), 0.0)
-        return cls(
-            np.concatenate(([0.0], np.cumsum(prior))),
-            np.concatenate(([0.0], np.cumsum(plogp))),
-            scale,
-        )
+def _cell_starts(data: RangeData) -> np.ndarray:
+    """First hypothesis index of each cell of the unsplit range (see :func:`_cells`)."""
+    size = data.counts.size
+    return np.flatnonzero(np.concatenate(([True], data.counts[1 : size - 1] > 0)))
 
 
 def _cells(
-    data: RangeData, sums: _PriorSums, cut: int | None
+    data: RangeData, sums: PriorSums, cut: int | None, base: np.ndarray | None = None
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Group hypotheses that the data cannot tell apart, optionally split at index ``cut``.
 
     Hypotheses ``j`` and ``j + 1`` have identical sufficient statistics when point ``j`` has
     no trial, so the likelihood only needs one evaluation per group: at most one per measured
     point, however long the range. Returns each cell's first hypothesis index (``j - 1``), its
-    log prior mass and the entropy (nats) of the prior within it.
+    log prior mass and the entropy (nats) of the prior within it. ``base``: the unsplit cells'
+    starts (:func:`_cell_starts`), when the caller splits the same range at many cuts.
     """
     size = data.counts.size
-    starts = np.flatnonzero(np.concatenate(([True], data.counts[1 : size - 1] > 0)))
+    starts = _cell_starts(data) if base is None else base
     if cut is not None and 0 < cut < size - 1:
         starts = np.union1d(starts, [cut])
     ends = np.append(starts[1:], size - 1)
@@ -124,8 +109,9 @@ def expected_information(posterior: RangePosterior, points: np.ndarray) -> np.nd
         null = np.broadcast_to(null + data.log_prior_null, steps.shape[:-1] + (1,))
         return np.concatenate((steps, null), axis=-1)
 
-    prior_sums = _PriorSums.of(data.log_prior_steps)
-    first, log_mass, inner = _cells(data, prior_sums, None)
+    prior_sums = data.prior_sums()
+    base = _cell_starts(data)
+    first, log_mass, inner = _cells(data, prior_sums, None, base)
     inner_all = np.append(inner, 0.0)
     log_w = log_cells(first, log_mass, 0.0, 0.0, None)
     current = float(_cell_entropy(log_w, inner_all))
@@ -140,7 +126,7 @@ def expected_information(posterior: RangePosterior, points: np.ndarray) -> np.nd
 
     gains = np.zeros(len(points))
     for index, rel in enumerate(points):
-        first_c, log_mass_c, inner_c = _cells(data, prior_sums, int(rel))
+        first_c, log_mass_c, inner_c = _cells(data, prior_sums, int(rel), base)
         log_w_c = log_cells(first_c, log_mass_c, 0.0, 0.0, None)
         w_c = np.exp(log_w_c - log_w_c.max())
         w_c /= w_c.sum()
@@ -202,12 +188,14 @@ def choose_batch(
     ``candidates``: absolute points that may be proposed (testable, not in flight).
     ``in_flight``: absolute points whose readings are pending; they count as already chosen.
     """
+    if k <= 0:
+        return []
     cdf = posterior.cdf()
     lo = posterior.lo
     chosen: list[int] = []
     fixed = [p for p in in_flight if posterior.lo <= p <= posterior.hi]
     fixed_cdf = sorted(cdf[p - lo] for p in fixed)
-    available = np.unique(np.asarray(candidates, dtype=np.int64))
+    available = _sorted_unique(candidates)
     for _ in range(k):
         if available.size == 0:
             break
@@ -258,7 +246,25 @@ def _lookahead_candidates(posterior: RangePosterior, candidates: np.ndarray) -> 
     first, last, _ = posterior.best_block()
     edges = np.array([first - 2, first - 1, first, last, last + 1, posterior.lo, posterior.hi])
     picked = np.unique(np.concatenate((quantiles, edges)))
-    return picked[np.isin(picked, candidates)]
+    return picked[_member(picked, candidates)]
+
+
+def _sorted_unique(points: np.ndarray) -> np.ndarray:
+    """``np.unique(points)`` as int64, without sorting when they already ascend strictly (the
+    strategy's candidates do: a sort of every commit per decision is what this saves)."""
+    points = np.asarray(points, dtype=np.int64)
+    if points.size < 2 or bool(np.all(points[1:] > points[:-1])):
+        return points
+    return np.unique(points)
+
+
+def _member(points: np.ndarray, pool: np.ndarray) -> np.ndarray:
+    """``np.isin(points, pool)``, by binary search when ``pool`` ascends strictly."""
+    pool = np.asarray(pool)
+    if pool.size == 0 or not bool(np.all(pool[1:] > pool[:-1])):
+        return np.isin(points, pool)
+    at = np.minimum(np.searchsorted(pool, points), pool.size - 1)
+    return pool[at] == points
 
 
 def choose_points(

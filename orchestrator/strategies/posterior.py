@@ -30,10 +30,46 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import cached_property
 
 import numpy as np
 from scipy.special import log_ndtr as _log_ndtr
 from scipy.stats import t as _student_t
+
+
+@dataclass(frozen=True)
+class PriorSums:
+    """Cumulative prior mass and prior ``p log p`` over hypotheses, for grouping them into
+    cells (:func:`placement._cells`) without a pass over every hypothesis."""
+
+    cum_p: np.ndarray
+    cum_plogp: np.ndarray
+    log_scale: float
+
+    @classmethod
+    def of(cls, log_prior_steps: np.ndarray) -> PriorSums:
+        scale = float(log_prior_steps.max())
+        prior = np.exp(log_prior_steps - scale)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            plogp = np.where(prior > 0, prior * np.log(prior), 0.0)
+        return cls(
+            np.concatenate(([0.0], np.cumsum(prior))),
+            np.concatenate(([0.0], np.cumsum(plogp))),
+            scale,
+        )
+
+
+@dataclass(frozen=True)
+class RangePrior:
+    """The prior of a range's hypotheses, normalised with "no change" (:func:`range_log_prior`).
+    It does not change between trials: one per range, its cumulative sums made once."""
+
+    log_steps: np.ndarray  # log prior of hypotheses 1..size-1
+    log_null: float
+
+    @cached_property
+    def sums(self) -> PriorSums:
+        return PriorSums.of(self.log_steps)
 
 
 @dataclass(frozen=True)
@@ -46,6 +82,12 @@ class RangeData:
     g: float  # prior variance of the step in sigma^2 units
     log_prior_steps: np.ndarray  # log prior of hypotheses 1..size-1 (normalised with the null)
     log_prior_null: float
+    prior: RangePrior | None = None  # where they came from, when the caller keeps it
+
+    def prior_sums(self) -> PriorSums:
+        if self.prior is not None and self.prior.log_steps is self.log_prior_steps:
+            return self.prior.sums
+        return PriorSums.of(self.log_prior_steps)
 
 
 @dataclass(frozen=True)
@@ -78,9 +120,14 @@ class RangePosterior:
         """``cdf[j] = P(first bad <= lo + j)``: the chance that point ``lo + j`` reads bad.
 
         Under "no change" every point reads like the good endpoint, so ``cdf[-1]`` is
-        ``1 - null_mass``.
+        ``1 - null_mass``. Computed once per posterior (read-only: callers share it).
         """
-        return np.cumsum(self.mass)
+        cdf = self.__dict__.get("_cdf")
+        if cdf is None:
+            cdf = np.cumsum(self.mass)
+            cdf.flags.writeable = False
+            object.__setattr__(self, "_cdf", cdf)
+        return cdf
 
 
 def log_weights(
@@ -129,6 +176,35 @@ class PointStats:
         )
 
 
+def range_log_prior(log_prior: np.ndarray, null_prior: float) -> RangePrior:
+    """The prior of a range's hypotheses (``log_prior``, entry 0 ignored) normalised to
+    ``1 - null_prior``. It does not change between trials, so a caller that builds many
+    :class:`RangeData` over one range computes it once."""
+    prior = np.exp(log_prior[1:] - log_prior[1:].max())
+    prior /= prior.sum()
+    with np.errstate(divide="ignore"):
+        steps = np.log(prior * (1.0 - null_prior))
+    return RangePrior(steps, math.log(null_prior) if null_prior > 0 else -math.inf)
+
+
+def range_data(stats: PointStats, prior: RangePrior, step_scale: float) -> RangeData:
+    """The sufficient statistics of a range (see :func:`range_posterior`) without evaluating
+    its posterior: what the look-ahead and the forecast need."""
+    if stats.counts[0] == 0 or stats.counts[-1] == 0:
+        raise ValueError("both endpoints of a range need a measured value")
+    total = float(stats.counts.sum())
+    centre = float(stats.sums.sum()) / total
+    return RangeData(
+        counts=stats.counts.astype(float),
+        sums=stats.sums - stats.counts * centre,
+        squares=max(float(stats.squares.sum()) - total * centre**2, 0.0),
+        g=max(step_scale, 1e-3) ** 2,
+        log_prior_steps=prior.log_steps,
+        log_prior_null=prior.log_null,
+        prior=prior,
+    )
+
+
 def range_posterior(
     lo: int,
     hi: int,
@@ -151,21 +227,7 @@ def range_posterior(
     size = hi - lo + 1
     if size < 2 or stats.counts.size != size:
         raise ValueError("a range needs two points and statistics for each of them")
-    if stats.counts[0] == 0 or stats.counts[-1] == 0:
-        raise ValueError("both endpoints of a range need a measured value")
-    total = float(stats.counts.sum())
-    centre = float(stats.sums.sum()) / total
-    prior = np.exp(log_prior[1:] - log_prior[1:].max())
-    prior /= prior.sum()
-    with np.errstate(divide="ignore"):
-        data = RangeData(
-            counts=stats.counts.astype(float),
-            sums=stats.sums - stats.counts * centre,
-            squares=max(float(stats.squares.sum()) - total * centre**2, 0.0),
-            g=max(step_scale, 1e-3) ** 2,
-            log_prior_steps=np.log(prior * (1.0 - null_prior)),
-            log_prior_null=math.log(null_prior) if null_prior > 0 else -math.inf,
-        )
+    data = range_data(stats, range_log_prior(log_prior, null_prior), step_scale)
     # Hypothesis j: points 0..j-1 good, j..size-1 bad (j = 1..size-1).
     log_steps, log_null = log_weights(
         np.cumsum(data.counts)[:-1],
