@@ -18,6 +18,7 @@ from orchestrator.strategies.bisect_model import StagePosterior
 from orchestrator.strategies.bisect_plan import Remainder, Reproduction, Stage
 from orchestrator.strategies.bisect_settings import BisectSettings
 from orchestrator.strategies.evidence import Evidence
+from orchestrator.strategies.posterior import RangePrior
 
 
 class BisectState(Protocol):
@@ -29,7 +30,7 @@ class BisectState(Protocol):
     history: History
     evidence: Evidence
     log_prior: np.ndarray
-    range_log_prior: np.ndarray
+    range_log_prior: RangePrior
     _chain_cache: dict[tuple[int, bool], tuple]
     budget: int
     negligible: float
