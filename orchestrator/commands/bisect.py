@@ -30,6 +30,7 @@ from orchestrator.cost import describe_cost
 from orchestrator.drive import drive, unreported
 from orchestrator.errors import UserError
 from orchestrator.metrics import check_metric, regression_direction
+from orchestrator.noise_prior import load_noise_prior
 from orchestrator.progress import Progress, expected_bisect_trials, verdict_best
 from orchestrator.records import Candidate
 from orchestrator.repetition_design import RepetitionDesign, RepetitionSettings
@@ -263,10 +264,14 @@ def execute(cfg, ctl: Controller, run_dir: Path, commits, points, weights, out,
         out.print(line)
     settings = RepetitionSettings.from_conf(cfg.bench)
     out.print(settings.describe())
+    prior = None
+    if settings.adaptive and settings.prior:
+        prior = load_noise_prior(run_dir, nodes=ctl.nodes, metric=str(cfg.metric))
+        out.print(prior.describe())
     design = RepetitionDesign(settings, OmegaConf.to_container(cfg.target, resolve=True),
                               str(cfg.metric),
                               on_change=lambda text: (progress.note if progress is not None
-                                                      else out.print)(text))
+                                                      else out.print)(text), prior=prior)
     if not (run_dir / "commits.json").exists():  # the report replays the posterior from it
         _save_plan(run_dir, commits, points, weights)
     labels = [c.sha[:10] for c in commits]
