@@ -58,7 +58,8 @@ class NoisePrior:
         if comp is not None:
             parts.append(f"repetition sd {100 * comp.repetition.sd:.2f}%")
             if math.isfinite(comp.restart.var) and comp.restart.df > 0:
-                parts.append(f"restart sd {100 * comp.restart.sd:.2f}%")
+                parts.append(f"restart sd {100 * comp.restart.sd:.2f}%" if comp.restart.var > 0
+                             else f"restart sd under {100 * math.sqrt(comp.restart.hi):.2f}%")
         model = model_of(self.costs)
         if model is not None:
             parts.append(f"a restart {model.restart_s / 60:.1f} min, a repetition "
