@@ -78,6 +78,7 @@ def test_a_prior_chooses_from_the_first_restart_and_the_run_updates_it():
     assert with_prior.update([]) > 3  # before any trial of its own
     assert with_prior.changes and "repetitions per restart" in with_prior.changes[0]
     assert with_prior.summary([])["prior_runs"] == ["earlier"]
+    assert RepetitionSettings.from_conf({"noise_prior": False}).prior is False
     without = RepetitionDesign(RepetitionSettings(), TARGET, "m")
     assert without.update([]) == 3 and not without.changes
     # Costs: the earlier runs' decide first; at most PRIOR_TRIALS of them weigh.
