@@ -4,10 +4,15 @@ GPU-minutes than the same bisect with a fixed `bench.repetitions=3`."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
+from orchestrator.commands import bisect
+from orchestrator.config.compose import compose_config
+from orchestrator.store import RunStore
 from orchestrator.targets.sim.scenario import generate_scenario
-from tests.test_bisect_e2e import _bisect
+from tests.test_bisect_e2e import FAST, _bisect
 
 pytestmark = pytest.mark.slow
 
@@ -30,6 +35,26 @@ def test_request_noise_raises_repetitions_and_saves_gpu_minutes(tmp_path, ray_se
     assert "GPU-min" in printed or "GPU-h" in printed
     noise = reps["noise"]
     assert noise["repetition_sd_pct"] > 3 * noise["restart_sd_pct"]
+
+    # A second run on the same runs_dir starts from the first one's noise and costs: it
+    # chooses its repetitions before its first restart (a short run: 4 restarts).
+    first = {p.name for p in (tmp_path / "adaptive" / "runs").iterdir()}
+    truth = scenario.truth
+    again = compose_config("bisect", [f"repo={scenario.repo}",
+                                      f"runs_dir={tmp_path / 'adaptive' / 'runs'}",
+                                      f"good={truth['good']}", f"bad={truth['bad']}",
+                                      "metric=verify_ms", "nodes=2", "max_trials=4", *FAST,
+                                      *NOISY_REQUESTS])
+    bisect.run(again)
+    printed = capsys.readouterr().out
+    assert "noise prior: 1 earlier run(s) of this server and benchmark" in printed, printed
+    assert "after 0 trials: 3 -> " in printed, printed
+    (second,) = [p for p in (tmp_path / "adaptive" / "runs").iterdir() if p.name not in first]
+    store = RunStore.open(second / "trials.db", readonly=True)
+    counts = [len(r.result.measurements) for r in store.trials() if r.result is not None]
+    store.close()
+    assert counts and all(n > 3 for n in counts), counts
+    assert json.loads((second / "findings.json").read_text())["repetitions"]["prior_runs"]
 
     code, fixed, _ = _bisect(tmp_path / "fixed", scenario, *NOISY_REQUESTS,
                              "bench.adaptive_repetitions=false")

@@ -33,6 +33,7 @@ from orchestrator.metrics import check_metric, regression_direction
 from orchestrator.records import Candidate
 from orchestrator.run import findings
 from orchestrator.run.cost import describe_cost
+from orchestrator.run.noise_prior import load_noise_prior
 from orchestrator.run.rundir import create_run, running, runs_root
 from orchestrator.store import RunStore
 from orchestrator.strategies.base import Verdict
@@ -240,10 +241,14 @@ def execute(cfg, ctl: Controller, run_dir: Path, commits, points, weights, out,
         out.print(line)
     settings = RepetitionSettings.from_conf(cfg.bench)
     out.print(settings.describe())
+    prior = None
+    if settings.adaptive and settings.prior:
+        prior = load_noise_prior(run_dir, nodes=ctl.nodes, metric=str(cfg.metric))
+        out.print(prior.describe())
     design = RepetitionDesign(settings, OmegaConf.to_container(cfg.target, resolve=True),
                               str(cfg.metric),
                               on_change=lambda text: (progress.note if progress is not None
-                                                      else out.print)(text))
+                                                      else out.print)(text), prior=prior)
     if not (run_dir / "commits.json").exists():  # the report replays the posterior from it
         _save_plan(run_dir, commits, points, weights)
     labels = [c.sha[:10] for c in commits]

@@ -201,6 +201,9 @@ class BenchConf:
     adaptive_repetitions: bool = True
     min_repetitions: int = ranged(1, ge=1, le=100_000)
     max_repetitions: int = ranged(32, ge=1, le=100_000)
+    # The node's earlier runs in runs_dir (same server, workload and metric, same hosts) start
+    # the two noise levels and the costs; false: every run measures them from nothing.
+    noise_prior: bool = True
     warmup_requests: int = ranged(2, ge=0, le=100_000)
     requests: int = ranged(4, ge=1, le=1_000_000)
     concurrency: int = ranged(1, ge=1, le=100_000)

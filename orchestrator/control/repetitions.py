@@ -15,9 +15,9 @@ import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
-from orchestrator.records import NOT_EVIDENCE_PHASES
 from orchestrator.run.cost import cost_model, describe_cost, gpu_minutes
-from orchestrator.stats.variance import VarianceComponents, variance_components
+from orchestrator.run.noise_prior import NoisePrior, logs_by_candidate
+from orchestrator.stats.variance import NoiseStats, VarianceComponents, variance_components
 from orchestrator.store import TrialRow
 from orchestrator.strategies.repetitions import CostModel, RepetitionPlan, plan_repetitions
 
@@ -31,13 +31,15 @@ class RepetitionSettings:
     adaptive: bool = True
     lo: int = 1
     hi: int = 32
+    prior: bool = True  # start from the node's earlier runs where runs_dir has them
 
     @classmethod
     def from_conf(cls, bench: Mapping) -> RepetitionSettings:
         start = int(bench.get("repetitions", 3))
         lo = int(bench.get("min_repetitions", 1))
         hi = max(int(bench.get("max_repetitions", 32)), lo)
-        return cls(start, bool(bench.get("adaptive_repetitions", True)), lo, hi)
+        return cls(start, bool(bench.get("adaptive_repetitions", True)), lo, hi,
+                   bool(bench.get("noise_prior", True)))
 
     def describe(self) -> str:
         if not self.adaptive:
@@ -56,27 +58,21 @@ def change_size(verdict) -> float | None:
     return abs(math.log1p(pct / 100.0)) or None
 
 
-def components_of(rows: Iterable[TrialRow], metric: str,
-                  skip: Iterable[int] = ()) -> VarianceComponents | None:
-    """The metric's two noise levels from the measured, unflagged trials (log scale)."""
-    skipped = set(skip)
-    by_candidate: dict[str, list[list[float]]] = {}
-    for row in rows:
-        if (row.result is None or row.outcome is None or not row.outcome.measured
-                or row.suspect or row.id in skipped or row.phase in NOT_EVIDENCE_PHASES):
-            continue
-        vals = row.result.values(metric)
-        if vals and all(v > 0 for v in vals):
-            by_candidate.setdefault(row.candidate.key, []).append([math.log(v) for v in vals])
-    return variance_components(list(by_candidate.values()))
+def components_of(rows: Iterable[TrialRow], metric: str, skip: Iterable[int] = (),
+                  prior: NoiseStats | None = None) -> VarianceComponents | None:
+    """The metric's two noise levels from the measured, unflagged trials (log scale), pooled
+    with ``prior`` (the node's earlier runs) when given."""
+    return variance_components(logs_by_candidate(rows, metric, skip), prior=prior)
 
 
 class RepetitionDesign:
     """The repetitions of the next trial, and the record of each change (for the report)."""
 
     def __init__(self, settings: RepetitionSettings, target: Mapping, metric: str,
-                 on_change: Callable[[str], None] | None = None) -> None:
+                 on_change: Callable[[str], None] | None = None,
+                 prior: NoisePrior | None = None) -> None:
         self.settings = settings
+        self.prior = prior
         self.target = target
         self.metric = metric
         self.on_change = on_change
@@ -90,8 +86,10 @@ class RepetitionDesign:
                effect: float | None = None) -> int:
         """Re-estimate from the stored trials; returns the count for the next trial.
         ``effect``: the reproduced change's size (signed log), when known."""
-        self.cost = cost_model(rows, self.target)
-        self.components = components_of(rows, self.metric, outliers)
+        prior = self.prior
+        self.cost = cost_model(rows, self.target, prior.costs if prior is not None else ())
+        self.components = components_of(rows, self.metric, outliers,
+                                        prior.stats if prior is not None else None)
         if not self.settings.adaptive:
             return self.current
         plan = plan_repetitions(self.components, self.cost, self.current, self.settings.lo,
@@ -117,6 +115,7 @@ class RepetitionDesign:
             "reason": self.plan.reason if self.plan is not None else "",
             "gpu_minutes": round(gpu_minutes(rows, self.target), 3),
             "restarts": sum(1 for r in rows if r.result is not None),
+            "prior_runs": list(self.prior.runs) if self.prior is not None else [],
         }
         if cost is not None:
             doc["cost"] = {"restart_s": round(cost.restart_s, 3),

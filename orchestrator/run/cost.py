@@ -90,11 +90,27 @@ def costs(rows: Sequence[TrialRow], target: Mapping) -> list[TrialCost]:
             for c in [trial_cost(r.result, target)] if c is not None]
 
 
-def cost_model(rows: Sequence[TrialRow], target: Mapping) -> CostModel | None:
-    """Median restart and repetition cost of the measured trials (None before any)."""
-    measured = [c for r in rows if r.result is not None and r.outcome is not None
-                and r.outcome.measured for c in [trial_cost(r.result, target)]
-                if c is not None and c.repetitions]
+PRIOR_TRIALS = 9  # an earlier run's trial costs count as this many trials at most
+
+
+def measured_costs(rows: Sequence[TrialRow], target: Mapping) -> list[TrialCost]:
+    """The cost split of the measured trials that timed their repetitions, oldest first."""
+    return [c for r in rows if r.result is not None and r.outcome is not None
+            and r.outcome.measured for c in [trial_cost(r.result, target)]
+            if c is not None and c.repetitions]
+
+
+def cost_model(rows: Sequence[TrialRow], target: Mapping,
+               prior: Sequence[TrialCost] = ()) -> CostModel | None:
+    """Median restart and repetition cost of the measured trials (None before any), with the
+    latest :data:`PRIOR_TRIALS` of ``prior`` (the node's earlier runs) among them: before this
+    run has measured anything the earlier runs' costs decide, after a few trials its own."""
+    return model_of([*list(prior)[-PRIOR_TRIALS:], *measured_costs(rows, target)])
+
+
+def model_of(measured: Sequence[TrialCost]) -> CostModel | None:
+    """Median restart and repetition seconds of these trials, on the most GPUs any held."""
+    measured = [c for c in measured if c.repetitions]
     if not measured:
         return None
     restart = statistics.median(c.restart for c in measured)

@@ -173,6 +173,48 @@ def log_difference(
     return LogDifference(diff, diff - half, diff + half, se, df)
 
 
+def weighted_log_difference(
+    before: Sequence[float],
+    after: Sequence[float],
+    w_before: Sequence[float],
+    w_after: Sequence[float],
+    confidence: float = 0.95,
+    extra_ss: float = 0.0,
+    extra_df: int = 0,
+) -> LogDifference:
+    """:func:`log_difference` for values of unequal precision: value ``i`` has variance
+    ``sigma^2 / w_i`` (a trial of more repetitions weighs more, see
+    :meth:`orchestrator.strategies.evidence.Evidence.kept_weights`). Each side's mean is the
+    precision-weighted one, its variance ``sigma^2 / sum w``; ``sum w_i (v_i - mean)^2`` has
+    ``n - 1`` degrees of freedom of ``sigma^2`` and pools with ``extra_ss`` as before. With all
+    weights 1 this is :func:`log_difference` exactly."""
+    if not 0.0 < confidence < 1.0:
+        raise ValueError(f"confidence must be in (0, 1), got {confidence}")
+    if len(before) == 0 or len(after) == 0:
+        raise ValueError("weighted_log_difference needs at least one value on each side")
+    if len(w_before) != len(before) or len(w_after) != len(after):
+        raise ValueError("one weight per value")
+    if any(not w > 0 for w in (*w_before, *w_after)):
+        raise ValueError("weights must be positive")
+
+    def side(vals: Sequence[float], ws: Sequence[float]) -> tuple[float, float, float]:
+        total = float(sum(ws))
+        mean = sum(w * v for w, v in zip(ws, vals, strict=True)) / total
+        ss = sum(w * (v - mean) ** 2 for w, v in zip(ws, vals, strict=True))
+        return mean, ss, total
+
+    mean_b, ss_b, sw_b = side(before, w_before)
+    mean_a, ss_a, sw_a = side(after, w_after)
+    ss = extra_ss + ss_b + ss_a
+    df = extra_df + len(before) - 1 + len(after) - 1
+    diff = mean_a - mean_b
+    if df == 0:
+        return LogDifference(diff, -math.inf, math.inf, math.inf, 0)
+    se = math.sqrt(ss / df * (1.0 / sw_a + 1.0 / sw_b))
+    half = float(_scipy_stats.t.ppf(0.5 + confidence / 2.0, df)) * se
+    return LogDifference(diff, diff - half, diff + half, se, df)
+
+
 def log_effect(
     before: Sequence[float],
     after: Sequence[float],

@@ -125,8 +125,7 @@ def latest_step(strategy: BisectState, culprit: int, parent: int
     """The step measured on the system as it is now (the latest epoch's trials only)."""
     ev, cfg = strategy.evidence, strategy.settings
     latest = ev.latest_epoch
-    now = ev.pooled_difference(ev.values_in_epoch(parent, latest),
-                               ev.values_in_epoch(culprit, latest), cfg.verify_confidence)
+    now = ev.epoch_difference(parent, culprit, latest, cfg.verify_confidence)
     return ev.to_pct(now.diff), ev.ci_pct(now.lo, now.hi)
 
 

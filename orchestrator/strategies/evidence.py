@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from orchestrator.stats.effect import LogDifference, log_difference
+from orchestrator.stats.effect import LogDifference, log_difference, weighted_log_difference
 from orchestrator.strategies.base import Observation
 from orchestrator.strategies.bisect_levels import LevelFit, fit_levels
 from orchestrator.strategies.bisect_outliers import KEPT, OUTLIER, PENDING, flag_trials
@@ -337,12 +337,29 @@ class Evidence:
         return LogDifference(est, est - half, est + half, se, df)
 
     def pooled_difference(self, before: Sequence[float], after: Sequence[float],
-                          confidence: float) -> LogDifference:
-        """Two sets of values compared with the run's pooled restart noise."""
+                          confidence: float, w_before: Sequence[float] | None = None,
+                          w_after: Sequence[float] | None = None) -> LogDifference:
+        """Two sets of values compared with the run's pooled restart noise; with weights
+        (relative precisions, :meth:`kept_weights`), a trial of more repetitions weighs more."""
         fit = self.levels()
-        if fit is None or fit.df <= 0:
-            return log_difference(before, after, confidence)
-        return log_difference(before, after, confidence, fit.sigma2 * fit.df, fit.df)
+        extra = (fit.sigma2 * fit.df, fit.df) if fit is not None and fit.df > 0 else (0.0, 0)
+        if w_before is None or w_after is None:
+            return log_difference(before, after, confidence, *extra)
+        return weighted_log_difference(before, after, w_before, w_after, confidence, *extra)
+
+    def epoch_difference(self, before: int, after: int, epoch: int,
+                         confidence: float) -> LogDifference:
+        """``after - before`` from their trials in ``epoch`` alone (the system as it is now),
+        each trial weighed by its precision when repetition counts differ."""
+        points, values, _, epochs = self.kept()
+        weights = self.kept_weights()
+        at_b = (points == before) & (epochs == epoch)
+        at_a = (points == after) & (epochs == epoch)
+        if weights is None:
+            return self.pooled_difference(values[at_b].tolist(), values[at_a].tolist(),
+                                          confidence)
+        return self.pooled_difference(values[at_b].tolist(), values[at_a].tolist(), confidence,
+                                      weights[at_b].tolist(), weights[at_a].tolist())
 
     def to_pct(self, signed_log: float) -> float:
         """A signed log difference as a percentage change of the raw metric."""
