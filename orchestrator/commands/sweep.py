@@ -67,7 +67,6 @@ def validate_inside(cfg: DictConfig) -> tuple[SearchSpace, SweepSettings]:
         if size is None or size > MAX_GRID:
             raise UserError(f"sampler=grid needs a finite space of at most {MAX_GRID} "
                             f"configurations (this one: {size or 'continuous'}); use tpe")
-    setup.params(cfg)
     return space, settings
 
 
