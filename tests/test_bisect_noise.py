@@ -17,6 +17,7 @@ from orchestrator.strategies.bisect_history import History
 from orchestrator.strategies.bisect_levels import fit_levels
 from orchestrator.strategies.bisect_model import StageData, stage_posterior
 from orchestrator.strategies.bisect_outliers import KEPT, OUTLIER, PENDING, flag_trials
+from orchestrator.strategies.bisect_settings import BisectSettings
 from orchestrator.strategies.posterior import PointStats, range_posterior
 
 
@@ -227,6 +228,28 @@ def test_a_staircase_never_names_a_wrong_step_and_states_what_it_leaves(case):
     assert result.steps_named >= 1
     assert result.steps_named + result.steps_covered + result.steps_not_ruled_out == 3
     _telescopes(strategy, verdict)
+
+
+# ------------------------------------------------------------------------- naming a culprit
+
+
+@pytest.mark.parametrize(("name", "case", "wrong"), [("subtle", 184, 53), ("dag", 64, 3)])
+def test_a_lucky_head_to_head_does_not_name_a_wrong_commit(name, case, wrong):
+    """Benchmark cases that named a wrong commit at P >= 0.99 after 16 trials when one fresh
+    restart a side was enough: the first restarts happened to read close together, the noise
+    estimate was a fraction of the true 5%, and the posterior's first pass over 0.99 was luck.
+    Naming now waits for three more fresh restarts a side after that pass, with the posterior
+    still above the confidence."""
+    oracle = VirtualOracle(regime(name), case)
+    before = BisectSettings(verify_fresh_per_side=1, verify_hold_per_side=0)
+    strategy = BisectStrategy(N_COMMITS, max_trials=1500, parents=oracle.case.parents,
+                              settings=before)
+    verdict, _, _ = drive(strategy, oracle, 1)
+    assert judge(verdict, oracle.case, "sleuth", 0, 0, 0).wrong_confident  # the case as it was
+    assert verdict.top.point == wrong
+    strategy, verdict, oracle, _ = _run(name, case)
+    result = judge(verdict, oracle.case, "sleuth", 0, 0, 0)
+    assert not result.wrong_confident and result.correct, verdict.message
 
 
 # ------------------------------------------------------------------------------ the graph

@@ -327,11 +327,13 @@ class BisectStrategy(Strategy):
                 stage.outcome = "spread"
                 return True
         if self.phase(stage) != "verify":
+            stage.held_since = None
             return False
         target = verify_target(self, stage)
         pair = (target[0], *target[1])
         if stage.verify_pair != pair:  # a new head-to-head: its trials count from now
             stage.verify_pair, stage.verify_since = pair, self.evidence.n_trials
+            stage.held_since = None
         if stage.index > 0:
             culprit, _, _ = verify_target(self, stage)
             stage.sign = float(post.step_sign[np.flatnonzero(post.hyps == culprit)[0]])

@@ -44,6 +44,9 @@ class Stage:
     # started: trials from then on are interleaved in time, so drift hits both sides alike.
     verify_pair: tuple[int, ...] | None = None
     verify_since: int = 0
+    # The trial count when the head-to-head first met every condition to name the culprit:
+    # naming waits for fresh trials after it that leave the posterior above the confidence.
+    held_since: int | None = None
 
     @property
     def active(self) -> bool:

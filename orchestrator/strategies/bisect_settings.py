@@ -33,6 +33,15 @@ class BisectSettings:
     # Of which at least this many from the head-to-head itself, interleaved: trials the search
     # took earlier may come from another hour of the node (a load step), and on one side only.
     verify_fresh_per_side: int = 1
+    # The posterior's first pass over the confidence is not yet a promise: the noise is
+    # estimated from the same few restarts (the reproduce check stops on a clean-looking pair,
+    # so sigma reads low in exactly the runs that stop early), and a lucky head-to-head
+    # carried a wrong commit just past 0.99 in 1.5-2% of the runs of `subtle`, `dag` and
+    # `staircase`. So the culprit is named only once this many further fresh restarts a side,
+    # taken after that first pass, leave the posterior above the confidence (a pass that was
+    # luck tends to fall back; one that falls back starts the count again). Measured gain and
+    # cost: docs/benchmarks.md.
+    verify_hold_per_side: int = 3
     verify_handoff: float = 0.95
     drift_requires_step: float = 0.5
     null_prior_top: float = 0.1

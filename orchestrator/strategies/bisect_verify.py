@@ -3,7 +3,10 @@
 Once one commit (or a block of commits hidden by untestable ones) holds ``verify_handoff`` of a
 stage's posterior, the culprit and its parents are measured interleaved until each side has
 ``verify_min_per_side`` kept trials (``verify_fresh_per_side`` of them from the head-to-head
-itself, interleaved in time) and the posterior holds ``confidence``. The parents are the
+itself, interleaved in time) and the posterior holds ``confidence``, and then still holds it
+after ``verify_hold_per_side`` further fresh trials a side (the first pass over the confidence
+rests on a noise estimate from the same few restarts, and is luck too often to be the promise
+the stated probability makes). The parents are the
 real git parents on a graph (both of a merge), the previous testable commit on a chain.
 
 Interleaving makes the head-to-head robust to drift by design (a load step hits both sides),
@@ -73,8 +76,27 @@ def step_effect(strategy: BisectState, culprit: int, parent: int, confidence: fl
 
 
 def check_verified(strategy: BisectState, stage: Stage) -> bool:
-    """Accept the stage's culprit once the posterior holds ``confidence`` and the head-to-head
-    trials suffice. True if accepted."""
+    """Accept the stage's culprit once the posterior holds ``confidence``, the head-to-head
+    trials suffice, and both still hold after ``verify_hold_per_side`` more fresh trials a
+    side (a fall below starts the count again). True if accepted."""
+    if not _ready(strategy, stage):
+        stage.held_since = None
+        return False
+    ev, cfg = strategy.evidence, strategy.settings
+    culprit, parents, mass = verify_target(strategy, stage)
+    if cfg.verify_hold_per_side > 0:
+        if stage.held_since is None:
+            stage.held_since = ev.n_trials
+            return False
+        if min(len(ev.values_since(p, stage.held_since)) for p in (culprit, *parents)) < \
+                cfg.verify_hold_per_side:
+            return False
+    return _accept(strategy, stage)
+
+
+def _ready(strategy: BisectState, stage: Stage) -> bool:
+    """Would the culprit be named now: posterior, trial counts, and (where the noise is not
+    clean) the step's own interval?"""
     ev, cfg = strategy.evidence, strategy.settings
     culprit, parents, mass = verify_target(strategy, stage)
     if mass < cfg.confidence:
@@ -94,8 +116,15 @@ def check_verified(strategy: BisectState, stage: Stage) -> bool:
         return False
     sign = stage.sign if stage.index > 0 else 1.0
     shown = step.lo > 0.0 if sign > 0 else step.hi < 0.0  # the step's interval clears zero
-    if _needs_step(strategy) and not shown:
-        return False
+    return not (_needs_step(strategy) and not shown)
+
+
+def _accept(strategy: BisectState, stage: Stage) -> bool:
+    """Record the stage's culprit with its step and share."""
+    ev, cfg = strategy.evidence, strategy.settings
+    culprit, parents, mass = verify_target(strategy, stage)
+    latest = ev.latest_epoch
+    step = step_effect(strategy, culprit, parents[0], cfg.verify_confidence)
     members, _ = best_block(strategy, stage)
     total = ev.compare(0, strategy.n - 1, cfg.verify_confidence)
     explained = explained_ci = None

@@ -106,7 +106,24 @@ def stage_forecast(strategy: BisectState, stage: Stage) -> int | None:
 
     The first stage on a chain reads the step from its posterior (:func:`range_forecast`); a
     later stage, or one on a graph, takes the largest unexplained part of the change as its
-    step and its posterior's entropy as what is unknown."""
+    step and its posterior's entropy as what is unknown. The naming rule's hold trials are
+    added: they are spent whatever the search needs."""
+    search = _search_forecast(strategy, stage)
+    return None if search is None else search + _hold_left(strategy, stage)
+
+
+def _hold_left(strategy: BisectState, stage: Stage) -> int:
+    """The fresh head-to-head restarts the naming rule still wants after the posterior's first
+    pass over the confidence (``verify_hold_per_side`` a side, culprit and one parent)."""
+    hold = strategy.settings.verify_hold_per_side
+    if stage.held_since is None or stage.verify_pair is None:
+        return 2 * hold
+    ev = strategy.evidence
+    return sum(max(hold - len(ev.values_since(p, stage.held_since)), 0)
+               for p in stage.verify_pair[:2])
+
+
+def _search_forecast(strategy: BisectState, stage: Stage) -> int | None:
     from orchestrator.strategies.bisect_search import chain_posterior
 
     ev = strategy.evidence
