@@ -79,13 +79,16 @@ def start_chain(
         return False
     strategy.chain_keys.add(key)
     # One step per chain (no later stages): further causes are found by the explain
-    # checks' residual chains, and every step is verified both ways anyway.
+    # checks' residual chains, and every step is verified both ways anyway. For the same
+    # reason a chain names its step without the bisect's hold of extra fresh restarts: the
+    # chain only routes (at `search_confidence`); the suspect's own verification, added to
+    # good and removed from bad, and the final check at `confidence` decide the answer.
     bisect = BisectStrategy(
         len(order) + 1,
         direction=strategy.direction,
         confidence=strategy.settings.search_confidence,
         min_effect_pct=strategy.log_to_pct(strategy.tolerance()),
-        settings=BisectSettings(max_culprits=1),
+        settings=BisectSettings(max_culprits=1, verify_hold_per_side=0),
     )
     chain = Chain(base, order, origin, bisect, owner=owner)
     for observation in strategy.consumed:
