@@ -157,18 +157,29 @@ def log_difference(
     ``extra_ss``/``extra_df``: within-candidate sum of squares and degrees of freedom from other
     candidates measured in the same run, added to the pool (same restart-level noise).
     """
-    if not 0.0 < confidence < 1.0:
-        raise ValueError(f"confidence must be in (0, 1), got {confidence}")
-    if len(before) == 0 or len(after) == 0:
-        raise ValueError("log_difference needs at least one value on each side")
+    _check_sides(before, after, confidence, "log_difference")
     mean_b, var_b, n_b = _mean_var(before)
     mean_a, var_a, n_a = _mean_var(after)
     ss = extra_ss + (var_b * (n_b - 1) if n_b > 1 else 0.0) + (var_a * (n_a - 1) if n_a > 1 else 0.0)
     df = extra_df + max(n_b - 1, 0) + max(n_a - 1, 0)
-    diff = mean_a - mean_b
+    return _pooled_interval(mean_a - mean_b, ss, df, 1.0 / n_a + 1.0 / n_b, confidence)
+
+
+def _check_sides(before: Sequence[float], after: Sequence[float], confidence: float,
+                 name: str) -> None:
+    if not 0.0 < confidence < 1.0:
+        raise ValueError(f"confidence must be in (0, 1), got {confidence}")
+    if len(before) == 0 or len(after) == 0:
+        raise ValueError(f"{name} needs at least one value on each side")
+
+
+def _pooled_interval(diff: float, ss: float, df: int, inverse_sizes: float,
+                     confidence: float) -> LogDifference:
+    """The t-interval of a difference of means from a pooled sum of squares: `inverse_sizes`
+    is `1/n_a + 1/n_b` (or the sums of weights' inverses)."""
     if df == 0:
         return LogDifference(diff, -math.inf, math.inf, math.inf, 0)
-    se = math.sqrt(ss / df * (1.0 / n_a + 1.0 / n_b))
+    se = math.sqrt(ss / df * inverse_sizes)
     half = float(_scipy_stats.t.ppf(0.5 + confidence / 2.0, df)) * se
     return LogDifference(diff, diff - half, diff + half, se, df)
 
@@ -188,10 +199,7 @@ def weighted_log_difference(
     precision-weighted one, its variance ``sigma^2 / sum w``; ``sum w_i (v_i - mean)^2`` has
     ``n - 1`` degrees of freedom of ``sigma^2`` and pools with ``extra_ss`` as before. With all
     weights 1 this is :func:`log_difference` exactly."""
-    if not 0.0 < confidence < 1.0:
-        raise ValueError(f"confidence must be in (0, 1), got {confidence}")
-    if len(before) == 0 or len(after) == 0:
-        raise ValueError("weighted_log_difference needs at least one value on each side")
+    _check_sides(before, after, confidence, "weighted_log_difference")
     if len(w_before) != len(before) or len(w_after) != len(after):
         raise ValueError("one weight per value")
     if any(not w > 0 for w in (*w_before, *w_after)):
@@ -207,12 +215,7 @@ def weighted_log_difference(
     mean_a, ss_a, sw_a = side(after, w_after)
     ss = extra_ss + ss_b + ss_a
     df = extra_df + len(before) - 1 + len(after) - 1
-    diff = mean_a - mean_b
-    if df == 0:
-        return LogDifference(diff, -math.inf, math.inf, math.inf, 0)
-    se = math.sqrt(ss / df * (1.0 / sw_a + 1.0 / sw_b))
-    half = float(_scipy_stats.t.ppf(0.5 + confidence / 2.0, df)) * se
-    return LogDifference(diff, diff - half, diff + half, se, df)
+    return _pooled_interval(mean_a - mean_b, ss, df, 1.0 / sw_a + 1.0 / sw_b, confidence)
 
 
 def log_effect(
