@@ -230,6 +230,60 @@ def test_a_staircase_never_names_a_wrong_step_and_states_what_it_leaves(case):
     _telescopes(strategy, verdict)
 
 
+@pytest.mark.parametrize("case", [13, 34])
+def test_a_staircase_step_left_in_a_barely_measured_part_is_now_named_or_reported(case):
+    """Seeded staircase cases that ended with a +6% step inside a part "not distinguishable
+    from no change" whose anchors held 2-4 restarts (case 34 stopped after 31 trials with one
+    of three steps). The whole unexplained change is now measured until its interval excludes
+    zero or rules out a further step as large as the smallest one named."""
+    oracle = VirtualOracle(regime("staircase"), case)
+    before = BisectSettings(remainder_resolution=0.0, remainder_max_per_endpoint=12)
+    strategy = BisectStrategy(N_COMMITS, max_trials=1500, parents=oracle.case.parents,
+                              settings=before)
+    verdict, _, _ = drive(strategy, oracle, 1)
+    result = judge(verdict, oracle.case, "sleuth", 0, 0, 0)
+    assert not result.correct and result.steps_named + result.steps_covered < 3  # as it was
+    strategy, verdict, oracle, _ = _run("staircase", case)
+    result = judge(verdict, oracle.case, "sleuth", 0, 0, 0)
+    assert result.correct and not result.wrong_confident, verdict.message
+    _telescopes(strategy, verdict)
+
+
+@pytest.mark.parametrize(("name", "case"), [("decode_like", 0), ("decode_like", 3),
+                                            ("seed_verify", 7)])
+def test_a_run_ends_only_once_what_it_leaves_is_shown_or_bounded(name, case):
+    """The end condition of the resolution rule: the whole unexplained change excludes zero,
+    or its interval lies within a step as large as the one named, or its anchors are measured
+    up to the cap."""
+    from orchestrator.strategies.bisect_later import resolution
+    from orchestrator.strategies.bisect_remainders import contrast_weights, unexplained_total
+
+    strategy, verdict, oracle, _ = _run(name, case)
+    assert verdict.status == "found"
+    cfg = strategy.settings
+    whole = unexplained_total(strategy, cfg.verify_confidence)
+    res = resolution(strategy)
+    assert whole is not None and res is not None
+    anchors = contrast_weights(strategy, whole.lo, whole.hi)
+    capped = min(strategy.evidence.count(p) for p in anchors) >= cfg.remainder_max_per_endpoint
+    assert whole.flagged or (-res < whole.diff.lo and whole.diff.hi < res) or capped
+
+
+def test_a_significant_whole_remainder_with_no_significant_part_is_said_unexplained():
+    """The sentence for a "total" part: the size with its interval, and that it is not pinned
+    to one sub-range, beside the parts that are each not distinguishable from no change."""
+    from orchestrator.strategies.base import Culprit, Unexplained
+    from orchestrator.strategies.bisect_verdict import _parts_sentence
+
+    parts = [Unexplained(0, 99, 3.1, (-0.8, 7.2), False),
+             Unexplained(100, 255, 3.4, (-0.6, 7.6), False),
+             Unexplained(0, 255, 6.5, (1.1, 12.2), True, "total")]
+    text = _parts_sentence(parts, [Culprit(point=100, probability=0.995)])
+    assert text.startswith("Part of the change is unexplained: +6.5% [+1.1%, +12.2%] beyond the "
+                           "named steps in all, between points 0 and 255")
+    assert "Its parts are not distinguishable from no change at this precision (+3.1%" in text
+
+
 # ------------------------------------------------------------------------- naming a culprit
 
 

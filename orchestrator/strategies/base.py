@@ -114,6 +114,8 @@ class Unexplained:
     culprit or a culprit's parent) less the named steps between them; ``flagged`` when its
     interval excludes zero. ``kind`` "spread": a change the search could not pin on one commit;
     most of the posterior lies on commits ``lo + 1 .. hi`` (``candidates`` lists the likeliest).
+    ``kind`` "total": the endpoints' change less every named step, reported (always flagged)
+    when its interval excludes zero while no remainder's does.
     """
 
     lo: int

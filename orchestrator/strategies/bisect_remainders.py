@@ -52,8 +52,9 @@ def anchor_pairs(strategy: BisectState) -> list[tuple[int, int]]:
     return pairs
 
 
-def remainder(strategy: BisectState, lo: int, hi: int, confidence: float) -> Remainder | None:
-    """``level(hi) - level(lo)`` less the named steps between them, with a t-interval."""
+def contrast_weights(strategy: BisectState, lo: int, hi: int) -> dict[int, float]:
+    """The anchors of ``level(hi) - level(lo)`` less the named steps between them, with their
+    signs: the points whose trials the part's interval rests on."""
     weights = {hi: 1.0, lo: -1.0}
     history = strategy.history
     for stage in strategy.stages:
@@ -64,7 +65,12 @@ def remainder(strategy: BisectState, lo: int, hi: int, confidence: float) -> Rem
             parent = culprit.parents[0] if culprit.parents else culprit.point - 1
             weights[culprit.point] = weights.get(culprit.point, 0.0) - 1.0
             weights[parent] = weights.get(parent, 0.0) + 1.0
-    weights = {p: w for p, w in weights.items() if w != 0.0}
+    return {p: w for p, w in weights.items() if w != 0.0}
+
+
+def remainder(strategy: BisectState, lo: int, hi: int, confidence: float) -> Remainder | None:
+    """``level(hi) - level(lo)`` less the named steps between them, with a t-interval."""
+    weights = contrast_weights(strategy, lo, hi)
     if not weights:
         return None
     diff = strategy.evidence.contrast(weights, confidence)

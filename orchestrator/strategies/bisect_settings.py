@@ -64,8 +64,13 @@ class BisectSettings:
     # price of telling small further steps from noise in every run (0: only when suggested).
     remainder_min_trials: int = 0
     remainder_suggestive: float = 0.3
+    # Before a run with named culprits ends, the whole unexplained change is measured (its
+    # least-measured anchor, up to `remainder_max_per_endpoint` each) until its interval
+    # excludes zero or rules out a further change of this share of the smallest named step
+    # (bisect_later.resolution; 0: off).
+    remainder_resolution: float = 1.0
     remainder_check_trials: int = 4
-    remainder_max_per_endpoint: int = 12
+    remainder_max_per_endpoint: int = 24
     max_culprits: int = 6
     endpoint_max_failures: int = 2
     prior_floor: float = 0.01

@@ -128,6 +128,13 @@ def _spread(strategy: BisectState, stage: Stage) -> Unexplained | None:
 
 
 def unexplained_parts(strategy: BisectState) -> list[Unexplained]:
+    """The remainders and the spread parts; and, when the whole change the named steps leave
+    excludes zero while no one part of it does (two small steps on either side of a culprit,
+    or one whose part is measured less than the endpoints), that whole as a part of kind
+    "total": the answer then says that part of the change is unexplained and how large,
+    instead of only that each part alone is not distinguishable from no change."""
+    from orchestrator.strategies.bisect_remainders import unexplained_total
+
     ev = strategy.evidence
     parts = [Unexplained(r.lo, r.hi, ev.to_pct(r.diff.diff), ev.ci_pct(r.diff.lo, r.diff.hi),
                          r.flagged) for r in strategy.remainders()]
@@ -136,6 +143,11 @@ def unexplained_parts(strategy: BisectState) -> list[Unexplained]:
             spread = _spread(strategy, stage)
             if spread is not None:
                 parts.append(spread)
+    if not any(p.flagged for p in parts):
+        whole = unexplained_total(strategy, strategy.settings.verify_confidence)
+        if whole is not None and whole.flagged:
+            parts.append(Unexplained(whole.lo, whole.hi, ev.to_pct(whole.diff.diff),
+                                     ev.ci_pct(whole.diff.lo, whole.diff.hi), True, "total"))
     return parts
 
 
@@ -146,6 +158,12 @@ def _parts_sentence(parts: list[Unexplained], culprits: list[Culprit]) -> str:
     flagged = [p for p in parts if p.kind == "remainder" and p.flagged]
     quiet = [p for p in parts if p.kind == "remainder" and not p.flagged]
     out = []
+    for p in parts:
+        if p.kind == "total":
+            out.append(f"part of the change is unexplained: {_pct(p.effect_pct)}"
+                       f"{_interval(p.effect_ci)} beyond the named steps in all, between "
+                       f"points {p.lo} and {p.hi}; no one part of the range shows it alone, "
+                       "so it is not pinned to a sub-range")
     for p in spread:
         out.append(f"a further change of {_pct(p.effect_pct)}{_interval(p.effect_ci)} is spread "
                    f"over points {p.lo + 1}..{p.hi}: no single commit there holds it "
@@ -158,8 +176,9 @@ def _parts_sentence(parts: list[Unexplained], culprits: list[Culprit]) -> str:
     if quiet:
         rest = ", ".join(f"{_pct(p.effect_pct)}{_interval(p.effect_ci)} between points {p.lo} "
                          f"and {p.hi}" for p in quiet)
-        out.append(f"what is left is not distinguishable from no change at this precision "
-                   f"({rest})")
+        lead = "its parts" if any(p.kind == "total" for p in parts) else "what is left"
+        out.append(f"{lead} {'are' if lead == 'its parts' else 'is'} not distinguishable from "
+                   f"no change at this precision ({rest})")
     return " ".join(s[0].upper() + s[1:] + "." for s in out)
 
 
