@@ -377,7 +377,9 @@ class BisectStrategy(Strategy):
             return True
         stage = self.current()
         if stage is None:
-            return False
+            # No stage left to search (a later one gave up as spread, or the culprit cap):
+            # the parts the named steps leave are still measured until each is resolved.
+            return bool(self.found()) and bool(suggestive_points(self))
         if stage.index > 0 and self.phase(stage) == "measure":
             return bool(suggestive_points(self))
         return True
@@ -407,8 +409,11 @@ class BisectStrategy(Strategy):
             proposals.append(Proposal(audit, "search", f"{name} endpoint, audit of the "
                                       "reproduction"))
         stage = self.current()
-        if stage is None or len(proposals) >= slots:
+        if len(proposals) >= slots:
             return proposals
+        if stage is None:
+            return proposals + self._measure_points(in_flight, slots - len(proposals)) \
+                if self.found() else proposals
         phase = self.phase(stage)
         left = slots - len(proposals)
         if phase == "verify" and stage.index == 0 and not confirmed(self) and \
@@ -428,13 +433,18 @@ class BisectStrategy(Strategy):
             labels = tuple(f"parent of the culprit {culprit}" for _ in parents) + ("culprit",)
             proposals += self._alternate(sides, in_flight, left, "verify", cap, labels, fresh)
         elif phase == "measure":
-            for point in suggestive_points(self):
-                if len(proposals) < slots and in_flight[point] == 0:
-                    in_flight[point] += 1
-                    proposals.append(Proposal(point, "search", "an anchor of an unexplained "
-                                              "part of the change"))
+            proposals += self._measure_points(in_flight, left)
         else:
             proposals += self.search_points(stage, in_flight, left)
+        return proposals
+
+    def _measure_points(self, in_flight: Counter, slots: int) -> list[Proposal]:
+        proposals: list[Proposal] = []
+        for point in suggestive_points(self):
+            if len(proposals) < slots and in_flight[point] == 0:
+                in_flight[point] += 1
+                proposals.append(Proposal(point, "search", "an anchor of an unexplained "
+                                          "part of the change"))
         return proposals
 
     def search_points(self, stage: Stage, in_flight: Counter, slots: int) -> list[Proposal]:
