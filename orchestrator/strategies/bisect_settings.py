@@ -19,6 +19,11 @@ class BisectSettings:
     reproduce_max_per_endpoint: int = 48
     negligible_pct: float = 1.0
     refute_fraction: float = 0.5
+    # ... of the reproduced change less this many of its standard errors, read with the noise
+    # known now (bisect_reproduce.reproduced_size): the first estimate runs high, and a real
+    # +3% change reproduced at +13% was refuted as "no +6.5% change" (bench_cost, 6% of runs
+    # in 6% trial noise). It costs no_change runs ~13% more trials to withdraw a fluke.
+    refute_shrink_se: float = 1.5
     confirm_free_looks: int = 3
     # Until a culprit is found, the endpoints' trials since the reproduction are the test of
     # it (bisect_reproduce.refuted). When they lean towards "no change" the search keeps them

@@ -211,6 +211,23 @@ class Evidence:
         points, values, _, _ = self.kept()
         return values[(points == point) & (self.kept_orders() >= order)].tolist()
 
+    def weighted_since(self, point: int, order: int, until: int | None = None
+                       ) -> tuple[float, float] | None:
+        """``(mean, sum of weights)`` of the kept values at a point from trials at or after
+        observation ``order`` (and before ``until``), each weighed by its relative precision
+        (:meth:`kept_weights`; all 1 when every trial ran one repetition count), so that the
+        mean's variance is the model's ``sigma^2 / sum of weights``. None if there are none."""
+        points, values, _, _ = self.kept()
+        orders = self.kept_orders()
+        at = (points == point) & (orders >= order)
+        if until is not None:
+            at &= orders < until
+        if not at.any():
+            return None
+        precision = self.kept_weights()
+        w = np.ones(int(at.sum())) if precision is None else precision[at]
+        return float((w * values[at]).sum() / w.sum()), float(w.sum())
+
     def kept_orders(self) -> np.ndarray:
         def build():
             _, _, _, orders = self._arrays()
