@@ -40,3 +40,27 @@ def test_prior_variant_reads_an_earlier_run_of_the_regime():
     restarts = next(r for r in REGIMES if r.name == "restarts_dominate")
     prior = earlier_run_prior(restarts, 0)
     assert 0 < prior.df_within <= PRIOR_WITHIN_DF and 0 < prior.df_between <= PRIOR_BETWEEN_DF
+
+
+@pytest.mark.parametrize("case", [13, 35])
+def test_a_real_small_change_reproduced_large_by_luck_is_not_refuted(case):
+    """Seeded cases (a +3% change, 10% repetition noise, 3 repetitions a restart at first)
+    whose change reproduced at +13.6% / +16.5% on 2-3 restarts a side and was then refuted as
+    "no +6% change" by the endpoints' later trials, ending `not_reproducible`. The refutation's
+    alternative is now the reproduced change shrunk by its standard error read with the noise
+    known now, and the fresh means are precision-weighted: the planted commit is named."""
+    from experiments import bench_cost
+    from orchestrator.strategies import BisectSettings, BisectStrategy
+
+    regime = next(r for r in REGIMES if r.name == "repetitions_dominate")
+    before = BisectSettings(refute_shrink_se=0.0)
+    original = bench_cost.BisectStrategy
+    try:
+        bench_cost.BisectStrategy = lambda *a, **k: BisectStrategy(*a, settings=before, **k)
+        observations, state, _, _, _ = bench_cost.bisect(regime, case, None)
+        assert state["strategy"].verdict(observations).status == "not_reproducible"
+    finally:
+        bench_cost.BisectStrategy = original
+    observations, state, _, _, _ = bench_cost.bisect(regime, case, None)
+    verdict = state["strategy"].verdict(observations)
+    assert verdict.status == "found" and verdict.top.point == state["culprit"], verdict.message
