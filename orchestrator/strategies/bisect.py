@@ -378,8 +378,9 @@ class BisectStrategy(Strategy):
         stage = self.current()
         if stage is None:
             # No stage left to search (a later one gave up as spread, or the culprit cap):
-            # the parts the named steps leave are still measured until each is resolved.
-            return bool(self.found()) and bool(suggestive_points(self))
+            # the parts the named steps leave are still measured until each is resolved;
+            # a caller that asked for one culprit only (isolate's chains) is done at it.
+            return self._measures_after_stages() and bool(suggestive_points(self))
         if stage.index > 0 and self.phase(stage) == "measure":
             return bool(suggestive_points(self))
         return True
@@ -413,7 +414,7 @@ class BisectStrategy(Strategy):
             return proposals
         if stage is None:
             return proposals + self._measure_points(in_flight, slots - len(proposals)) \
-                if self.found() else proposals
+                if self._measures_after_stages() else proposals
         phase = self.phase(stage)
         left = slots - len(proposals)
         if phase == "verify" and stage.index == 0 and not confirmed(self) and \
@@ -437,6 +438,9 @@ class BisectStrategy(Strategy):
         else:
             proposals += self.search_points(stage, in_flight, left)
         return proposals
+
+    def _measures_after_stages(self) -> bool:
+        return bool(self.found()) and self.settings.max_culprits > 1
 
     def _measure_points(self, in_flight: Counter, slots: int) -> list[Proposal]:
         proposals: list[Proposal] = []
