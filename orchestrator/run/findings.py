@@ -170,14 +170,17 @@ def bisect_findings(
         "notes": list(verdict.notes),
         "budget": verdict.budget,
     }
-    endpoints = effects_between(rows, keys[0], keys[-1], metrics=(metric,)).get(metric)
-    if endpoints:  # every endpoint trial, pooled like the culprits' effects: what they add to
+    endpoints = effects_between(rows, keys[0], keys[-1], metrics=(metric,),
+                                exclude=frozenset(outliers)).get(metric)
+    if endpoints:  # every kept endpoint trial, pooled like the culprits' effects (outlier
+        # restarts left out as there): what they add to
         doc["total_detail"] = endpoints
     good, bad = commits[0], commits[-1]
     doc["answer"] = answer.for_bisect(
         doc, good=text.commit_label(good.sha, good.subject),
         bad=text.commit_label(bad.sha, bad.subject),
-        mechanism=mechanism_between(rows, keys[0], keys[-1], "good", "bad"))
+        mechanism=mechanism_between([r for r in rows if r.id not in outliers], keys[0],
+                                    keys[-1], "good", "bad"))
     return doc
 
 
