@@ -413,8 +413,9 @@ class BisectStrategy(Strategy):
         if len(proposals) >= slots:
             return proposals
         if stage is None:
-            return proposals + self._measure_points(in_flight, slots - len(proposals)) \
-                if self._measures_after_stages() else proposals
+            if self._measures_after_stages():
+                proposals += self._measure_points(in_flight, slots - len(proposals))
+            return proposals
         phase = self.phase(stage)
         left = slots - len(proposals)
         if phase == "verify" and stage.index == 0 and not confirmed(self) and \

@@ -38,7 +38,7 @@ def resolution(strategy: BisectState) -> float | None:
     that named a +6% step and ends with "+5% [-2%, +12%] left, not distinguishable from no
     change" has not said whether a second step like the first is there. Where there is one
     culprit its head-to-head measured about that precision already, so ruling out a second
-    one as large costs 0-18% more trials in the single-culprit regimes of the benchmark; in
+    one as large costs 6-13% more trials in the single-culprit regimes of the benchmark; in
     the staircase (three +6% steps in 5% noise) it is what names or reports the third step
     (docs/benchmarks.md)."""
     cfg, ev = strategy.settings, strategy.evidence

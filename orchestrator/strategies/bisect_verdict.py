@@ -176,9 +176,8 @@ def _parts_sentence(parts: list[Unexplained], culprits: list[Culprit]) -> str:
     if quiet:
         rest = ", ".join(f"{_pct(p.effect_pct)}{_interval(p.effect_ci)} between points {p.lo} "
                          f"and {p.hi}" for p in quiet)
-        lead = "its parts" if any(p.kind == "total" for p in parts) else "what is left"
-        out.append(f"{lead} {'are' if lead == 'its parts' else 'is'} not distinguishable from "
-                   f"no change at this precision ({rest})")
+        lead = "its parts are" if any(p.kind == "total" for p in parts) else "what is left is"
+        out.append(f"{lead} not distinguishable from no change at this precision ({rest})")
     return " ".join(s[0].upper() + s[1:] + "." for s in out)
 
 
