@@ -17,7 +17,6 @@ from orchestrator.strategies.bisect_history import History
 from orchestrator.strategies.bisect_levels import fit_levels
 from orchestrator.strategies.bisect_model import StageData, stage_posterior
 from orchestrator.strategies.bisect_outliers import KEPT, OUTLIER, PENDING, flag_trials
-from orchestrator.strategies.bisect_settings import BisectSettings
 from orchestrator.strategies.posterior import PointStats, range_posterior
 
 
@@ -235,14 +234,10 @@ def test_a_staircase_step_left_in_a_barely_measured_part_is_now_named_or_reporte
     """Seeded staircase cases that ended with a +6% step inside a part "not distinguishable
     from no change" whose anchors held 2-4 restarts (case 34 stopped after 31 trials with one
     of three steps). The whole unexplained change is now measured until its interval excludes
-    zero or rules out a further step as large as the smallest one named."""
-    oracle = VirtualOracle(regime("staircase"), case)
-    before = BisectSettings(remainder_resolution=0.0, remainder_max_per_endpoint=12)
-    strategy = BisectStrategy(N_COMMITS, max_trials=1500, parents=oracle.case.parents,
-                              settings=before)
-    verdict, _, _ = drive(strategy, oracle, 1)
-    result = judge(verdict, oracle.case, "sleuth", 0, 0, 0)
-    assert not result.correct and result.steps_named + result.steps_covered < 3  # as it was
+    zero or rules out a further step as large as the smallest one named.
+
+    (How these cases ended under the old rule depends on the processor's floating-point path,
+    so it is not asserted here: only that the rule in force names or reports every step.)"""
     strategy, verdict, oracle, _ = _run("staircase", case)
     result = judge(verdict, oracle.case, "sleuth", 0, 0, 0)
     assert result.correct and not result.wrong_confident, verdict.message
@@ -293,15 +288,14 @@ def test_a_lucky_head_to_head_does_not_name_a_wrong_commit(name, case, wrong):
     restart a side was enough: the first restarts happened to read close together, the noise
     estimate was a fraction of the true 5%, and the posterior's first pass over 0.99 was luck.
     Naming now waits for three more fresh restarts a side after that pass, with the posterior
-    still above the confidence."""
-    oracle = VirtualOracle(regime(name), case)
-    before = BisectSettings(verify_fresh_per_side=1, verify_hold_per_side=0)
-    strategy = BisectStrategy(N_COMMITS, max_trials=1500, parents=oracle.case.parents,
-                              settings=before)
-    verdict, _, _ = drive(strategy, oracle, 1)
-    assert judge(verdict, oracle.case, "sleuth", 0, 0, 0).wrong_confident  # the case as it was
-    assert verdict.top.point == wrong
+    still above the confidence.
+
+    Under the old settings these cases named commit `wrong` on the machine they were found on;
+    whether they still do elsewhere depends on the processor's floating-point path (BLAS
+    kernels differ between CPUs and move the posterior's first pass over 0.99), so that is
+    not asserted: only that the settings in force name the right commit."""
     strategy, verdict, oracle, _ = _run(name, case)
+    assert wrong != oracle.culprit
     result = judge(verdict, oracle.case, "sleuth", 0, 0, 0)
     assert not result.wrong_confident and result.correct, verdict.message
 
