@@ -36,17 +36,13 @@ from orchestrator.control.ray_cluster import (
 )
 from orchestrator.errors import DiskFull
 from orchestrator.packages import plan as packages
-from orchestrator.records import Candidate, Outcome, TrialResult
+from orchestrator.records import RETRYABLE, Candidate, Outcome, TrialResult
 from orchestrator.runner.trial import NO_SPACE, TrialSpec, is_no_space
 from orchestrator.store import RunStore, TrialRow
 from orchestrator.ui.safe_text import printable
 
 __all__ = ["NODE_RESOURCE", "RETRYABLE", "Controller", "loopback_only", "node_name",
            "sleuth_nodes", "start_ray"]
-
-# Outcomes worth another attempt: the server, not the candidate, may be at fault.
-RETRYABLE = {Outcome.LAUNCH_FAILED, Outcome.NOT_READY, Outcome.CRASHED, Outcome.HUNG,
-             Outcome.BENCH_FAILED, Outcome.TEARDOWN_FAILED, Outcome.ERROR}
 
 # An evaluation whose node was lost this many times is given up (recorded `error`): a candidate
 # that takes its node down with it must not take down every node in turn.
