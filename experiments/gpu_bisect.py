@@ -207,8 +207,8 @@ def run(prepared: Prepared, torch_python: str, gpu: int, seconds_left: float, ou
                                    OmegaConf.to_container(cfg.target, resolve=True),
                                    OmegaConf.to_container(cfg.bench, resolve=True), store.run_id)
         try:
-            with LocalController(cfg, store, run_dir, on_event=events.append,
-                                 runner=runner) as ctl:
+            with LocalController(cfg, store, run_dir, on_event=events.append, runner=runner,
+                                 deadline=t0 + seconds_left) as ctl:
                 verdict, doc = bisect_command.execute(cfg, ctl, run_dir, prepared.commits,
                                                       prepared.points, prepared.weights, out)
             store.set_status("done" if verdict.status == "found" else "inconclusive")

@@ -40,6 +40,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import traceback
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -120,6 +121,29 @@ def step_setup(work: Path) -> tuple[Step, dict]:
     return Step("setup", "ok", detail, time.monotonic() - t0, info), {"bisect": prepared}
 
 
+def guarded(name: str, fn, *args) -> Step:
+    """A step that raised is recorded as failed (with where), and the later steps still run:
+    one bug must not waste the rest of the borrowed machine's time."""
+    t0 = time.monotonic()
+    try:
+        return fn(*args)
+    except Exception as exc:
+        return failed_step(name, exc, t0)
+
+
+def failed_step(name: str, exc: Exception, t0: float) -> Step:
+    where = traceback.extract_tb(exc.__traceback__)[-1]
+    return Step(name, "FAIL", f"{type(exc).__name__}: {str(exc)[:300]} (at"
+                f" {Path(where.filename).name}:{where.lineno})", time.monotonic() - t0,
+                {"traceback": traceback.format_exc()[-4000:]})
+
+
+def bisect_step(state: dict, torch_python: str, gpu: int, seconds_left: float, out: Path) -> Step:
+    if "bisect" not in state:
+        return Step("bisect", "FAIL", "not run: the setup step failed before planning it")
+    return gpu_bisect.run(state["bisect"], torch_python, gpu, seconds_left, out)
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--out", default=os.environ.get("OUT") or ".",
@@ -134,7 +158,11 @@ def main(argv: list[str] | None = None) -> int:
     report = Report(Path(a.out) / "gpu_check.json")
     work = Path(a.keep) if a.keep else Path(tempfile.mkdtemp(prefix="sleuth-gpu-check-"))
     try:
-        setup, state = step_setup(work)
+        t0 = time.monotonic()
+        try:
+            setup, state = step_setup(work)
+        except Exception as exc:  # the GPU steps can still tell something
+            setup, state = failed_step("setup", exc, t0), {}
         report.doc["machine"].update(setup.data)
         report.add(setup)
         try:
@@ -146,16 +174,16 @@ def main(argv: list[str] | None = None) -> int:
             print(f"gpu_check: cannot run here: {exc}", file=sys.stderr)
             return 1
         report.doc["machine"]["torch_python"] = torch_python
-        snap = report.add(step_snapshot(gpu))
+        snap = report.add(guarded("nvml snapshot", step_snapshot, gpu))
         report.doc["machine"].update(snap.data.get("machine", {}))
         report.write()
-        report.add(step_telemetry(gpu, torch_python, a.gpu))
-        report.add(step_clock_lock(gpu, torch_python, a.gpu))
-        report.add(step_power_limit(gpu, a.gpu))
+        report.add(guarded("telemetry", step_telemetry, gpu, torch_python, a.gpu))
+        report.add(guarded("clock lock", step_clock_lock, gpu, torch_python, a.gpu))
+        report.add(guarded("power limit", step_power_limit, gpu, a.gpu))
         gpu.close()
-        report.add(gpu_standin_step.run(torch_python, a.gpu, work))
-        report.add(gpu_bisect.run(state["bisect"], torch_python, a.gpu,
-                                  deadline - time.monotonic(), Path(a.out)))
+        report.add(guarded("standin server", gpu_standin_step.run, torch_python, a.gpu, work))
+        report.add(guarded("bisect", bisect_step, state, torch_python, a.gpu,
+                           deadline - time.monotonic(), Path(a.out)))
     finally:
         if not a.keep:
             shutil.rmtree(work, ignore_errors=True)

@@ -43,8 +43,11 @@ class Pending:
 class LocalController:
     def __init__(self, cfg: DictConfig, store: RunStore, run_dir: Path, *,
                  on_event: Callable[[str], None] | None = None,
-                 runner: NodeRunner | None = None):
+                 runner: NodeRunner | None = None, deadline: float | None = None):
+        """``deadline`` (a `time.monotonic()` value): no trial starts after it; the drive loop
+        then ends with the verdict it has, as at a budget, and the findings are written."""
         self.cfg = cfg
+        self.deadline = deadline
         self.store = store
         self.run_dir = run_dir
         self.runs_dir = Path(cfg.runs_dir)
@@ -76,7 +79,8 @@ class LocalController:
         return [NODE]
 
     def idle_nodes(self) -> list[str]:
-        return [] if self._pending is not None else [NODE]
+        late = self.deadline is not None and time.monotonic() > self.deadline
+        return [] if self._pending is not None or late else [NODE]
 
     def in_flight(self) -> list[Pending]:
         return [self._pending] if self._pending is not None else []
