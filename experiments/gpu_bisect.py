@@ -212,9 +212,11 @@ def run(prepared: Prepared, torch_python: str, gpu: int, seconds_left: float, ou
                 verdict, doc = bisect_command.execute(cfg, ctl, run_dir, prepared.commits,
                                                       prepared.points, prepared.weights, out)
             store.set_status("done" if verdict.status == "found" else "inconclusive")
+            rows = store.trials()
         finally:
             store.close()
     trials = sum(" started on " in e for e in events)
+    suspect = [r.suspect_reason for r in rows if r.suspect]
     kept = out_dir / name
     kept.mkdir(parents=True, exist_ok=True)
     for src in (run_dir / "findings.json", run_dir / "report.md", log_path):
@@ -230,9 +232,12 @@ def run(prepared: Prepared, torch_python: str, gpu: int, seconds_left: float, ou
     data = {"status": verdict.status, "named": top.get("id"), "planted": prepared.planted,
             "probability": probability, "effect": effect, "trials": trials,
             "max_trials": budget, "answer": (doc.get("answer") or {}).get("sentence"),
+            "suspect_trials": len(suspect), "suspect_reasons": sorted(set(suspect))[:5],
             "run": run_dir.name, "events": events[-60:]}
     return Step(name, "ok" if ok else "FAIL",
                 f"{verdict.status}: named {str(top.get('id'))[:10]} (planted"
                 f" {prepared.planted[:10]}) P={probability:.4f}, effect {effect.get('pct')}%"
-                f" {effect.get('ci')}, {trials} trials of at most {budget}",
+                f" {effect.get('ci')}, {trials} trials of at most {budget}"
+                + (f"; {len(suspect)} suspect (left out): {sorted(set(suspect))[0][:160]}"
+                   if suspect else ""),
                 time.monotonic() - t0, data)

@@ -143,14 +143,25 @@ def step_telemetry(gpu: NvmlGpuControl, torch_python: str, index: int) -> Step:
     busy = max(s.utilization_pct for s in sampler.samples)
     power = summary["power_w"]["max"]
     clock_moved = summary["sm_clock_mhz"]["max"] != idle.sm_clock_mhz
+    unseen = unseen_pids(summary["foreign_pids"])
+    data["load_pid"], data["pids_outside_this_namespace"] = load.pid, unseen
     ok = summary["n_samples"] >= 10 and busy >= 50 and power > idle.power_w
     return Step("telemetry", "ok" if ok else "FAIL",
                 f"{summary['n_samples']} samples, SM {summary['sm_clock_mhz']['min']:.0f}-"
                 f"{summary['sm_clock_mhz']['max']:.0f} MHz (idle {idle.sm_clock_mhz:.0f},"
                 f" {'moved' if clock_moved else 'unchanged'}), power max {power:.0f} W (idle "
                 f"{idle.power_w:.0f} W), utilization max {busy:.0f}%, throttle "
-                f"{summary['throttle_reasons'] or 'none'}, suspect={summary['suspect']}",
-                took, data)
+                f"{summary['throttle_reasons'] or 'none'}, suspect={summary['suspect']}"
+                + (f"; WARNING: NVML names GPU processes {unseen} that this PID namespace does"
+                   " not have (a container?): trials will count them as foreign and be marked"
+                   " suspect" if unseen else ""), took, data)
+
+
+def unseen_pids(pids) -> list[int]:
+    """NVML process ids with no /proc entry here. In a container NVML reports the host's
+    process ids, so even the trial's own server looks foreign to the telemetry (the load's
+    own pid is not among `pids`: it was passed as the sampler's own)."""
+    return [p for p in pids if not os.path.exists(f"/proc/{p}")]
 
 
 def step_clock_lock(gpu: NvmlGpuControl, torch_python: str, index: int) -> Step:
