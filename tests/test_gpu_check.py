@@ -175,11 +175,12 @@ def test_pure_choices():
     assert gpu_steps.pick_power_limit(700, 200, 700) == 595
     assert gpu_steps.pick_power_limit(250, 240, 300) == 240  # clamped to the board's minimum
 
-    class NVMLError_NoPermission(Exception):  # noqa: N801 - pynvml's naming
-        pass
+    import pynvml  # nvidia-ml-py: NVML's own error classes, as a refusal raises them
 
-    assert gpu_steps.not_permitted(NVMLError_NoPermission("Insufficient Permissions"))
-    assert not gpu_steps.not_permitted(RuntimeError("GPU is lost"))
+    assert gpu_steps.not_permitted(pynvml.NVMLError(pynvml.NVML_ERROR_NO_PERMISSION))
+    assert gpu_steps.not_permitted(pynvml.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED))
+    assert not gpu_steps.not_permitted(pynvml.NVMLError(pynvml.NVML_ERROR_INVALID_ARGUMENT))
+    assert not gpu_steps.not_permitted(pynvml.NVMLError(pynvml.NVML_ERROR_GPU_IS_LOST))
 
 
 def test_standin_takes_the_adapters_flags_without_torch():
@@ -246,3 +247,18 @@ def test_every_step_is_recorded_and_a_raising_one_does_not_stop_the_rest(tmp_pat
     assert failed["detail"].startswith("RuntimeError: bug in a step (at test_gpu_check.py:")
     assert doc["result"] == "FAILED: power limit" and Gpu.closed
     assert doc["machine"]["gpu"] == "stub" and doc["machine"]["torch_python"] == "python-with-torch"
+
+
+def test_past_its_deadline_the_bisect_starts_no_trial_and_still_writes_findings(tmp_path):
+    """Out of time on the machine: the in-process node refuses new trials, the drive loop ends
+    with the verdict it has, and the step fails with that status instead of hanging."""
+    prep = gpu_bisect.prepare(tmp_path / "work", use_git=True, bench=CPU_BENCH, **CPU_SIZES)
+    step = gpu_bisect.run(prep, sys.executable, 0, 0.0, tmp_path / "out")
+    assert step.status == "FAIL" and step.data["trials"] == 0
+    assert step.data["status"] == "reproducing" and step.data["named"] is None
+    assert (tmp_path / "out" / "bisect" / "findings.json").is_file()
+
+
+def test_nvml_process_ids_with_no_proc_entry_are_told_apart():
+    assert gpu_steps.unseen_pids([os.getpid()]) == []
+    assert gpu_steps.unseen_pids([os.getpid(), 2**22 + 7]) == [2**22 + 7]  # above pid_max
