@@ -217,11 +217,10 @@ def run(prepared: Prepared, torch_python: str, gpu: int, seconds_left: float, ou
             store.close()
     trials = sum(" started on " in e for e in events)
     suspect = [r.suspect_reason for r in rows if r.suspect]
-    kept = out_dir / name
-    kept.mkdir(parents=True, exist_ok=True)
-    for src in (run_dir / "findings.json", run_dir / "report.md", log_path):
-        if src.exists():
-            shutil.copyfile(src, kept / src.name)
+    kept = out_dir / name  # the whole run (store, trial logs, telemetry): `sleuth report` reads it
+    shutil.copytree(run_dir, kept / "run", dirs_exist_ok=True)
+    shutil.copyfile(run_dir / "findings.json", kept / "findings.json")
+    shutil.copyfile(log_path, kept / log_path.name)
     top = doc["findings"][0] if doc.get("findings") else {}
     effect = (top.get("effect") or {}).get("value") or {}
     probability = float(top.get("probability") or 0.0)

@@ -181,7 +181,8 @@ def main(argv: list[str] | None = None) -> int:
         report.add(guarded("clock lock", step_clock_lock, gpu, torch_python, a.gpu))
         report.add(guarded("power limit", step_power_limit, gpu, a.gpu))
         gpu.close()
-        report.add(guarded("standin server", gpu_standin_step.run, torch_python, a.gpu, work))
+        report.add(guarded("standin server", gpu_standin_step.run, torch_python, a.gpu, work,
+                           gpu_standin_step.RESTARTS, None, Path(a.out)))
         report.add(guarded("bisect", bisect_step, state, torch_python, a.gpu,
                            deadline - time.monotonic(), Path(a.out)))
     finally:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import shutil
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -73,7 +74,7 @@ def target_conf(torch_python: str, gpu: int) -> dict:
 
 
 def run(torch_python: str, gpu: int, work: Path, restarts: int = RESTARTS,
-        conf: dict | None = None) -> Step:
+        conf: dict | None = None, out_dir: Path | None = None) -> Step:
     t0 = time.monotonic()
     state = work / "standin-node"
     target = StandinTarget(conf or target_conf(torch_python, gpu), BENCH,
@@ -97,6 +98,8 @@ def run(torch_python: str, gpu: int, work: Path, restarts: int = RESTARTS,
         if result.outcome is not Outcome.OK:
             break
     took = time.monotonic() - t0
+    if out_dir is not None:  # server logs, telemetry, measurement sources of each restart
+        shutil.copytree(work / "standin-trials", out_dir / "standin", dirs_exist_ok=True)
     ok_trials = [t for t in trials if t["outcome"] == "ok"]
     if len(ok_trials) < restarts:
         bad = trials[-1]
