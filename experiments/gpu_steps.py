@@ -52,7 +52,7 @@ class NoGpu(Exception):
     pass
 
 
-# -- pure helpers (tested without a GPU) ---------------------------------------------------------
+# -- pure choices (tested without a GPU) ----------------------------------------------------------
 def not_permitted(exc: BaseException) -> bool:
     """NVML's refusal to change clocks or power (NVMLError_NoPermission / _NotSupported)."""
     text = f"{type(exc).__name__} {exc}".lower()
