@@ -23,8 +23,12 @@ from orchestrator.system import fingerprint
 LOAD_SECONDS = 6.0
 
 LOAD_PY = '''import sys, time, torch
-n, until = 8192, time.time() + float(sys.argv[1])
+n = 8192
 a = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
+a @ a
+torch.cuda.synchronize()
+print("busy", flush=True)  # the parent samples only from here on (torch import takes seconds)
+until = time.time() + float(sys.argv[1])
 while time.time() < until:
     for _ in range(20):
         a @ a
@@ -122,7 +126,22 @@ def step_snapshot(gpu: NvmlGpuControl) -> Step:
 def _under_load(torch_python: str, index: int, seconds: float) -> subprocess.Popen:
     env = {**os.environ, "CUDA_VISIBLE_DEVICES": str(index)}
     return subprocess.Popen([torch_python, "-c", LOAD_PY, str(seconds)], env=env,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+
+
+def _busy_clock(gpu: NvmlGpuControl, load: subprocess.Popen) -> float:
+    """The highest SM clock read while the load runs: it said it is busy (a barrier, not a
+    guess at how long torch takes to import), then five readings over a second."""
+    line = load.stdout.readline() if load.stdout is not None else b""
+    if line.strip() != b"busy":
+        err = load.stderr.read().decode(errors="replace") if load.stderr is not None else ""
+        raise RuntimeError(f"torch load did not start: {(err.strip().splitlines() or ['?'])[-1]}")
+    time.sleep(0.5)
+    readings = []
+    for _ in range(5):
+        readings.append(gpu.sample()[0].sm_clock_mhz)
+        time.sleep(0.2)
+    return max(readings)
 
 
 def step_telemetry(gpu: NvmlGpuControl, torch_python: str, index: int) -> Step:
@@ -182,16 +201,18 @@ def step_clock_lock(gpu: NvmlGpuControl, torch_python: str, index: int) -> Step:
         return Step("clock lock", "not permitted" if not_permitted(exc) else "FAIL",
                     f"lock to {target} MHz: {data['error']}", time.monotonic() - t0, data)
     try:
-        load = _under_load(torch_python, index, 3.0)
-        time.sleep(2.0)  # the load is running: a locked clock shows under it
-        locked = gpu.sample()[0].sm_clock_mhz
-        load.wait(timeout=120)
+        load = _under_load(torch_python, index, 2.5)
+        try:
+            locked = _busy_clock(gpu, load)
+        finally:
+            load.communicate(timeout=120)
     finally:
         gpu.restore(token)
-    load = _under_load(torch_python, index, 3.0)
-    time.sleep(2.0)
-    after = gpu.sample()[0].sm_clock_mhz
-    load.wait(timeout=120)
+    load = _under_load(torch_python, index, 2.5)
+    try:
+        after = _busy_clock(gpu, load)
+    finally:
+        load.communicate(timeout=120)
     data.update(read_locked_mhz=locked, read_restored_mhz=after)
     ok = locked <= target + 30 and after > locked
     return Step("clock lock", "ok" if ok else "FAIL",

@@ -262,3 +262,31 @@ def test_past_its_deadline_the_bisect_starts_no_trial_and_still_writes_findings(
 def test_nvml_process_ids_with_no_proc_entry_are_told_apart():
     assert gpu_steps.unseen_pids([os.getpid()]) == []
     assert gpu_steps.unseen_pids([os.getpid(), 2**22 + 7]) == [2**22 + 7]  # above pid_max
+
+
+def test_clocks_are_read_only_once_the_load_says_it_is_busy():
+    """The clock-lock step reads the SM clock under load: after the load's own "busy" line
+    (torch's import can take longer than any fixed sleep), never before."""
+    from types import SimpleNamespace
+
+    class Gpu:  # the only part mocked: NVML's readings
+        reads = 0
+
+        def sample(self):
+            Gpu.reads += 1
+            return [SimpleNamespace(sm_clock_mhz=1000.0 + Gpu.reads)]
+
+    code = "import sys, time; print('busy', flush=True); time.sleep(3)"
+    load = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE)
+    try:
+        assert gpu_steps._busy_clock(Gpu(), load) == 1005.0  # the highest of five readings
+    finally:
+        load.kill()
+        load.communicate()
+    broken = subprocess.Popen([sys.executable, "-c", "raise SystemExit('no CUDA here')"],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    with pytest.raises(RuntimeError, match="torch load did not start: no CUDA here"):
+        gpu_steps._busy_clock(Gpu(), broken)
+    broken.communicate()
+    assert Gpu.reads == 5  # nothing read from the broken one
