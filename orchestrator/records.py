@@ -56,6 +56,12 @@ class Outcome(StrEnum):
         return self is Outcome.OK
 
 
+# Outcomes worth another attempt: the server, not the candidate, may be at fault. Kept beside
+# the outcomes (not in the controller) so that the drive loop, which reads them, imports no Ray.
+RETRYABLE = frozenset({Outcome.LAUNCH_FAILED, Outcome.NOT_READY, Outcome.CRASHED, Outcome.HUNG,
+                       Outcome.BENCH_FAILED, Outcome.TEARDOWN_FAILED, Outcome.ERROR})
+
+
 def _canonical_env(env: Mapping[str, str]) -> tuple[tuple[str, str], ...]:
     return tuple(sorted((str(k), str(v)) for k, v in env.items()))
 

@@ -19,13 +19,13 @@ import dataclasses
 import json
 import math
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from omegaconf import DictConfig, OmegaConf
 
 from orchestrator.commands import common
 from orchestrator.config import params as experiment_params
 from orchestrator.config.bisect import bisect_strategy
-from orchestrator.control.controller import Controller
 from orchestrator.control.drive import drive, unreported
 from orchestrator.control.repetitions import RepetitionDesign, RepetitionSettings
 from orchestrator.errors import UserError
@@ -44,6 +44,9 @@ from orchestrator.ui.progress import Progress, expected_bisect_trials, verdict_b
 from orchestrator.ui.report.terminal import print_answer
 from orchestrator.workspace import CommitInfo
 from orchestrator.workspace.commits import boundary_parents, graph_order
+
+if TYPE_CHECKING:  # `execute` runs on any controller; only `_execute` starts the Ray one
+    from orchestrator.control.controller import Controller
 
 EXIT_INCONCLUSIVE = 3
 
@@ -319,6 +322,8 @@ def execute(cfg, ctl: Controller, run_dir: Path, commits, points, weights, out,
 
 
 def _execute(cfg, run_dir: Path, store: RunStore, commits, points, weights) -> int:
+    from orchestrator.control.controller import Controller
+
     out = render.console()
     with running(store, run_dir, out) as run:
         with Progress(out) as progress, \

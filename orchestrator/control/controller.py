@@ -34,19 +34,16 @@ from orchestrator.control.ray_cluster import (
     sleuth_nodes,
     start_ray,
 )
+from orchestrator.control.specs import cache_max_bytes, trial_spec
 from orchestrator.errors import DiskFull
 from orchestrator.packages import plan as packages
-from orchestrator.records import Candidate, Outcome, TrialResult
-from orchestrator.runner.trial import NO_SPACE, TrialSpec, is_no_space
+from orchestrator.records import RETRYABLE, Candidate, Outcome, TrialResult
+from orchestrator.runner.trial import NO_SPACE, is_no_space
 from orchestrator.store import RunStore, TrialRow
 from orchestrator.ui.safe_text import printable
 
 __all__ = ["NODE_RESOURCE", "RETRYABLE", "Controller", "loopback_only", "node_name",
            "sleuth_nodes", "start_ray"]
-
-# Outcomes worth another attempt: the server, not the candidate, may be at fault.
-RETRYABLE = {Outcome.LAUNCH_FAILED, Outcome.NOT_READY, Outcome.CRASHED, Outcome.HUNG,
-             Outcome.BENCH_FAILED, Outcome.TEARDOWN_FAILED, Outcome.ERROR}
 
 # An evaluation whose node was lost this many times is given up (recorded `error`): a candidate
 # that takes its node down with it must not take down every node in turn.
@@ -103,9 +100,7 @@ class Controller:
         self._interrupted = False
         self._starting = False
         self._old_handlers: dict[int, object] = {}
-        cache = cfg.get("cache") or {}
-        gb = cache.get("max_gb") if hasattr(cache, "get") else None
-        self._cache_max_bytes = int(float(gb) * 2**30) if gb else None
+        self._cache_max_bytes = cache_max_bytes(cfg)
         self._overlays = packages.settings(cfg).to_json()  # where pinned packages are built
 
     # -- lifecycle -----------------------------------------------------------------------------
@@ -237,23 +232,8 @@ class Controller:
         trials = self.run_dir / "trials"
         trial_id = self.store.begin_trial(cand_id, node=node, phase=phase, attempt=attempt,
                                           log_path=lambda tid: str(trials / str(tid) / "server.log"))
-        trial_dir = trials / str(trial_id)
-        spec = TrialSpec(
-            trial_id=trial_id,
-            candidate=candidate,
-            repo=str(self.cfg.repo),
-            cache_dir=str(self.runs_dir / ".cache" / "worktrees"),
-            trial_dir=str(trial_dir),
-            ready_timeout_s=float(self.cfg.trial.ready_timeout_s),
-            grace_s=float(self.cfg.trial.grace_s),
-            telemetry_interval_s=float(self.cfg.trial.telemetry_interval_s),
-            repetitions=int(repetitions if repetitions is not None
-                            else self.cfg.bench.repetitions),
-            warmup_requests=int(self.cfg.bench.warmup_requests),
-            phase=phase,
-            cache_max_bytes=self._cache_max_bytes,
-            extra={"packages": self._overlays},
-        )
+        spec = trial_spec(self.cfg, self.run_dir, trial_id, candidate, phase, repetitions,
+                          overlays=self._overlays, max_bytes=self._cache_max_bytes)
         ref = self._actors[node].run.remote(spec)
         inflight = _InFlight(trial_id, candidate, cand_id, node, phase, attempt, ref, time.time(),
                              losses, repetitions)

@@ -11,14 +11,16 @@ from __future__ import annotations
 import math
 import statistics
 from collections.abc import Callable, Sequence
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
-from orchestrator.control.controller import RETRYABLE, Controller
 from orchestrator.control.repetitions import RepetitionDesign, change_size
-from orchestrator.records import NOT_EVIDENCE_PHASES, Candidate
+from orchestrator.records import NOT_EVIDENCE_PHASES, RETRYABLE, Candidate
 from orchestrator.store import TrialRow
 from orchestrator.strategies.base import Observation, Strategy, Verdict
 from orchestrator.system.watch import SystemChange, SystemWatch
+
+if TYPE_CHECKING:  # the loop itself needs no Ray: any object with the Controller's surface
+    from orchestrator.control.controller import Controller
 
 
 def observation(row: TrialRow, point: int, metric: str, final_attempt: int,

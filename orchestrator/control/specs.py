@@ -1,0 +1,47 @@
+"""The trial spec a node gets for one evaluation, built from the run's configuration.
+
+One function shared by the Ray controller and any controller without Ray (the device check's
+in-process node), so that both hand a node exactly the same settings for a trial. No Ray here.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from omegaconf import DictConfig
+
+from orchestrator.packages import plan as packages
+from orchestrator.records import Candidate
+from orchestrator.runner.trial import TrialSpec
+
+
+def cache_max_bytes(cfg: DictConfig) -> int | None:
+    """`cache.max_gb` in bytes (None: uncapped)."""
+    cache = cfg.get("cache") or {}
+    gb = cache.get("max_gb") if hasattr(cache, "get") else None
+    return int(float(gb) * 2**30) if gb else None
+
+
+def trial_spec(cfg: DictConfig, run_dir: Path, trial_id: int, candidate: Candidate,
+               phase: str = "", repetitions: int | None = None, *,
+               overlays: dict | None = None, max_bytes: int | None = None) -> TrialSpec:
+    """``repetitions``: this trial's benchmark repetitions (default ``bench.repetitions``);
+    ``overlays`` / ``max_bytes``: precomputed package-overlay settings and cache cap (a
+    controller computes them once), else read from ``cfg``."""
+    runs_dir = Path(cfg.runs_dir)
+    return TrialSpec(
+        trial_id=trial_id,
+        candidate=candidate,
+        repo=str(cfg.repo),
+        cache_dir=str(runs_dir / ".cache" / "worktrees"),
+        trial_dir=str(run_dir / "trials" / str(trial_id)),
+        ready_timeout_s=float(cfg.trial.ready_timeout_s),
+        grace_s=float(cfg.trial.grace_s),
+        telemetry_interval_s=float(cfg.trial.telemetry_interval_s),
+        repetitions=int(repetitions if repetitions is not None else cfg.bench.repetitions),
+        warmup_requests=int(cfg.bench.warmup_requests),
+        phase=phase,
+        cache_max_bytes=max_bytes if max_bytes is not None else cache_max_bytes(cfg),
+        extra={"packages": overlays if overlays is not None
+               else packages.settings(cfg).to_json()},
+    )
