@@ -1,0 +1,111 @@
+"""`sleuth bisect package=NAME` end to end: a release line built here as real wheels (offline),
+listed from its directory, each release installed once into an overlay by pip, a tiny
+benchmark that imports the package timed as `target=command`, a real local Ray and two nodes.
+
+One line has a planted slow release (every later release keeps it); the other is a staircase: a
+step, then a partial fix. A pre-release is left out unless asked for, and one release exists only
+as a wheel for another interpreter: listed, never installable, so a skipped point if the search
+needs it. Import times are sleeps (20/40/60 ms): steps of x3 and -33% that the machine's load
+cannot blur, and no assertion depends on how fast this machine is.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+from conftest import git
+from pkgwheels import release_line
+
+from orchestrator.commands import bisect as bisect_cmd
+from orchestrator.config.compose import compose_config
+from orchestrator.errors import UserError
+
+BENCH = textwrap.dedent("""\
+    import json, time
+    t0 = time.perf_counter()
+    import slowpkg
+    print(json.dumps({"value": (time.perf_counter() - t0) * 1000}))
+""")
+VERSIONS = [f"1.{i}" for i in range(10)]
+
+
+def _repo(path: Path) -> Path:
+    path.mkdir(parents=True)
+    git(path, "init", "-q", "-b", "main")
+    (path / "bench.py").write_text(BENCH)
+    git(path, "add", "-A")
+    git(path, "commit", "-q", "-m", "bench")
+    return path
+
+
+def _args(tmp_path: Path, wheels: Path, run_id: str, *extra: str) -> list[str]:
+    return ["package=slowpkg", "good=1.0", "bad=1.9", f"packages.find_links={wheels}",
+            "target=command", f"repo={_repo(tmp_path / f'proj-{run_id}')}",
+            f"target.bench={sys.executable} bench.py", "metric=value", "direction=increase",
+            "bench.repetitions=2", "bench.warmup_requests=0", "trial.retries=0", "nodes=2",
+            f"runs_dir={tmp_path / 'runs'}", f"run_id={run_id}", *extra]
+
+
+def _findings(tmp_path: Path, run_id: str) -> dict:
+    return json.loads((tmp_path / "runs" / run_id / "findings.json").read_text())
+
+
+def test_bisect_names_the_planted_slow_release(tmp_path, ray_session, capsys):
+    delays = {v: (60.0 if i >= 6 else 20.0) for i, v in enumerate(VERSIONS)}
+    delays["1.6rc1"] = 60.0  # a pre-release of the slow one: not searched without package.pre
+    wheels = release_line(tmp_path / "wheels", "slowpkg", delays, broken=("1.2",))
+    code = bisect_cmd.run(compose_config("bisect", _args(tmp_path, wheels, "planted")))
+    doc = _findings(tmp_path, "planted")
+    assert code == 0, doc["message"]
+    top = doc["findings"][0]
+    assert (top["kind"], top["id"], top["release"], top["parent"]) == (
+        "package", "slowpkg 1.6", "1.6", "1.5")
+    assert top["probability"] >= 0.99 and top["step"] == "regression"
+    assert top["effect"]["value"]["ci"][0] > 100  # 20 ms -> 60 ms: x3
+    assert doc["answer"]["causes"][0]["label"] == "slowpkg 1.5 -> 1.6"
+    assert "from good slowpkg 1.0 to bad slowpkg 1.9" in doc["answer"]["sentence"]
+    package = doc["package"]
+    assert [r["version"] for r in package["releases"]] == VERSIONS
+    assert package["excluded"] == [{"version": "1.6rc1", "why": "pre-release (package.pre=true"
+                                    " includes pre-releases)"}]
+    status = {s["version"]: s for s in package["versions"]}
+    assert status["1.0"]["measured"] >= 2 and status["1.9"]["measured"] >= 2
+    assert status["1.5"]["measured"] >= 2 and status["1.6"]["measured"] >= 2
+    if "skipped" in status["1.2"]:  # only if the search needed it: never a measurement
+        assert status["1.2"]["measured"] == 0
+        assert "Could not find a version" in status["1.2"]["skipped"]
+    assert any(n.startswith("releases measured (restarts): 1.0 (") for n in doc["notes"])
+    out = capsys.readouterr().out
+    assert "bisecting 10 releases of slowpkg 1.0..1.9 from" in out
+    assert "slowpkg 1.5 -> 1.6: regression value x" in out
+    # Every restart of a release ran that release: the overlay's version was read back.
+    assert doc["n_trials"] == sum(s["measured"] for s in package["versions"]) + sum(
+        1 for s in package["versions"] if "skipped" in s)
+
+
+def test_bisect_answers_a_staircase_with_the_step_and_the_partial_fix(tmp_path, ray_session):
+    delays = {v: (20.0 if i < 4 else 60.0 if i < 7 else 40.0) for i, v in enumerate(VERSIONS)}
+    wheels = release_line(tmp_path / "wheels", "slowpkg", delays)
+    code = bisect_cmd.run(compose_config("bisect", _args(tmp_path, wheels, "stairs")))
+    doc = _findings(tmp_path, "stairs")
+    assert code == 0, doc["message"]
+    steps = {f["release"]: f for f in doc["findings"]}
+    assert set(steps) == {"1.4", "1.7"}, doc["message"]
+    assert steps["1.4"]["step"] == "regression" and steps["1.4"]["parent"] == "1.3"
+    assert steps["1.7"]["step"] == "partial fix" and steps["1.7"]["parent"] == "1.6"
+    assert steps["1.7"]["effect"]["value"]["ci"][1] < 0
+    assert all(f["probability"] >= 0.99 for f in steps.values())
+    labels = {c["label"] for c in doc["answer"]["causes"]}
+    assert labels == {"slowpkg 1.3 -> 1.4", "slowpkg 1.6 -> 1.7"}
+
+
+def test_an_endpoint_pip_cannot_install_is_bad_input(tmp_path):
+    wheels = release_line(tmp_path / "wheels", "slowpkg", {"1.0": 0.0, "1.9": 0.0},
+                          broken=("1.9",))
+    with pytest.raises(UserError, match=r"cannot install slowpkg==1\.9 for the trials"):
+        bisect_cmd.run(compose_config("bisect", _args(tmp_path, wheels, "bad")))
+    assert not (tmp_path / "runs" / "bad").exists()
