@@ -109,3 +109,51 @@ def test_an_endpoint_pip_cannot_install_is_bad_input(tmp_path):
     with pytest.raises(UserError, match=r"cannot install slowpkg==1\.9 for the trials"):
         bisect_cmd.run(compose_config("bisect", _args(tmp_path, wheels, "bad")))
     assert not (tmp_path / "runs" / "bad").exists()
+
+
+@pytest.mark.slow
+def test_sim_investigate_names_the_nccl_release(tmp_path, ray_session):
+    """The `nccl_upgrade` story with a wheel directory holding the NCCL line 2.27.5 .. 2.28.3:
+    the sim prices 2.28.0 - 2.28.6 with a small-message regression. `investigate` proves the
+    package change harmful (isolate), then searches the releases in between and its answer
+    names 2.28.0 against 2.27.7, not only the package."""
+    from test_packages_e2e import SIM_FAST
+
+    from orchestrator.commands import investigate as investigate_cmd
+    from orchestrator.commands import trial as trial_cmd
+    from orchestrator.packages.wheels import write_wheel
+    from orchestrator.targets.sim.scenario import generate_scenario
+    from orchestrator.targets.sim.scenario_side import wheel_files
+    from orchestrator.targets.simnode import set_node_state
+
+    sc = generate_scenario(tmp_path / "sc", 20, 4, "nccl_upgrade")
+    wheels = sc.out / sc.truth["system"]["wheels"]
+    line = ["2.27.5", "2.27.6", "2.27.7", "2.28.0", "2.28.1", "2.28.2", "2.28.3"]
+    for version in line[1:]:
+        write_wheel(wheels, "nvidia-nccl-cu12", version, wheel_files("nvidia-nccl-cu12", version))
+    runs = tmp_path / "runs"
+
+    def nodes(when: str) -> None:
+        for name in ("local-0", "local-1"):
+            set_node_state(runs / ".nodes" / name, gpu_state_file=sc.out / f"{when}_gpu_state.json",
+                           env_file=sc.out / f"{when}_env.json",
+                           packages_file=sc.out / f"{when}_packages.json",
+                           launcher_file=sc.out / f"{when}_launcher.json")
+
+    base = [f"repo={sc.repo}", f"runs_dir={runs}", *SIM_FAST, "nodes=2"]
+    nodes("reference")
+    assert trial_cmd.run(compose_config("trial", [*base, f"commit={sc.truth['bad']}",
+                                                  "run_id=reference", "restarts=3"])) == 0
+    nodes("now")
+    investigate_cmd.run(compose_config("investigate", [
+        *base, "reference=reference", "run_id=inv", f"packages.find_links={wheels}"]))
+    release = json.loads((runs / "inv" / "findings-release.json").read_text())
+    assert release["verdict"] == "found", release["message"]
+    top = release["findings"][0]
+    assert (top["release"], top["parent"], top["step"]) == ("2.28.0", "2.27.7", "regression")
+    assert [r["version"] for r in release["package"]["releases"]] == line
+    isolate = json.loads((runs / "inv" / "findings-isolate.json").read_text())
+    cause = next(f for f in isolate["findings"] if f["kind"] == "package")
+    assert cause["release"] == "2.28.0"
+    answer = json.loads((runs / "inv" / "findings-investigate.json").read_text())["answer"]
+    assert "regression in 2.28.0 against 2.27.7" in answer["sentence"], answer["sentence"]

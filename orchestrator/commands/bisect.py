@@ -272,8 +272,10 @@ def execute(cfg, ctl: Controller, run_dir: Path, commits, points, weights, out,
                               str(cfg.metric),
                               on_change=lambda text: (progress.note if progress is not None
                                                       else out.print)(text), prior=prior)
-    if not (run_dir / "commits.json").exists():  # the report replays the posterior from it
-        _save_plan(run_dir, commits, points, weights, release)
+    # The report replays the posterior from it (a commit range's: an investigation's release
+    # search leaves it to the range's bisect)
+    if release is None and not (run_dir / "commits.json").exists():
+        _save_plan(run_dir, commits, points, weights)
     labels = [c.sha[:10] for c in commits]
     budget = strategy.budget
     said: set[str] = set()
