@@ -82,9 +82,15 @@ def test_bisect_names_the_planted_slow_release(tmp_path, ray_session, capsys):
     out = capsys.readouterr().out
     assert "bisecting 10 releases of slowpkg 1.0..1.9 from" in out
     assert "slowpkg 1.5 -> 1.6: regression value x" in out
-    # Every restart of a release ran that release: the overlay's version was read back.
-    assert doc["n_trials"] == sum(s["measured"] for s in package["versions"]) + sum(
-        1 for s in package["versions"] if "skipped" in s)
+    assert "1.6 is the first bad release" in doc["message"]
+    # The report lists every release: measured (with restarts), skipped, not needed, left out.
+    from orchestrator.ui.report import write_report
+
+    _, files = write_report(tmp_path / "runs" / "planted")
+    md = Path(files.markdown).read_text()
+    assert "## Releases" in md
+    assert f"| 1.6 | - | {status['1.6']['measured']} | measured; regression here |" in md
+    assert "| 1.6rc1 | - | 0 | left out: pre-release" in md
 
 
 def test_bisect_answers_a_staircase_with_the_step_and_the_partial_fix(tmp_path, ray_session):

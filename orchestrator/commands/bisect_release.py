@@ -17,6 +17,7 @@ each step's direction, and which versions were measured, skipped (and why) or le
 from __future__ import annotations
 
 import dataclasses
+import re
 from collections.abc import Mapping, Sequence
 
 from omegaconf import DictConfig
@@ -152,14 +153,22 @@ def rewrite(doc: dict, release: Mapping, rows: Sequence, keys: Sequence[str], *,
             f"{e['version']} ({e['why']})" for e in release["excluded"]))
     doc["notes"] = [*doc.get("notes", []), *notes]
     if doc.get("message"):
-        doc["message"] = _release_words(doc["message"])
+        doc["message"] = _release_words(doc["message"], versions)
     mechanism = (doc.get("answer") or {}).get("mechanism")
     doc["answer"] = answer.for_bisect(doc, good=f"{name} {versions[0]}",
                                       bad=f"{name} {versions[-1]}", mechanism=mechanism)
     return doc
 
 
-def _release_words(message: str) -> str:
+def _release_words(message: str, versions: Sequence[str]) -> str:
+    """The strategy's sentence in releases: `point 6` is `1.6`, a commit a release."""
+    def at(text: str) -> str:
+        i = int(text)
+        return versions[i] if i < len(versions) else f"point {text}"
+
+    message = re.sub(r"\bpoints (\d+) and (\d+)",
+                     lambda m: f"releases {at(m.group(1))} and {at(m.group(2))}", message)
+    message = re.sub(r"\bpoint (\d+)", lambda m: at(m.group(1)), message)
     return message.replace("commits", "releases").replace("commit", "release")
 
 
