@@ -6,6 +6,7 @@ release findings: which versions were measured, skipped and why, each step's dir
 from __future__ import annotations
 
 import json
+import sys
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -181,3 +182,15 @@ def test_directory_as_file_url_and_pip_args_find_links(tmp_path: Path):
                                   pip_args=("--find-links", str(tmp_path / "b"))),
                         "slowpkg", "python3")
     assert sorted(str(v) for v in found) == ["1.0", "1.1"]
+
+
+def test_without_a_source_pip_configuration_names_the_index(index, monkeypatch):
+    """No packages.find_links or index_url: the index pip itself would use (here set by
+    PIP_INDEX_URL, pip's configuration files switched off) is the one listed."""
+    url, _ = index
+    monkeypatch.setenv("PIP_CONFIG_FILE", "/dev/null")
+    monkeypatch.setenv("PIP_INDEX_URL", url)
+    monkeypatch.delenv("PIP_EXTRA_INDEX_URL", raising=False)
+    monkeypatch.delenv("PIP_FIND_LINKS", raising=False)
+    found, source = list_all(_settings(), "slowpkg", sys.executable)
+    assert source == url and sorted(str(v) for v in found) == ["1.0", "1.1", "1.2", "1.3"]

@@ -216,23 +216,25 @@ def _pip_arg_sources(args: Sequence[str]) -> tuple[list[str], list[str]]:
 def pip_configuration(python: str) -> tuple[list[str], list[str]]:
     """(find-links, indexes) from pip's own configuration for `python` (its files and the
     PIP_* variables), as the overlays without a named source install from."""
-    links, indexes = [], []
-    try:
+    links: list[str] = []
+    indexes: list[str] = []
+    try:  # its files and its PIP_* variables (`:env:.index-url=...`)
         done = subprocess.run([python, "-m", "pip", "config", "list"], capture_output=True,
                               text=True, timeout=60)
-        lines = done.stdout.splitlines() if done.returncode == 0 else []
+        lines = done.stdout.splitlines() if done.returncode == 0 else None
     except (OSError, subprocess.TimeoutExpired):
-        lines = []
+        lines = None
+    if lines is None:  # no pip for that interpreter: the variables alone
+        lines = [f":env:.{var[4:].lower().replace('_', '-')}={os.environ[var]}"
+                 for var in ("PIP_INDEX_URL", "PIP_EXTRA_INDEX_URL", "PIP_FIND_LINKS")
+                 if os.environ.get(var)]
     for line in lines:
         key, _, value = line.partition("=")
         value = value.strip().strip("'\"")
-        if key.endswith((".index-url", ".extra-index-url")):
-            indexes.extend(value.split())
-        elif key.endswith(".find-links"):
-            links.extend(value.split())
-    for var, into in (("PIP_INDEX_URL", indexes), ("PIP_EXTRA_INDEX_URL", indexes),
-                      ("PIP_FIND_LINKS", links)):
-        into.extend(os.environ.get(var, "").split())
+        into = (indexes if key.endswith((".index-url", ".extra-index-url"))
+                else links if key.endswith(".find-links") else None)
+        if into is not None:
+            into.extend(v for v in value.split() if v not in into)
     return links, indexes or [PYPI_SIMPLE]
 
 
