@@ -163,3 +163,63 @@ def test_sim_investigate_names_the_nccl_release(tmp_path, ray_session):
     assert cause["release"] == "2.28.0"
     answer = json.loads((runs / "inv" / "findings-investigate.json").read_text())["answer"]
     assert "regression in 2.28.0 against 2.27.7" in answer["sentence"], answer["sentence"]
+
+
+def test_bisect_over_an_index_names_the_release_with_its_date(tmp_path, ray_session):
+    """A PEP 691 index on loopback serving wheels built here, with upload times and one
+    yanked release: pip installs every overlay from it, the answer dates the release, and
+    the yanked one is left out with its reason."""
+    import hashlib
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    versions = ["2.0", "2.1", "2.2", "2.3", "2.4", "2.5"]
+    delays = {v: (60.0 if v >= "2.3" else 20.0) for v in versions}
+    wheels = release_line(tmp_path / "wheels", "slowpkg", delays)
+    files = []
+    for i, v in enumerate(versions):
+        (whl,) = wheels.glob(f"slowpkg-{v}-*.whl")
+        files.append({"filename": whl.name, "url": f"/files/{whl.name}",
+                      "hashes": {"sha256": hashlib.sha256(whl.read_bytes()).hexdigest()},
+                      "upload-time": f"2024-0{i + 1}-15T12:00:00Z",
+                      "yanked": "install error" if v == "2.4" else False})
+
+    class Index(BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802 - http.server's name
+            if self.path.rstrip("/") == "/simple/slowpkg":
+                body = json.dumps({"meta": {"api-version": "1.1"}, "name": "slowpkg",
+                                   "files": files}).encode()
+                kind = "application/vnd.pypi.simple.v1+json"
+            elif self.path.startswith("/files/") and (wheels / self.path[7:]).is_file():
+                body, kind = (wheels / self.path[7:]).read_bytes(), "application/octet-stream"
+            else:
+                self.send_error(404)
+                return
+            self.send_response(200)
+            self.send_header("Content-Type", kind)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Index)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}/simple"
+        args = [a for a in _args(tmp_path, wheels, "index", "good=2.0", "bad=2.5",
+                                 f"packages.index_url={url}")
+                if not a.startswith(("packages.find_links", "good=1", "bad=1"))]
+        code = bisect_cmd.run(compose_config("bisect", args))
+    finally:
+        server.shutdown()
+        server.server_close()
+    doc = _findings(tmp_path, "index")
+    assert code == 0, doc["message"]
+    top = doc["findings"][0]
+    assert (top["release"], top["parent"], top["date"]) == ("2.3", "2.2", "2024-04-15")
+    assert doc["answer"]["causes"][0]["label"] == "slowpkg 2.2 -> 2.3 (released 2024-04-15)"
+    assert doc["package"]["excluded"] == [{"version": "2.4", "why": "yanked: install error"}]
+    assert [r["version"] for r in doc["package"]["releases"]] == ["2.0", "2.1", "2.2", "2.3",
+                                                                  "2.5"]
