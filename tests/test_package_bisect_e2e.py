@@ -223,3 +223,17 @@ def test_bisect_over_an_index_names_the_release_with_its_date(tmp_path, ray_sess
     assert doc["package"]["excluded"] == [{"version": "2.4", "why": "yanked: install error"}]
     assert [r["version"] for r in doc["package"]["releases"]] == ["2.0", "2.1", "2.2", "2.3",
                                                                   "2.5"]
+
+
+def test_a_release_search_stopped_at_its_budget_continues_with_a_larger_one(tmp_path,
+                                                                          ray_session):
+    delays = {v: (60.0 if i >= 6 else 20.0) for i, v in enumerate(VERSIONS)}
+    wheels = release_line(tmp_path / "wheels", "slowpkg", delays)
+    code = bisect_cmd.run(compose_config("bisect", _args(tmp_path, wheels, "budget",
+                                                         "max_trials=6")))
+    assert code == 3 and _findings(tmp_path, "budget")["verdict"] == "budget_exhausted"
+    code = bisect_cmd.run(compose_config("bisect", [f"runs_dir={tmp_path / 'runs'}",
+                                                    "run_id=budget", "max_trials=200"]))
+    doc = _findings(tmp_path, "budget")
+    assert code == 0, doc["message"]
+    assert doc["findings"][0]["release"] == "1.6" and doc["package"]["name"] == "slowpkg"

@@ -194,3 +194,35 @@ def test_without_a_source_pip_configuration_names_the_index(index, monkeypatch):
     monkeypatch.delenv("PIP_FIND_LINKS", raising=False)
     found, source = list_all(_settings(), "slowpkg", sys.executable)
     assert source == url and sorted(str(v) for v in found) == ["1.0", "1.1", "1.2", "1.3"]
+
+
+def test_investigate_names_the_release_in_the_isolate_cause_and_can_be_turned_off():
+    from omegaconf import OmegaConf
+
+    from orchestrator.commands import investigate_release as follow
+
+    cause = {"kind": "package", "id": "nvidia-nccl-cu12", "probability": 0.999,
+             "summary": "nvidia-nccl-cu12: 2.27.5 -> 2.28.3",
+             "differences": [{"factor": "package", "key": "nvidia-nccl-cu12", "good": "2.27.5",
+                              "bad": None, "now": "2.28.3",
+                              "label": "nvidia-nccl-cu12: 2.27.5 -> 2.28.3"}]}
+    weak = {**cause, "id": "xgrammar", "probability": 0.6}
+    pair = {**cause, "interaction": True, "differences": cause["differences"] * 2}
+    isolate = {"findings": [weak, pair, cause]}
+    assert follow.harmful_packages(isolate, 0.99) == [cause]
+    assert follow._versions(cause["differences"][0]) == ("2.27.5", "2.28.3")
+    off = OmegaConf.create({"packages": {"bisect": False}, "confidence": 0.99})
+    assert follow.follow(off, None, None, isolate, None) is None  # nothing listed, nothing run
+    release = {"verdict": "found", "package": {"versions": [
+        {"version": v} for v in ("2.27.5", "2.27.7", "2.28.0", "2.28.3", "2.28.7")]},
+        "findings": [
+            {"kind": "package", "release": "2.28.7", "parent": "2.28.3", "step": "fix"},
+            {"kind": "package", "release": "2.28.0", "parent": "2.27.7", "step": "regression",
+             "date": "2025-06-01"}]}
+    follow.name_release(cause, release)
+    assert cause["release"] == "2.28.0"
+    assert cause["label"] == ("nvidia-nccl-cu12 2.27.5 -> 2.28.3 (regression in 2.28.0 against"
+                              " 2.27.7, released 2025-06-01; fix in 2.28.7 against 2.28.3)")
+    from orchestrator.answer.compose import cause_label
+
+    assert cause_label(cause) == cause["label"]
