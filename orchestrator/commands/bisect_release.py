@@ -42,7 +42,11 @@ def name_of(cfg: DictConfig) -> str:
 
 def validate(cfg: DictConfig) -> None:
     name = name_of(cfg)
-    parse_pin(f"{name}==0")  # a package name, or one clear line
+    try:
+        parse_pin(f"{name}==0")
+    except UserError:
+        raise UserError(f"package={name}: not a package name (package=NAME, e.g."
+                        " package=nvidia-nccl-cu12)") from None
     check_version(name, cfg.good)
     check_version(name, cfg.bad)
     if canonical(name) in packages.fixed_pins(cfg):
