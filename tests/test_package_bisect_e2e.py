@@ -237,3 +237,23 @@ def test_a_release_search_stopped_at_its_budget_continues_with_a_larger_one(tmp_
     doc = _findings(tmp_path, "budget")
     assert code == 0, doc["message"]
     assert doc["findings"][0]["release"] == "1.6" and doc["package"]["name"] == "slowpkg"
+
+
+def test_a_release_pip_cannot_install_is_skipped_and_the_answer_says_which_two(tmp_path,
+                                                                              ray_session):
+    """1.5, the release before the slow one, exists only as a wheel for another interpreter:
+    its trial fails to prepare, it is never counted as slow or fast, and the answer is the
+    honest one: 1.5 or 1.6, measured against 1.4."""
+    delays = {v: (60.0 if i >= 6 else 20.0) for i, v in enumerate(VERSIONS)}
+    wheels = release_line(tmp_path / "wheels", "slowpkg", delays, broken=("1.5",))
+    code = bisect_cmd.run(compose_config("bisect", _args(tmp_path, wheels, "skip")))
+    doc = _findings(tmp_path, "skip")
+    assert code == 0, doc["message"]
+    top = doc["findings"][0]
+    assert (top["release"], top["parent"], top["range"]) == ("1.6", "1.4", ["1.5", "1.6"])
+    assert "(one of 2 releases: neighbours that could not be installed or run)" in top["summary"]
+    status = {s["version"]: s for s in doc["package"]["versions"]}
+    assert status["1.5"]["measured"] == 0
+    assert status["1.5"]["skipped"].startswith("prepare_failed:")
+    assert "slowpkg==1.5" in status["1.5"]["skipped"]
+    assert any(n.startswith("releases skipped: 1.5 (prepare_failed") for n in doc["notes"])

@@ -226,3 +226,13 @@ def test_investigate_names_the_release_in_the_isolate_cause_and_can_be_turned_of
     from orchestrator.answer.compose import cause_label
 
     assert cause_label(cause) == cause["label"]
+
+
+def test_package_name_is_refused_outside_bisect(tmp_path):
+    from orchestrator.commands import common
+
+    cfg = compose_config("isolate", ["target=command", "target.bench=true", "package=slowpkg",
+                                     f"runs_dir={tmp_path}"])
+    with pytest.raises(UserError, match="package=slowpkg searches releases: it is for sleuth"
+                                        " bisect"):
+        common.check_common(cfg)
