@@ -236,3 +236,9 @@ def test_package_name_is_refused_outside_bisect(tmp_path):
     with pytest.raises(UserError, match="package=slowpkg searches releases: it is for sleuth"
                                         " bisect"):
         common.check_common(cfg)
+
+
+def test_a_short_sha_of_digits_keeps_its_leading_zero_and_null_stays_null():
+    cfg = compose_config("bisect", ["target=command", "target.bench=true", "good=0123456",
+                                    "bad=null"])
+    assert (cfg.good, cfg.bad) == ("0123456", None)

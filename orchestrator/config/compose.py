@@ -69,7 +69,7 @@ _PACKAGE_KEY = re.compile(r"^(\+{0,2})package=(.*)$", re.S)
 
 # A bisect's endpoints are refs or versions, strings as typed: Hydra would read `good=1.10` as
 # the float 1.1 (another version) and `good=0123456` as a number without its leading zero.
-_ENDPOINT = re.compile(r"^(?:good|bad)=[A-Za-z0-9._+!-]+$")
+_ENDPOINT = re.compile(r"^(?:good|bad)=(?!null$)[A-Za-z0-9._+!-]+$")
 
 
 def _package_override(override: str) -> str:
