@@ -41,6 +41,7 @@ def name_of(cfg: DictConfig) -> str:
 
 
 def validate(cfg: DictConfig) -> None:
+    """A package name and two exact versions, the package not also pinned for every point."""
     name = name_of(cfg)
     try:
         parse_pin(f"{name}==0")
@@ -63,14 +64,23 @@ def plan(cfg: DictConfig) -> tuple[list[CommitInfo], list[Candidate], dict]:
                                pre=bool(cfg.package.pre), python=packages.interpreter(cfg))
     # The endpoints must install: bad input otherwise (one line, nothing written).
     packages.require(cfg, {name: listing.versions[0]}, {name: listing.versions[-1]})
+    commits, points = as_points(listing, base, fixed)
+    return commits, points, release_doc(listing)
+
+
+def as_points(listing: Listing, base: Candidate, pins: Mapping[str, str]
+              ) -> tuple[list[CommitInfo], list[Candidate]]:
+    """Each release as the strategy and the report read a commit (the version as its `sha`,
+    the one before as its parent), and as a candidate: `base` with `pins` and the release."""
     commits, prev = [], ()
     for r in listing.releases:
-        commits.append(CommitInfo(sha=r.version, parents=prev, subject=f"{name} {r.version}",
-                                  author="", date=r.date, files=()))
+        commits.append(CommitInfo(sha=r.version, parents=prev,
+                                  subject=f"{listing.name} {r.version}", author="", date=r.date,
+                                  files=()))
         prev = (r.version,)
-    points = [dataclasses.replace(base, packages=pin_list({**fixed, name: v}))
+    points = [dataclasses.replace(base, packages=pin_list({**pins, listing.name: v}))
               for v in listing.versions]
-    return commits, points, release_doc(listing)
+    return commits, points
 
 
 def release_doc(listing: Listing) -> dict:

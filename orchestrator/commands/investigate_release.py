@@ -12,7 +12,6 @@ only says where in the line the change came from, in its own findings (`findings
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Mapping
 
 from omegaconf import DictConfig, OmegaConf
@@ -21,10 +20,8 @@ from orchestrator.answer.text import change_label
 from orchestrator.commands import bisect, bisect_release
 from orchestrator.errors import UserError
 from orchestrator.packages import plan as packages
-from orchestrator.packages.pins import pin_list
 from orchestrator.packages.releases import releases_between
 from orchestrator.run import findings
-from orchestrator.workspace import CommitInfo
 
 
 def harmful_packages(doc: Mapping, confidence: float) -> list[dict]:
@@ -74,14 +71,7 @@ def follow(cfg: DictConfig, ctl, run_dir, isolate_doc: dict, out, progress=None
         if base is None:
             continue
         out.print(f"\n== which release of {name}: {ends[0]} -> {ends[1]} ==")
-        commits, prev = [], ()
-        for r in listing.releases:
-            commits.append(CommitInfo(sha=r.version, parents=prev, subject=f"{name} {r.version}",
-                                      author="", date=r.date, files=()))
-            prev = (r.version,)
-        pins = base.package_dict
-        points = [dataclasses.replace(base, packages=pin_list({**pins, name: v}))
-                  for v in listing.versions]
+        commits, points = bisect_release.as_points(listing, base, base.package_dict)
         step = OmegaConf.merge(cfg, {"first_parent": True, "reference": None})
         _, doc = bisect.execute(step, ctl, run_dir, commits, points, None, out,
                                 findings_name="release", progress=progress,
