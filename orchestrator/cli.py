@@ -18,7 +18,7 @@ from orchestrator.ui.safe_text import printable
 COMMANDS = {
     "investigate": "why is it slower? from a reference run (or good..bad) to an answer",
     "trial": "measured trials of one candidate (restarts=N makes a reference)",
-    "bisect": "the commit(s) between good=REF and bad=REF that moved a metric",
+    "bisect": "the commit(s) (package=NAME: releases) that moved a metric",
     "resume": "finish an interrupted run: sleuth resume RUN",
     "report": "a run's answer and findings: terminal, report.md, report.html",
     "isolate": "which differences between good.* and bad.* (or since a reference)",

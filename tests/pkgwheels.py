@@ -60,3 +60,19 @@ def build_test_wheels(base: Path) -> Path:
     pip_wheel(base / "src", out, "slowimp", "2.0", {"slowimp/__init__.py": SLOW_INIT})
     write_wheel(out, "nvidia-nccl-cu12", "2.27.5", wheel_files("nvidia-nccl-cu12", "2.27.5"))
     return out
+
+
+def release_line(out: Path, name: str, delays_ms: Mapping[str, float],
+                 broken: tuple[str, ...] = ()) -> Path:
+    """A wheel directory holding one wheel per release of `name`, each taking its
+    `delays_ms[version]` to import (a release line with planted slow ones). A `broken` release
+    exists only as a wheel for another interpreter (CPython 2.7, win32): listed by the
+    directory, installable by no pip here."""
+    from orchestrator.packages.wheels import write_wheel
+
+    for version, ms in delays_ms.items():
+        init = f"import time\ntime.sleep({ms / 1000!r})\n__version__ = {version!r}\n"
+        path = write_wheel(out, name, version, {f"{name}/__init__.py": init})
+        if version in broken:
+            path.rename(path.with_name(path.name.replace("py3-none-any", "cp27-cp27m-win32")))
+    return out

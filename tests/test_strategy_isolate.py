@@ -412,3 +412,23 @@ def test_system_stories_through_the_difference_model(story: str) -> None:
         if story == "seed_system":
             assert outcome.named == {"sm_clock_locked_mhz", "NCCL_PROTO"}
             assert outcome.n_changes == 22
+
+
+def test_a_significant_remainder_is_said_unexplained_not_cleared() -> None:
+    """One difference makes the metric x10 while five others each take 8% off (together about
+    -34%, none a cause on its own at a x10 change's tolerance). The five are not named, but the
+    rest of bad still measures apart from good: the answer must not call that cleared."""
+    for seed in range(2):
+        strategy = IsolateStrategy(6, labels=["jsonschema"] + [f"pkg{i}" for i in range(1, 6)])
+        verdict, _ = drive(strategy, oracle({0: 9.0, **{i: -0.08 for i in range(1, 6)}},
+                                            cv=0.03, seed=seed), seed=seed)
+        assert verdict.status == "found" and named(verdict) == {("single", (0,))}
+        lo, hi = verdict.residual_ci
+        assert hi < 0 and lo < -20, verdict.message  # the truth: 0.92**5 - 1 = -34%
+        assert "are cleared" not in verdict.message
+        assert (f"without the named causes bad still measures {verdict.residual_pct:+.1f}%"
+                in verdict.message and "that remainder is unexplained" in verdict.message)
+        from orchestrator.commands.isolate import _remainder
+
+        rest = _remainder(verdict)["remainder"]  # what the findings carry
+        assert rest["unexplained"] and rest["ci"][1] < 0 and rest["pct"] < -20

@@ -38,6 +38,8 @@ def cause_label(finding: Mapping) -> str:
     levels (`power limit 600 W -> 450 W`), a pair joined by `+`."""
     if finding.get("kind") == "commit":
         return T.commit_label(str(finding.get("id", "")), finding.get("subject"))
+    if finding.get("kind") == "package" and finding.get("release") and finding.get("label"):
+        return str(finding["label"])  # a release against the one before it
     diffs = finding.get("differences") or []
     if diffs:
         joined = " with ".join(T.change_label(str(d.get("label") or d.get("key"))) for d in diffs)

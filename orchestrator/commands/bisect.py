@@ -11,6 +11,9 @@ run that stopped at its budget with a larger one.
 With `first_parent=false` the whole commit graph between the endpoints is searched: a commit is
 bad when it descends from the culprit (as `git bisect` treats history), and a culprit is
 verified against its real git parent(s), listed as points even when they lie outside the range.
+
+`sleuth bisect package=NAME good=V1 bad=V2 [package.pre=true] packages.find_links=DIR ...`
+searches the releases of a package instead, at the run's commit (`bisect_release`).
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ from typing import TYPE_CHECKING
 
 from omegaconf import DictConfig, OmegaConf
 
-from orchestrator.commands import common
+from orchestrator.commands import bisect_release, common
 from orchestrator.config import params as experiment_params
 from orchestrator.config.bisect import bisect_strategy
 from orchestrator.control.drive import drive, unreported
@@ -64,6 +67,9 @@ def validate(cfg: DictConfig) -> None:
         raise UserError(f"confidence must be between 0.5 and 1 (exclusive), got {cfg.confidence}")
     if cfg.max_trials is not None and int(cfg.max_trials) < 4:
         raise UserError(f"max_trials must be at least 4 (got {cfg.max_trials})")
+    if bisect_release.name_of(cfg):
+        bisect_release.validate(cfg)
+        cfg.first_parent = True  # releases are a line
 
 
 def prior_weights(commits: list[CommitInfo], paths: list[str], ws, untouched: float) -> list[float] | None:
@@ -100,9 +106,11 @@ def reference_level(cfg: DictConfig) -> tuple[float, str] | None:
 
 
 def _save_plan(run_dir: Path, commits: list[CommitInfo], points: list[Candidate],
-               weights: list[float] | None) -> None:
+               weights: list[float] | None, release: dict | None = None) -> None:
     doc = {"commits": [dataclasses.asdict(c) for c in commits],
            "candidates": [p.to_json() for p in points], "prior_weights": weights}
+    if release is not None:  # a search of a package's releases: the versions stand as commits
+        doc["release"] = release
     (run_dir / "commits.json").write_text(json.dumps(doc, indent=1) + "\n")
 
 
@@ -113,6 +121,10 @@ def _load_plan(run_dir: Path) -> tuple[list[CommitInfo], list[Candidate], list[f
     return commits, [Candidate.from_json(c) for c in doc["candidates"]], doc["prior_weights"]
 
 
+def _load_release(run_dir: Path) -> dict | None:
+    return json.loads((run_dir / "commits.json").read_text()).get("release")
+
+
 def run(cfg: DictConfig) -> int:
     if cfg.run_id and (runs_root(cfg) / str(cfg.run_id)).exists():
         budget = int(cfg.max_trials) if cfg.max_trials is not None else None
@@ -121,11 +133,16 @@ def run(cfg: DictConfig) -> int:
         return resume(runs_root(cfg) / str(cfg.run_id), max_trials=budget)
     validate(cfg)
     reference_level(cfg)  # a bad reference is bad input: refused before anything is written
-    commits, points, weights = plan(cfg)
+    release = None
+    if bisect_release.name_of(cfg):
+        commits, points, release = bisect_release.plan(cfg)
+        weights = None
+    else:
+        commits, points, weights = plan(cfg)
     bisect_strategy(cfg, len(points), weights, commits)  # constructor checks before anything runs
     run_dir, store = create_run(cfg)
-    _save_plan(run_dir, commits, points, weights)
-    return _execute(cfg, run_dir, store, commits, points, weights)
+    _save_plan(run_dir, commits, points, weights, release)
+    return _execute(cfg, run_dir, store, commits, points, weights, release)
 
 
 def resume(run_dir: Path, max_trials: int | None = None) -> int:
@@ -143,7 +160,7 @@ def resume(run_dir: Path, max_trials: int | None = None) -> int:
     out = render.console()
     out.print(common.resume_notice(run_dir, store))
     store.set_status("running")
-    return _execute(cfg, run_dir, store, commits, points, weights)
+    return _execute(cfg, run_dir, store, commits, points, weights, _load_release(run_dir))
 
 
 def _progress_line(verdict: Verdict, commits: list[CommitInfo], n_obs: int,
@@ -232,11 +249,17 @@ def _flag_outliers(store: RunStore, verdict: Verdict) -> None:
 
 
 def execute(cfg, ctl: Controller, run_dir: Path, commits, points, weights, out,
-            findings_name: str | None = None, progress=None) -> tuple[Verdict, dict]:
-    """Bisect on a running controller; writes findings.json and returns the verdict and it."""
+            findings_name: str | None = None, progress=None,
+            release: dict | None = None) -> tuple[Verdict, dict]:
+    """Bisect on a running controller; writes findings.json and returns the verdict and it.
+    ``release``: the points are a package's releases (`bisect_release`), not commits."""
     graph = "" if cfg.get("first_parent", True) else " (the full commit graph)"
-    out.print(f"bisecting {len(commits)} commits {commits[0].sha[:10]}..{commits[-1].sha[:10]}"
-              f"{graph} on {cfg.metric} with {len(ctl.nodes)} node(s)")
+    if release is not None:
+        out.print(f"{bisect_release.opening(release)} on {cfg.metric} with {len(ctl.nodes)}"
+                  " node(s)")
+    else:
+        out.print(f"bisecting {len(commits)} commits {commits[0].sha[:10]}.."
+                  f"{commits[-1].sha[:10]}{graph} on {cfg.metric} with {len(ctl.nodes)} node(s)")
     reference = reference_level(cfg)
     strategy = bisect_strategy(cfg, len(points), weights, commits,
                          reference_value=reference[0] if reference else None)
@@ -252,7 +275,9 @@ def execute(cfg, ctl: Controller, run_dir: Path, commits, points, weights, out,
                               str(cfg.metric),
                               on_change=lambda text: (progress.note if progress is not None
                                                       else out.print)(text), prior=prior)
-    if not (run_dir / "commits.json").exists():  # the report replays the posterior from it
+    # The report replays the posterior from it (a commit range's: an investigation's release
+    # search leaves it to the range's bisect)
+    if release is None and not (run_dir / "commits.json").exists():
         _save_plan(run_dir, commits, points, weights)
     labels = [c.sha[:10] for c in commits]
     budget = strategy.budget
@@ -295,15 +320,20 @@ def execute(cfg, ctl: Controller, run_dir: Path, commits, points, weights, out,
     _flag_outliers(ctl.store, verdict)
     doc = findings.bisect_findings(run_id=ctl.store.run_id, metric=str(cfg.metric), verdict=verdict,
                                    commits=commits, keys=[p.key for p in points], rows=rows)
+    if release is not None:
+        doc = bisect_release.rewrite(doc, release, rows, [p.key for p in points],
+                                     metric=str(cfg.metric), direction=str(cfg.direction))
     changes = system_changes(rows)
     doc["system_changes"] = [c.to_json() for c in changes]
     design.update(rows, [o.trial_id for o in verdict.outliers if o.trial_id is not None])
     doc["repetitions"] = design.summary(rows)
     path = findings.write(run_dir, doc, findings_name)
     out.print(render.findings_table(doc))
-    out.print(verdict.message)
+    out.print(doc["message"])
+    for line in bisect_release.step_lines(doc):
+        out.print(line)
     out.print(f"cost: {design.line(rows)}")
-    for note in verdict.notes:
+    for note in doc.get("notes", verdict.notes):
         if note not in said:
             out.print(note)
     hint = min_effect_hint(verdict, experiment_params.of(cfg))
@@ -321,7 +351,8 @@ def execute(cfg, ctl: Controller, run_dir: Path, commits, points, weights, out,
     return verdict, doc
 
 
-def _execute(cfg, run_dir: Path, store: RunStore, commits, points, weights) -> int:
+def _execute(cfg, run_dir: Path, store: RunStore, commits, points, weights,
+             release: dict | None = None) -> int:
     from orchestrator.control.controller import Controller
 
     out = render.console()
@@ -329,7 +360,7 @@ def _execute(cfg, run_dir: Path, store: RunStore, commits, points, weights) -> i
         with Progress(out) as progress, \
                 Controller(cfg, store, run_dir, on_event=progress.on_event) as ctl:
             verdict, doc = execute(cfg, ctl, run_dir, commits, points, weights, out,
-                                   progress=progress)
+                                   progress=progress, release=release)
         print_answer(out, doc.get("answer"))
         run.status = "done" if verdict.status == "found" else "inconclusive"
         return 0 if verdict.status == "found" else EXIT_INCONCLUSIVE

@@ -48,6 +48,11 @@ def check_common(cfg: DictConfig) -> None:
         check_env(env)
     ClockPolicy.parse(str(cfg.clock))
     packages.check_settings(cfg)
+    if ((cfg.get("package") or {}).get("name") and cfg.get("command") is not None
+            and cfg.get("command") != "bisect"):
+        raise UserError(f"package={cfg.package.name} searches releases: it is for sleuth bisect"
+                        " (package=NAME good=V1 bad=V2); pin a version with"
+                        " packages=[NAME==VERSION]")
     if cfg.get("command") == "sweep":  # a sweep optimises: maximize | minimize (or auto)
         from orchestrator.config.sweep import maximize
 

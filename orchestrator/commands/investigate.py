@@ -36,7 +36,7 @@ from orchestrator.answer.combine import LogChange
 from orchestrator.answer.compose import for_investigation
 from orchestrator.answer.phases import log_change, mechanism
 from orchestrator.answer.text import commit_label
-from orchestrator.commands import bisect, common, compare, isolate, sweep
+from orchestrator.commands import bisect, common, compare, investigate_release, isolate, sweep
 from orchestrator.config import params as experiment_params
 from orchestrator.config.bisect import bisect_strategy
 from orchestrator.control.controller import Controller
@@ -183,6 +183,10 @@ def execute(cfg: DictConfig, ctl: Controller, run_dir: Path, p: Plan, ws, out,
                                             out, progress)
             if result is not None:
                 docs["isolate"] = result[1]
+                found = investigate_release.follow(cfg, ctl, run_dir, docs["isolate"], out,
+                                                   progress)
+                if found is not None:  # the isolate's package cause now names the release
+                    docs["release"] = found
     if p.commits:
         out.print("\n== the code: bisect the range under today's system ==")
         _, docs["bisect"] = bisect.execute(cfg, ctl, run_dir, p.commits, p.points, p.weights,

@@ -41,6 +41,7 @@ from orchestrator.stats import caveats
 from orchestrator.store import RunStore
 from orchestrator.strategies.base import Verdict, probability_relation
 from orchestrator.strategies.isolate import IsolateStrategy
+from orchestrator.strategies.isolate_report import remainder_stands
 from orchestrator.system.differences import (
     KINDS,
     Change,
@@ -211,6 +212,7 @@ def execute(cfg: DictConfig, ctl: Controller, run_dir: Path, good: dict, changes
            "verdict": verdict.status, "message": verdict.message,
            "confidence": float(verdict.probability), "n_trials": verdict.n_trials,
            "cleared": [changes[i].to_json() for i in verdict.cleared],
+           **_remainder(verdict),
            "differences": [c.to_json() for c in changes],
            "findings": [{"rank": i.pop("rank"), **i} for i in items]}
     system = system_changes(rows)
@@ -230,11 +232,25 @@ def execute(cfg: DictConfig, ctl: Controller, run_dir: Path, good: dict, changes
     if silent:
         out.print(f"warning: {silent}")
     if verdict.cleared:
+        rest = doc.get("remainder")
         out.print(f"cleared ({len(verdict.cleared)}): "
                   + ", ".join(changes[i].label for i in verdict.cleared[:12])
-                  + (" ..." if len(verdict.cleared) > 12 else ""))
+                  + (" ..." if len(verdict.cleared) > 12 else "")
+                  + (f"; but a remainder of {rest['pct']:+.1f}% [{rest['ci'][0]:+.1f}%,"
+                     f" {rest['ci'][1]:+.1f}%] stands unexplained" if rest else ""))
     out.print(f"findings: {path}")
     return verdict, doc
+
+
+def _remainder(verdict) -> dict:
+    """`{"remainder": ...}` when bad without the named causes still measures apart from good:
+    differences listed as cleared do not then explain the rest, and the findings say how
+    large the unexplained part is."""
+    ci = getattr(verdict, "residual_ci", None)
+    if verdict.status != "found" or not remainder_stands(ci):
+        return {}
+    return {"remainder": {"pct": round(float(verdict.residual_pct), 3),
+                          "ci": [round(float(x), 3) for x in ci], "unexplained": True}}
 
 
 def isolate_system(cfg: DictConfig, ctl: Controller, run_dir: Path, ref: dict, cdoc: dict,

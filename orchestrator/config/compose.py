@@ -59,7 +59,24 @@ def _as_string(override: str) -> str:
 
 def _open_dict_overrides(overrides: list[str]) -> list[str]:
     return ["++" + (_as_string(o) if _ENV_KEY.match(o) else o) if _OPEN_DICT_KEY.match(o) else o
-            for o in map(_pins_override, overrides)]
+            for o in map(_package_override, map(_pins_override, overrides))]
+
+
+# `bisect package=NAME` names the package whose releases are searched; `package.pre=true`
+# sits beside it in the same group.
+_PACKAGE_KEY = re.compile(r"^(\+{0,2})package=(.*)$", re.S)
+
+
+# A bisect's endpoints are refs or versions, strings as typed: Hydra would read `good=1.10` as
+# the float 1.1 (another version) and `good=0123456` as a number without its leading zero.
+_ENDPOINT = re.compile(r"^(?:good|bad)=(?!null$)[A-Za-z0-9._+!-]+$")
+
+
+def _package_override(override: str) -> str:
+    m = _PACKAGE_KEY.match(override)
+    if m:
+        return f"{m.group(1)}package.name={m.group(2)}"
+    return _as_string(override) if _ENDPOINT.match(override) else override
 
 
 # Package pins (`packages=[flashinfer-python==0.2.3]`, `good.packages=[...]`): Hydra cannot

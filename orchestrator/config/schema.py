@@ -264,6 +264,18 @@ class PackagesConf:
     # Overlays under runs_dir/.cache/overlays; past this the least recently used are removed.
     max_gb: float = ranged(20.0, gt=0)
     timeout_s: float = ranged(1800.0, gt=0)
+    # `investigate`: a package change isolate proved harmful is followed by a search of the
+    # releases in between (`bisect package=NAME`) when the source lists them.
+    bisect: bool = True
+
+
+@dataclass
+class PackageSearchConf:
+    """`sleuth bisect package=NAME good=V1 bad=V2`: the releases of one package searched like
+    commits (see `orchestrator/packages/releases.py`). `package=NAME` sets `name`."""
+
+    name: str = ""
+    pre: bool = False  # pre-releases and development releases take part too
 
 
 @dataclass
@@ -352,6 +364,7 @@ class Config:
     trial: TrialConf = field(default_factory=TrialConf)
     cache: CacheConf = field(default_factory=CacheConf)
     packages: PackagesConf = field(default_factory=PackagesConf)
+    package: PackageSearchConf = field(default_factory=PackageSearchConf)
     experiment: ExperimentConf = field(default_factory=ExperimentConf)
 
 

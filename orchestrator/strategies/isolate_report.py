@@ -172,6 +172,11 @@ def _ci(ci: tuple[float, float] | None) -> str:
     return "" if ci is None else f" [{ci[0]:+.1f}%, {ci[1]:+.1f}%]"
 
 
+def remainder_stands(ci: tuple[float, float] | None) -> bool:
+    """Does bad without the named causes still differ from good (its interval excludes 0)?"""
+    return ci is not None and (ci[0] > 0 or ci[1] < 0)
+
+
 def _culprit_sentence(culprit: IsolateCulprit) -> str:
     names = " + ".join(culprit.labels)
     if culprit.kind == "interaction":
@@ -223,7 +228,14 @@ def describe(strategy: IsolateState) -> IsolateVerdict:
     if found:
         lead = "Found 1 cause" if len(culprits) == 1 else f"Found {len(culprits)} causes"
         message = f"{lead} of the {change} change: {sentences}. "
-        if cleared:
+        if cleared and remainder_stands(residual_ci):
+            # Not "cleared": the rest of bad still differs from good, and no named cause
+            # accounts for it (a remainder of the other differences together, or of the named
+            # causes acting differently in bad than alone).
+            message += f"The other {len(cleared)} differences were not named one by one, but " \
+                f"without the named causes bad still measures {_pct(residual_pct)}" \
+                f"{_ci(residual_ci)} from good: that remainder is unexplained."
+        elif cleared:
             message += f"The other {len(cleared)} differences are cleared: without the named " \
                 f"causes bad measures {_pct(residual_pct)}{_ci(residual_ci)} from good."
         message += f" Probability of this answer {probability_text(probability)}."

@@ -278,6 +278,9 @@ class Change:
                "label": self.label}
         if self.source:
             doc["source"] = self.source
+        for key in ("reference", "now"):  # what each side recorded, for a system difference
+            if getattr(self, key) is not None:
+                doc[key] = getattr(self, key)
         if self.name != self.key:
             doc["level_key"] = self.key
         return doc

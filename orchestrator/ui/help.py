@@ -35,7 +35,8 @@ HELP: dict[str, tuple[tuple[str, ...], tuple[tuple[str, str], ...]]] = {
          ("clock=POLICY", "default | locked:MHZ | power:W | app:MHZ, parts joined by commas"),
          ("bench.repetitions=N", "benchmark repetitions inside each trial"))),
     "bisect": (
-        ("sleuth bisect repo=PATH good=REF bad=REF [metric=verify_ms] [nodes=K]",),
+        ("sleuth bisect repo=PATH good=REF bad=REF [metric=verify_ms] [nodes=K]",
+         "sleuth bisect repo=PATH package=NAME good=V1 bad=V2 packages.find_links=DIR"),
         (("good=REF", "a commit that was fast"),
          ("bad=REF", "a commit that is slow"),
          ("metric=NAME", "what got worse (default verify_ms; value for target=command)"),
@@ -45,7 +46,9 @@ HELP: dict[str, tuple[tuple[str, ...], tuple[tuple[str, str], ...]]] = {
          ("max_trials=N", "stop after N trials with the best guess"),
          ("first_parent=true", "follow the mainline (a merge is one step)"),
          ("paths=[python/sglang/srt]", "commits touching these paths are likelier"),
-         ("experiment.params.min_effect_pct=P", "a change below P% does not count"))),
+         ("experiment.params.min_effect_pct=P", "a change below P% does not count"),
+         ("package=NAME", "search the releases of NAME between versions good and bad"),
+         ("package.pre=true", "pre-releases too (yanked ones only when named)"))),
     "compare": (
         ("sleuth compare reference=RUN [metric=verify_ms] [repo=PATH]",),
         (("reference=RUN", "the run (or fingerprint JSON) to re-measure now"),

@@ -120,6 +120,7 @@ def render_html(data: RunData, plots: Sequence[Plot]) -> str:
         *[f'<p class="note">Not tested: {esc(line)}</p>' for line in T.untested_lines(ranked)],
         *[_finding_section(f) for f in causes],
         *(["<h2>Settings (sweep)</h2>", html_table(T.settings_table(ranked))] if settings else []),
+        *[part for t in T.release_tables(data) for part in ("<h2>Releases</h2>", html_table(t))],
         "<h2>Plots</h2>",
         *([_figure(p) for p in plots] or ['<p class="note">No measured trials to plot.</p>']),
         "<h2>Fingerprint differences</h2>",

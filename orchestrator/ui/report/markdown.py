@@ -82,6 +82,8 @@ def render_markdown(data: RunData, plots: Sequence[Plot], plot_dir: str = "plots
         out += ["No causes named.", ""]
     if settings:
         out += ["## Settings (sweep)", "", md_table(T.settings_table(ranked))]
+    for table in T.release_tables(data):
+        out += ["## Releases", "", md_table(table)]
     out += ["## Plots", ""]
     for p in plots:
         out += [f"### {md_escape(p.title)}", "", f"![{md_escape(p.title)}]({plot_dir}/{p.name}.png)",

@@ -274,3 +274,34 @@ def fingerprint_tables(data: RunData) -> list[TextTable]:
                              rows, "Most plausible cause of a performance change first;"
                              " controllable differences can be tested per trial (isolate)."))
     return out
+
+
+def release_tables(data) -> list[TextTable]:
+    """One table per package release search in the run: every release with its date, the
+    restarts measured, or why it was skipped or left out (what "which versions were measured"
+    asks of a report)."""
+    out = []
+    for doc in data.docs:
+        package = doc.get("package") if isinstance(doc, Mapping) else None
+        if not isinstance(package, Mapping) or "versions" not in package:
+            continue
+        dates = {r.get("version"): r.get("date", "") for r in package.get("releases", [])}
+        named = {f.get("release"): f.get("step", "step") for f in doc.get("findings", [])
+                 if f.get("kind") == "package" and f.get("release")}
+        rows = []
+        for s in package["versions"]:
+            v = s.get("version")
+            if s.get("skipped"):
+                status = f"skipped: {s['skipped']}"
+            elif s.get("measured"):
+                status = "measured" + (f"; {named[v]} here" if v in named else "")
+            else:
+                status = "not needed by the search"
+            rows.append((str(v), str(dates.get(v) or "-"), str(s.get("measured", 0)), status))
+        rows += [(str(e.get("version")), "-", "0", f"left out: {e.get('why')}")
+                 for e in package.get("excluded", [])]
+        out.append(TextTable(key=f"releases-{package.get('name')}",
+                             title=f"releases of {package.get('name')} ({package.get('source')})",
+                             headers=("release", "date", "restarts", "status"),
+                             rows=tuple(rows)))
+    return out
