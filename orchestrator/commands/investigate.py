@@ -9,7 +9,9 @@ restarts=3`, or a fingerprint JSON), sleuth re-measures the reference's whole ca
 (`compare`). If it no longer reproduces, part of the cause is at the system level: the
 fingerprint diff is ranked by mechanism and its controllable differences are tested
 (`isolate`). When `bad` is another commit than the reference's, the range between them is
-bisected too, under today's system (`bisect`). `recover=true` ends with a short sweep of
+bisected too, under today's system (`bisect`); when the system changed, the range is judged
+against the change left once the system's part is taken out (:func:`code_yardstick`), so a
+commit smaller than the system causes beside it is still found. `recover=true` ends with a short sweep of
 `space` (default `nccl_quick`) on the bad commit as the node is now. Then one answer: the total
 change from the reference (then) to the bad commit (now) on the log scale, each named cause with
 its interval, and what they leave unexplained (:mod:`orchestrator.answer`). Exit 0 when the
@@ -27,6 +29,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -183,10 +186,15 @@ def execute(cfg: DictConfig, ctl: Controller, run_dir: Path, p: Plan, ws, out,
                                             out, progress)
             if result is not None:
                 docs["isolate"] = result[1]
+    yardstick = None
     if p.commits:
         out.print("\n== the code: bisect the range under today's system ==")
-        _, docs["bisect"] = bisect.execute(cfg, ctl, run_dir, p.commits, p.points, p.weights,
-                                           out, findings_name="bisect", progress=progress)
+        yardstick = code_yardstick(cfg, ctl.store.trials(), p, docs.get("compare"))
+        if yardstick is not None:
+            out.print(yardstick["line"])
+        _, docs["bisect"] = bisect.execute(
+            cfg, ctl, run_dir, p.commits, p.points, p.weights, out, findings_name="bisect",
+            progress=progress, reference=yardstick["level"] if yardstick else None)
     if p.sweep is not None:
         out.print("\n== recover: a short sweep on the bad commit as the node is now ==")
         space, settings = p.sweep
@@ -205,11 +213,51 @@ def execute(cfg: DictConfig, ctl: Controller, run_dir: Path, p: Plan, ws, out,
         compare_doc=docs.get("compare"), isolate_doc=docs.get("isolate"),
         bisect_doc=docs.get("bisect"), sweep_doc=docs.get("sweep"),
         mechanism=_mechanism(rows, p), next_step=_next_step(cfg, p, docs))
+    if yardstick is not None:
+        result["code_yardstick"] = {k: v for k, v in yardstick.items() if k != "level"}
+        result["sentence"] += f"; {yardstick['said']}"
     doc = {"run": ctl.store.run_id, "experiment": "investigate", "metric": str(cfg.metric),
            "verdict": result["status"], "message": result["sentence"], "findings": [],
            "steps": list(docs), "n_trials": len(rows), "answer": result}
     findings.write(run_dir, doc, "investigate")
     return doc, docs
+
+
+def code_yardstick(cfg: DictConfig, rows, p: Plan, compare_doc: dict | None) -> dict | None:
+    """The level the commit range is judged against when the system changed since the
+    reference: the reference's own candidate measured now, not the reference's level then.
+
+    The bisect rules a range out when its change is confidently under half of the change it
+    hunts. Hunting the whole change since the reference (system causes included) ruled out
+    every code regression smaller than the system's part: a +15% commit under a +28% power
+    cap and stripped variable read as "code not the cause". Taking the reference's commit as
+    it measures today removes the system's part, named or not (an untestable driver too), and
+    leaves the code's: the yardstick reduced by the system effects, measured at one commit
+    rather than summed from causes that may overlap. None when the system did not change or
+    `experiment.params.min_effect_pct` states the yardstick."""
+    if (p.reference is None or compare_doc is None
+            or compare_doc.get("verdict") != "not_reproduced"
+            or experiment_params.of(cfg).min_effect_pct is not None):
+        return None
+    metric = str(cfg.metric)
+    now = [v for v in findings.trial_values(rows, p.base.key, metric) if v > 0]
+    then = [v for v in p.reference["values"].get(metric, []) if v and v > 0]
+    if not now or not then:
+        return None
+    level_now = math.exp(math.fsum(math.log(v) for v in now) / len(now))
+    level_then = math.exp(math.fsum(math.log(v) for v in then) / len(then))
+    system_pct = 100.0 * (level_now / level_then - 1.0)
+    name = str(p.reference.get("name", "the reference"))
+    what = (f"the reference's commit measured now (the system's part since reference run"
+            f" {name}, {system_pct:+.1f}%, taken out)")
+    return {"level": (level_now, name, what), "system_pct": round(system_pct, 3),
+            "how": "yardstick_reduced",
+            "line": (f"the range is judged against the change left once the system's part is"
+                     f" taken out: the reference's commit measures {metric} {system_pct:+.1f}%"
+                     " now against then"),
+            "said": (f"the code range was judged without the system's part (yardstick reduced"
+                     f" by the {system_pct:+.1f}% the reference's commit measures now against"
+                     " then)")}
 
 
 def _next_step(cfg: DictConfig, p: Plan, docs: dict[str, dict]) -> str:
