@@ -37,6 +37,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from orchestrator.answer.combine import LogChange
 from orchestrator.answer.compose import for_investigation
+from orchestrator.answer.epochs import mark_system_change
 from orchestrator.answer.phases import log_change, mechanism
 from orchestrator.answer.text import commit_label
 from orchestrator.commands import bisect, common, compare, isolate, sweep
@@ -49,6 +50,7 @@ from orchestrator.records import Candidate
 from orchestrator.run import findings
 from orchestrator.run.rundir import create_run, running
 from orchestrator.store import RunStore
+from orchestrator.system.watch import latest_epoch, system_changes
 from orchestrator.ui import render
 from orchestrator.ui.progress import Progress
 from orchestrator.ui.report.terminal import print_answer
@@ -170,9 +172,15 @@ def execute(cfg: DictConfig, ctl: Controller, run_dir: Path, p: Plan, ws, out,
     """Every step on a running controller; returns the investigation's document (with its
     answer) and the steps' findings documents by experiment."""
     docs: dict[str, dict] = {}
+    marks: dict[str, int] = {}  # the first trial id of each step, for a node that changes
+
+    def mark(step: str) -> None:
+        marks[step] = max((r.id for r in ctl.store.trials()), default=0) + 1
+
     ref = p.reference
     if ref is not None:
         out.print("\n== the reference, re-measured now ==")
+        mark("compare")
         done = run_dir / "findings-compare.json"
         if done.exists():  # a resumed run: the compare finished before
             docs["compare"] = json.loads(done.read_text())
@@ -182,6 +190,7 @@ def execute(cfg: DictConfig, ctl: Controller, run_dir: Path, p: Plan, ws, out,
                                               out, findings_name="compare", progress=progress)
         if docs["compare"]["verdict"] == "not_reproduced":
             out.print("\n== the system: which differences cause it ==")
+            mark("isolate")
             result = isolate.isolate_system(cfg, ctl, run_dir, ref, docs["compare"], ws.resolve,
                                             out, progress)
             if result is not None:
@@ -189,6 +198,7 @@ def execute(cfg: DictConfig, ctl: Controller, run_dir: Path, p: Plan, ws, out,
     yardstick = None
     if p.commits:
         out.print("\n== the code: bisect the range under today's system ==")
+        mark("bisect")
         yardstick = code_yardstick(cfg, ctl.store.trials(), p, docs.get("compare"))
         if yardstick is not None:
             out.print(yardstick["line"])
@@ -197,12 +207,16 @@ def execute(cfg: DictConfig, ctl: Controller, run_dir: Path, p: Plan, ws, out,
             progress=progress, reference=yardstick["level"] if yardstick else None)
     if p.sweep is not None:
         out.print("\n== recover: a short sweep on the bad commit as the node is now ==")
+        mark("sweep")
         space, settings = p.sweep
         _, docs["sweep"] = sweep.execute(cfg, ctl, run_dir, space, settings, p.bad_candidate,
                                          out, progress=progress)
         findings.write(run_dir, docs["sweep"], "sweep")
     rows = ctl.store.trials()
-    whole, extra = _whole(cfg, rows, p)
+    now_rows = latest_epoch(rows)  # one system: the latest, where the bad state was measured
+    if not findings.trial_values(now_rows, p.bad_candidate.key, str(cfg.metric)):
+        now_rows = rows
+    whole, extra = _whole(cfg, now_rows, p)
     bad_label = _label(p.bad_candidate, p.commits, ws) + " now"
     if ref is not None:
         start = f"the reference ({_label(p.base, p.commits, ws)}, then)"
@@ -212,7 +226,10 @@ def execute(cfg: DictConfig, ctl: Controller, run_dir: Path, p: Plan, ws, out,
         str(cfg.metric), whole, whole_extra=extra, reference=start, bad=bad_label,
         compare_doc=docs.get("compare"), isolate_doc=docs.get("isolate"),
         bisect_doc=docs.get("bisect"), sweep_doc=docs.get("sweep"),
-        mechanism=_mechanism(rows, p), next_step=_next_step(cfg, p, docs))
+        mechanism=_mechanism(now_rows, p), next_step=_next_step(cfg, p, docs))
+    changed = [c.to_json() for c in system_changes(rows)]
+    if changed:
+        mark_system_change(result, changed, **_epoch_parts(rows, changed[-1], marks))
     if yardstick is not None:
         result["code_yardstick"] = {k: v for k, v in yardstick.items() if k != "level"}
         result["sentence"] += f"; {yardstick['said']}"
@@ -221,6 +238,26 @@ def execute(cfg: DictConfig, ctl: Controller, run_dir: Path, p: Plan, ws, out,
            "steps": list(docs), "n_trials": len(rows), "answer": result}
     findings.write(run_dir, doc, "investigate")
     return doc, docs
+
+
+def _epoch_parts(rows, change: dict, marks: dict[str, int]) -> dict[str, list[str]]:
+    """Which steps ran on the new state after a node changed (the isolate and the bisect take
+    their decisions again on the new system's trials) and which ran only before it, from the
+    first trial id of each step (`marks`, in the order the steps ran)."""
+    after = int(change.get("after_trial") or 0)
+    names = {"compare": "the reference re-measured now (the system's part)"}
+    steps = list(marks.items())
+    remeasured, stale = [], []
+    for n, (step, first) in enumerate(steps):
+        end = steps[n + 1][1] if n + 1 < len(steps) else None
+        ran_after = any(r.finished and r.id >= max(first, after) and (end is None or r.id < end)
+                        for r in rows)
+        if step == "compare" or not ran_after:
+            stale.append(names.get(step, step))
+        else:
+            remeasured.append(step)
+    return {"remeasured": [*remeasured, "the total (the bad state now)"],
+            "not_comparable": stale}
 
 
 def code_yardstick(cfg: DictConfig, rows, p: Plan, compare_doc: dict | None) -> dict | None:

@@ -36,6 +36,7 @@ from orchestrator.packages import plan as packages
 from orchestrator.packages.pins import pins_of
 from orchestrator.records import Candidate
 from orchestrator.run import findings
+from orchestrator.run.attribution import isolate_attribution
 from orchestrator.run.rundir import create_run, running
 from orchestrator.stats import caveats
 from orchestrator.store import RunStore
@@ -52,7 +53,7 @@ from orchestrator.system.differences import (
     reference_good,
 )
 from orchestrator.system.fingerprint_diff import NOT_FROM_RECORD, Difference
-from orchestrator.system.watch import system_changes
+from orchestrator.system.watch import latest_epoch, system_changes
 from orchestrator.ui import render
 from orchestrator.ui.progress import Progress
 
@@ -177,7 +178,8 @@ def execute(cfg: DictConfig, ctl: Controller, run_dir: Path, good: dict, changes
     say = progress.note if progress is not None else out.print
     verdict = drive(ctl, strategy, points, metric=metric, on_verdict=_reporter(out, progress),
                     on_system_change=lambda c: say(c.warning))
-    rows = ctl.store.trials()
+    all_rows = ctl.store.trials()
+    rows = latest_epoch(all_rows)  # every effect, total and share on one system
     good_key = points.candidate(0).key
     # The run's own metric too (a command target's `value` is none of the SGLang metrics).
     measured = (*EFFECT_METRICS, *([metric] if metric not in EFFECT_METRICS else []))
@@ -213,8 +215,16 @@ def execute(cfg: DictConfig, ctl: Controller, run_dir: Path, good: dict, changes
            "cleared": [changes[i].to_json() for i in verdict.cleared],
            "differences": [c.to_json() for c in changes],
            "findings": [{"rank": i.pop("rank"), **i} for i in items]}
-    system = system_changes(rows)
+    system = system_changes(all_rows)
     doc["system_changes"] = [c.to_json() for c in system]
+    if system:
+        doc["epoch_note"] = (f"the node's system changed during the run ({system[-1].summary}):"
+                             f" every effect here is from the {len(rows)} trials on the new"
+                             " system, measured again there")
+    attribution = isolate_attribution(rows, points.point, strategy.subset, changes,
+                                      verdict.culprits, items, metric)
+    if attribution is not None:
+        doc["attribution"] = attribution
     bad_key = points.candidate(strategy.point_of(frozenset(range(len(changes))))).key
     total = findings.effects_between(rows, good_key, bad_key)
     if total:
