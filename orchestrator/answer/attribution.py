@@ -32,7 +32,9 @@ nothing. So the answer is built from a *game* over the named causes instead:
 
 Each quantity is a linear combination of configuration means, so its standard error comes from
 the pooled restart variance of the configurations (log scale) and its degrees of freedom from
-the pool. Pure functions, no I/O.
+the pool. Its intervals hold together: each is at ``1 - 0.05 / (2 n + 1)`` for ``n`` causes
+(99% for two), since "restore both; either alone wins back nothing" is one claim made of several
+intervals. Pure functions, no I/O.
 """
 
 from __future__ import annotations
@@ -144,24 +146,33 @@ def _interaction(game: Game, i: int, j: int) -> LogChange | None:
     return None
 
 
-def _negligible(change: Mapping | None, bound: float) -> bool:
+def _negligible(change: Mapping | None, bound: float, level: float) -> bool:
     if not change:
         return False
-    lo, hi = LogChange(*change["log"]).log_interval(CONFIDENCE)
+    lo, hi = LogChange(*change["log"]).log_interval(level)
     return -bound <= lo and hi <= bound
 
 
-def _json(change: LogChange) -> dict:
-    return change.to_json(CONFIDENCE)
+def simultaneous_level(n_causes: int, confidence: float = CONFIDENCE) -> float:
+    """The level of each interval so that all the attribution states hold together at
+    `confidence` (Bonferroni over each cause's share and "restore alone", and "restore all"):
+    a user reads them as one claim ("restore both; either alone wins nothing")."""
+    return 1.0 - (1.0 - confidence) / (2 * n_causes + 1)
 
 
-def relation_words(kind: str, labels: tuple[str, str], full: bool) -> str:
+def relation_words(kind: str, labels: tuple[str, str], full: bool, most: bool = False) -> str:
+    """`full`: the claim holds within the answer's tolerance; `most`: within half of what
+    restoring all wins back (too few restarts to say "all", enough to say "most")."""
     a, b = labels
     if kind == "overlap":
-        return (f"{a} and {b} overlap: either alone gives all of it: restore both" if full
-                else f"{a} and {b} overlap: restoring both wins back more than each alone")
-    return (f"{a} and {b} hurt only together: restoring either one wins it back" if full
-            else f"{a} and {b} hurt more together than apart")
+        if full or most:
+            return (f"{a} and {b} overlap: either alone gives {'all' if full else 'most'} of"
+                    " it: restore both")
+        return f"{a} and {b} overlap: restoring both wins back more than each alone"
+    if full or most:
+        return (f"{a} and {b} hurt {'only' if full else 'mostly'} together: restoring either"
+                " one wins it back")
+    return f"{a} and {b} hurt more together than apart"
 
 
 def attribute(players: Sequence[Subset], values: Mapping[Subset, Sequence[float]],
@@ -176,6 +187,10 @@ def attribute(players: Sequence[Subset], values: Mapping[Subset, Sequence[float]
     if not players or len(players) > MAX_CAUSES:
         return None
     game = build_game(players, values)
+    level = simultaneous_level(len(players))
+
+    def js(change: LogChange) -> dict:
+        return change.to_json(level)
     everyone, empty = frozenset(range(game.n)), frozenset()
     if not game.has(everyone, empty) or not math.isfinite(game.sigma2):
         return None
@@ -188,19 +203,19 @@ def attribute(players: Sequence[Subset], values: Mapping[Subset, Sequence[float]
         shapley, rule = extremes, "extremes"
     causes = []
     for i in range(game.n):
-        doc = {"label": labels[i], "share": _json(game.combine(shapley[i]))}
+        doc = {"label": labels[i], "share": js(game.combine(shapley[i]))}
         without = everyone - {i}
         if game.has(without):
-            doc["restore_alone"] = _json(game.combine({without: 1.0, everyone: -1.0}))
+            doc["restore_alone"] = js(game.combine({without: 1.0, everyone: -1.0}))
         if game.has(frozenset({i})):
-            doc["add_alone"] = _json(game.combine({frozenset({i}): 1.0, empty: -1.0}))
+            doc["add_alone"] = js(game.combine({frozenset({i}): 1.0, empty: -1.0}))
         causes.append(doc)
     restore_all = game.combine({empty: 1.0, everyone: -1.0})
     bound = tolerance(restore_all)
     relations = []
     for i, j in itertools.combinations(range(game.n), 2):
         contrast = _interaction(game, i, j)
-        if contrast is None or not contrast.excludes_zero():
+        if contrast is None or not contrast.excludes_zero(level):
             continue
         kind = "overlap" if contrast.diff < 0 else "synergy"
         # Full overlap: restoring either one alone wins back nothing worth naming; full
@@ -208,16 +223,19 @@ def attribute(players: Sequence[Subset], values: Mapping[Subset, Sequence[float]
         # is the answer's own tolerance (a quarter of the change, at least 4%), on the whole
         # interval, so a noisy estimate does not claim it.
         key = "restore_alone" if kind == "overlap" else "add_alone"
-        full = all(_negligible(causes[k].get(key), bound) for k in (i, j))
-        relations.append({"causes": [i, j], "kind": kind, "contrast": _json(contrast),
-                          "full": full,
-                          "words": relation_words(kind, (labels[i], labels[j]), full)})
+        full = all(_negligible(causes[k].get(key), bound, level) for k in (i, j))
+        most = full or all(_negligible(causes[k].get(key), 0.5 * abs(restore_all.diff),
+                                       level)
+                           for k in (i, j))
+        relations.append({"causes": [i, j], "kind": kind, "contrast": js(contrast),
+                          "full": full, "most": most,
+                          "words": relation_words(kind, (labels[i], labels[j]), full, most)})
     member_docs = []
     for index, label in members:
         alone = _member_restore(values, game, bad, index)
         if alone is not None:
             member_docs.append({"difference": index, "label": label,
-                                "restore_alone": _json(alone), "_change": alone})
+                                "restore_alone": js(alone), "_change": alone})
     for i, player in enumerate(players):
         mine = [m for m in member_docs if m["difference"] in player]
         if len(player) < 2 or len(mine) < len(player):
@@ -225,14 +243,15 @@ def attribute(players: Sequence[Subset], values: Mapping[Subset, Sequence[float]
         # Restoring any one member wins it back: each one's interval excludes no change, on
         # the side restoring all of them is.
         full = all(abs(m["_change"].diff - restore_all.diff) <= bound
-                   and m["_change"].excludes_zero() for m in mine)
+                   and m["_change"].excludes_zero(level) for m in mine)
         names = tuple(m["label"] for m in mine)
         words = (" and ".join(names) + " hurt only together: restoring either one wins it back"
                  if full else " and ".join(names) + " hurt only together")
-        relations.append({"causes": [i], "kind": "synergy", "full": full, "words": words})
+        relations.append({"causes": [i], "kind": "synergy", "full": full, "most": full,
+                          "words": words})
     for m in member_docs:
         m.pop("_change")
-    return {"rule": rule, "causes": causes, "restore_all": _json(restore_all),
+    return {"rule": rule, "confidence": level, "causes": causes, "restore_all": js(restore_all),
             "relations": relations, "members": member_docs,
             "noise": {"sigma": math.sqrt(game.sigma2), "df": game.df}}
 

@@ -80,7 +80,7 @@ def causes_of(doc: Mapping) -> list[dict]:
             continue
         attributed = shares.get(f.get("id"))
         if attributed is not None:
-            c.update({k: attributed["share"][k] for k in ("pct", "ci", "log")})
+            c.update(LogChange(*attributed["share"]["log"]).to_json())  # 95%, as every cause
             for key in ("restore_alone", "add_alone"):
                 if attributed.get(key):
                     c[key] = dict(attributed[key])

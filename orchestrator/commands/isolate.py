@@ -236,6 +236,8 @@ def execute(cfg: DictConfig, ctl: Controller, run_dir: Path, good: dict, changes
     out.print(verdict.message)
     for change in system:
         out.print(change.warning)
+    if doc.get("epoch_note"):
+        out.print(doc["epoch_note"])
     silent = unreported(rows, metric, points)
     if silent:
         out.print(f"warning: {silent}")
