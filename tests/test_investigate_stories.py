@@ -166,6 +166,9 @@ def test_a_node_that_changes_during_the_isolate_is_in_the_answer(tmp_path, ray_s
     assert "changed during the run" in answer["sentence"]
     head = "\n".join((tmp_path / "runs" / "inv" / "report.md").read_text().splitlines()[:12])
     assert "changed during the run" in head
+    # Re-measured on the new state: the lock caps the SM clock below what 500 W allows, so
+    # restoring the power limit wins nothing there; NCCL_ALGO still does.
+    assert {c["id"] for c in answer["causes"]} == {"NCCL_ALGO"}, answer["sentence"]
     # The isolate's cause and its total come from the new state's trials alone: no cause
     # larger than its own total.
     isolate = json.loads((tmp_path / "runs" / "inv" / "findings-isolate.json").read_text())

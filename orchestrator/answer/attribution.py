@@ -191,6 +191,7 @@ def attribute(players: Sequence[Subset], values: Mapping[Subset, Sequence[float]
 
     def js(change: LogChange) -> dict:
         return change.to_json(level)
+
     everyone, empty = frozenset(range(game.n)), frozenset()
     if not game.has(everyone, empty) or not math.isfinite(game.sigma2):
         return None
