@@ -175,3 +175,27 @@ def test_a_node_that_changes_during_the_isolate_is_in_the_answer(tmp_path, ray_s
     total = isolate["total_effect"]["verify_ms"]["pct"]
     for f in isolate["findings"]:
         assert f["effect"]["verify_ms"]["pct"] <= total + 5.0, isolate["message"]
+
+
+def test_sleuth_isolate_whose_node_changes_exits_3_and_says_so(tmp_path, ray_session):
+    """The same story through `sleuth isolate reference=RUN`: its answer opens with the
+    change, and it exits 3 although its own verdict, re-measured on the new state, is found."""
+    from orchestrator.commands import isolate as isolate_cmd
+
+    sc, base = _story(tmp_path, "code_under_system")
+    done = threading.Event()
+    db = tmp_path / "runs" / "iso" / "trials.db"
+    watcher = threading.Thread(target=_lock_after, args=(tmp_path, sc, db, 4, done))
+    watcher.start()
+    try:
+        code = isolate_cmd.run(compose_config("isolate", [
+            *base, "reference=reference", "run_id=iso"]))
+    finally:
+        done.set()
+        watcher.join()
+    answer = _answer(tmp_path, "iso")
+    assert code == 3, answer["sentence"]
+    assert answer["status"] == "system_changed"
+    assert answer["sentence"].startswith("the node's system changed during the run")
+    isolate = json.loads((tmp_path / "runs" / "iso" / "findings-isolate.json").read_text())
+    assert isolate["verdict"] == "found" and "measured again there" in isolate["epoch_note"]

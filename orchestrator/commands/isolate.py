@@ -26,6 +26,7 @@ from pathlib import Path
 from omegaconf import DictConfig, OmegaConf
 
 from orchestrator import answer
+from orchestrator.answer.epochs import mark_system_change
 from orchestrator.commands import common, compare
 from orchestrator.config import params as experiment_params
 from orchestrator.control.controller import Controller
@@ -234,10 +235,8 @@ def execute(cfg: DictConfig, ctl: Controller, run_dir: Path, good: dict, changes
     path = findings.write(run_dir, doc, findings_name)
     out.print(render.findings_table(doc))
     out.print(verdict.message)
-    for change in system:
-        out.print(change.warning)
-    if doc.get("epoch_note"):
-        out.print(doc["epoch_note"])
+    for line in [c.warning for c in system] + ([doc["epoch_note"]] if system else []):
+        out.print(line)
     silent = unreported(rows, metric, points)
     if silent:
         out.print(f"warning: {silent}")
@@ -418,8 +417,13 @@ def _execute(cfg: DictConfig, run_dir: Path, store: RunStore, ref: dict | None, 
         from orchestrator.ui.report.terminal import print_answer
 
         ranked = rank(load_docs(run_dir), store.trials())
+        changed = [c.to_json() for c in system_changes(store.trials())]
+        if changed and ranked.get("answer"):  # one system per comparison (answer/epochs.py)
+            mark_system_change(ranked["answer"], changed, remeasured=["isolate"],
+                               not_comparable=["the reference re-measured now"] if ref else ())
         if ref is not None:
             findings.write(run_dir, ranked)
         print_answer(out, ranked.get("answer"))
-        run.status = "done" if verdict.status == "found" else "inconclusive"
-        return 0 if verdict.status == "found" else 3
+        ok = verdict.status == "found" and not changed
+        run.status = "done" if ok else "inconclusive"
+        return 0 if ok else 3
