@@ -23,10 +23,14 @@ launcher wrapper), ``seed_system`` (an SM lock, a stripped NCCL variable, 20 har
 variables, a driver and a package bump), ``nccl_upgrade`` (the NCCL wheel upgraded into the
 sim's 2.28 regression, a harmless package bump whose old wheel exists, one without, a changed
 variable; a package change is tested only when its old wheel exists). Correct: "found", the
-named differences are exactly those whose effect alone is above 3%.
+named differences are exactly those whose effect alone is above 3%. First, the stories where
+causes do not simply add up (a commit under larger system causes, overlapping and synergistic
+settings, a node that changes mid-isolate: `experiments/isolate_stories.py`, each with its own
+"correct"); ``--story NAME`` runs one of them alone.
 
 Usage: ``python experiments/bench_isolate.py [--cases 200] [--seed 0] [--k 1] [--heavy]``
        ``python experiments/bench_isolate.py --system [--cases 50]``
+       ``python experiments/bench_isolate.py --system --story env_overlap --cases 20``
 """
 
 from __future__ import annotations
@@ -232,7 +236,28 @@ def run_system_case(story: str, seed: int, *, k: int = 1, confidence: float = 0.
                          max(per_candidate.values(), default=0), verdict.probability)
 
 
+def stories_main(cases: int, seed: int, k: int, confidence: float,
+                 only: str | None = None) -> None:
+    """The stories where causes do not simply add up (`experiments/isolate_stories.py`)."""
+    from experiments.isolate_stories import STORIES
+
+    for story, run in STORIES.items():
+        if only and story != only:
+            continue
+        outcomes = [run(seed * 100_003 + i, k=k, confidence=confidence) for i in range(cases)]
+        for i, o in enumerate(outcomes):
+            if not o.correct:
+                print(f"{story} case {i}: {o.detail}, {o.n_trials} trials")
+        trials = [o.n_trials for o in outcomes]
+        old = [o.old_yardstick for o in outcomes if o.old_yardstick is not None]
+        print(f"{story} (k={k}): correct {sum(o.correct for o in outcomes)}/{cases}; trials "
+              f"median {statistics.median(trials):.0f}, mean {statistics.mean(trials):.1f}, max"
+              f" {max(trials)}" + (f"; with the old yardstick the bisect named the commit in"
+                                   f" {sum(old)}/{len(old)}" if old else ""))
+
+
 def system_main(cases: int, seed: int, k: int, confidence: float) -> None:
+    stories_main(cases, seed, k, confidence)
     for story in SYSTEM_STORIES:
         outcomes = [run_system_case(story, seed * 100_003 + i, k=k, confidence=confidence)
                     for i in range(cases)]
@@ -257,7 +282,13 @@ def main() -> None:
     parser.add_argument("--confidence", type=float, default=0.99)
     parser.add_argument("--heavy", action="store_true", help="Student-t(4) restart noise")
     parser.add_argument("--repeats", type=int, default=3, help="OFAT repeats per subset")
+    parser.add_argument("--story", help="with --system: only this story of"
+                        " experiments/isolate_stories.py")
     args = parser.parse_args()
+    if args.system and args.story:
+        stories_main(args.cases if args.cases != 200 else 20, args.seed, args.k,
+                     args.confidence, only=args.story)
+        return
     if args.system:
         system_main(min(args.cases, 50) if args.cases == 200 else args.cases, args.seed, args.k,
                     args.confidence)

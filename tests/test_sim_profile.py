@@ -83,10 +83,22 @@ def test_env_effects_match_values_and_wildcards(tmp_path):
     assert load_effects(path, {"SGLANG_DEBUG": ""}).verify_ms_add == 0.0  # "*" = any non-empty
 
 
+def test_env_effects_with_apply_only_when_every_variable_matches(tmp_path):
+    """Two settings that hurt only together (the `env_synergy` scenario)."""
+    _write(tmp_path, {"env_effects": [
+        {"var": "A", "value": "1", "with": {"B": "16"}, "verify_cuda_graph": False},
+    ]}, {})  # fmt: skip
+    path = tmp_path / "sim_profile.json"
+    assert load_effects(path, {"A": "1"}).verify_cuda_graph
+    assert load_effects(path, {"B": "16"}).verify_cuda_graph
+    assert not load_effects(path, {"A": "1", "B": "16"}).verify_cuda_graph
+
+
 @pytest.mark.parametrize(
     "text",
     ['{"verify_mult": 1.5,', '[1, 2]', '{"verify_mult": "fast"}', '{"verify_cuda_graph": 0}',
-     '{"env_effects": [{"var": "X"}]}', '{"requires": "01-a"}'],
+     '{"env_effects": [{"var": "X"}]}', '{"requires": "01-a"}',
+     '{"env_effects": [{"var": "X", "value": "1", "with": ["Y"]}]}'],
 )  # fmt: skip
 def test_malformed_profiles_are_errors(tmp_path, text):
     (tmp_path / "sim_profile.json").write_text(text)

@@ -23,6 +23,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 from orchestrator.answer import text as T
+from orchestrator.answer.attribution import sentence as attribution_sentence
 from orchestrator.answer.combine import LogChange, explains, remainder, share, total
 
 NOT_TESTED_SHOWN = 8
@@ -66,15 +67,26 @@ def cause(finding: Mapping, metric: str, experiment: str) -> dict | None:
 
 
 def causes_of(doc: Mapping) -> list[dict]:
-    """The tested causes of a bisect or isolate document, most probable first."""
+    """The tested causes of a bisect or isolate document, most probable first. With an
+    isolate's attribution, each cause's effect is its share (they sum to what restoring all of
+    them wins back, whatever their overlap) and it carries its "restore alone" and "added
+    alone" effects (:mod:`orchestrator.answer.attribution`)."""
     metric = str(doc.get("metric", ""))
+    shares = {c.get("id"): c for c in (doc.get("attribution") or {}).get("causes", [])}
     out = []
     for f in doc.get("findings", []):
         if f.get("probability") is None:
             continue
         c = cause(f, metric, str(doc.get("experiment", "")))
-        if c is not None:
-            out.append(c)
+        if c is None:
+            continue
+        attributed = shares.get(f.get("id"))
+        if attributed is not None:
+            c.update(LogChange(*attributed["share"]["log"]).to_json())  # 95%, as every cause
+            for key in ("restore_alone", "add_alone"):
+                if attributed.get(key):
+                    c[key] = dict(attributed[key])
+        out.append(c)
     return out
 
 
@@ -108,6 +120,12 @@ def not_tested(compare_doc: Mapping | None) -> list[dict]:
     return out
 
 
+def restore_sentence(attribution: Mapping) -> str:
+    """What restoring the system causes wins back, in words (overlap, synergy)."""
+    return attribution_sentence(
+        attribution, lambda c: f"{T.pct_text(c['pct'])} {T.interval_text(c['ci'], c['pct'])}")
+
+
 def _clause(label: str, change: Mapping) -> str:
     pct = change["pct"]
     return f"{label} {T.pct_text(pct)} {T.interval_text(change['ci'], pct)}".rstrip()
@@ -117,11 +135,12 @@ def assemble(metric: str, whole: LogChange | None, causes: Sequence[dict], *, le
              whole_extra: Mapping | None = None, code_clause: str = "",
              not_tested_groups: Sequence[dict] = (), settings: Sequence[dict] = (),
              mechanism: Mapping | None = None, next_step: str = "",
-             status: str | None = None) -> dict:
+             status: str | None = None, attribution: Mapping | None = None) -> dict:
     """An answer from the total change, the named causes and the rest.
 
     `lead` is what the total compares ("from good X to bad Y"); `code_clause` says what the
-    code range contributed when no commit was named ("code not the cause ...")."""
+    code range contributed when no commit was named ("code not the cause ..."); `attribution`
+    what restoring the system causes wins back and how they overlap, said after the causes."""
     logs = [LogChange(*c["log"]) for c in causes]
     doc: dict = {"metric": metric, "causes": [dict(c) for c in causes],
                  "not_tested": list(not_tested_groups), "settings": list(settings),
@@ -163,6 +182,9 @@ def assemble(metric: str, whole: LogChange | None, causes: Sequence[dict], *, le
         sentence = head + "; no cause named"
     else:
         sentence = head + ": no change"
+    if attribution and causes:
+        doc["attribution"] = dict(attribution)
+        sentence += "; " + restore_sentence(attribution)
     if code_clause:
         sentence += f"; {code_clause}"
     doc["sentence"] = sentence
@@ -211,7 +233,7 @@ def for_isolate(doc: Mapping, *, mechanism: Mapping | None = None) -> dict:
     metric = str(doc.get("metric", ""))
     return assemble(metric, _total(doc), causes_of(doc),
                     lead="from the good to the bad configuration", whole_extra=_means(doc),
-                    mechanism=mechanism)
+                    mechanism=mechanism, attribution=doc.get("attribution"))
 
 
 def for_compare(doc: Mapping, *, mechanism: Mapping | None = None, next_step: str = "") -> dict:
@@ -269,7 +291,8 @@ def for_system(compare_doc: Mapping, isolate_doc: Mapping | None, *,
     return assemble(metric, _total(compare_doc), causes, lead=lead,
                     whole_extra=_means(compare_doc), not_tested_groups=not_tested(compare_doc),
                     mechanism=(compare_doc.get("answer") or {}).get("mechanism"),
-                    code_clause="code not the cause (the same commit then and now)")
+                    code_clause="code not the cause (the same commit then and now)",
+                    attribution=(isolate_doc or {}).get("attribution"))
 
 
 def for_investigation(metric: str, whole: LogChange | None, *, whole_extra: Mapping,
@@ -317,7 +340,8 @@ def for_investigation(metric: str, whole: LogChange | None, *, whole_extra: Mapp
                    code_clause="; ".join(clauses),
                    not_tested_groups=not_tested(compare_doc),
                    settings=for_sweep(sweep_doc)["settings"] if sweep_doc else (),
-                   mechanism=mechanism, next_step=next_step)
+                   mechanism=mechanism, next_step=next_step,
+                   attribution=(isolate_doc or {}).get("attribution"))
     doc["parts"] = parts
     return doc
 

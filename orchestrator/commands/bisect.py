@@ -231,9 +231,10 @@ def opening_lines(cfg, strategy: BisectStrategy, reference: tuple[float, str] | 
         chase = (f"looking for a change of {metric} of at least {strategy.min_effect_pct:g}% "
                  "(experiment.params.min_effect_pct); smaller ones do not count")
     elif reference is not None:
-        chase = (f"looking for the change since reference run {reference[1]} ({metric} "
-                 f"{reference[0]:.4g} there): a range whose change is confidently under half "
-                 "of it does not hold the regression")
+        since = reference[2] if len(reference) > 2 else f"reference run {reference[1]}"
+        chase = (f"looking for the change since {since} ({metric} {reference[0]:.4g} there): a"
+                 " range whose change is confidently under half of it does not hold the"
+                 " regression")
     else:
         chase = (f"looking for any change of {metric} above {strategy.settings.negligible_pct:g}%"
                  ": its size is measured first (state it with experiment.params.min_effect_pct=P"
@@ -250,9 +251,14 @@ def _flag_outliers(store: RunStore, verdict: Verdict) -> None:
 
 def execute(cfg, ctl: Controller, run_dir: Path, commits, points, weights, out,
             findings_name: str | None = None, progress=None,
-            release: dict | None = None) -> tuple[Verdict, dict]:
+            release: dict | None = None,
+            reference: tuple | None = None) -> tuple[Verdict, dict]:
     """Bisect on a running controller; writes findings.json and returns the verdict and it.
-    ``release``: the points are a package's releases (`bisect_release`), not commits."""
+
+    ``release``: the points are a package's releases (`bisect_release`), not commits.
+    `reference`: the level the range's change is judged against, `(value, run name[, what it
+    is])`, where the caller knows a better one than `reference=RUN`'s own (an investigation
+    whose system changed since the reference: see `orchestrator/commands/investigate.py`)."""
     graph = "" if cfg.get("first_parent", True) else " (the full commit graph)"
     if release is not None:
         out.print(f"{bisect_release.opening(release)} on {cfg.metric} with {len(ctl.nodes)}"
@@ -260,7 +266,8 @@ def execute(cfg, ctl: Controller, run_dir: Path, commits, points, weights, out,
     else:
         out.print(f"bisecting {len(commits)} commits {commits[0].sha[:10]}.."
                   f"{commits[-1].sha[:10]}{graph} on {cfg.metric} with {len(ctl.nodes)} node(s)")
-    reference = reference_level(cfg)
+    if reference is None:
+        reference = reference_level(cfg)
     strategy = bisect_strategy(cfg, len(points), weights, commits,
                          reference_value=reference[0] if reference else None)
     for line in opening_lines(cfg, strategy, reference):

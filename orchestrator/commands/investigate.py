@@ -9,7 +9,9 @@ restarts=3`, or a fingerprint JSON), sleuth re-measures the reference's whole ca
 (`compare`). If it no longer reproduces, part of the cause is at the system level: the
 fingerprint diff is ranked by mechanism and its controllable differences are tested
 (`isolate`). When `bad` is another commit than the reference's, the range between them is
-bisected too, under today's system (`bisect`). `recover=true` ends with a short sweep of
+bisected too, under today's system (`bisect`); when the system changed, the range is judged
+against the change left once the system's part is taken out (:func:`code_yardstick`), so a
+commit smaller than the system causes beside it is still found. `recover=true` ends with a short sweep of
 `space` (default `nccl_quick`) on the bad commit as the node is now. Then one answer: the total
 change from the reference (then) to the bad commit (now) on the log scale, each named cause with
 its interval, and what they leave unexplained (:mod:`orchestrator.answer`). Exit 0 when the
@@ -27,6 +29,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -34,6 +37,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from orchestrator.answer.combine import LogChange
 from orchestrator.answer.compose import for_investigation
+from orchestrator.answer.epochs import mark_system_change
 from orchestrator.answer.phases import log_change, mechanism
 from orchestrator.answer.text import commit_label
 from orchestrator.commands import bisect, common, compare, investigate_release, isolate, sweep
@@ -46,6 +50,7 @@ from orchestrator.records import Candidate
 from orchestrator.run import findings
 from orchestrator.run.rundir import create_run, running
 from orchestrator.store import RunStore
+from orchestrator.system.watch import latest_epoch, system_changes
 from orchestrator.ui import render
 from orchestrator.ui.progress import Progress
 from orchestrator.ui.report.terminal import print_answer
@@ -167,9 +172,15 @@ def execute(cfg: DictConfig, ctl: Controller, run_dir: Path, p: Plan, ws, out,
     """Every step on a running controller; returns the investigation's document (with its
     answer) and the steps' findings documents by experiment."""
     docs: dict[str, dict] = {}
+    marks: dict[str, int] = {}  # the first trial id of each step, for a node that changes
+
+    def mark(step: str) -> None:
+        marks[step] = max((r.id for r in ctl.store.trials()), default=0) + 1
+
     ref = p.reference
     if ref is not None:
         out.print("\n== the reference, re-measured now ==")
+        mark("compare")
         done = run_dir / "findings-compare.json"
         if done.exists():  # a resumed run: the compare finished before
             docs["compare"] = json.loads(done.read_text())
@@ -179,6 +190,7 @@ def execute(cfg: DictConfig, ctl: Controller, run_dir: Path, p: Plan, ws, out,
                                               out, findings_name="compare", progress=progress)
         if docs["compare"]["verdict"] == "not_reproduced":
             out.print("\n== the system: which differences cause it ==")
+            mark("isolate")
             result = isolate.isolate_system(cfg, ctl, run_dir, ref, docs["compare"], ws.resolve,
                                             out, progress)
             if result is not None:
@@ -187,18 +199,28 @@ def execute(cfg: DictConfig, ctl: Controller, run_dir: Path, p: Plan, ws, out,
                                                    progress)
                 if found is not None:  # the isolate's package cause now names the release
                     docs["release"] = found
+    yardstick = None
     if p.commits:
         out.print("\n== the code: bisect the range under today's system ==")
-        _, docs["bisect"] = bisect.execute(cfg, ctl, run_dir, p.commits, p.points, p.weights,
-                                           out, findings_name="bisect", progress=progress)
+        mark("bisect")
+        yardstick = code_yardstick(cfg, ctl.store.trials(), p, docs.get("compare"))
+        if yardstick is not None:
+            out.print(yardstick["line"])
+        _, docs["bisect"] = bisect.execute(
+            cfg, ctl, run_dir, p.commits, p.points, p.weights, out, findings_name="bisect",
+            progress=progress, reference=yardstick["level"] if yardstick else None)
     if p.sweep is not None:
         out.print("\n== recover: a short sweep on the bad commit as the node is now ==")
+        mark("sweep")
         space, settings = p.sweep
         _, docs["sweep"] = sweep.execute(cfg, ctl, run_dir, space, settings, p.bad_candidate,
                                          out, progress=progress)
         findings.write(run_dir, docs["sweep"], "sweep")
     rows = ctl.store.trials()
-    whole, extra = _whole(cfg, rows, p)
+    now_rows = latest_epoch(rows)  # one system: the latest, where the bad state was measured
+    if not findings.trial_values(now_rows, p.bad_candidate.key, str(cfg.metric)):
+        now_rows = rows
+    whole, extra = _whole(cfg, now_rows, p)
     bad_label = _label(p.bad_candidate, p.commits, ws) + " now"
     if ref is not None:
         start = f"the reference ({_label(p.base, p.commits, ws)}, then)"
@@ -208,12 +230,75 @@ def execute(cfg: DictConfig, ctl: Controller, run_dir: Path, p: Plan, ws, out,
         str(cfg.metric), whole, whole_extra=extra, reference=start, bad=bad_label,
         compare_doc=docs.get("compare"), isolate_doc=docs.get("isolate"),
         bisect_doc=docs.get("bisect"), sweep_doc=docs.get("sweep"),
-        mechanism=_mechanism(rows, p), next_step=_next_step(cfg, p, docs))
+        mechanism=_mechanism(now_rows, p), next_step=_next_step(cfg, p, docs))
+    changed = [c.to_json() for c in system_changes(rows)]
+    if changed:
+        mark_system_change(result, changed, **_epoch_parts(rows, changed[-1], marks))
+    if yardstick is not None:
+        result["code_yardstick"] = {k: v for k, v in yardstick.items() if k != "level"}
+        result["sentence"] += f"; {yardstick['said']}"
     doc = {"run": ctl.store.run_id, "experiment": "investigate", "metric": str(cfg.metric),
            "verdict": result["status"], "message": result["sentence"], "findings": [],
            "steps": list(docs), "n_trials": len(rows), "answer": result}
     findings.write(run_dir, doc, "investigate")
     return doc, docs
+
+
+def _epoch_parts(rows, change: dict, marks: dict[str, int]) -> dict[str, list[str]]:
+    """Which steps ran on the new state after a node changed (the isolate and the bisect take
+    their decisions again on the new system's trials) and which ran only before it, from the
+    first trial id of each step (`marks`, in the order the steps ran)."""
+    after = int(change.get("after_trial") or 0)
+    names = {"compare": "the reference re-measured now (the system's part)"}
+    steps = list(marks.items())
+    remeasured, stale = [], []
+    for n, (step, first) in enumerate(steps):
+        end = steps[n + 1][1] if n + 1 < len(steps) else None
+        ran_after = any(r.finished and r.id >= max(first, after) and (end is None or r.id < end)
+                        for r in rows)
+        if step == "compare" or not ran_after:
+            stale.append(names.get(step, step))
+        else:
+            remeasured.append(step)
+    return {"remeasured": [*remeasured, "the total (the bad state now)"],
+            "not_comparable": stale}
+
+
+def code_yardstick(cfg: DictConfig, rows, p: Plan, compare_doc: dict | None) -> dict | None:
+    """The level the commit range is judged against when the system changed since the
+    reference: the reference's own candidate measured now, not the reference's level then.
+
+    The bisect rules a range out when its change is confidently under half of the change it
+    hunts. Hunting the whole change since the reference (system causes included) ruled out
+    every code regression smaller than the system's part: a +15% commit under a +28% power
+    cap and stripped variable read as "code not the cause". Taking the reference's commit as
+    it measures today removes the system's part, named or not (an untestable driver too), and
+    leaves the code's: the yardstick reduced by the system effects, measured at one commit
+    rather than summed from causes that may overlap. None when the system did not change or
+    `experiment.params.min_effect_pct` states the yardstick."""
+    if (p.reference is None or compare_doc is None
+            or compare_doc.get("verdict") != "not_reproduced"
+            or experiment_params.of(cfg).min_effect_pct is not None):
+        return None
+    metric = str(cfg.metric)
+    now = [v for v in findings.trial_values(rows, p.base.key, metric) if v > 0]
+    then = [v for v in p.reference["values"].get(metric, []) if v and v > 0]
+    if not now or not then:
+        return None
+    level_now = math.exp(math.fsum(math.log(v) for v in now) / len(now))
+    level_then = math.exp(math.fsum(math.log(v) for v in then) / len(then))
+    system_pct = 100.0 * (level_now / level_then - 1.0)
+    name = str(p.reference.get("name", "the reference"))
+    what = (f"the reference's commit measured now (the system's part since reference run"
+            f" {name}, {system_pct:+.1f}%, taken out)")
+    return {"level": (level_now, name, what), "system_pct": round(system_pct, 3),
+            "how": "yardstick_reduced",
+            "line": (f"the range is judged against the change left once the system's part is"
+                     f" taken out: the reference's commit measures {metric} {system_pct:+.1f}%"
+                     " now against then"),
+            "said": (f"the code range was judged without the system's part (yardstick reduced"
+                     f" by the {system_pct:+.1f}% the reference's commit measures now against"
+                     " then)")}
 
 
 def _next_step(cfg: DictConfig, p: Plan, docs: dict[str, dict]) -> str:

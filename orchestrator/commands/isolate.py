@@ -26,6 +26,7 @@ from pathlib import Path
 from omegaconf import DictConfig, OmegaConf
 
 from orchestrator import answer
+from orchestrator.answer.epochs import mark_system_change
 from orchestrator.commands import common, compare
 from orchestrator.config import params as experiment_params
 from orchestrator.control.controller import Controller
@@ -36,6 +37,7 @@ from orchestrator.packages import plan as packages
 from orchestrator.packages.pins import pins_of
 from orchestrator.records import Candidate
 from orchestrator.run import findings
+from orchestrator.run.attribution import isolate_attribution
 from orchestrator.run.rundir import create_run, running
 from orchestrator.stats import caveats
 from orchestrator.store import RunStore
@@ -53,7 +55,7 @@ from orchestrator.system.differences import (
     reference_good,
 )
 from orchestrator.system.fingerprint_diff import NOT_FROM_RECORD, Difference
-from orchestrator.system.watch import system_changes
+from orchestrator.system.watch import latest_epoch, system_changes
 from orchestrator.ui import render
 from orchestrator.ui.progress import Progress
 
@@ -178,7 +180,8 @@ def execute(cfg: DictConfig, ctl: Controller, run_dir: Path, good: dict, changes
     say = progress.note if progress is not None else out.print
     verdict = drive(ctl, strategy, points, metric=metric, on_verdict=_reporter(out, progress),
                     on_system_change=lambda c: say(c.warning))
-    rows = ctl.store.trials()
+    all_rows = ctl.store.trials()
+    rows = latest_epoch(all_rows)  # every effect, total and share on one system
     good_key = points.candidate(0).key
     # The run's own metric too (a command target's `value` is none of the SGLang metrics).
     measured = (*EFFECT_METRICS, *([metric] if metric not in EFFECT_METRICS else []))
@@ -215,8 +218,16 @@ def execute(cfg: DictConfig, ctl: Controller, run_dir: Path, good: dict, changes
            **_remainder(verdict),
            "differences": [c.to_json() for c in changes],
            "findings": [{"rank": i.pop("rank"), **i} for i in items]}
-    system = system_changes(rows)
+    system = system_changes(all_rows)
     doc["system_changes"] = [c.to_json() for c in system]
+    if system:
+        doc["epoch_note"] = (f"the node's system changed during the run ({system[-1].summary}):"
+                             f" every effect here is from the {len(rows)} trials on the new"
+                             " system, measured again there")
+    attribution = isolate_attribution(rows, points.point, strategy.subset, changes,
+                                      verdict.culprits, items, metric)
+    if attribution is not None:
+        doc["attribution"] = attribution
     bad_key = points.candidate(strategy.point_of(frozenset(range(len(changes))))).key
     total = findings.effects_between(rows, good_key, bad_key)
     if total:
@@ -226,8 +237,8 @@ def execute(cfg: DictConfig, ctl: Controller, run_dir: Path, good: dict, changes
     path = findings.write(run_dir, doc, findings_name)
     out.print(render.findings_table(doc))
     out.print(verdict.message)
-    for change in system:
-        out.print(change.warning)
+    for line in [c.warning for c in system] + ([doc["epoch_note"]] if system else []):
+        out.print(line)
     silent = unreported(rows, metric, points)
     if silent:
         out.print(f"warning: {silent}")
@@ -422,8 +433,13 @@ def _execute(cfg: DictConfig, run_dir: Path, store: RunStore, ref: dict | None, 
         from orchestrator.ui.report.terminal import print_answer
 
         ranked = rank(load_docs(run_dir), store.trials())
+        changed = [c.to_json() for c in system_changes(store.trials())]
+        if changed and ranked.get("answer"):  # one system per comparison (answer/epochs.py)
+            mark_system_change(ranked["answer"], changed, remeasured=["isolate"],
+                               not_comparable=["the reference re-measured now"] if ref else ())
         if ref is not None:
             findings.write(run_dir, ranked)
         print_answer(out, ranked.get("answer"))
-        run.status = "done" if verdict.status == "found" else "inconclusive"
-        return 0 if verdict.status == "found" else 3
+        ok = verdict.status == "found" and not changed
+        run.status = "done" if ok else "inconclusive"
+        return 0 if ok else 3

@@ -110,13 +110,16 @@ class SimGpuControl(GpuControl):
     def apply(self, policy: ClockPolicy) -> object:
         if policy.is_default:
             return None  # leave the node exactly as it is, and restore nothing
-        state = self._state()
-        previous = [{"index": g.index, **{k: getattr(g, k) for k in _RESTORED}}
-                    for g in state.gpus]
+        before = self._state()
         try:
-            state = with_policy(state, policy)
+            state = with_policy(before, policy)
         except ValueError as exc:
             raise RuntimeError(str(exc)) from exc
+        # Only what the policy changed is restored afterwards, as on NVML: restoring a power
+        # limit does not undo a clock lock another process set during the trial.
+        previous = [{"index": old.index, **{k: getattr(old, k) for k in _RESTORED
+                                            if getattr(old, k) != getattr(new, k)}}
+                    for old, new in zip(before.gpus, state.gpus, strict=True)]
         gpu_state.save(self.path, state)
         return previous
 

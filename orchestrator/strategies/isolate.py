@@ -126,6 +126,7 @@ class IsolateStrategy(Strategy):
         self.bad: Subset = frozenset(range(n_differences))
         self._subsets: list[Subset] = [self.good, self.bad]
         self._points: dict[Subset, int] = {self.good: 0, self.bad: 1}
+        self.discarded = 0  # trials of an earlier system epoch: spent, no longer evidence
         self._reset()
 
     # ----------------------------------------------------------------------- point registry
@@ -209,6 +210,14 @@ class IsolateStrategy(Strategy):
         self._cache: dict[str, tuple[int, object]] = {}
 
     def _sync(self, observations: Sequence[Observation]) -> None:
+        # One system per comparison: once a node's system changed between trials (a newer
+        # epoch), every decision is taken again on the new system's trials alone. Mixing them
+        # made a total of +1% next to a +16% cause; the earlier trials still count as spent.
+        latest = max((int(getattr(o, "epoch", 0) or 0) for o in observations), default=0)
+        if latest:
+            kept = [o for o in observations if int(getattr(o, "epoch", 0) or 0) == latest]
+            self.discarded = len(observations) - len(kept)
+            observations = kept
         done = len(self.consumed)
         if len(observations) < done or list(observations[:done]) != self.consumed:
             self._reset()
@@ -226,7 +235,8 @@ class IsolateStrategy(Strategy):
     def terminal_status(self) -> str | None:
         if self.outcome is not None:
             return self.outcome
-        if self.max_trials is not None and self.evidence.n_trials >= self.max_trials:
+        if (self.max_trials is not None
+                and self.evidence.n_trials + self.discarded >= self.max_trials):
             return "budget_exhausted"
         return None
 

@@ -11,11 +11,12 @@ two sides and leaves a well-measured good configuration alone.
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING
 
-from orchestrator.strategies.isolate_plan import VERIFYING, Chain
+from orchestrator.strategies.isolate_plan import CONFIRMED, SINGLE, VERIFYING, Chain
 from orchestrator.strategies.isolate_stats import PRESENT, Subset
 
 if TYPE_CHECKING:
@@ -103,6 +104,9 @@ def _explain_wanted(strategy: IsolateState, planned: Counter) -> Wanted:
             open_checks.append(weights)
     for subset in informative(strategy, open_checks, planned, cap):
         yield subset, "verify", f"does {strategy.describe_subset(named)} explain it?"
+    if not open_checks and math.prod(strategy.claim_probabilities()) >= strategy.confidence:
+        for subset in attribution_wanted(strategy):
+            yield subset, "verify", "what restoring each cause wins back"
     for subset in final_wanted(strategy, planned):
         yield subset, "verify", "strengthen the weakest claim of the answer"
 
@@ -118,3 +122,22 @@ def final_wanted(strategy: IsolateState, planned: Counter) -> list[Subset]:
         if subsets:
             return subsets
     return []
+
+
+def attribution_wanted(strategy: IsolateState) -> list[Subset]:
+    """The configurations of the answer's attribution (``orchestrator/answer/attribution.py``)
+    still short of ``attribution_min_per_subset`` trials, fewest first: good and bad, each
+    named cause added alone to good and removed alone from bad, and all of them added and
+    removed. None past ``attribution_max_causes`` causes (the attribution is not made)."""
+    settings = strategy.settings
+    causes = [s.members for s in strategy.suspects if s.state == SINGLE]
+    causes += [p.members for p in strategy.pairs if p.state == CONFIRMED]
+    if not causes or len(causes) > settings.attribution_max_causes:
+        return []
+    named = frozenset().union(*causes)
+    wanted_: set[Subset] = {strategy.good, strategy.bad, named, strategy.bad - named}
+    for members in causes:
+        wanted_ |= {members, strategy.bad - members}
+    short = [s for s in wanted_ if strategy.evidence.count(s) < settings.attribution_min_per_subset
+             and not strategy.untestable(s)]
+    return sorted(short, key=lambda s: (strategy.evidence.count(s), sorted(s)))

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING
 
 from orchestrator.strategies.bisect import BisectSettings, BisectStrategy
 from orchestrator.strategies.isolate_plan import NEEDS_PARTNER, Chain
-from orchestrator.strategies.isolate_propose import final_wanted
+from orchestrator.strategies.isolate_propose import attribution_wanted, final_wanted
 from orchestrator.strategies.isolate_stats import PRESENT, Subset
 from orchestrator.strategies.isolate_verify import (
     add_pair,
@@ -191,6 +191,8 @@ def explain(strategy: IsolateState) -> bool:
             if unexplained else ""
         return True
     if math.prod(strategy.claim_probabilities()) >= strategy.confidence:
+        if attribution_wanted(strategy):
+            return False  # measure what restoring each cause wins back first
         strategy.outcome = "found"
         return True
     if not final_wanted(strategy, Counter()):

@@ -55,3 +55,9 @@ class IsolateSettings:
     interval_confidence: float = 0.95
     speculate: bool = True
     max_per_subset: int = 48
+    # Before "found": every configuration of the answer's attribution (good, bad, each named
+    # cause added alone and removed alone, all of them added and removed) has this many
+    # trials, so what restoring each cause wins back rests on more than the two or three
+    # restarts that happened to decide it (intervals taken where the noise read low).
+    attribution_min_per_subset: int = 4
+    attribution_max_causes: int = 4

@@ -152,3 +152,15 @@ class SystemWatch:
 def system_changes(rows: Sequence[TrialRow]) -> list[SystemChange]:
     """Every change between consecutive finished trials of each node, in store order."""
     return SystemWatch.primed(rows).changes
+
+
+def latest_epoch(rows: Sequence[TrialRow]) -> list[TrialRow]:
+    """The trials of the node's latest system epoch, all of them when no node changed: the
+    epochs count the changes seen between consecutive trials, as the strategies number them
+    (``orchestrator.control.drive.Epochs``), so an answer compares one system with itself."""
+    watch, epoch, numbered = SystemWatch(), 0, []
+    for row in rows:
+        if row.finished and watch.feed(row) is not None:
+            epoch += 1
+        numbered.append((epoch, row))
+    return [r for e, r in numbered if e == epoch] if epoch else list(rows)

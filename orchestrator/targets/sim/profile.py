@@ -8,7 +8,9 @@ change would. Fragments merge in sorted filename order (the base file first):
 - `verify_cuda_graph: false` in any applied fragment forces verify onto the eager path;
 - `import_error` (first applied one wins) makes the server die at start like unbuildable code;
 - `env_effects`: `[{"var": NAME, "value": V, <key>: ...}]` applies when the process env has
-  NAME == V (V "*" matches any non-empty value) — how code can make an env var matter;
+  NAME == V (V "*" matches any non-empty value) — how code can make an env var matter; an
+  entry with `"with": {OTHER: W}` applies only when those variables match too (two settings
+  that hurt only together);
 - `requires`: stems of other fragments in `sim_profile.d`; the fragment's effects (including
   its env_effects and import_error) apply only if all of them are present: pair interactions.
 
@@ -113,8 +115,13 @@ def parse_fragment(stem: str, source: str, doc: object) -> Fragment:
     for entry in env_effects:
         if not isinstance(entry, Mapping) or "var" not in entry or "value" not in entry:
             raise ProfileError(f"{source}: each env_effects entry needs 'var' and 'value'")
-        effect_values = {k: v for k, v in entry.items() if k not in ("var", "value")}
+        effect_values = {k: v for k, v in entry.items() if k not in ("var", "value", "with")}
         checked = _check_values(source, effect_values)
+        also = entry.get("with", {})
+        if not isinstance(also, Mapping):
+            raise ProfileError(f"{source}: an env_effects 'with' must map variables to values")
+        if also:
+            checked["with"] = {str(k): str(v) for k, v in also.items()}
         checked_effects.append({"var": str(entry["var"]), "value": str(entry["value"]), **checked})
     requires = doc.get("requires", [])
     if not isinstance(requires, list) or not all(isinstance(r, str) for r in requires):
@@ -191,8 +198,9 @@ def resolve_effects(fragments: Sequence[Fragment], env: Mapping[str, str]) -> Ef
     for frag in applicable(fragments):
         _apply(acc, frag.values)
         for entry in frag.env_effects:
-            if _env_matches(env, entry["var"], entry["value"]):
-                _apply(acc, {k: v for k, v in entry.items() if k not in ("var", "value")})
+            if _env_matches(env, entry["var"], entry["value"]) and all(
+                    _env_matches(env, k, v) for k, v in entry.get("with", {}).items()):
+                _apply(acc, {k: v for k, v in entry.items() if k not in ("var", "value", "with")})
     return Effects(**acc)
 
 

@@ -124,6 +124,9 @@ CULPRITS = {spec.name: spec for spec in (
                 SRT + "model_executor/cuda_graph_runner.py", (
         "Pad target-verify batches to captured sizes lazily",
         "[Misc] Clean up cuda graph runner batch size list")),
+    CulpritSpec("verify_15", {"verify_mult": 1.15}, SRT + "speculative/eagle_utils.py", (
+        "Build the verify tree mask on the host for small batches",
+        "[Spec] Recompute draft positions in verify prepare")),
     CulpritSpec("decode_12", {"decode_mult": 1.12, "verify_mult": 1.1},
                 SRT + "distributed/parallel_state.py", (
         "Route tp all-reduce through the communication_op helper",
@@ -155,6 +158,15 @@ class PresetSpec:
     system_story: str = "power_nccl"  # which reference -> now system change (SYSTEM_STORIES)
 
 
+# Variables set on the node since the reference that each make the verify pass leave its CUDA
+# graph (either alone: verify +38%; both: +38%, not +90%), and two that do so only together.
+OVERLAP_ENV = {"SGLANG_DISABLE_VERIFY_GRAPH": "1", "SGLANG_SPEC_DEBUG_SYNC": "1"}
+SYNERGY_ENV = {"SGLANG_VERIFY_PAD_DYNAMIC": "1", "SGLANG_CUDA_GRAPH_MAX_BS": "16"}
+OVERLAP_EFFECTS = tuple({"var": var, "value": value, "verify_cuda_graph": False}
+                        for var, value in OVERLAP_ENV.items())
+SYNERGY_EFFECTS = ({"var": "SGLANG_VERIFY_PAD_DYNAMIC", "value": "1",
+                    "with": {"SGLANG_CUDA_GRAPH_MAX_BS": "16"}, "verify_cuda_graph": False},)
+
 # fmt: off
 PRESETS = {spec.name: spec for spec in (
     PresetSpec("one_culprit", "one culprit commit among look-alikes", None),
@@ -184,6 +196,17 @@ PRESETS = {spec.name: spec for spec in (
                "stripped by a launcher, 20 harmless env differences, a driver and a package "
                "bump", (), system_change=True, system_story="seed_system",
                env_effects=({"var": "NCCL_PROTO", "value": "LL128", "allreduce_mult": 0.3},)),
+    PresetSpec("code_under_system", "a +15% verify culprit under larger system causes: power "
+               "limit 600 -> 500 W (+15%), NCCL_ALGO=Tree stripped by a launcher (+11%), a "
+               "harmless package bump and 25 shell variables", ("verify_15",),
+               system_change=True, system_story="power_strip",
+               env_effects=({"var": "NCCL_ALGO", "value": "Tree", "allreduce_mult": 0.25},)),
+    PresetSpec("env_overlap", "no culprit in range: two variables set on the node since the "
+               "reference, each alone forcing verify eager (+38%), both together +38% too", (),
+               system_change=True, system_story="env_overlap", env_effects=OVERLAP_EFFECTS),
+    PresetSpec("env_synergy", "no culprit in range: two variables set on the node since the "
+               "reference that force verify eager only together (+38%)", (),
+               system_change=True, system_story="env_synergy", env_effects=SYNERGY_EFFECTS),
     PresetSpec("nccl_upgrade", "no culprit in range: the node's NCCL wheel went 2.27.5 -> 2.28.3"
                " (slower all-reduce), two harmless package bumps and a changed variable; the"
                " old wheels are in wheels/", (), system_change=True, system_story="nccl_upgrade"),

@@ -17,8 +17,12 @@ from orchestrator.targets.sim import gpu_state
 from orchestrator.targets.sim.packages import nccl_of
 from orchestrator.targets.sim.scenario_presets import (
     BASE_PACKAGES,
+    HARMLESS_ENV_NAMES,
     NODE_ENV,
     NOW_POWER_LIMIT_W,
+    OVERLAP_ENV,
+    SYNERGY_ENV,
+    UNRELATED_PACKAGE_BUMP,
     plant_harmless,
 )
 
@@ -40,6 +44,10 @@ SEED_PACKAGE_BUMP = ("transformers", "4.57.3")
 # package bumped whose old wheel the node still has, one bumped without its old wheel.
 NCCL_UPGRADE = ("nvidia-nccl-cu12", "2.28.3")
 HARMLESS_PACKAGE_BUMP = ("xgrammar", "0.1.29")
+# The story of a commit under larger system causes: a milder power cap (verify +15%) than the
+# other stories' 450 W, NCCL_ALGO=Tree stripped by a launcher (+11% with the code's tuning).
+POWER_STRIP_W = 500
+POWER_STRIP_SESSION_VARS = 25
 UNCACHED_PACKAGE_BUMP = ("safetensors", "0.7.0")
 
 
@@ -135,6 +143,10 @@ def system_story(name: str, rng: random.Random
         return ref, now, changes
     if name == "nccl_upgrade":
         return _nccl_upgrade(base, gpus)
+    if name == "power_strip":
+        return _power_strip(base, gpus, rng)
+    if name in ("env_overlap", "env_synergy"):
+        return _env_added(base, gpus, OVERLAP_ENV if name == "env_overlap" else SYNERGY_ENV)
     raise ValueError(f"unknown system story {name!r}")
 
 
@@ -157,3 +169,40 @@ def _nccl_upgrade(base: dict[str, str], gpus: gpu_state.GpuState
     return ref, now, changes
 
 
+
+
+def _power_strip(base: dict[str, str], gpus: gpu_state.GpuState, rng: random.Random
+                 ) -> tuple[SystemState, SystemState, list[tuple[dict, SystemState]]]:
+    """Two system causes larger than a commit's: the power limit 600 -> 500 W, NCCL_ALGO=Tree
+    stripped by a launcher; a harmless package bump and 25 shell variables beside them."""
+    ref_env, now_env = {**base, "NCCL_ALGO": "Tree"}, {**base, "NCCL_ALGO": "Tree"}
+    plant_harmless(rng, HARMLESS_ENV_NAMES[:POWER_STRIP_SESSION_VARS], ref_env, now_env)
+    ref_env, now_env = dict(sorted(ref_env.items())), dict(sorted(now_env.items()))
+    bumped, version = UNRELATED_PACKAGE_BUMP
+    ref = SystemState(ref_env, gpus, dict(BASE_PACKAGES))
+    capped = gpus.with_all_gpus(power_limit_w=POWER_STRIP_W)
+    now = SystemState(now_env, capped, {**BASE_PACKAGES, bumped: version}, strip=("NCCL_ALGO",))
+    session = sorted(k for k in set(ref_env) | set(now_env) if ref_env.get(k) != now_env.get(k))
+    changes = [
+        ({"factor": "clock", "what": "power_limit_w", "reference": 600, "now": POWER_STRIP_W},
+         SystemState(ref_env, capped, ref.packages)),
+        ({"factor": "env", "var": "NCCL_ALGO", "reference": "Tree", "now": None,
+          "how": "stripped by the node's launcher wrapper"},
+         SystemState(ref_env, gpus, ref.packages, strip=("NCCL_ALGO",))),
+        ({"factor": "env", "vars": session}, SystemState(now_env, gpus, ref.packages)),
+        ({"factor": "packages", "name": bumped, "reference": BASE_PACKAGES[bumped],
+          "now": version}, SystemState(ref_env, gpus, now.packages)),
+    ]
+    return ref, now, changes
+
+
+def _env_added(base: dict[str, str], gpus: gpu_state.GpuState, added: Mapping[str, str]
+               ) -> tuple[SystemState, SystemState, list[tuple[dict, SystemState]]]:
+    """Variables set on the node since the reference; each change priced alone (whether they
+    hurt alone, overlap or hurt only together is the code's `env_effects`)."""
+    ref = SystemState(dict(base), gpus, dict(BASE_PACKAGES))
+    now = SystemState({**base, **added}, gpus, dict(BASE_PACKAGES))
+    changes = [({"factor": "env", "var": var, "reference": None, "now": value},
+                SystemState({**base, var: value}, gpus, ref.packages))
+               for var, value in added.items()]
+    return ref, now, changes
