@@ -237,6 +237,21 @@ class TrialConf:
     retries: int = ranged(1, ge=0, le=100)
     # GPU telemetry sampling period (wall seconds) while the server runs.
     telemetry_interval_s: float = ranged(0.5, gt=0, le=3600)
+    # Take a profile (torch trace) after each trial's measured repetitions; it is stored in the
+    # trial directory and never touches the measurement (orchestrator/evidence/capture.py).
+    profile: bool = False
+
+
+@dataclass
+class EvidenceConf:
+    """Evidence below the phase, after the answer (orchestrator/evidence): each named cause's
+    two sides are profiled with `restarts` server restarts each and their kernels diffed.
+    `kernels`: null = the target's default (on for the sim, off where restarts cost GPU time)."""
+
+    kernels: bool | None = None
+    restarts: int = ranged(3, ge=2, le=100)
+    requests: int | None = ranged(None, ge=1, le=100_000)  # profiled load; null: bench.requests
+    max_causes: int = ranged(3, ge=1, le=20)
 
 
 @dataclass
@@ -353,6 +368,7 @@ class Config:
     cache: CacheConf = field(default_factory=CacheConf)
     packages: PackagesConf = field(default_factory=PackagesConf)
     experiment: ExperimentConf = field(default_factory=ExperimentConf)
+    evidence: EvidenceConf = field(default_factory=EvidenceConf)
 
 
 # The schema of `target` by its name (`target` itself is `Any` in Config: each group option

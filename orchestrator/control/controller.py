@@ -35,6 +35,7 @@ from orchestrator.control.ray_cluster import (
     start_ray,
 )
 from orchestrator.errors import DiskFull
+from orchestrator.evidence.plan import profile_extra
 from orchestrator.packages import plan as packages
 from orchestrator.records import Candidate, Outcome, TrialResult
 from orchestrator.runner.trial import NO_SPACE, TrialSpec, is_no_space
@@ -252,7 +253,7 @@ class Controller:
             warmup_requests=int(self.cfg.bench.warmup_requests),
             phase=phase,
             cache_max_bytes=self._cache_max_bytes,
-            extra={"packages": self._overlays},
+            extra={"packages": self._overlays, **profile_extra(self.cfg, phase)},
         )
         ref = self._actors[node].run.remote(spec)
         inflight = _InFlight(trial_id, candidate, cand_id, node, phase, attempt, ref, time.time(),
