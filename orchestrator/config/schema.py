@@ -180,6 +180,9 @@ class CommandTargetConf(TargetConf):
     build: str = ""  # once per worktree (commit + patches), cached
     server: str = ""  # optional; `{port}` is replaced by the trial's port
     ready_url: str = ""  # optional; default: ready when the port accepts connections
+    # optional: the command of a profiled run (default: the bench), which writes a torch
+    # profiler / Chrome trace to the file named in SLEUTH_PROFILE_TRACE
+    profile: str = ""
     shell: bool = False  # run the strings with /bin/sh -c instead of splitting them
     # The interpreter of the project's code, for package overlays: empty = the first word of
     # the server (or bench) command when it is a Python interpreter, else sleuth's own.

@@ -31,10 +31,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from orchestrator.evidence.families import FAMILIES, FAMILY_LABELS, collective, family
-from orchestrator.evidence.trace import OTHER_MODE, PassProfile
+from orchestrator.evidence.trace import OTHER_MODE, TORCH_STEP, WHOLE_MODE, PassProfile
 from orchestrator.stats.effect import log_difference
 
-MODE_ORDER = ("target_verify", "draft", "decode", "extend", OTHER_MODE)
+MODE_ORDER = ("target_verify", "draft", "decode", "extend", TORCH_STEP, WHOLE_MODE, OTHER_MODE)
 
 
 def short_name(kernel: str, width: int = 40) -> str:

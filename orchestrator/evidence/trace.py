@@ -17,7 +17,10 @@ that contains the kernel's start on the same device. Kernels in no step span are
 the mode `other` (warm-up, sampling between passes).
 
 Times are per pass: a mode's kernel time divided by that mode's number of step spans, so a trace
-that caught 7 verify passes and one that caught 9 compare directly.
+that caught 7 verify passes and one that caught 9 compare directly. A trace of any other
+workload works too: torch's `ProfilerStep#N` spans are mode `step`, and a trace without any
+step span is one pass of mode `all` (the whole profiled run, which must do the same work on both
+sides).
 """
 
 from __future__ import annotations
@@ -41,6 +44,9 @@ STAGE_MODES = {
     "EXTEND": "extend", "MIXED": "extend", "SPLIT_PREFILL": "extend", "DLLM_EXTEND": "extend",
 }  # fmt: skip
 OTHER_MODE = "other"
+TORCH_STEP_RE = re.compile(r"^ProfilerStep#\d+$")
+TORCH_STEP = "step"
+WHOLE_MODE = "all"  # a trace without any step span: its kernels per profiled run
 
 
 class TraceError(ValueError):
@@ -84,10 +90,11 @@ def decode_trace(data: bytes) -> dict[str, Any]:
 
 
 def step_mode(name: str) -> str | None:
-    """The forward mode a step span stands for, or None for other spans (and IDLE passes)."""
+    """The forward mode a step span stands for, or None for other spans (and IDLE passes).
+    torch's own iteration marker (`ProfilerStep#N`, from `prof.step()`) is mode `step`."""
     m = STEP_RE.match(name)
     if not m:
-        return None
+        return TORCH_STEP if TORCH_STEP_RE.match(name) else None
     return STAGE_MODES.get(m.group("stage"))
 
 
@@ -167,10 +174,14 @@ def pass_profile(doc: Mapping[str, Any], source: str = "") -> PassProfile:
             mode = host.find([launch[0]], launch[1])
         if mode is None:
             mode = device.find([ev.get("pid")], float(ev["ts"]))
+        if not (len(host) or len(device)):
+            mode = WHOLE_MODE  # any workload's trace: one "pass" is the whole profiled run
         key = (mode or OTHER_MODE, str(ev.get("name", "")))
         kernel_ms[key] += float(ev["dur"]) / 1000.0  # microseconds -> ms
         calls[key] += 1
     counts = passes if len(host) else device_passes
+    if not (len(host) or len(device)) and kernels:
+        counts = {WHOLE_MODE: 1}
     return PassProfile(dict(counts), dict(kernel_ms), source, dict(calls))
 
 
