@@ -53,7 +53,9 @@ def _run_sides(ctl, before: Candidate, after: Candidate, restarts: int
     while queue or running:
         while queue and ctl.idle_nodes():
             cand = queue.pop(0)
-            ctl.submit(cand, phase=KERNELS_PHASE)
+            # one repetition: it warms the server up for the profile; the measurement it
+            # gives is not what these restarts are for
+            ctl.submit(cand, phase=KERNELS_PHASE, repetitions=1)
             running += 1
         for row in ctl.wait():
             running -= 1
