@@ -40,3 +40,4 @@ def test_investigation_ends_with_kernel_evidence_per_cause(tmp_path, ray_session
     assert not commit_rows[("target_verify", "allreduce")]["mover"]
     report = (run_dir / "report.md").read_text()
     assert "## Kernel evidence" in report and "| target_verify | attention | (all) |" in report
+    assert (run_dir / "plots" / "kernels.png").stat().st_size > 0 and "plots/kernels.png" in report
