@@ -207,3 +207,51 @@ def test_diff_needs_two_restarts_a_side():
     with pytest.raises(ValueError, match="two restarts"):
         K.diff([p], [p, p])
     assert merge_profiles([p, p]).passes["draft"] == 12
+
+
+# -- plan and sides -------------------------------------------------------------------------------
+@pytest.mark.parametrize(("args", "on"), [
+    (["target=sim"], True), (["target=sglang"], False), (["target=sglang", "launcher=sim"], True),
+    (["target=command", "target.bench=true"], False),
+    (["target=sglang", "evidence.kernels=true"], True), (["target=sim", "evidence.kernels=false"], False),
+])  # fmt: skip
+def test_kernel_evidence_is_on_by_default_only_where_restarts_are_free(args, on):
+    from orchestrator.config.compose import compose_config
+    from orchestrator.evidence import plan
+
+    cfg = compose_config("investigate", args)
+    assert plan.kernels_enabled(cfg) is on
+    assert plan.cost_line(cfg).startswith("kernel evidence: on" if on else "kernel evidence: off")
+    assert "6" in plan.cost_line(cfg)  # 2 x evidence.restarts restarts per cause, stated
+    assert plan.profile_extra(cfg, plan.KERNELS_PHASE) == {"profile": {"requests": 4}}
+    assert plan.profile_extra(cfg, "bisect") == {}
+
+
+def test_bad_evidence_settings_are_refused():
+    from orchestrator.config.compose import compose_config
+    from orchestrator.errors import UserError
+
+    with pytest.raises(UserError, match="evidence.restarts"):
+        compose_config("investigate", ["target=sim", "evidence.restarts=1"])
+
+
+def test_sides_of_a_commit_and_of_a_system_cause():
+    from orchestrator.evidence.sides import sides
+    from orchestrator.records import Candidate
+
+    good = Candidate.make("a" * 40, (), {"NCCL_PROTO": "LL128"}, "default")
+    bad = Candidate.make("b" * 40, (), {}, "default")
+    parents = {"c" * 40 + "^": "d" * 40}
+
+    def resolve(ref: str) -> str:
+        return parents.get(ref, ref)
+
+    before, after = sides({"kind": "commit", "id": "c" * 40}, bad, good, [], resolve)
+    assert (before.commit, after.commit) == ("d" * 40, "c" * 40)
+    finding = {"kind": "env", "id": "NCCL_PROTO", "differences": [
+        {"factor": "env", "key": "NCCL_PROTO", "good": "LL128", "bad": None}]}
+    before, after = sides({"kind": "env", "id": "NCCL_PROTO"}, bad, good,
+                          [None, {"findings": [finding]}], resolve)
+    assert before.env_dict == {"NCCL_PROTO": "LL128"} and after.env_dict == {}
+    assert before.commit == after.commit == good.commit  # profiled alone, on the good state
+    assert "not recorded" in sides({"kind": "env", "id": "X"}, bad, good, [], resolve)

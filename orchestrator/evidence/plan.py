@@ -10,19 +10,20 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from omegaconf import DictConfig, OmegaConf
+
 KERNELS_PHASE = "kernels"  # the phase of the profiling trials after the answer
 
 
 def _get(cfg: Any, dotted: str, default: Any = None) -> Any:
-    node = cfg
-    for part in dotted.split("."):
-        if node is None:
-            return default
-        try:
-            node = node.get(part) if isinstance(node, Mapping) or hasattr(node, "get") else None
-        except Exception:  # noqa: BLE001 - a missing or unresolvable key reads as unset
-            return default
-    return default if node is None else node
+    """`cfg` at a dotted key (a DictConfig or a plain mapping), `default` when absent or null."""
+    if isinstance(cfg, DictConfig):
+        value = OmegaConf.select(cfg, dotted, default=None)
+    else:
+        value = cfg
+        for part in dotted.split("."):
+            value = value.get(part) if isinstance(value, Mapping) else None
+    return default if value is None else value
 
 
 def target_name(cfg: Any) -> str:
