@@ -255,3 +255,21 @@ def test_sides_of_a_commit_and_of_a_system_cause():
     assert before.env_dict == {"NCCL_PROTO": "LL128"} and after.env_dict == {}
     assert before.commit == after.commit == good.commit  # profiled alone, on the good state
     assert "not recorded" in sides({"kind": "env", "id": "X"}, bad, good, [], resolve)
+
+
+def test_an_outlier_restart_is_left_out_not_taken_for_a_cause():
+    """A restart 3x slower than its side (a slow ring, a JIT compile) moves every family at
+    once; left in, it hides a real mover or fakes one. Left out, it is counted in the line."""
+    quiet = found = 0
+    for seed in range(30):
+        rng = random.Random(7000 + seed)
+        before = [_restart(rng), _restart(rng, outlier=3.0), _restart(rng)]
+        d = K.diff(before, [_restart(rng) for _ in range(3)])
+        assert d.outliers == 1 and K.outlier_restarts(before) == [1]
+        quiet += not d.movers
+        d = K.diff(before, [_restart(rng, {("target_verify", "attention"): 1.3})
+                            for _ in range(3)])
+        found += d.top is not None and d.top.family == "attention"
+        assert "1 outlier restart left out" in K.evidence_line(d)
+    assert quiet >= 26 and found >= 27
+    assert K.outlier_restarts([_restart(random.Random(1)) for _ in range(2)]) == []

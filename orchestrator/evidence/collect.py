@@ -35,7 +35,9 @@ def _profile_of(row) -> PassProfile | None:
 
 def _run_sides(ctl, before: Candidate, after: Candidate, restarts: int
                ) -> tuple[list[PassProfile], list[PassProfile], list[int]]:
-    """Profiles of each side: the stored ones first, then new restarts, interleaved."""
+    """Profiles of each side: the stored ones first, then new restarts, interleaved, until each
+    side has `restarts` profiles that are no outlier restarts (`kernels.outlier_restarts`), with
+    at most `restarts` extra restarts a side for lost profiles and outliers."""
     got: dict[str, list[PassProfile]] = {before.key: [], after.key: []}
     ids: list[int] = []
     for row in ctl.store.trials():
@@ -44,28 +46,34 @@ def _run_sides(ctl, before: Candidate, after: Candidate, restarts: int
             if p is not None:
                 got[row.candidate.key].append(p)
                 ids.append(row.id)
-    need = {c.key: max(0, restarts - len(got[c.key])) for c in (before, after)}
-    queue = []
-    for i in range(max(need.values())):
-        queue += [c for c in (before, after) if i < need[c.key]]
-    tries = {c.key: 0 for c in (before, after)}
-    running = 0
-    while queue or running:
-        while queue and ctl.idle_nodes():
-            cand = queue.pop(0)
-            # one repetition: it warms the server up for the profile; the measurement it
-            # gives is not what these restarts are for
-            ctl.submit(cand, phase=KERNELS_PHASE, repetitions=1)
-            running += 1
-        for row in ctl.wait():
-            running -= 1
-            p = _profile_of(row)
-            if p is not None:
-                got[row.candidate.key].append(p)
-                ids.append(row.id)
-            elif tries[row.candidate.key] < restarts:  # one more restart for a lost profile
-                tries[row.candidate.key] += 1
-                queue.append(row.candidate)
+    launched = {before.key: 0, after.key: 0}
+
+    def missing(key: str) -> int:
+        good = len(got[key]) - len(K.outlier_restarts(got[key]))
+        return min(max(0, restarts - good), 2 * restarts - launched[key])
+
+    while True:
+        need = {c.key: missing(c.key) for c in (before, after)}
+        if not any(need.values()):
+            break
+        queue = []
+        for i in range(max(need.values())):
+            queue += [c for c in (before, after) if i < need[c.key]]
+        running = 0
+        while queue or running:
+            while queue and ctl.idle_nodes():
+                cand = queue.pop(0)
+                # one repetition: it warms the server up for the profile; the measurement it
+                # gives is not what these restarts are for
+                ctl.submit(cand, phase=KERNELS_PHASE, repetitions=1)
+                launched[cand.key] += 1
+                running += 1
+            for row in ctl.wait():
+                running -= 1
+                p = _profile_of(row)
+                if p is not None:
+                    got[row.candidate.key].append(p)
+                    ids.append(row.id)
     return got[before.key], got[after.key], ids
 
 

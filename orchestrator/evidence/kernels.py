@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import math
 import re
+import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
@@ -37,6 +38,7 @@ from orchestrator.evidence.families import FAMILIES, FAMILY_LABELS, collective, 
 from orchestrator.evidence.trace import OTHER_MODE, TORCH_STEP, WHOLE_MODE, PassProfile
 from orchestrator.stats.effect import log_difference
 
+OUTLIER_RATIO = 1.5
 MODE_ORDER = ("target_verify", "draft", "decode", "extend", TORCH_STEP, WHOLE_MODE, OTHER_MODE)
 
 
@@ -75,6 +77,7 @@ class KernelDiff:
     n_before: int
     n_after: int
     confidence: float
+    outliers: int = 0  # restarts left out as outliers (see `outlier_restarts`)
 
     @property
     def movers(self) -> list[Row]:
@@ -102,6 +105,30 @@ def _mode_weights(profiles: Sequence[PassProfile]) -> dict[str, float]:
     return {m: n / total for m, n in counts.items()}
 
 
+def outlier_restarts(profiles: Sequence[PassProfile]) -> list[int]:
+    """Indexes of restarts whose device time per pass is `OUTLIER_RATIO` or more off the
+    median of their side. Both sides' restarts are each one candidate, so a gap that size
+    within a side is the restart (a slow NCCL ring, a JIT compile on the path, a throttled
+    GPU), never the cause. With fewer than three restarts none can be told apart: none."""
+    if len(profiles) < 3:
+        return []
+    modes = [m for m in MODE_ORDER if m != OTHER_MODE
+             and all(p.passes.get(m, 0) > 0 for p in profiles)]  # fmt: skip
+    totals = [sum(p.pass_ms(m) for m in modes) for p in profiles]
+    if not modes or min(totals) <= 0:
+        return []
+    mid = math.exp(statistics.median(math.log(t) for t in totals))
+    return [i for i, t in enumerate(totals) if abs(math.log(t / mid)) >= math.log(OUTLIER_RATIO)]
+
+
+def _without_outliers(profiles: Sequence[PassProfile]) -> tuple[list[PassProfile], int]:
+    drop = set(outlier_restarts(profiles))
+    kept = [p for i, p in enumerate(profiles) if i not in drop]
+    if len(kept) < 2:  # most restarts disagree with each other: keep all (wide intervals)
+        return list(profiles), 0
+    return kept, len(drop)
+
+
 def diff(
     before: Sequence[PassProfile],
     after: Sequence[PassProfile],
@@ -111,12 +138,15 @@ def diff(
 ) -> KernelDiff:
     """Family rows per forward mode with log-scale intervals across restarts, movers marked.
 
-    `before`/`after`: one profile per restart of each side (at least two each for an interval).
-    Modes without step spans on both sides (and `other`) are left out: their per-pass times are
-    not comparable. `floor_ms` keeps an absent family (0 ms) finite on the log scale.
+    `before`/`after`: one profile per restart of each side (at least two each for an interval);
+    outlier restarts (`outlier_restarts`) are left out and counted. Modes without step spans on
+    both sides (and `other`) are left out: their per-pass times are not comparable. `floor_ms`
+    keeps an absent family (0 ms) finite on the log scale.
     """
     if len(before) < 2 or len(after) < 2:
         raise ValueError("a kernel diff needs at least two restarts on each side")
+    before, dropped_b = _without_outliers(before)
+    after, dropped_a = _without_outliers(after)
     modes = [m for m in MODE_ORDER if m != OTHER_MODE
              and all(p.passes.get(m, 0) > 0 for p in (*before, *after))]  # fmt: skip
     logs: dict[tuple[str, str], tuple[list[float], list[float]]] = {}
@@ -146,7 +176,7 @@ def diff(
     rows.sort(key=lambda r: (not r.mover, -abs(r.delta_ms) * r.weight))
     moved = {(r.mode, r.family) for r in rows if r.mover}
     return KernelDiff(rows, _kernel_rows(before, after, moved, weights), len(before), len(after),
-                      confidence)
+                      confidence, dropped_b + dropped_a)
 
 
 def _kernel_rows(before: Sequence[PassProfile], after: Sequence[PassProfile],
@@ -172,9 +202,11 @@ def _fmt_ci(row: Row) -> str:
 def evidence_line(d: KernelDiff) -> str:
     """One line for the answer: the movers (top first, with the kernel that carries the change)
     and the families that held still, or that no kernel moved above the restart noise."""
+    left_out = (f", {d.outliers} outlier restart{'s' if d.outliers > 1 else ''} left out"
+                if d.outliers else "")
     if not d.movers:
         return (f"kernels: no kernel family moved above the restart noise "
-                f"({d.n_before} vs {d.n_after} profiled restarts)")
+                f"({d.n_before} vs {d.n_after} profiled restarts{left_out})")
     parts = []
     for r in d.movers[:3]:
         top = next((k for k in d.kernels if k.mode == r.mode and k.family == r.family), None)
@@ -185,7 +217,7 @@ def evidence_line(d: KernelDiff) -> str:
     still = [FAMILY_LABELS[f] for f in ("attention", "gemm", "allreduce")
              if f not in moved_fams and any(r.family == f for r in d.rows)]
     tail = f"; {', '.join(still)} unchanged" if still else ""
-    return "kernels: " + "; ".join(parts) + tail
+    return "kernels: " + "; ".join(parts) + tail + (f" ({left_out[2:]})" if left_out else "")
 
 
 def table(d: KernelDiff, limit: int = 12) -> list[str]:
@@ -218,6 +250,7 @@ def to_json(d: KernelDiff) -> dict:
 
     top = d.top
     return {"n_before": d.n_before, "n_after": d.n_after, "confidence": d.confidence,
+            "outliers": d.outliers,
             "top": None if top is None else {"mode": top.mode, "family": top.family},
             "families": [row(r) for r in d.rows], "kernels": [row(k) for k in d.kernels],
             "line": evidence_line(d)}
