@@ -41,3 +41,4 @@ def test_investigation_ends_with_kernel_evidence_per_cause(tmp_path, ray_session
     report = (run_dir / "report.md").read_text()
     assert "## Kernel evidence" in report and "| target_verify | attention | (all) |" in report
     assert (run_dir / "plots" / "kernels.png").stat().st_size > 0 and "plots/kernels.png" in report
+    assert "<h2>Kernel evidence</h2>" in (run_dir / "report.html").read_text()

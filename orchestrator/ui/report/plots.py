@@ -249,7 +249,7 @@ def timeline_plot(spans: Sequence[S.Span]) -> Plot:
 
 
 def kernels_plot(entries: Sequence) -> Plot | None:
-    from orchestrator.ui.report.kernel_plot import kernel_figure
+    from orchestrator.ui.report.kernel_report import kernel_figure
 
     fig = kernel_figure(entries)
     if fig is None:

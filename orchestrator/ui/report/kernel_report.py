@@ -1,4 +1,4 @@
-"""The kernel-evidence figure: per named cause, how much each (mode, kernel family) row moved
+"""The kernel-evidence figure and tables: per named cause, how much each (mode, kernel family) row
 between the cause's two sides, with its interval across restarts (orchestrator/evidence)."""
 
 from __future__ import annotations
@@ -38,3 +38,28 @@ def kernel_figure(entries: Sequence[Mapping]) -> Figure | None:
         ax.set_title(str(e.get("cause", "")), loc="left")
         ax.grid(axis="x", alpha=0.3)
     return fig
+
+
+def kernel_tables(entries: Sequence[Mapping]) -> list:
+    """One table per profiled cause (family rows, then the kernels inside the moved ones), for
+    the HTML report; the markdown report prints the same rows from the entry's `table`."""
+    from orchestrator.evidence.kernels import short_name
+    from orchestrator.ui.report.tables import TextTable
+
+    out = []
+    for i, e in enumerate(entries):
+        if not e.get("families"):
+            continue
+        rows = [(r["mode"], FAMILY_LABELS.get(r["family"], r["family"]), "(all)",
+                 f"{r['before_ms']:.3f}", f"{r['after_ms']:.3f}", f"{r['pct']:+.1f}%",
+                 f"[{r['ci'][0]:+.0f}%, {r['ci'][1]:+.0f}%]", "yes" if r.get("mover") else "no")
+                for r in e["families"]]
+        rows += [(k["mode"], FAMILY_LABELS.get(k["family"], k["family"]),
+                  short_name(k["kernel"]), f"{k['before_ms']:.3f}", f"{k['after_ms']:.3f}",
+                  f"{k['pct']:+.1f}%" if k["before_ms"] > 0 else "new", "", "")
+                 for k in e.get("kernels", [])]
+        out.append(TextTable(f"kernels-{i}", f"Kernels: {e.get('cause', '')}",
+                             ("mode", "family", "kernel", "before ms/pass", "after ms/pass",
+                              "change", "interval", "moved"),
+                             tuple(tuple(r) for r in rows), str(e.get("line", ""))))
+    return out
