@@ -1,5 +1,5 @@
-"""The kernel-evidence figure and tables: per named cause, how much each (mode, kernel family) row
-between the cause's two sides, with its interval across restarts (orchestrator/evidence)."""
+"""The kernel-evidence figure and tables: per named cause, how much each (mode, kernel family)
+row moved between the cause's two sides, with its interval across restarts (orchestrator/evidence)."""
 
 from __future__ import annotations
 
