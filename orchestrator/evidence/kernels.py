@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import math
 import re
-import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
@@ -106,25 +105,27 @@ def _mode_weights(profiles: Sequence[PassProfile]) -> dict[str, float]:
 
 
 def outlier_restarts(profiles: Sequence[PassProfile]) -> list[int]:
-    """Indexes of restarts whose device time per pass is `OUTLIER_RATIO` or more off the
-    median of their side. Both sides' restarts are each one candidate, so a gap that size
-    within a side is the restart (a slow NCCL ring, a JIT compile on the path, a throttled
-    GPU), never the cause. With fewer than three restarts none can be told apart: none."""
-    if len(profiles) < 3:
+    """Indexes of restarts whose device time per pass is `OUTLIER_RATIO` or more above the
+    fastest restart of their side. A side's restarts are one candidate, so a gap that size
+    within a side is the restart, never the cause; and only slow restarts are outliers, because
+    what goes wrong at a start (a slow NCCL ring, a JIT compile on the critical path, a
+    throttled GPU, a neighbour) only ever slows it down. That also decides the case a median
+    cannot: two slow restarts out of three agree with each other, but the fast one is right."""
+    if len(profiles) < 2:
         return []
     modes = [m for m in MODE_ORDER if m != OTHER_MODE
              and all(p.passes.get(m, 0) > 0 for p in profiles)]  # fmt: skip
     totals = [sum(p.pass_ms(m) for m in modes) for p in profiles]
     if not modes or min(totals) <= 0:
         return []
-    mid = math.exp(statistics.median(math.log(t) for t in totals))
-    return [i for i, t in enumerate(totals) if abs(math.log(t / mid)) >= math.log(OUTLIER_RATIO)]
+    fastest = min(totals)
+    return [i for i, t in enumerate(totals) if t >= OUTLIER_RATIO * fastest]
 
 
 def _without_outliers(profiles: Sequence[PassProfile]) -> tuple[list[PassProfile], int]:
     drop = set(outlier_restarts(profiles))
     kept = [p for i, p in enumerate(profiles) if i not in drop]
-    if len(kept) < 2:  # most restarts disagree with each other: keep all (wide intervals)
+    if len(kept) < 2:  # one good restart is no interval: keep all, and the intervals are wide
         return list(profiles), 0
     return kept, len(drop)
 
@@ -216,7 +217,8 @@ def evidence_line(d: KernelDiff) -> str:
     moved_fams = {r.family for r in d.movers}
     still = [FAMILY_LABELS[f] for f in ("attention", "gemm", "allreduce")
              if f not in moved_fams and any(r.family == f for r in d.rows)]
-    tail = f"; {', '.join(still)} unchanged" if still else ""
+    # not "unchanged": a row inside the noise may have moved less than the noise can show
+    tail = f"; {', '.join(still)}: within the noise" if still else ""
     return "kernels: " + "; ".join(parts) + tail + (f" ({left_out[2:]})" if left_out else "")
 
 
