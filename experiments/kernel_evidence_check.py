@@ -109,7 +109,10 @@ def story(kind: str, n: int, restarts: int, cv: dict) -> tuple[bool, str]:
             good = len(got[w]) - len(K.outlier_restarts(got[w]))
             return min(max(0, restarts - good), 2 * restarts - launched[w])
 
-        while any(need := {w: missing(w) for w in got}.values()):
+        while True:
+            need = {w: missing(w) for w in got}
+            if not any(need.values()):
+                break
             for i in range(max(need.values())):
                 for w in ("before", "after"):  # interleaved, as the evidence step runs them
                     if i >= need[w]:
