@@ -20,6 +20,8 @@ changes are ratios on the log scale (`stats/effect.py`), and the decision is mad
   slows the all-reduces of verify, draft and prefill alike), so pooling across modes would
   count one restart's noise three times as independent evidence. It did: a harmless change
   showed a "-8% all-reduce mover" in 1 of 20 seeded stories until rows stopped pooling.
+- Outlier restarts (`outlier_restarts`: 1.5x slower than their side's fastest) are left out
+  and counted; three restarts cannot absorb a 3x restart, which otherwise hides every cause.
 
 The top mover is the mover that adds the most device time to an average pass of the run (its
 change per pass weighted by how often its mode runs), so a +30% on a 0.1 ms draft kernel does not
