@@ -29,6 +29,7 @@ from rich.table import Table
 from orchestrator.commands import common, investigate, sweep
 from orchestrator.config import sweep as setup
 from orchestrator.control.controller import Controller
+from orchestrator.evidence import plan as evidence_plan
 from orchestrator.metrics import EFFECT_METRICS
 from orchestrator.records import Candidate
 from orchestrator.run.rundir import create_run, running
@@ -168,6 +169,7 @@ def run(cfg: DictConfig) -> int:
         truth = scenario.truth
         out.print(f"scenario: {scenario.repo} ({truth['commits']} commits; planted causes in"
                   f" {scenario.out / 'truth.json'})")
+        out.print(evidence_plan.cost_line(cfg))
         cfg.repo = str(scenario.repo)
         cfg.good, cfg.bad, cfg.recover = truth["good"], truth["bad"], True
         _set_nodes(cfg, scenario.out, "reference")

@@ -45,6 +45,8 @@ from orchestrator.config import params as experiment_params
 from orchestrator.config.bisect import bisect_strategy
 from orchestrator.control.controller import Controller
 from orchestrator.errors import UserError
+from orchestrator.evidence import collect as evidence
+from orchestrator.evidence import plan as evidence_plan
 from orchestrator.metrics import check_metric
 from orchestrator.records import Candidate
 from orchestrator.run import findings
@@ -237,6 +239,12 @@ def execute(cfg: DictConfig, ctl: Controller, run_dir: Path, p: Plan, ws, out,
     if yardstick is not None:
         result["code_yardstick"] = {k: v for k, v in yardstick.items() if k != "level"}
         result["sentence"] += f"; {yardstick['said']}"
+    if evidence_plan.kernels_enabled(cfg) and result.get("causes"):
+        out.print("\n== kernel evidence: each named cause's two sides, profiled ==")
+        result["evidence"] = evidence.for_causes(
+            ctl, result["causes"], p.bad_candidate, p.base, [docs.get("bisect"), docs.get("isolate")],
+            ws.resolve, restarts=int(cfg.evidence.restarts),
+            max_causes=int(cfg.evidence.max_causes), say=out.print)
     doc = {"run": ctl.store.run_id, "experiment": "investigate", "metric": str(cfg.metric),
            "verdict": result["status"], "message": result["sentence"], "findings": [],
            "steps": list(docs), "n_trials": len(rows), "answer": result}
@@ -384,6 +392,7 @@ def resume(run_dir: Path) -> int:
 def _execute(cfg: DictConfig, run_dir: Path, store: RunStore, p: Plan, ws) -> int:
     out = render.console()
     with running(store, run_dir, out) as run:
+        out.print(evidence_plan.cost_line(cfg))
         if p.reference is not None and p.reference.get("adopted"):
             out.print("measuring with the reference's settings: "
                       + ", ".join(p.reference["adopted"]))

@@ -180,6 +180,9 @@ class CommandTargetConf(TargetConf):
     build: str = ""  # once per worktree (commit + patches), cached
     server: str = ""  # optional; `{port}` is replaced by the trial's port
     ready_url: str = ""  # optional; default: ready when the port accepts connections
+    # optional: the command of a profiled run (default: the bench), which writes a torch
+    # profiler / Chrome trace to the file named in SLEUTH_PROFILE_TRACE
+    profile: str = ""
     shell: bool = False  # run the strings with /bin/sh -c instead of splitting them
     # The interpreter of the project's code, for package overlays: empty = the first word of
     # the server (or bench) command when it is a Python interpreter, else sleuth's own.
@@ -237,6 +240,21 @@ class TrialConf:
     retries: int = ranged(1, ge=0, le=100)
     # GPU telemetry sampling period (wall seconds) while the server runs.
     telemetry_interval_s: float = ranged(0.5, gt=0, le=3600)
+    # Take a profile (torch trace) after each trial's measured repetitions; it is stored in the
+    # trial directory and never touches the measurement (orchestrator/evidence/capture.py).
+    profile: bool = False
+
+
+@dataclass
+class EvidenceConf:
+    """Evidence below the phase, after the answer (orchestrator/evidence): each named cause's
+    two sides are profiled with `restarts` server restarts each and their kernels diffed.
+    `kernels`: null = the target's default (on for the sim, off where restarts cost GPU time)."""
+
+    kernels: bool | None = None
+    restarts: int = ranged(3, ge=2, le=100)
+    requests: int | None = ranged(None, ge=1, le=100_000)  # profiled load; null: bench.requests
+    max_causes: int = ranged(3, ge=1, le=20)
 
 
 @dataclass
@@ -366,6 +384,7 @@ class Config:
     packages: PackagesConf = field(default_factory=PackagesConf)
     package: PackageSearchConf = field(default_factory=PackageSearchConf)
     experiment: ExperimentConf = field(default_factory=ExperimentConf)
+    evidence: EvidenceConf = field(default_factory=EvidenceConf)
 
 
 # The schema of `target` by its name (`target` itself is `Any` in Config: each group option

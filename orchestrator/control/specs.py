@@ -10,6 +10,7 @@ from pathlib import Path
 
 from omegaconf import DictConfig
 
+from orchestrator.evidence.plan import profile_extra
 from orchestrator.packages import plan as packages
 from orchestrator.records import Candidate
 from orchestrator.runner.trial import TrialSpec
@@ -43,5 +44,5 @@ def trial_spec(cfg: DictConfig, run_dir: Path, trial_id: int, candidate: Candida
         phase=phase,
         cache_max_bytes=max_bytes if max_bytes is not None else cache_max_bytes(cfg),
         extra={"packages": overlays if overlays is not None
-               else packages.settings(cfg).to_json()},
+               else packages.settings(cfg).to_json(), **profile_extra(cfg, phase)},
     )

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from orchestrator.bench.client import BenchError
+from orchestrator.evidence import capture
 from orchestrator.gpu.base import ClockPolicy, GpuControl
 from orchestrator.packages import trial as packages
 from orchestrator.records import Candidate, Measurement, Outcome, TrialResult, TrialState
@@ -379,6 +380,9 @@ def run_trial(
             )
         if gpu is not None:
             changed = clock_changes(gpu_snapshot, gpu.snapshot())
+        profile = capture.wanted(spec.extra)
+        if profile is not None:  # after the measured repetitions: it never touches the metric
+            fp["profile"] = target.profile(base_url, trial_dir, profile)
     except TrialFailure as failure:
         outcome, detail = failure.outcome, failure.detail
         measurements = []

@@ -169,6 +169,27 @@ class Target(ABC):
             time_scale=self.time_scale,
         )
 
+    # -- profile ---------------------------------------------------------------------------
+    # Whether the server answers SGLang's `/start_profile` and `/stop_profile`.
+    supports_profile: bool = False
+
+    def profile(self, base_url: str, trial_dir: Path, settings: Mapping) -> dict:
+        """One profiled load after the measured repetitions: the trace's summary, or
+        `{"error": ...}` (see orchestrator/evidence/capture.py). The load is the measured
+        request set (`settings["requests"]` of them), so both sides of a diff ran the same."""
+        from orchestrator.evidence import capture
+
+        if not self.supports_profile:
+            return {"error": f"target {self.name} cannot take a profile"}
+        n = int(settings.get("requests") or self.bench["requests"])
+
+        def load() -> None:
+            run_repetition(base_url, self.requests(n), concurrency=int(self.bench["concurrency"]),
+                           timeout_s=float(self.bench["request_timeout_s"]),
+                           time_scale=self.time_scale)
+
+        return capture.guarded(lambda: capture.capture_http(base_url, trial_dir, load))
+
     def measure(self, base_url: str, requests: list[RequestSpec], log_path: Path) -> dict[str, float]:
         """One repetition: client metrics plus server phase metrics bracketing it."""
         before = self.scrape(base_url)

@@ -15,6 +15,10 @@ unless `target.shell=true`):
 - `target.pythonpath` (default `[., src]`): worktree directories put first on PYTHONPATH (those
   that exist), so a bench script kept outside the repository (`python /srv/bench/b.py`)
   imports the commit's own package, not an installed copy, without any `sys.path` edits.
+- `target.profile` (optional): with a profile wanted (`trial.profile=true`, or the kernel
+  evidence after an answer), one more run after the repetitions, of this command (default: the
+  bench itself) with `SLEUTH_PROFILE_TRACE` set to the file it should write a torch profiler /
+  Chrome trace to; sleuth keeps it compressed in the trial directory and diffs its kernels.
 - `target.server` + `target.ready_url` (optional): a server launched for the trial like any
   other (own process group, readiness, teardown); `{port}`, `{host}` and `{base_url}` in the
   server, ready URL and bench strings are replaced, and the bench also sees `SLEUTH_BASE_URL`.
@@ -287,15 +291,17 @@ class CommandTarget(Target):
         pgid = self._running_pgid
         return group_members(pgid) if pgid else []
 
-    def run_bench(self, base_url: str, log_path: Path) -> dict[str, float]:
-        """One run of the bench command in the worktree; its metrics."""
+    def run_bench(self, base_url: str, log_path: Path, command: str | None = None,
+                  extra_env: Mapping[str, str] | None = None) -> dict[str, float]:
+        """One run of the bench command (or `command`) in the worktree; its metrics."""
         if self._worktree is None:
             raise BenchError("http", "the bench command ran before its worktree was prepared")
         env = dict(self._trial_env or self._with_worktree_path(super().environment({})))
+        env.update(extra_env or {})
         if base_url:
             env["SLEUTH_BASE_URL"] = base_url
         timeout = float(self.conf.get("bench_timeout_s") or 600)
-        argv = self.argv(self._fill(str(self.conf["bench"]), base_url))
+        argv = self.argv(self._fill(str(command or self.conf["bench"]), base_url))
         if not self.has_server:  # the bench is the workload: numactl & co. apply to it
             argv = self.launcher() + argv
         run = run_command(argv, cwd=self._worktree, env=env, timeout_s=timeout,
@@ -306,6 +312,27 @@ class CommandTarget(Target):
             raise BenchError("http", f"the bench command exited with code {run.exit_code}:"
                                      f" {run.tail}")
         return parse_bench_output(run.stdout)
+
+    supports_profile = True  # through the bench itself: SLEUTH_PROFILE_TRACE names its trace
+
+    def profile(self, base_url: str, trial_dir: Path, settings: Mapping) -> dict:
+        """One more, unmeasured run after the repetitions, of `target.profile` (else the bench)
+        with `SLEUTH_PROFILE_TRACE` naming the file it should write its torch profiler / Chrome
+        trace to (`prof.export_chrome_trace(os.environ["SLEUTH_PROFILE_TRACE"])`)."""
+        from orchestrator.evidence import capture
+
+        path = trial_dir / "bench-trace.json"
+
+        def run() -> dict:
+            try:
+                self.run_bench(base_url, trial_dir / "profile.log",
+                               command=str(self.conf.get("profile") or "") or None,
+                               extra_env={capture.TRACE_ENV: str(path)})
+                return capture.capture_file(path, trial_dir)
+            finally:
+                path.unlink(missing_ok=True)
+
+        return capture.guarded(run)
 
     def warm_up(self, base_url: str, n_requests: int) -> None:
         """One unmeasured run of the bench command (imports, caches, JIT, GPU clocks)."""

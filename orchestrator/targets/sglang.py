@@ -104,6 +104,7 @@ server_accept_length = server_measure.server_accept_length  # re-exported: used 
 
 
 class SglangTarget(Target):
+    supports_profile = True  # /start_profile, /stop_profile (tests/fixtures/sglang_0_5_23)
     name = "sglang"
 
     def __init__(self, conf: Mapping, bench: Mapping, node):

@@ -24,6 +24,7 @@ from orchestrator.targets.sim.dialect import DEVICE_TIMER_ENV, Dialect, UnknownV
 
 
 class SimTarget(Target):
+    supports_profile = True  # the sim answers /start_profile and /stop_profile as SGLang does
     name = "sim"
 
     @property

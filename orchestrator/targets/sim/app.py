@@ -39,6 +39,7 @@ from orchestrator.targets.sim.profile import (
 from orchestrator.targets.sim.requests import FINISHED, SimRequest
 from orchestrator.targets.sim.scheduler import MAX_TOTAL_NUM_TOKENS, Scheduler
 from orchestrator.targets.sim.tokens import tokenize
+from orchestrator.targets.sim.torch_trace import SimProfiler
 
 MODEL_ARCH = "DeepseekV3ForCausalLM"
 DRAFT_ARCH = "LlamaForCausalLMEagle3"
@@ -306,6 +307,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         radix_cache=not args["disable_radix_cache"],
         device_timer=device_timer,
     )  # fmt: skip
+    scheduler.profiler = SimProfiler(noise.seed, env)
     state.scheduler = scheduler
     with metrics.lock:
         metrics.set_gauge("max_total_num_tokens", MAX_TOTAL_NUM_TOKENS)

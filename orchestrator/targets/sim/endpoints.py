@@ -166,6 +166,8 @@ class Handler(BaseHTTPRequestHandler):
             "/generate": ({"POST", "PUT"}, self.generate),
             "/v1/completions": ({"POST"}, self.completions),
             "/sim/packages": ({"GET"}, self.sim_packages),  # the sim's own; not SGLang's
+            "/start_profile": ({"GET", "POST"}, self.start_profile),
+            "/stop_profile": ({"GET", "POST"}, self.stop_profile),
         }
         if path not in routes or (
             path == "/metrics" and not self.state.config.server_args["enable_metrics"]
@@ -218,6 +220,29 @@ class Handler(BaseHTTPRequestHandler):
         if self._starting():
             return
         self._json(200, self.state.packages)
+
+    def start_profile(self) -> None:
+        """SGLang 0.5.23: 200 `Start profiling.`; a refused request is a 500 (RuntimeError)."""
+        body = self._body()
+        if not isinstance(body, dict):
+            raise BadRequest("profile request body must be a JSON object")
+        self._profile(lambda p: p.start(body), "Start profiling.\n")
+
+    def stop_profile(self) -> None:
+        self._profile(lambda p: p.stop(), "Stop profiling. This will take some time.\n")
+
+    def _profile(self, action: Any, reply: str) -> None:
+        scheduler = self.state.scheduler
+        profiler = getattr(scheduler, "profiler", None)
+        if profiler is None:
+            self._text(503, "Server is starting.\n")
+            return
+        try:
+            action(profiler)
+        except RuntimeError as exc:  # torch_trace.ProfileRequestError
+            self._text(500, f"Internal Server Error: {exc}\n")
+            return
+        self._text(200, reply)
 
     def model_info(self) -> None:
         if self._starting():

@@ -94,6 +94,7 @@ class Scheduler:
         self.last_gen_throughput = 0.0
         self._last_prefill_tokens = 0
         self._last_prefill_time = 0.0
+        self.profiler = None  # a torch_trace.SimProfiler once the server has one
 
     # -- public, called from HTTP threads -------------------------------------------------------
     def modeled_clock(self) -> float:
@@ -200,7 +201,14 @@ class Scheduler:
                 req.cached_tokens = self.cache.match_and_insert(req.input_ids)
             cached += req.cached_tokens
             new_tokens += len(req.input_ids) - req.cached_tokens
-        ms = self.costs.prefill(new_tokens) * self._factor()
+        factor = self._factor()
+        ms = self.costs.prefill(new_tokens) * factor
+        if self.profiler is not None and self.profiler.active:
+            tokens = max(new_tokens, 1)
+            passes = [("EXTEND", "prefill", len(admit), tokens, False, factor)]
+            if self.launch.speculative:
+                passes.append(("DRAFT", "draft_prefill", len(admit), tokens, False, factor))
+            self.profiler.batch(self.modeled_now, passes, self.costs)
         with self.metrics.lock:
             self.metrics.forward("extend" if self.dialect.per_pass_timer else "forward_extend",
                                  ms / 1000.0)
@@ -232,10 +240,15 @@ class Scheduler:
         launch = self.launch
         if launch.speculative:
             steps = launch.speculative_num_steps
-            draft_ms = sum(self.costs.draft_step(bs) * self._factor() for _ in range(steps))
+            draft_f = [self._factor() for _ in range(steps)]
+            draft_ms = sum(self.costs.draft_step(bs) * f for f in draft_f)
             verify_ms, graph = self.costs.verify(bs)
-            verify_ms *= self._factor()
-            extend_ms = self.costs.draft_extend(bs) * self._factor()
+            verify_f = self._factor()
+            verify_ms *= verify_f
+            extend_f = self._factor()
+            extend_ms = self.costs.draft_extend(bs) * extend_f
+            if self.profiler is not None and self.profiler.active:
+                self._profile_cycle(bs, draft_f, graph, verify_f, extend_f)
             gained = [self._accept(req) for req in batch]
             total_ms = draft_ms + verify_ms + extend_ms
             d = self.dialect
@@ -254,7 +267,11 @@ class Scheduler:
             self.spec_num_forward_ct += bs
         else:
             total_ms, graph = self.costs.decode(bs)
-            total_ms *= self._factor()
+            factor = self._factor()
+            total_ms *= factor
+            if self.profiler is not None and self.profiler.active:
+                self.profiler.batch(self.modeled_now, [("DECODE", "decode", bs, bs, graph, factor)],
+                                    self.costs)
             gained = [min(1, req.remaining) for req in batch]
             with self.metrics.lock:
                 self.metrics.forward("decode" if self.dialect.per_pass_timer else "forward_decode",
@@ -284,6 +301,20 @@ class Scheduler:
         if self.forward_ct_decode % self.log_interval == 0:
             self._log_decode(batch, graph)
         self._publish(batch, done)
+
+    def _profile_cycle(self, bs: int, draft_f: list[float], verify_graph: bool, verify_f: float,
+                       extend_f: float) -> None:
+        """One EAGLE cycle's passes for the profiler, labelled as SGLang's step spans are: the
+        draft runner's passes `DRAFT`, the target's verify `VERIFY`."""
+        launch, costs = self.launch, self.costs
+        draft_tokens = bs * max(1, launch.speculative_eagle_topk)
+        verify_tokens = bs * launch.speculative_num_draft_tokens
+        passes = [("DRAFT", "draft", bs, draft_tokens, costs.graph_ok(bs, "draft"), f)
+                  for f in draft_f]
+        passes.append(("VERIFY", "verify", bs, verify_tokens, verify_graph, verify_f))
+        passes.append(("DRAFT", "draft_extend", bs, verify_tokens,
+                       costs.graph_ok(bs, "draft_extend"), extend_f))
+        self.profiler.batch(self.modeled_now, passes, costs)
 
     def _accept(self, req: SimRequest) -> int:
         """Tokens this cycle gives `req` (accepted drafts + the bonus token), capped."""

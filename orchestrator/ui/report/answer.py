@@ -49,6 +49,8 @@ def detail_lines(answer: Mapping) -> list[str]:
     mech = (answer.get("mechanism") or {}).get("text")
     if mech:
         lines.append(f"mechanism: {mech}")
+    for e in answer.get("evidence", []):  # orchestrator/evidence: kernels of each cause's sides
+        lines.append(f"evidence, {e.get('cause')}: {e.get('line')}")
     for group in answer.get("not_tested", []):
         lines.append(f"not tested: {group['line']}")
     for s in answer.get("settings", []):

@@ -101,6 +101,18 @@ def _answer_section(data: RunData) -> list[str]:
             "</section>"]
 
 
+def _kernel_section(answer: dict) -> list[str]:
+    from orchestrator.ui.report.kernel_report import kernel_tables
+
+    tables = kernel_tables(answer.get("evidence") or [])
+    if not tables:
+        return []
+    out = ["<h2>Kernel evidence</h2>"]
+    for t in tables:
+        out += [f"<h3>{esc(t.title)}</h3>", f'<p class="detail">{esc(t.note)}</p>', html_table(t)]
+    return out
+
+
 def render_html(data: RunData, plots: Sequence[Plot]) -> str:
     ranked = data.ranked
     verdict = str(ranked.get("verdict", ""))
@@ -121,6 +133,7 @@ def render_html(data: RunData, plots: Sequence[Plot]) -> str:
         *[_finding_section(f) for f in causes],
         *(["<h2>Settings (sweep)</h2>", html_table(T.settings_table(ranked))] if settings else []),
         *[part for t in T.release_tables(data) for part in ("<h2>Releases</h2>", html_table(t))],
+        *_kernel_section(ranked.get("answer") or {}),
         "<h2>Plots</h2>",
         *([_figure(p) for p in plots] or ['<p class="note">No measured trials to plot.</p>']),
         "<h2>Fingerprint differences</h2>",

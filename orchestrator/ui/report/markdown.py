@@ -52,6 +52,23 @@ def _answer_md(data: RunData) -> list[str]:
     return out + [""]
 
 
+def _kernel_evidence_md(answer: dict) -> list[str]:
+    """Per named cause: the kernel families that moved between its two sides (device ms per
+    pass, interval across restarts), then the kernels inside the moved families."""
+    entries = answer.get("evidence") or []
+    if not entries:
+        return []
+    out = ["## Kernel evidence", ""]
+    for e in entries:
+        out += [f"### {md_escape(e.get('cause', ''))}", "", md_escape(e.get("line", "")), ""]
+        if e.get("before"):
+            out += [f"Sides: {md_escape(e['before'])} -> {md_escape(e['after'])};"
+                    f" profiled trials {md_escape(', '.join(map(str, e.get('trials', []))))}", ""]
+        if e.get("table"):
+            out += [*e["table"], ""]
+    return out
+
+
 def render_markdown(data: RunData, plots: Sequence[Plot], plot_dir: str = "plots") -> str:
     ranked = data.ranked
     causes, _, settings = T.split_findings(ranked)
@@ -84,6 +101,7 @@ def render_markdown(data: RunData, plots: Sequence[Plot], plot_dir: str = "plots
         out += ["## Settings (sweep)", "", md_table(T.settings_table(ranked))]
     for table in T.release_tables(data):
         out += ["## Releases", "", md_table(table)]
+    out += _kernel_evidence_md(ranked.get("answer") or {})
     out += ["## Plots", ""]
     for p in plots:
         out += [f"### {md_escape(p.title)}", "", f"![{md_escape(p.title)}]({plot_dir}/{p.name}.png)",

@@ -29,7 +29,7 @@ OUTCOME_COLORS = {"ok": "#2e7d32", "running": "#9e9e9e", "interrupted": "#9e9e9e
 FAILED_COLOR = "#c62828"
 SUSPECT_COLOR = "#ef6c00"
 BEFORE_COLOR, AFTER_COLOR = "#1565c0", "#c62828"
-PLOT_NAMES = ("distributions", "posterior", "phases", "sweep", "timeline")
+PLOT_NAMES = ("distributions", "posterior", "phases", "kernels", "sweep", "timeline")
 _RC = {"text.parse_math": False, "font.size": 9, "axes.titlesize": 10}
 
 
@@ -248,6 +248,18 @@ def timeline_plot(spans: Sequence[S.Span]) -> Plot:
                 f"{len(spans)} trials on {len(nodes)} node(s) over {end:.0f} s.", _png(fig))
 
 
+def kernels_plot(entries: Sequence) -> Plot | None:
+    from orchestrator.ui.report.kernel_report import kernel_figure
+
+    fig = kernel_figure(entries)
+    if fig is None:
+        return None
+    return Plot("kernels", "Kernel evidence: what each named cause moved",
+                "Per cause, device time per pass of each kernel family in each forward mode,"
+                " its two sides profiled over restarts; red: a mover (interval excludes zero at"
+                " the Bonferroni-corrected level, change of 3% or more).", _png(fig))
+
+
 def make_plots(data: RunData) -> list[Plot]:
     """Every figure the run's data supports, in reading order."""
     with matplotlib.rc_context(_RC):
@@ -256,6 +268,7 @@ def make_plots(data: RunData) -> list[Plot]:
         plots.append(posterior_plot(history) if history else None)
         pairs = S.phase_pairs(data)
         plots.append(phase_plot(pairs) if pairs else None)
+        plots.append(kernels_plot((data.ranked.get("answer") or {}).get("evidence") or []))
         sweep = S.sweep_series(data)
         plots.append(sweep_plot(sweep) if sweep else None)
         spans = S.timeline(data.rows)

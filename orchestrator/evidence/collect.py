@@ -1,0 +1,104 @@
+"""Kernel evidence after the answer: profile each named cause's two sides and diff them.
+
+Runs on the controller (it submits trials; it never touches Ray itself). Each side gets
+`evidence.restarts` server restarts, interleaved before/after so drift falls on both sides,
+each a normal trial that takes a profile after its repetitions (phase `kernels`). A resumed
+run reuses the profiled restarts it already has. The statistics are in `kernels.py`; this
+module only gathers traces and hands them over.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from orchestrator.evidence import kernels as K
+from orchestrator.evidence.plan import KERNELS_PHASE
+from orchestrator.evidence.sides import sides
+from orchestrator.evidence.trace import PassProfile, TraceError, read_profile
+from orchestrator.records import Candidate, Outcome
+
+
+def _profile_of(row) -> PassProfile | None:
+    if row.outcome is not Outcome.OK or row.result is None:
+        return None
+    prof = (row.result.fingerprint or {}).get("profile") or {}
+    if not prof.get("trace"):
+        return None
+    path = Path(row.log_path).parent / str(prof["trace"])
+    try:
+        return read_profile(path.read_bytes(), source=str(row.id))
+    except (OSError, TraceError):
+        return None
+
+
+def _run_sides(ctl, before: Candidate, after: Candidate, restarts: int
+               ) -> tuple[list[PassProfile], list[PassProfile], list[int]]:
+    """Profiles of each side: the stored ones first, then new restarts, interleaved, until each
+    side has `restarts` profiles that are no outlier restarts (`kernels.outlier_restarts`), with
+    at most `restarts` extra restarts a side for lost profiles and outliers."""
+    got: dict[str, list[PassProfile]] = {before.key: [], after.key: []}
+    ids: list[int] = []
+    for row in ctl.store.trials():
+        if row.phase == KERNELS_PHASE and row.candidate.key in got:
+            p = _profile_of(row)
+            if p is not None:
+                got[row.candidate.key].append(p)
+                ids.append(row.id)
+    launched = {before.key: 0, after.key: 0}
+
+    def missing(key: str) -> int:
+        good = len(got[key]) - len(K.outlier_restarts(got[key]))
+        return min(max(0, restarts - good), 2 * restarts - launched[key])
+
+    while True:
+        need = {c.key: missing(c.key) for c in (before, after)}
+        if not any(need.values()):
+            break
+        queue = []
+        for i in range(max(need.values())):
+            queue += [c for c in (before, after) if i < need[c.key]]
+        running = 0
+        while queue or running:
+            while queue and ctl.idle_nodes():
+                cand = queue.pop(0)
+                # one repetition: it warms the server up for the profile; the measurement it
+                # gives is not what these restarts are for
+                ctl.submit(cand, phase=KERNELS_PHASE, repetitions=1)
+                launched[cand.key] += 1
+                running += 1
+            for row in ctl.wait():
+                running -= 1
+                p = _profile_of(row)
+                if p is not None:
+                    got[row.candidate.key].append(p)
+                    ids.append(row.id)
+    return got[before.key], got[after.key], ids
+
+
+def for_causes(ctl, causes: Sequence[Mapping], bad: Candidate, good: Candidate,
+               docs: Sequence[Mapping | None], resolve: Callable[[str], str], *,
+               restarts: int, max_causes: int, say: Callable[[str], None]) -> list[dict[str, Any]]:
+    """One evidence entry per named cause (up to `max_causes`): its line, table and numbers."""
+    out = []
+    for cause in list(causes)[:max_causes]:
+        label = str(cause.get("label") or cause.get("id"))
+        entry: dict[str, Any] = {"cause": label, "kind": cause.get("kind"), "id": cause.get("id")}
+        pair = sides(cause, bad, good, docs, resolve)
+        if isinstance(pair, str):
+            entry["line"] = f"kernels: not profiled ({pair})"
+            out.append(entry)
+            continue
+        before, after = pair
+        say(f"profiling {label}: {restarts} restarts of each side")
+        pb, pa, ids = _run_sides(ctl, before, after, restarts)
+        entry.update(before=before.label, after=after.label, trials=ids)
+        if len(pb) < 2 or len(pa) < 2:
+            entry["line"] = (f"kernels: too few profiles to compare ({len(pb)} before, "
+                             f"{len(pa)} after; two a side needed)")
+        else:
+            d = K.diff(pb, pa)
+            entry.update(K.to_json(d), table=K.table(d))
+        out.append(entry)
+    return out
