@@ -245,7 +245,7 @@ def _fill(path: Path) -> None:
             pass
 
 
-@pytest.mark.slow
+@pytest.mark.e2e
 def test_a_full_disk_interrupts_the_run_and_resume_finishes_it(tmp_path, tiny_disk):
     import sqlite3
     import sys
@@ -338,7 +338,7 @@ def _read_until(master: int, needle: bytes, timeout: float) -> bytes:
     return seen
 
 
-@pytest.mark.slow
+@pytest.mark.e2e
 def test_a_double_ctrl_c_at_a_terminal_exits_130(tmp_path, sim_repo):
     import sys
 
