@@ -66,3 +66,25 @@ def test_experiment_params_are_one_typed_record():
                                  "experiment.params.confirm_rounds=4"])
     with pytest.raises(UserError, match="importance must be one of"):
         compose_config("sweep", ["experiment.params.importance=shap"])
+
+
+@pytest.mark.parametrize("command, overrides, want", [
+    ("bisect", ["good=HEAD~3", "bad=v1.2^"], {"good": "HEAD~3", "bad": "v1.2^"}),
+    ("bisect", ["good=main@{1}", "bad=HEAD^{commit}"], {"good": "main@{1}", "bad": "HEAD^{commit}"}),
+    ("bisect", ["good=0123456", "bad=HEAD~1^2"], {"good": "0123456", "bad": "HEAD~1^2"}),
+    ("trial", ["commit=HEAD~2", "repo=~/src/sglang"], {"commit": "HEAD~2", "repo": "~/src/sglang"}),
+    ("investigate", ["bad=origin/main~4", "reference=~/runs/ref"],
+     {"bad": "origin/main~4", "reference": "~/runs/ref"}),
+])
+def test_git_revision_syntax_is_taken_as_typed(command, overrides, want):
+    """`HEAD~3` is what people type: Hydra's grammar cannot read it, so the value is kept as a
+    string exactly as given (and a SHA of digits keeps its leading zero)."""
+    cfg = compose_config(command, overrides)
+    assert {key: cfg[key] for key in want} == want
+
+
+def test_revision_syntax_in_an_isolate_side():
+    cfg = compose_config("isolate", ["good.commit=HEAD~3", "bad.commit=HEAD^",
+                                     "bad.env.NCCL_PROTO=LL"])
+    assert cfg.good.commit == "HEAD~3" and cfg.bad.commit == "HEAD^"
+    assert cfg.bad.env.NCCL_PROTO == "LL"
