@@ -115,6 +115,26 @@ def fast_lane_starts_no_ray(request, monkeypatch):
     assert not started, "this test starts Ray: mark it @pytest.mark.e2e"
 
 
+class RayWouldStart(Exception):
+    """Raised in place of starting Ray: a refusal came too late."""
+
+
+@pytest.fixture
+def ray_starts(monkeypatch) -> list[str]:
+    """Every call the controller makes to start Ray, recorded and stopped there: a test of a
+    refusal asserts it stays empty (where the refusal happened, not how long it took)."""
+    from orchestrator.control import controller
+
+    calls: list[str] = []
+
+    def record(cluster, nodes=None):
+        calls.append(str(cluster.get("kind")))
+        raise RayWouldStart("the controller began to start Ray before the input was refused")
+
+    monkeypatch.setattr(controller, "start_ray", record)
+    return calls
+
+
 @pytest.fixture(scope="session")
 def ray_session():
     """One real local Ray instance for the whole session; controllers reuse it."""

@@ -157,8 +157,9 @@ def test_a_second_run_on_the_same_runs_dir_refuses_and_leaves_the_first_alone(
         with pytest.raises(SystemExit) as exc:
             main(["trial", f"repo={repo}", f"runs_dir={tmp_path / 'runs'}", *FAST])
         err = capsys.readouterr().err.strip().splitlines()
-        assert exc.value.code == 1
+        assert exc.value.code == 2  # refused before Ray, as bad input (a race ends in exit 1)
         assert len(err) == 1 and "held by another sleuth run" in err[0], err
+        assert "another runs_dir=DIR" in err[0], err
         assert store.run_id in err[0] and f"pid {holder['pid']}" in err[0]
         assert ray.get(ctl._actors["local-0"].status.remote())["state"] == "benchmarking"
         assert group_members(server["pgid"]), "the second run killed the first run's server"
