@@ -134,6 +134,9 @@ def run(argv: Sequence[str]) -> int:
     if show_cfg:
         print(to_yaml(cfg), end="")
         return 0
+    from orchestrator.commands import preflight
+
+    preflight.check(command, cfg)  # before the command's module brings Ray and SciPy along
     module = importlib.import_module(f"orchestrator.commands.{command}")
     return int(module.run(cfg))
 

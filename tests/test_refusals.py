@@ -198,3 +198,27 @@ def test_doctor_says_slow_for_a_ray_that_runs_out_of_time(ray_that_will_not_star
     assert doctor.run(cfg, emit=lines.append) in (0, 1)
     assert any(line.split()[:2] == ["slow", "ray"] for line in lines), lines
     assert not any(line.startswith("FAIL") and " ray " in line for line in lines), lines
+
+
+@pytest.mark.parametrize("name", list(NEWCOMER))
+def test_a_refusal_loads_neither_ray_nor_scipy(name, world):
+    """Most of a refusal's time used to be importing Ray and SciPy for a command that was about
+    to be refused; the checks that need no trial now run before either is imported (counted
+    in a fresh process's modules, not timed)."""
+    import subprocess
+    import sys
+
+    args, _ = NEWCOMER[name]
+    argv = [*args, "target=sim", f"runs_dir={world['runs']}"]
+    if not any(a.startswith("repo=") for a in argv):
+        argv.append(f"repo={world['repo']}")
+    argv = [a.format(base=world["base"]) for a in argv]
+    script = ("import sys\nfrom orchestrator.cli import run\nfrom orchestrator.errors import"
+              " UserError\ntry:\n    run(sys.argv[1:])\nexcept UserError:\n    pass\nelse:\n"
+              "    sys.exit('not refused')\nprint(sorted(m for m in ('ray', 'scipy.stats')"
+              " if m in sys.modules))\n")
+    root = Path(__file__).resolve().parents[1]
+    done = subprocess.run([sys.executable, "-c", script, *argv], cwd=root, capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[]", done.stdout
