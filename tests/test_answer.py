@@ -224,3 +224,18 @@ def test_tolerance_follows_the_size_of_the_change():
     whole = LogChange(math.log(2.05), 0.004, 10)
     assert explains(whole, [LogChange(math.log(2.09), 0.005, 10)])
     assert not explains(whole, [LogChange(math.log(1.80), 0.005, 10)])
+
+
+def test_a_bisect_verdict_names_commits_not_positions():
+    from orchestrator.answer.text import name_points
+
+    shas = [f"{i:02d}" + "ab" * 19 for i in range(40)]
+    message = ("Found 1 culprit: point 35 is the first bad commit with probability 0.99;"
+               " against its parents (point 33 and point 34) it changes the metric by +52%;"
+               " the first bad commit is one of points 12..14 (untestable commits hide which)")
+    named = name_points(message, shas)
+    assert "point" not in named.replace("endpoints", ""), named
+    assert f"commit {shas[35][:12]} is the first bad commit" in named
+    assert f"(commit {shas[33][:12]} and commit {shas[34][:12]})" in named
+    assert f"commits {shas[12][:12]}..{shas[14][:12]}" in named
+    assert name_points("point 99 of 40", shas) == "point 99 of 40"  # never a wrong commit

@@ -22,6 +22,7 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
+from orchestrator.answer.text import name_points
 from orchestrator.commands import common
 from orchestrator.config import params as experiment_params
 from orchestrator.config.bisect import bisect_strategy
@@ -252,6 +253,7 @@ def execute(cfg, ctl: Controller, run_dir: Path, commits, points, weights, out,
     if not (run_dir / "commits.json").exists():  # the report replays the posterior from it
         _save_plan(run_dir, commits, points, weights)
     labels = [c.sha[:10] for c in commits]
+    shas = [c.sha for c in commits]
     budget = strategy.budget
     said: set[str] = set()
 
@@ -263,7 +265,7 @@ def execute(cfg, ctl: Controller, run_dir: Path, commits, points, weights, out,
         for note in v.notes:  # a withdrawn reproduction, an early stop: said when it happens
             if note.startswith(("retracted", "stopped early")) and note not in said:
                 said.add(note)
-                say(note)
+                say(name_points(note, shas))
 
     def system_changed(change: SystemChange) -> None:
         (progress.note if progress is not None else out.print)(change.warning)
@@ -298,11 +300,11 @@ def execute(cfg, ctl: Controller, run_dir: Path, commits, points, weights, out,
     doc["repetitions"] = design.summary(rows)
     path = findings.write(run_dir, doc, findings_name)
     out.print(render.findings_table(doc))
-    out.print(verdict.message)
+    out.print(doc["message"])  # commits named, not positions
     out.print(f"cost: {design.line(rows)}")
-    for note in verdict.notes:
+    for note, named in zip(verdict.notes, doc["notes"], strict=True):
         if note not in said:
-            out.print(note)
+            out.print(named)
     hint = min_effect_hint(verdict, experiment_params.of(cfg))
     if hint:
         out.print(hint)
