@@ -232,10 +232,12 @@ def test_a_bisect_verdict_names_commits_not_positions():
     shas = [f"{i:02d}" + "ab" * 19 for i in range(40)]
     message = ("Found 1 culprit: point 35 is the first bad commit with probability 0.99;"
                " against its parents (point 33 and point 34) it changes the metric by +52%;"
-               " the first bad commit is one of points 12..14 (untestable commits hide which)")
+               " the first bad commit is one of points 12..14 (untestable commits hide which);"
+               " -0.1% [-3.1%, +3.1%] between points 0 and 33")
     named = name_points(message, shas)
     assert "point" not in named.replace("endpoints", ""), named
     assert f"commit {shas[35][:12]} is the first bad commit" in named
     assert f"(commit {shas[33][:12]} and commit {shas[34][:12]})" in named
     assert f"commits {shas[12][:12]}..{shas[14][:12]}" in named
+    assert f"between commits {shas[0][:12]} and {shas[33][:12]}" in named
     assert name_points("point 99 of 40", shas) == "point 99 of 40"  # never a wrong commit

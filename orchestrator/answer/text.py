@@ -101,7 +101,7 @@ def commit_label(sha: str, subj: object = None) -> str:
     return f"commit {sha[:12]}" + (f' "{subject(subj)}"' if subj else "")
 
 
-_POINT_RANGE = re.compile(r"\bpoints (\d+)\.\.(\d+)\b")
+_POINT_RANGE = re.compile(r"\bpoints (\d+)(\.\.| and )(\d+)\b")
 _POINT = re.compile(r"\bpoint (\d+)\b")
 
 
@@ -114,8 +114,8 @@ def name_points(message: str, shas: Sequence[str]) -> str:
         return shas[i][:12] if 0 <= i < len(shas) else None
 
     def pair(m: re.Match) -> str:
-        lo, hi = commit(m[1]), commit(m[2])
-        return f"commits {lo}..{hi}" if lo and hi else m[0]
+        lo, hi = commit(m[1]), commit(m[3])
+        return f"commits {lo}{m[2]}{hi}" if lo and hi else m[0]
 
     def one(m: re.Match) -> str:
         sha = commit(m[1])
