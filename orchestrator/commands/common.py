@@ -36,6 +36,7 @@ def check_common(cfg: DictConfig) -> None:
     Numbers (budgets, timeouts, sizes) are range-checked once when the configuration is
     composed (`orchestrator/config/checks.py`), not here."""
     target_class(str(cfg.target.name))
+    absolute_target_paths(cfg)
     for env in (cfg.env, cfg.target.env):
         for key in env:
             if not key or key[0].isdigit() or not set(key) <= _ENV_NAME_OK:
@@ -79,6 +80,20 @@ def candidate(cfg: DictConfig, ws: Workspace) -> Candidate:
         ws.checkout(sha, patches)  # proves the patches apply before anything is written
     packages.require(cfg, pins)
     return cand
+
+
+def absolute_target_paths(cfg: DictConfig) -> None:
+    """Files the target names (`target.gpu_state`, a `target.python` given as a path) are
+    read where the server starts, in a worktree: a relative path is made absolute here,
+    against the directory sleuth was started in, as the user meant it (and as the run's
+    stored configuration then records it)."""
+    for key in ("gpu_state", "python"):
+        value = str(cfg.target.get(key) or "")
+        if not value or (key == "python" and "/" not in value):
+            continue  # unset, or a command name looked up on PATH
+        path = Path(value).expanduser()
+        if not path.is_absolute():
+            cfg.target[key] = str(path.resolve())
 
 
 def check_nodes_free(cfg: DictConfig) -> None:
