@@ -17,7 +17,6 @@ from orchestrator.strategies.bisect_history import History
 from orchestrator.strategies.bisect_levels import fit_levels
 from orchestrator.strategies.bisect_model import StageData, stage_posterior
 from orchestrator.strategies.bisect_outliers import KEPT, OUTLIER, PENDING, flag_trials
-from orchestrator.strategies.bisect_settings import BisectSettings
 from orchestrator.strategies.posterior import PointStats, range_posterior
 
 
@@ -235,14 +234,11 @@ def test_a_staircase_step_left_in_a_barely_measured_part_is_now_named_or_reporte
     """Seeded staircase cases that ended with a +6% step inside a part "not distinguishable
     from no change" whose anchors held 2-4 restarts (case 34 stopped after 31 trials with one
     of three steps). The whole unexplained change is now measured until its interval excludes
-    zero or rules out a further step as large as the smallest one named."""
-    oracle = VirtualOracle(regime("staircase"), case)
-    before = BisectSettings(remainder_resolution=0.0, remainder_max_per_endpoint=12)
-    strategy = BisectStrategy(N_COMMITS, max_trials=1500, parents=oracle.case.parents,
-                              settings=before)
-    verdict, _, _ = drive(strategy, oracle, 1)
-    result = judge(verdict, oracle.case, "sleuth", 0, 0, 0)
-    assert not result.correct and result.steps_named + result.steps_covered < 3  # as it was
+    zero or rules out a further step as large as the smallest one named.
+
+    How the old settings failed on these seeds is history, not asserted: it rested on the
+    exact floating-point path (another CPU's BLAS draws the same case differently), and a test
+    must hold on any x86-64 machine. What is asserted holds whatever the path."""
     strategy, verdict, oracle, _ = _run("staircase", case)
     result = judge(verdict, oracle.case, "sleuth", 0, 0, 0)
     assert result.correct and not result.wrong_confident, verdict.message
@@ -287,20 +283,17 @@ def test_a_significant_whole_remainder_with_no_significant_part_is_said_unexplai
 # ------------------------------------------------------------------------- naming a culprit
 
 
-@pytest.mark.parametrize(("name", "case", "wrong"), [("subtle", 184, 53), ("dag", 64, 3)])
-def test_a_lucky_head_to_head_does_not_name_a_wrong_commit(name, case, wrong):
+@pytest.mark.parametrize(("name", "case"), [("subtle", 184), ("dag", 64)])
+def test_a_lucky_head_to_head_does_not_name_a_wrong_commit(name, case):
     """Benchmark cases that named a wrong commit at P >= 0.99 after 16 trials when one fresh
-    restart a side was enough: the first restarts happened to read close together, the noise
-    estimate was a fraction of the true 5%, and the posterior's first pass over 0.99 was luck.
-    Naming now waits for three more fresh restarts a side after that pass, with the posterior
-    still above the confidence."""
-    oracle = VirtualOracle(regime(name), case)
-    before = BisectSettings(verify_fresh_per_side=1, verify_hold_per_side=0)
-    strategy = BisectStrategy(N_COMMITS, max_trials=1500, parents=oracle.case.parents,
-                              settings=before)
-    verdict, _, _ = drive(strategy, oracle, 1)
-    assert judge(verdict, oracle.case, "sleuth", 0, 0, 0).wrong_confident  # the case as it was
-    assert verdict.top.point == wrong
+    restart a side was enough (subtle-184 named point 53, dag-64 point 3): the first restarts
+    happened to read close together, the noise estimate was a fraction of the true 5%, and the
+    posterior's first pass over 0.99 was luck. Naming now waits for three more fresh restarts a
+    side after that pass, with the posterior still above the confidence.
+
+    That the old settings failed is not asserted: it rested on the exact floating-point path
+    (on another CPU's BLAS the same seed drew another case), and a test must hold on any
+    x86-64 machine."""
     strategy, verdict, oracle, _ = _run(name, case)
     result = judge(verdict, oracle.case, "sleuth", 0, 0, 0)
     assert not result.wrong_confident and result.correct, verdict.message
