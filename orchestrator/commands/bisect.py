@@ -35,7 +35,7 @@ from orchestrator.records import Candidate
 from orchestrator.run import findings
 from orchestrator.run.cost import describe_cost
 from orchestrator.run.noise_prior import load_noise_prior
-from orchestrator.run.rundir import create_run, running, runs_root
+from orchestrator.run.rundir import create_run, run_argument, running, runs_root
 from orchestrator.store import RunStore
 from orchestrator.strategies.base import Verdict
 from orchestrator.strategies.bisect import BisectStrategy
@@ -309,8 +309,8 @@ def execute(cfg, ctl: Controller, run_dir: Path, commits, points, weights, out,
     if hint:
         out.print(hint)
     if verdict.status == "budget_exhausted":
-        out.print(f"to continue: sleuth bisect run_id={ctl.store.run_id} "
-                  f"max_trials={2 * budget} (every finished trial is reused)")
+        out.print(f"to continue (every finished trial is reused): sleuth resume"
+                  f" {run_argument(run_dir)} max_trials={2 * budget}")
     for change in changes:
         out.print(change.warning)
     silent = unreported(rows, str(cfg.metric), points)
