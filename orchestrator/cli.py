@@ -24,7 +24,7 @@ COMMANDS = {
     "isolate": "which differences between good.* and bad.* (or since a reference)",
     "compare": "re-measure a reference now; if it differs, diff the system",
     "demo": "build a scenario repo and investigate it on the simulated node",
-    "scenario": "generate a scenario repo with planted causes (out=DIR preset=P)",
+    "scenario": "a repo with planted causes (out=DIR); apply=reference|now",
     "doctor": "check this machine: git, Ray, NVML/GPUs, sglang, runs/ writable",
     "sweep": "search a space of settings (space=nccl_pcie) for the fastest",
 }

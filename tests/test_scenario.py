@@ -360,3 +360,38 @@ def test_cli_scenario_command(tmp_path, capsys):
     with pytest.raises(ScenarioInputError):
         cli_run(["scenario", f"out={tmp_path / 'sc2'}", "commits=5"])
     assert not (tmp_path / "sc2").exists()
+
+
+def test_apply_puts_the_simulated_nodes_in_a_recorded_state(tmp_path, capsys):
+    """`sleuth scenario out=DIR apply=reference|now` rehearses the two-command story without a
+    GPU: each simulated node of runs_dir gets the scenario's state files, and the printed
+    next step runs the reference (then the investigation) on those nodes."""
+    from orchestrator.cli import main
+
+    out, runs = tmp_path / "sc", tmp_path / "runs"
+    generate_scenario(out, 20, 3, "system_change")
+    for when, step in (("reference", "sleuth trial"), ("now", "sleuth investigate")):
+        with pytest.raises(SystemExit) as exc:
+            main(["scenario", f"out={out}", f"apply={when}", f"runs_dir={runs}", "nodes=2"])
+        assert exc.value.code == 0
+        printed = capsys.readouterr().out
+        for node in ("local-0", "local-1"):
+            for what in ("gpu_state", "env", "packages", "launcher"):
+                assert (runs / ".nodes" / node / f"{what}.json").read_bytes() == \
+                    (out / f"{when}_{what}.json").read_bytes(), (when, node, what)
+        (last,) = [ln for ln in printed.splitlines() if ln.startswith("next: ")]
+        assert last.startswith(f"next: {step} target=sim repo={out / 'repo'} runs_dir={runs}")
+    assert json.loads((runs / ".nodes" / "local-0" / "gpu_state.json").read_text()) != \
+        json.loads((out / "reference_gpu_state.json").read_text())  # now differs from then
+
+
+def test_apply_without_recorded_states_is_refused(tmp_path, capsys):
+    from orchestrator.cli import main
+
+    out = tmp_path / "sc"
+    generate_scenario(out, 20, 3, "one_culprit")
+    with pytest.raises(SystemExit) as exc:
+        main(["scenario", f"out={out}", "apply=now", f"runs_dir={tmp_path / 'runs'}"])
+    err = capsys.readouterr().err.strip()
+    assert exc.value.code == 2 and len(err.splitlines()) == 1 and "preset=system_change" in err
+    assert not (tmp_path / "runs").exists()
