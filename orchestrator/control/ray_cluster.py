@@ -265,8 +265,8 @@ def _connect(cluster: Mapping, nodes: int | None) -> None:
         try:
             ray.init(address=address, log_to_driver=False, namespace="sleuth",
                      logging_level=logging.WARNING)
-        except (ConnectionError, ValueError, RuntimeError) as exc:
-            msg = " ".join(str(exc).split())[:200]
+        except Exception as exc:  # Ray raises many types here (timeouts among them): one line
+            msg = " ".join(str(exc).split())[:200] or type(exc).__name__
             raise UserError(f"cannot connect to the Ray cluster at {address}: {msg}") from exc
     else:
         raise UserError(f"unknown cluster.kind {cluster.get('kind')!r} (known: local, ray)")
