@@ -1,12 +1,13 @@
 # Two commands do all set-up on a fresh machine with Python >= 3.11 and git:
 #   make demo   create .venv if missing, install sleuth, run the demo on the simulated node
-#   make test   same install, then run the whole test suite
+#   make test   same install, then run the whole test suite (every lane)
+#   make test-fast  the unit and strategy tests only: no Ray, no sleuth command, no server runs
 PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test lint install bench-localize bench-isolate bench-cost clean
+.PHONY: demo test test-fast lint install bench-localize bench-isolate bench-cost clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -24,6 +25,10 @@ demo: $(STAMP)
 # pytest exits 5 when it collects nothing: that is a failure here, never a silent pass.
 test: $(STAMP)
 	$(BIN)/python -m pytest tests -q
+
+# The end-to-end tests (marker `e2e`: Ray, the sleuth command, real server runs) left out.
+test-fast: $(STAMP)
+	$(BIN)/python -m pytest tests -q -m "not e2e"
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

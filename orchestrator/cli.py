@@ -24,7 +24,7 @@ COMMANDS = {
     "isolate": "which differences between good.* and bad.* (or since a reference)",
     "compare": "re-measure a reference now; if it differs, diff the system",
     "demo": "build a scenario repo and investigate it on the simulated node",
-    "scenario": "generate a scenario repo with planted causes (out=DIR preset=P)",
+    "scenario": "a repo with planted causes (out=DIR); apply=reference|now",
     "doctor": "check this machine: git, Ray, NVML/GPUs, sglang, runs/ writable",
     "sweep": "search a space of settings (space=nccl_pcie) for the fastest",
 }
@@ -134,6 +134,9 @@ def run(argv: Sequence[str]) -> int:
     if show_cfg:
         print(to_yaml(cfg), end="")
         return 0
+    from orchestrator.commands import preflight
+
+    preflight.check(command, cfg)  # before the command's module brings Ray and SciPy along
     module = importlib.import_module(f"orchestrator.commands.{command}")
     return int(module.run(cfg))
 

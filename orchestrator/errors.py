@@ -49,3 +49,10 @@ class NodeBusy(SleuthError):
     (its server, its clock policy) belongs to the run holding the node's lock."""
 
     exit_code = 1
+
+
+class RayStartFailed(SleuthError):
+    """The local Ray instance did not start (exit 1): nothing ran, so nothing is kept; the
+    message says whether it failed or only ran out of Ray's own start-up time."""
+
+    exit_code = 1

@@ -86,6 +86,55 @@ def make_sim_repo(path: Path, profiles: list[dict]) -> list[str]:
     return shas
 
 
+def pytest_collection_modifyitems(config, items) -> None:
+    """A test that uses the session's Ray instance is end-to-end whether or not its file says
+    so: `make test-fast` (-m "not e2e") must never start Ray, or its time bound means nothing."""
+    for item in items:
+        if "ray_session" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.e2e)
+
+
+@pytest.fixture(autouse=True)
+def fast_lane_starts_no_ray(request, monkeypatch):
+    """A test not marked `e2e` that starts Ray in this process fails, naming the marker: the
+    fast lane's promise (no Ray) is checked, not hoped for."""
+    if request.node.get_closest_marker("e2e") is not None:
+        yield
+        return
+    import ray
+
+    started: list[str] = []
+    real_init = ray.init
+
+    def recording_init(*args, **kwargs):
+        started.append(str(kwargs.get("address", args[0] if args else "")))
+        return real_init(*args, **kwargs)
+
+    monkeypatch.setattr(ray, "init", recording_init)
+    yield
+    assert not started, "this test starts Ray: mark it @pytest.mark.e2e"
+
+
+class RayWouldStart(Exception):
+    """Raised in place of starting Ray: a refusal came too late."""
+
+
+@pytest.fixture
+def ray_starts(monkeypatch) -> list[str]:
+    """Every call the controller makes to start Ray, recorded and stopped there: a test of a
+    refusal asserts it stays empty (where the refusal happened, not how long it took)."""
+    from orchestrator.control import controller
+
+    calls: list[str] = []
+
+    def record(cluster, nodes=None):
+        calls.append(str(cluster.get("kind")))
+        raise RayWouldStart("the controller began to start Ray before the input was refused")
+
+    monkeypatch.setattr(controller, "start_ray", record)
+    return calls
+
+
 @pytest.fixture(scope="session")
 def ray_session():
     """One real local Ray instance for the whole session; controllers reuse it."""

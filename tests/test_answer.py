@@ -20,6 +20,7 @@ from orchestrator.answer.compose import (
 )
 from orchestrator.answer.phases import log_change, mechanism
 from orchestrator.answer.text import change_text, pct_text
+from orchestrator.ui.report.answer import detail_lines
 
 
 def test_effects_compound_on_the_log_scale():
@@ -155,7 +156,7 @@ def test_the_investigation_sentence_names_each_cause_and_the_rest():
     groups = {g["reason"]: g for g in a["not_tested"]}
     assert groups["set aside: shell/session variable"]["count"] == 12
     assert groups["set aside: shell/session variable"]["line"].startswith(
-        "12 shell/session variables changed, not tested: SSH_0, SSH_1,")
+        "12 shell/session variables that changed: SSH_0, SSH_1,")
     assert "..." in groups["set aside: shell/session variable"]["line"]  # 8 shown, not 12
 
 
@@ -198,7 +199,7 @@ def test_not_tested_groups_by_reason():
     groups = not_tested(_compare_doc())
     assert [g["reason"] for g in groups] == ["not settable per trial",
                                              "set aside: shell/session variable"]
-    assert groups[0]["line"] == ("1 difference that cannot be set per trial, not tested:"
+    assert groups[0]["line"] == ("1 difference that cannot be set per trial:"
                                  " driver 590.48.01 -> 595.45.04")
 
 
@@ -224,3 +225,31 @@ def test_tolerance_follows_the_size_of_the_change():
     whole = LogChange(math.log(2.05), 0.004, 10)
     assert explains(whole, [LogChange(math.log(2.09), 0.005, 10)])
     assert not explains(whole, [LogChange(math.log(1.80), 0.005, 10)])
+
+
+def test_a_bisect_verdict_names_commits_not_positions():
+    from orchestrator.answer.text import name_points
+
+    shas = [f"{i:02d}" + "ab" * 19 for i in range(40)]
+    message = ("Found 1 culprit: point 35 is the first bad commit with probability 0.99;"
+               " against its parents (point 33 and point 34) it changes the metric by +52%;"
+               " the first bad commit is one of points 12..14 (untestable commits hide which);"
+               " -0.1% [-3.1%, +3.1%] between points 0 and 33")
+    named = name_points(message, shas)
+    assert "point" not in named.replace("endpoints", ""), named
+    assert f"commit {shas[35][:12]} is the first bad commit" in named
+    assert f"(commit {shas[33][:12]} and commit {shas[34][:12]})" in named
+    assert f"commits {shas[12][:12]}..{shas[14][:12]}" in named
+    assert f"between commits {shas[0][:12]} and {shas[33][:12]}" in named
+    assert name_points("point 99 of 40", shas) == "point 99 of 40"  # never a wrong commit
+
+
+def test_a_not_tested_line_says_not_tested_once():
+    doc = {"findings": [{"id": "flashinfer", "untested": "not tested: no package source"
+                         " (packages.find_links=DIR of wheels, or packages.index_url=URL)",
+                         "difference": {"label": "flashinfer: 0.2.3 -> 0.2.5"}}]}
+    (group,) = not_tested(doc)
+    line = detail_lines({"not_tested": [group]})[0]
+    assert line.count("not tested") == 1, line
+    assert line == ("not tested: 1 difference: flashinfer 0.2.3 -> 0.2.5 (no package source"
+                    " (packages.find_links=DIR of wheels, or packages.index_url=URL))")

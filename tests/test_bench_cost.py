@@ -48,19 +48,14 @@ def test_a_real_small_change_reproduced_large_by_luck_is_not_refuted(case):
     whose change reproduced at +13.6% / +16.5% on 2-3 restarts a side and was then refuted as
     "no +6% change" by the endpoints' later trials, ending `not_reproducible`. The refutation's
     alternative is now the reproduced change shrunk by its standard error read with the noise
-    known now, and the fresh means are precision-weighted: the planted commit is named."""
+    known now, and the fresh means are precision-weighted: the planted commit is named.
+
+    That the old settings refuted it is not asserted: it rested on the exact floating-point
+    path (another CPU's BLAS draws the same seed differently), and a test must hold on any
+    x86-64 machine."""
     from experiments import bench_cost
-    from orchestrator.strategies import BisectSettings, BisectStrategy
 
     regime = next(r for r in REGIMES if r.name == "repetitions_dominate")
-    before = BisectSettings(refute_shrink_se=0.0)
-    original = bench_cost.BisectStrategy
-    try:
-        bench_cost.BisectStrategy = lambda *a, **k: BisectStrategy(*a, settings=before, **k)
-        observations, state, _, _, _ = bench_cost.bisect(regime, case, None)
-        assert state["strategy"].verdict(observations).status == "not_reproducible"
-    finally:
-        bench_cost.BisectStrategy = original
     observations, state, _, _, _ = bench_cost.bisect(regime, case, None)
     verdict = state["strategy"].verdict(observations)
     assert verdict.status == "found" and verdict.top.point == state["culprit"], verdict.message

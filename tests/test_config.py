@@ -66,3 +66,42 @@ def test_experiment_params_are_one_typed_record():
                                  "experiment.params.confirm_rounds=4"])
     with pytest.raises(UserError, match="importance must be one of"):
         compose_config("sweep", ["experiment.params.importance=shap"])
+
+
+@pytest.mark.parametrize("command, overrides, want", [
+    ("bisect", ["good=HEAD~3", "bad=v1.2^"], {"good": "HEAD~3", "bad": "v1.2^"}),
+    ("bisect", ["good=main@{1}", "bad=HEAD^{commit}"], {"good": "main@{1}", "bad": "HEAD^{commit}"}),
+    ("bisect", ["good=0123456", "bad=HEAD~1^2"], {"good": "0123456", "bad": "HEAD~1^2"}),
+    ("trial", ["commit=HEAD~2", "repo=~/src/sglang"], {"commit": "HEAD~2", "repo": "~/src/sglang"}),
+    ("investigate", ["bad=origin/main~4", "reference=~/runs/ref"],
+     {"bad": "origin/main~4", "reference": "~/runs/ref"}),
+])
+def test_git_revision_syntax_is_taken_as_typed(command, overrides, want):
+    """`HEAD~3` is what people type: Hydra's grammar cannot read it, so the value is kept as a
+    string exactly as given (and a SHA of digits keeps its leading zero)."""
+    cfg = compose_config(command, overrides)
+    assert {key: cfg[key] for key in want} == want
+
+
+def test_revision_syntax_in_an_isolate_side():
+    cfg = compose_config("isolate", ["good.commit=HEAD~3", "bad.commit=HEAD^",
+                                     "bad.env.NCCL_PROTO=LL"])
+    assert cfg.good.commit == "HEAD~3" and cfg.bad.commit == "HEAD^"
+    assert cfg.bad.env.NCCL_PROTO == "LL"
+
+
+def test_relative_target_files_are_taken_from_where_sleuth_started(tmp_path, monkeypatch):
+    """The server starts in a worktree: `target.gpu_state=state.json` means the file beside
+    the user, so it is made absolute before anything runs (and is stored that way)."""
+    from orchestrator.commands.common import absolute_target_paths
+
+    monkeypatch.chdir(tmp_path)
+    cfg = compose_config("trial", ["target=sim", "target.gpu_state=state.json"])
+    absolute_target_paths(cfg)
+    assert cfg.target.gpu_state == str(tmp_path / "state.json")
+    real = compose_config("trial", ["target=sglang", "target.python=venv/bin/python"])
+    absolute_target_paths(real)
+    assert real.target.python == str(tmp_path / "venv" / "bin" / "python")
+    on_path = compose_config("trial", ["target=sglang", "target.python=python3"])
+    absolute_target_paths(on_path)
+    assert on_path.target.python == "python3"  # a name looked up on PATH stays one

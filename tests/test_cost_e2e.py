@@ -14,7 +14,7 @@ from orchestrator.store import RunStore
 from orchestrator.targets.sim.scenario import generate_scenario
 from tests.test_bisect_e2e import FAST, _bisect
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.e2e
 
 NOISY_REQUESTS = ["target.noise_request_cv=1.2", "target.noise_restart_cv=0.002",
                   "target.load_seconds=60", "bench.repetitions=3"]

@@ -16,7 +16,7 @@ from orchestrator.commands import demo
 from orchestrator.config.compose import compose_config
 from orchestrator.store import RunStore
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.e2e
 
 FAST = ["target=sim", "target.time_scale=0.02", "bench.requests=3", "bench.output_len=32",
         "bench.input_len=32", "bench.warmup_requests=1", "trial.ready_timeout_s=30"]

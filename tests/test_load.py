@@ -197,7 +197,7 @@ def _check_findings(doc: dict, run_dir: Path, study: optuna.Study, final: list[T
         assert sorted(side["confirm"]) == pytest.approx(sorted(confirm[side["key"]]), rel=1e-12)
 
 
-@pytest.mark.slow
+@pytest.mark.e2e
 def test_200_trial_sweep_on_4_nodes_leaves_a_consistent_store(tmp_path, ray_session, sim_repo):
     repo, shas = sim_repo
     runs = tmp_path / "runs"

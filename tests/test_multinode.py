@@ -27,7 +27,7 @@ from orchestrator.targets.sim.scenario import generate_scenario
 
 ROOT = Path(__file__).resolve().parents[1]
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.e2e
 
 FAST = ["target=sim", "target.time_scale=0.02", "target.load_seconds=40", "bench.requests=2",
         "bench.output_len=32", "bench.input_len=32", "bench.warmup_requests=1",

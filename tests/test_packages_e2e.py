@@ -132,7 +132,7 @@ def test_command_server_that_drops_pythonpath_is_env_mismatch(tmp_path, wheels, 
     assert "slowimp==2.0 requested but the server imports no slowimp" in row.detail, row.detail
 
 
-@pytest.mark.slow
+@pytest.mark.e2e
 def test_sim_nccl_upgrade_isolate_names_the_package(tmp_path, ray_session):
     """The `nccl_upgrade` story: since the reference the node's NCCL wheel went 2.27.5 ->
     2.28.3, xgrammar and safetensors were bumped and a variable dropped. `isolate reference=`

@@ -107,11 +107,15 @@ def test_live_panel_on_a_terminal():
         panel.print(progress.render())
         text = panel.file.getvalue()
         progress.on_event("trial 1 on local-0 ok in 65.0s")
+        assert progress.snapshot().eta_s == pytest.approx(195.0)  # 3 x 65 s on one node
     assert "local-0" in text and "#1 search" in text and "1m05s" in text
     assert "best: abc123  P = 0.500" in text and "ETA ~?" in text
     out = buf.getvalue()
     assert "trial 1 on local-0 ok in 65.0s" in out and "trials per node" in out
-    assert "ETA ~3m15s" in out  # after the trial: 3 x 65 s on one node
+    # The frame left on the screen once the run is over promises no more time.
+    last_frame = out[out.rindex("trials per node"):]
+    assert "ETA" not in last_frame and "· ended" in last_frame, last_frame
+    assert progress.snapshot().eta_s is None and "ETA" not in progress.line()
 
 
 def test_helpers():

@@ -435,3 +435,22 @@ def test_plot_labels_are_short_and_interrupted_trials_are_not_failed(tmp_path):
     store.close()
     series = {s.key: s for s in S.distributions(load_run(run["run_dir"]), "verify_ms")}
     assert tid in series[bad.key].interrupted and tid not in series[bad.key].failed
+
+
+def test_a_figure_with_glyphs_the_font_lacks_says_nothing(capfd):
+    """A commit subject with an emoji or CJK text is drawn (boxes where the font has no
+    glyph) without a warning per glyph in the run's output."""
+    import warnings
+
+    from matplotlib.figure import Figure
+
+    from orchestrator.ui.report import plots
+
+    fig = Figure()
+    fig.subplots().set_title("verify: 修复 \N{ROCKET} faster")
+    with warnings.catch_warnings():
+        warnings.simplefilter("always")  # shown if raised, whatever the session's filters
+        png = plots._png(fig)
+    assert png.startswith(b"\x89PNG")
+    out, err = capfd.readouterr()
+    assert "Glyph" not in out + err and "findfont" not in out + err, (out, err)

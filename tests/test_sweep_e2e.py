@@ -47,7 +47,7 @@ def _evidence(rows, phase_prefix: str) -> list:
             and observation(r, 0, "verify_ms", final_attempt) is not None]
 
 
-@pytest.mark.slow
+@pytest.mark.e2e
 def test_sweep_finds_faster_nccl_settings_on_sim(tmp_path, ray_session, sim_repo):
     repo, shas = sim_repo
     cfg = compose_config("sweep", [
@@ -99,7 +99,7 @@ def test_sweep_finds_faster_nccl_settings_on_sim(tmp_path, ray_session, sim_repo
     store.close()
 
 
-@pytest.mark.slow
+@pytest.mark.e2e
 def test_killed_sweep_resumes_without_repeating_trials(tmp_path, sim_repo):
     repo, shas = sim_repo
     runs = tmp_path / "runs"

@@ -214,3 +214,25 @@ def test_direction_decides_the_winner(maximize):
     assert best.config.assignment["NCCL_P2P_LEVEL"] == "SYS"  # faster both ways
     assert search.result().status == "found"
     assert math.isfinite(best.effect.pct)
+
+
+QUICK = {"name": "quick", "params": {"NCCL_PROTO": {"values": [None, "LL", "LL128", "Simple"]},
+                                     "NCCL_ALGO": {"values": [None, "Ring", "Tree"]}}}
+
+
+@pytest.mark.parametrize("nodes", [1, 3])
+@pytest.mark.parametrize("budget", [12, 17])
+def test_a_grid_runs_every_point_once_before_any_repeat(nodes, budget):
+    """`sampler=grid trials=12` on a 12-point space measures all 12 (the baseline is one of
+    them), none twice; a larger budget re-measures leaders (up to `intensify`'s share) only
+    after the last new point.
+    The answer counts what ran."""
+    search = _search(QUICK, sampler="grid", budget=budget, restarts=1)  # default intensify
+    assert search.space.size() == 12
+    log: list = []
+    _drive(search, SimOracle(TARGET, BENCH, seed=0), nodes=nodes, log=log)
+    order = [c.key for p, c, *_ in log if not p.startswith("sweep/confirm")]
+    assert 12 <= len(order) <= budget
+    assert len(set(order[:12])) == 12, "a point was repeated before every point ran once"
+    assert set(order) == set(order[:12])
+    assert search.result().n_configurations == 12

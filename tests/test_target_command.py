@@ -313,7 +313,7 @@ def test_a_first_parent_refusal_names_the_merge_to_use(tmp_path):
     assert "first_parent=false" in message
 
 
-@pytest.mark.slow
+@pytest.mark.e2e
 def test_bisect_localizes_a_planted_python_slowdown(tmp_path, ray_session):
     repo = tmp_path / "repo"
     shas = make_python_repo(repo, 24, culprit=15, broken=6)

@@ -494,7 +494,7 @@ def test_unaccepted_flag_fails_the_run_with_one_line(tmp_path, sim_repo, ray_ses
     assert "does not accept --cuda-graph-max-bs (did you" in " ".join(str(info.value).split())
 
 
-@pytest.mark.slow
+@pytest.mark.e2e
 def test_bisect_sglang_adapter_on_the_sim_finds_the_planted_commit(tmp_path, ray_session):
     scenario = generate_scenario(tmp_path / "sc", 80, 11, "one_culprit")
     truth = scenario.truth

@@ -96,7 +96,7 @@ def test_unbuildable_commit_is_launch_failed_never_slow(tmp_path, ray_session):
     (["trial", "repo=."], "not a git"),
     (["trial", "commit=no-such-ref"], "no-such-ref"),
     (["trial", "commit='--upload-pack=x'"], "upload-pack"),
-    (["trial", "commit=--upload-pack=x"], "quote"),
+    (["trial", "commit=--upload-pack=x"], "may not start with"),  # a ref as typed, refused
     (["trial", "patches=[missing.patch]"], "missing.patch"),
     (["trial", "bench.repetitions=0"], "repetitions"),
     (["trial", "target=nope"], "target"),

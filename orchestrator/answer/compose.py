@@ -109,14 +109,16 @@ def not_tested(compare_doc: Mapping | None) -> list[dict]:
         items = groups[reason]
         what = ("shell/session variable" if reason.startswith("set aside") else "difference")
         plural = "s" if len(items) != 1 else ""
-        why = {"set aside: shell/session variable": "changed, not tested",
-               "not settable per trial": "that cannot be set per trial, not tested",
-               "not tested yet": "in the fingerprint, not tested yet (most likely first)"
-               }.get(reason, f"not tested ({reason})")
+        # Every renderer prints the line after "not tested: ", so the line does not say it
+        # again (a package's reason arrives as "not tested: no package source ...").
+        why = {"set aside: shell/session variable": "that changed",
+               "not settable per trial": "that cannot be set per trial",
+               "not tested yet": "in the fingerprint (most likely first)"}.get(reason)
         shown = ", ".join(items[:NOT_TESTED_SHOWN]) + (" ..." if len(items) > NOT_TESTED_SHOWN
                                                        else "")
-        out.append({"reason": reason, "count": len(items), "items": items,
-                    "line": f"{len(items)} {what}{plural} {why}: {shown}"})
+        line = (f"{len(items)} {what}{plural} {why}: {shown}" if why else
+                f"{len(items)} {what}{plural}: {shown} ({reason.removeprefix('not tested: ')})")
+        out.append({"reason": reason, "count": len(items), "items": items, "line": line})
     return out
 
 

@@ -9,7 +9,8 @@ statistics computed; this module only lays them out.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+import re
+from collections.abc import Mapping, Sequence
 
 from orchestrator.metrics import METRICS
 from orchestrator.ui.safe_text import printable
@@ -98,6 +99,29 @@ def subject(text: object, limit: int = SUBJECT_CHARS) -> str:
 def commit_label(sha: str, subj: object = None) -> str:
     """`commit b2d8735e1f0a "Refactor verify input preparation"`."""
     return f"commit {sha[:12]}" + (f' "{subject(subj)}"' if subj else "")
+
+
+_POINT_RANGE = re.compile(r"\bpoints (\d+)(\.\.| and )(\d+)\b")
+_POINT = re.compile(r"\bpoint (\d+)\b")
+
+
+def name_points(message: str, shas: Sequence[str]) -> str:
+    """A bisect strategy speaks of positions in its range ("point 35"), being pure; a user
+    reads commits: each position becomes `commit <12 hex>` (one outside the range is kept)."""
+
+    def commit(index: str) -> str | None:
+        i = int(index)
+        return shas[i][:12] if 0 <= i < len(shas) else None
+
+    def pair(m: re.Match) -> str:
+        lo, hi = commit(m[1]), commit(m[3])
+        return f"commits {lo}{m[2]}{hi}" if lo and hi else m[0]
+
+    def one(m: re.Match) -> str:
+        sha = commit(m[1])
+        return f"commit {sha}" if sha else m[0]
+
+    return _POINT.sub(one, _POINT_RANGE.sub(pair, message))
 
 
 def change_label(label: str) -> str:

@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING
 
 from omegaconf import DictConfig, OmegaConf
 
+from orchestrator.answer.text import name_points
 from orchestrator.commands import bisect_release, common
 from orchestrator.config import params as experiment_params
 from orchestrator.config.bisect import bisect_strategy
@@ -37,7 +38,7 @@ from orchestrator.records import Candidate
 from orchestrator.run import findings
 from orchestrator.run.cost import describe_cost
 from orchestrator.run.noise_prior import load_noise_prior
-from orchestrator.run.rundir import create_run, running, runs_root
+from orchestrator.run.rundir import create_run, run_argument, running, runs_root
 from orchestrator.store import RunStore
 from orchestrator.strategies.base import Verdict
 from orchestrator.strategies.bisect import BisectStrategy
@@ -287,6 +288,7 @@ def execute(cfg, ctl: Controller, run_dir: Path, commits, points, weights, out,
     if release is None and not (run_dir / "commits.json").exists():
         _save_plan(run_dir, commits, points, weights)
     labels = [c.sha[:10] for c in commits]
+    shas = [c.sha for c in commits]
     budget = strategy.budget
     said: set[str] = set()
 
@@ -298,7 +300,7 @@ def execute(cfg, ctl: Controller, run_dir: Path, commits, points, weights, out,
         for note in v.notes:  # a withdrawn reproduction, an early stop: said when it happens
             if note.startswith(("retracted", "stopped early")) and note not in said:
                 said.add(note)
-                say(note)
+                say(name_points(note, shas))
 
     def system_changed(change: SystemChange) -> None:
         (progress.note if progress is not None else out.print)(change.warning)
@@ -336,19 +338,21 @@ def execute(cfg, ctl: Controller, run_dir: Path, commits, points, weights, out,
     doc["repetitions"] = design.summary(rows)
     path = findings.write(run_dir, doc, findings_name)
     out.print(render.findings_table(doc))
-    out.print(doc["message"])
+    out.print(doc["message"])  # commits named, not positions
     for line in bisect_release.step_lines(doc):
         out.print(line)
     out.print(f"cost: {design.line(rows)}")
-    for note in doc.get("notes", verdict.notes):
+    named_notes = list(doc.get("notes", verdict.notes))
+    for i, named in enumerate(named_notes):
+        note = verdict.notes[i] if i < len(verdict.notes) else named
         if note not in said:
-            out.print(note)
+            out.print(named)
     hint = min_effect_hint(verdict, experiment_params.of(cfg))
     if hint:
         out.print(hint)
     if verdict.status == "budget_exhausted":
-        out.print(f"to continue: sleuth bisect run_id={ctl.store.run_id} "
-                  f"max_trials={2 * budget} (every finished trial is reused)")
+        out.print(f"to continue (every finished trial is reused): sleuth resume"
+                  f" {run_argument(run_dir)} max_trials={2 * budget}")
     for change in changes:
         out.print(change.warning)
     silent = unreported(rows, str(cfg.metric), points)

@@ -36,6 +36,7 @@ def check_common(cfg: DictConfig) -> None:
     Numbers (budgets, timeouts, sizes) are range-checked once when the configuration is
     composed (`orchestrator/config/checks.py`), not here."""
     target_class(str(cfg.target.name))
+    absolute_target_paths(cfg)
     for env in (cfg.env, cfg.target.env):
         for key in env:
             if not key or key[0].isdigit() or not set(key) <= _ENV_NAME_OK:
@@ -60,6 +61,7 @@ def check_common(cfg: DictConfig) -> None:
     else:  # the others explain a regression: increase | decrease (or auto)
         regression_direction(str(cfg.metric), str(cfg.direction))
     check_target_available(cfg)
+    check_nodes_free(cfg)
     root = runs_root(cfg)
     probe = root if root.exists() else next((p for p in root.parents if p.exists()), root)
     if not os.access(probe, os.W_OK):
@@ -83,6 +85,48 @@ def candidate(cfg: DictConfig, ws: Workspace) -> Candidate:
         ws.checkout(sha, patches)  # proves the patches apply before anything is written
     packages.require(cfg, pins)
     return cand
+
+
+def absolute_target_paths(cfg: DictConfig) -> None:
+    """Files the target names (`target.gpu_state`, a `target.python` given as a path) are
+    read where the server starts, in a worktree: a relative path is made absolute here,
+    against the directory sleuth was started in, as the user meant it (and as the run's
+    stored configuration then records it)."""
+    for key in ("gpu_state", "python"):
+        value = str(cfg.target.get(key) or "")
+        if not value or (key == "python" and "/" not in value):
+            continue  # unset, or a command name looked up on PATH
+        path = Path(value).expanduser()
+        if not path.is_absolute():
+            cfg.target[key] = str(path.resolve())
+
+
+def check_nodes_free(cfg: DictConfig) -> None:
+    """Refuse, before Ray starts, a run whose every local node another live run holds (one
+    free node is enough: the held ones are skipped with a line once the run starts). On a Ray
+    cluster the nodes' own locks decide, once the actors start."""
+    if str(cfg.cluster.kind) != "local":
+        return
+    from orchestrator.runner.node import held_message, holder_of
+
+    root = runs_root(cfg) / ".nodes"
+    held = []
+    for i in range(int(cfg.nodes)):
+        holder = holder_of(root / f"local-{i}")
+        if holder is None:
+            return
+        held.append(held_message(f"local-{i}", holder))
+    instead = (f", or give this run nodes of its own with another runs_dir=DIR (each runs_dir"
+               f" has its own simulated nodes; this one is {runs_root(cfg)})"
+               if _simulated(cfg) else
+               " (a node's server and clocks belong to the run holding it)")
+    raise UserError(f"{held[0]}: wait for that run to finish{instead}")
+
+
+def _simulated(cfg: DictConfig) -> bool:
+    target = cfg.target
+    return str(target.name) == "sim" or str(target.get("engine") or "") == "sim" \
+        or str(target.get("launcher") or "") == "sim"
 
 
 def check_target_available(cfg: DictConfig) -> None:

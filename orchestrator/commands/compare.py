@@ -24,7 +24,7 @@ from omegaconf import DictConfig, OmegaConf
 from orchestrator import answer
 from orchestrator.answer import phases
 from orchestrator.answer.text import change_text
-from orchestrator.commands import common
+from orchestrator.commands import common, next_step
 from orchestrator.config import params as experiment_params
 from orchestrator.control.controller import Controller
 from orchestrator.errors import UserError
@@ -313,13 +313,22 @@ def execute(cfg: DictConfig, ctl: Controller, run_dir: Path, ref: dict, out,
             ref.get("telemetry") or [fp.get("telemetry") for fp in ref_fps],
             [fp.get("telemetry") for fp in now_fps], before_label="reference",
             after_label="now"),
-        next_step=(f"sleuth investigate reference={ref['name']} (tests the controllable"
-                   " differences)" if ref.get("run", True) and verdict == "not_reproduced"
-                   else ""))
+        next_step=(next_step.command(cfg, "isolate", f"reference={_reference_arg(cfg, ref)}")
+                   if verdict == "not_reproduced" else ""))
     path = findings.write(run_dir, doc, findings_name)
     _print(out, doc, ranked)
     out.print(f"findings: {path}")
     return doc
+
+
+def _reference_arg(cfg: DictConfig, ref: dict) -> str:
+    """How a next command names this reference: a fingerprint file by its absolute path (the
+    next command may run elsewhere), a run by its id in this runs_dir."""
+    given = Path(str(experiment_params.of(cfg).reference or cfg.get("reference") or ""))
+    given = given.expanduser()
+    if given.is_file():
+        return str(given.resolve())
+    return str(ref["name"])
 
 
 def _not_reaching(now_fp: dict) -> list[Difference]:
@@ -408,6 +417,3 @@ def _print(out, doc: dict, ranked: list[tuple[Difference, str]]) -> None:
             d.add_row(str(i), x.category, x.label, x.detail, "yes" if x.controllable else "no")
         out.print(d)
         out.print(f"why #1: {ranked[0][1]}")
-        if doc["reference"].get("run", True) and doc["verdict"] == "not_reproduced":  # a reference that is a run can be named again
-            out.print(f"next: sleuth isolate reference={doc['reference']['name']} to test the"
-                      " controllable differences")

@@ -40,7 +40,15 @@ from orchestrator.answer.compose import for_investigation
 from orchestrator.answer.epochs import mark_system_change
 from orchestrator.answer.phases import log_change, mechanism
 from orchestrator.answer.text import commit_label
-from orchestrator.commands import bisect, common, compare, investigate_release, isolate, sweep
+from orchestrator.commands import (
+    bisect,
+    common,
+    compare,
+    investigate_release,
+    isolate,
+    next_step,
+    sweep,
+)
 from orchestrator.config import params as experiment_params
 from orchestrator.config.bisect import bisect_strategy
 from orchestrator.control.controller import Controller
@@ -50,7 +58,7 @@ from orchestrator.evidence import plan as evidence_plan
 from orchestrator.metrics import check_metric
 from orchestrator.records import Candidate
 from orchestrator.run import findings
-from orchestrator.run.rundir import create_run, running
+from orchestrator.run.rundir import create_run, running, runs_root
 from orchestrator.store import RunStore
 from orchestrator.system.watch import latest_epoch, system_changes
 from orchestrator.ui import render
@@ -228,11 +236,14 @@ def execute(cfg: DictConfig, ctl: Controller, run_dir: Path, p: Plan, ws, out,
         start = f"the reference ({_label(p.base, p.commits, ws)}, then)"
     else:
         start = _label(p.base, p.commits, ws) + " now"
+    hint, next_command = _next_step(cfg, p, docs)
     result = for_investigation(
         str(cfg.metric), whole, whole_extra=extra, reference=start, bad=bad_label,
         compare_doc=docs.get("compare"), isolate_doc=docs.get("isolate"),
         bisect_doc=docs.get("bisect"), sweep_doc=docs.get("sweep"),
-        mechanism=_mechanism(now_rows, p), next_step=_next_step(cfg, p, docs))
+        mechanism=_mechanism(now_rows, p), next_step=next_command)
+    if hint:
+        result["hint"] = hint
     changed = [c.to_json() for c in system_changes(rows)]
     if changed:
         mark_system_change(result, changed, **_epoch_parts(rows, changed[-1], marks))
@@ -309,19 +320,21 @@ def code_yardstick(cfg: DictConfig, rows, p: Plan, compare_doc: dict | None) -> 
                      " then)")}
 
 
-def _next_step(cfg: DictConfig, p: Plan, docs: dict[str, dict]) -> str:
+def _next_step(cfg: DictConfig, p: Plan, docs: dict[str, dict]) -> tuple[str, str]:
     """Without a reference, a range that does not reproduce sends the user to the system:
-    name earlier runs that measured the good commit, and the command that continues."""
+    (a hint naming earlier runs that measured the good commit, the complete command that
+    continues from the first of them). Without such a run there is no command to give yet."""
     if p.reference is not None or (docs.get("bisect") or {}).get("verdict") != "not_reproducible":
-        return ""
-    repo, bad = cfg.repo, str(cfg.bad)
-    found = reference_runs(Path(str(cfg.runs_dir)), p.base.commit, exclude=str(cfg.run_id))
+        return "", ""
+    bad = str(cfg.bad)
+    found = reference_runs(runs_root(cfg), p.base.commit, exclude=str(cfg.run_id))
     if found:
-        return (f"runs that measured {p.base.commit[:12]} earlier: {', '.join(found)}; to test"
-                f" the system: sleuth investigate repo={repo} reference={found[0]} bad={bad}")
-    return (f"no earlier run in {cfg.runs_dir} measured {p.base.commit[:12]}; with one (or a"
-            f" fingerprint JSON of the good state): sleuth investigate repo={repo}"
-            f" reference=RUN bad={bad}")
+        return (f"runs that measured {p.base.commit[:12]} earlier: {', '.join(found)}; the next"
+                " step tests the system against the first",
+                next_step.command(cfg, "investigate", f"reference={found[0]}", f"bad={bad}"))
+    return (f"no earlier run in {runs_root(cfg)} measured {p.base.commit[:12]}: with one (or a"
+            " fingerprint JSON of the good state), investigate reference=RUN bad="
+            f"{bad} tests the system", "")
 
 
 def reference_runs(root: Path, sha: str, *, exclude: str = "", limit: int = 3,

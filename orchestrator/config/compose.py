@@ -57,6 +57,23 @@ def _as_string(override: str) -> str:
     return key + "='" + body + "\\" * trailing + "'"
 
 
+# Values that are git revisions or paths, taken as typed: Hydra's grammar has no place for
+# `HEAD~3`, `v1.2^`, `main@{1}` or `~/src/sglang`, and would read a short SHA of digits as an
+# int (losing its leading zeros). Shell quoting never reaches sleuth, so they are quoted here.
+_VERBATIM_KEY = re.compile(
+    r"^(?:(?:good|bad)\.)?commit=|^(?:good|bad|repo|runs_dir|reference|run_id|out)="
+)
+
+
+def _verbatim(override: str) -> str:
+    if not _VERBATIM_KEY.match(override):
+        return override
+    value = override.partition("=")[2]
+    if not value or value[0] in "[{" or value in ("null", "None"):
+        return override
+    return _as_string(override)
+
+
 def _open_dict_overrides(overrides: list[str]) -> list[str]:
     return ["++" + (_as_string(o) if _ENV_KEY.match(o) else o) if _OPEN_DICT_KEY.match(o) else o
             for o in map(_package_override, map(_pins_override, overrides))]
@@ -113,7 +130,8 @@ def _check_syntax(overrides: list[str]) -> None:
             detail = next((ln for ln in why if not ln.startswith(("Error parsing", "See "))), "")
             raise UserError(
                 f"cannot parse {o!r}{f' ({detail})' if detail else ''}: write key=value, and quote"
-                " values holding '=', spaces or brackets, e.g. key='a=b'"
+                " values holding '=', spaces or brackets for sleuth inside the shell's quotes,"
+                " e.g. \"key='a=b'\""
             ) from exc
 
 
@@ -152,7 +170,7 @@ def compose_config(
     if not CONF_DIR.is_dir():
         raise UserError(f"sleuth's config directory is missing: {CONF_DIR}")
     register()
-    overrides = [_pins_override(o) for o in overrides]
+    overrides = [_verbatim(_pins_override(o)) for o in overrides]
     _check_syntax(overrides)
     extra: list[str] = []
     if config_dir is not None:

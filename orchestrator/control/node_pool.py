@@ -21,7 +21,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from orchestrator.control.ray_cluster import NODE_RESOURCE, node_name, sleuth_nodes
 from orchestrator.errors import NodeBusy, NodesLost, UserError
-from orchestrator.runner.node import NodeRunner
+from orchestrator.runner.node import NodeRunner, held_message
 from orchestrator.runner.process import start_time
 
 SCAN_INTERVAL_S = 2.0
@@ -214,13 +214,6 @@ class NodePool:
             _kill(actor)
         self.actors.clear()
         self._joining.clear()
-
-
-def held_message(name: str, holder: Mapping) -> str:
-    since = holder.get("since")
-    when = time.strftime(" since %H:%M:%S", time.localtime(since)) if since else ""
-    return (f"node {name} is held by another sleuth run ({holder.get('run_id') or 'run ?'},"
-            f" pid {holder.get('pid')} on {holder.get('host', '?')}{when})")
 
 
 def first_line(exc: BaseException) -> str:

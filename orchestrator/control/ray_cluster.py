@@ -26,7 +26,7 @@ from contextlib import contextmanager
 
 import ray
 
-from orchestrator.errors import UserError
+from orchestrator.errors import RayStartFailed, UserError
 
 # A Ray node runs trials only if it offers this custom resource (one unit: one trial at a time):
 #   ray start --address HEAD:6379 --resources '{"sleuth_node": 1}'
@@ -201,21 +201,62 @@ def start_ray(cluster: Mapping, nodes: int | None = None) -> bool:
     return True
 
 
+# Ray gives its own processes a fixed 30 s to register (`raylet_start_wait_time_s`, not
+# configurable); on a loaded host (a GPU node's CPUs busy with an investigation) that runs out
+# now and then. One more try is what a user would do by hand.
+START_TRIES = 2
+
+
+def start_timed_out(exc: BaseException) -> bool:
+    """Ray's start ran out of its own time (as opposed to failing outright)."""
+    return isinstance(exc, TimeoutError) or "timed out" in str(exc).lower()
+
+
+def start_local(**options) -> None:
+    """Start a private local Ray instance (lean, loopback only), trying once more when Ray's
+    start-up timed out. Failure is one line (`RayStartFailed`, exit 1), never a traceback."""
+    loopback_only()
+    for attempt in range(1, START_TRIES + 1):
+        try:
+            # address="local": a private instance even when another Ray runs on this machine
+            # (without it Ray joins the last cluster started here, or RAY_ADDRESS).
+            with lean_head():
+                ray.init(address="local", include_dashboard=False,
+                         _node_ip_address="127.0.0.1",  # nothing listens beyond loopback
+                         **options)
+            return
+        except Exception as exc:
+            try:
+                ray.shutdown()  # whatever half started
+            except Exception:
+                pass
+            slow = start_timed_out(exc)
+            if slow and attempt < START_TRIES:
+                continue
+            detail = " ".join(str(exc).split())[:160] or type(exc).__name__
+            if slow:
+                raise RayStartFailed(
+                    f"Ray did not finish starting within its own time limit, {START_TRIES} tries"
+                    f" ({detail}); this machine is busy ({load_note()}): run again when it is"
+                    " quieter, or point cluster=ray at a running Ray") from exc
+            raise RayStartFailed(f"Ray could not start on this machine: {detail}") from exc
+
+
+def load_note() -> str:
+    try:
+        return f"load {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs"
+    except OSError:
+        return "load unknown"
+
+
 def _connect(cluster: Mapping, nodes: int | None) -> None:
     if cluster.get("kind", "local") == "local":
-        loopback_only()
-        # address="local": a private instance even when another Ray runs on this machine
-        # (without it Ray joins the last cluster started here, or RAY_ADDRESS).
-        with lean_head():
-            ray.init(
-                address="local",
-                num_cpus=local_workers(cluster, nodes),
-                include_dashboard=False,
-                _node_ip_address="127.0.0.1",  # nothing listens beyond loopback
-                log_to_driver=False,
-                logging_level=logging.WARNING,  # not "Started a local Ray instance" every run
-                namespace="sleuth",
-            )
+        start_local(
+            num_cpus=local_workers(cluster, nodes),
+            log_to_driver=False,
+            logging_level=logging.WARNING,  # not "Started a local Ray instance" every run
+            namespace="sleuth",
+        )
     elif cluster.get("kind") == "ray":
         # No address: Ray's own discovery (RAY_ADDRESS, or a head started on this machine).
         address = cluster.get("address") or "auto"
@@ -224,8 +265,8 @@ def _connect(cluster: Mapping, nodes: int | None) -> None:
         try:
             ray.init(address=address, log_to_driver=False, namespace="sleuth",
                      logging_level=logging.WARNING)
-        except (ConnectionError, ValueError, RuntimeError) as exc:
-            msg = " ".join(str(exc).split())[:200]
+        except Exception as exc:  # Ray raises many types here (timeouts among them): one line
+            msg = " ".join(str(exc).split())[:200] or type(exc).__name__
             raise UserError(f"cannot connect to the Ray cluster at {address}: {msg}") from exc
     else:
         raise UserError(f"unknown cluster.kind {cluster.get('kind')!r} (known: local, ray)")

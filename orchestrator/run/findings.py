@@ -158,7 +158,7 @@ def bisect_findings(
         "experiment": "bisect",
         "metric": metric,
         "verdict": verdict.status,
-        "message": verdict.message,
+        "message": text.name_points(verdict.message, [c.sha for c in commits]),
         "confidence": verdict.confidence,
         "n_trials": len(rows),
         "total_effect": ({"pct": verdict.total_effect_pct, "ci": list(verdict.total_effect_ci)}
@@ -167,7 +167,7 @@ def bisect_findings(
         "unexplained": [_unexplained_json(u, commits) for u in verdict.unexplained],
         "outliers": [{"trial": o.trial_id, "commit": commits[o.point].sha, "status": o.status,
                       "ratio": round(o.ratio, 4)} for o in verdict.outliers],
-        "notes": list(verdict.notes),
+        "notes": [text.name_points(n, [c.sha for c in commits]) for n in verdict.notes],
         "budget": verdict.budget,
     }
     endpoints = effects_between(rows, keys[0], keys[-1], metrics=(metric,),

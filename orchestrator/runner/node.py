@@ -20,6 +20,7 @@ and after `ORPHAN_WAIT_S` ends it, instead of refusing a node nobody uses any mo
 from __future__ import annotations
 
 import errno
+import fcntl
 import json
 import os
 import shutil
@@ -308,6 +309,37 @@ class NodeRunner:
             return False
         proc.teardown(grace_s=5.0)
         return True
+
+
+def held_message(name: str, holder: Mapping) -> str:
+    since = holder.get("since")
+    when = time.strftime(" since %H:%M:%S", time.localtime(since)) if since else ""
+    return (f"node {name} is held by another sleuth run ({holder.get('run_id') or 'run ?'},"
+            f" pid {holder.get('pid')} on {holder.get('host', '?')}{when})")
+
+
+def holder_of(state_dir: Path) -> dict | None:
+    """Who holds the node whose state is in `state_dir`, found without taking it and without
+    writing anything: None when it is free, or held only by an orphan a new run takes over.
+
+    Lets a command refuse a node another run holds before it starts Ray (the actor's own
+    `_hold` stays the authority: a run that starts in between is still refused there)."""
+    try:
+        descriptor = os.open(state_dir / NODE_LOCK, os.O_RDONLY)
+    except OSError:
+        return None  # never held here, or not readable: the actor will judge
+    try:
+        fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        pass
+    except OSError:
+        return None  # a filesystem without flock: the actor falls back on the holder file
+    else:
+        return None  # free; closing the descriptor lets go of it again
+    finally:
+        os.close(descriptor)
+    doc = _read_json(state_dir / HOLDER_FILE) or {"pid": None}
+    return None if _orphaned(doc) else doc
 
 
 def _read_json(path: Path) -> dict | None:

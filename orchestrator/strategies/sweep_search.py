@@ -82,6 +82,7 @@ class SweepSearch:
         self._converged = False
         self.confirmation = Confirmation(settings)
         self._grid: list[Assignment] | None = None
+        self._grid_walked_at: int | None = None  # search restarts planned when it was walked
         self._model: AdditiveModel | None = None
         self._model_at = -1
         self._all: list[Assignment] | None = None  # every configuration, for the model's best
@@ -160,21 +161,32 @@ class SweepSearch:
                 ev.in_flight = True
                 return Work(self.configs[ev.key].candidate, phase("search", number))
         s = self.settings
-        if planned_search >= s.search_budget - s.intensify_budget:
+        # A grid visits every configuration once before it repeats any: its re-measuring of
+        # the leaders (`intensify`'s share of the budget) waits until the grid is walked.
+        grid = s.sampler == "grid"
+        if not grid and planned_search >= s.search_budget - s.intensify_budget:
             work = self._intensify()
             if work is not None:
                 return work
         if self._converged:
-            return None
+            return self._after_grid(planned_search) if grid else None
         for _ in range(self.settings.max_free_asks):
             work = self._ask()
             if work is not None:
                 return work
             if self._converged:
-                return None
+                return self._after_grid(planned_search) if grid else None
         self._converged = True
         self.events.append("the sampler keeps proposing measured configurations: search converged")
         return None
+
+    def _after_grid(self, planned_search: int) -> Work | None:
+        """Once every grid point was proposed: up to `intensify_budget` restarts of leaders."""
+        if self._grid_walked_at is None:
+            self._grid_walked_at = planned_search
+        if planned_search >= self._grid_walked_at + self.settings.intensify_budget:
+            return None
+        return self._intensify()
 
     def _intensify(self) -> Work | None:
         """One more restart of a leader: the configuration the additive model predicts best
@@ -226,6 +238,7 @@ class SweepSearch:
             self._grid = list(self.space.configurations())
             random.Random(self.settings.seed).shuffle(self._grid)
         asked = {t.user_attrs.get("candidate") for t in self.study.get_trials(deepcopy=False)}
+        asked.add(self.baseline.key)  # measured as the baseline (perhaps still running)
         while self._grid:
             assignment = self._grid.pop(0)
             if self._config(assignment).key not in asked:

@@ -113,6 +113,7 @@ class Progress:
         self._status, self._best, self._probability = "starting", None, None
         self._live: Live | None = None
         self._cost = ""
+        self._ended = False  # the run is over: nothing is left to estimate
 
     # -- lifecycle ---------------------------------------------------------------------------
     def __enter__(self) -> Progress:
@@ -123,7 +124,11 @@ class Progress:
         return self
 
     def __exit__(self, *exc) -> None:
+        # The live view's last frame stays on the screen: it must not promise "ETA ~5s" for
+        # a run that has ended.
+        self._ended = True
         if self._live is not None:
+            self._live.update(self.render(), refresh=True)
             self._live.stop()
             self._live = None
 
@@ -212,7 +217,7 @@ class Progress:
     def _eta(self, mean: float | None, done: int, total: int | None) -> float | None:
         """Remaining work / nodes: unstarted trials cost a mean trial, running ones what is left
         of it (at least nothing); None until a duration was measured or without a total."""
-        if mean is None or total is None:
+        if mean is None or total is None or self._ended:
             return None
         now = self._clock()
         not_started = max(total - done - len(self._running), 0)
@@ -257,6 +262,7 @@ class Progress:
         summary = Text(
             f"{s.done}{total} trials done ({s.failed} failed) · status {s.status} · best: {best}\n"
             f"trial duration: last {format_duration(s.last_duration)},"
-            f" mean {format_duration(s.mean_duration)} · ETA ~{format_duration(s.eta_s)}"
+            f" mean {format_duration(s.mean_duration)} · "
+            + ("ended" if self._ended else f"ETA ~{format_duration(s.eta_s)}")
             + (f"\ncost: {self._cost}" if self._cost else ""))
         return Group(table, summary)

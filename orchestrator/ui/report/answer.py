@@ -56,7 +56,9 @@ def detail_lines(answer: Mapping) -> list[str]:
     for s in answer.get("settings", []):
         lines.append(f"better setting (a sweep's, not a cause): {s.get('id')}: "
                      f"{change_text(s, str(answer.get('metric', '')))} against the baseline")
-    if answer.get("next"):
+    if answer.get("hint"):
+        lines.append(f"hint: {answer['hint']}")
+    if answer.get("next"):  # a complete command, copied as it is (`commands/next_step.py`)
         lines.append(f"next: {answer['next']}")
     return lines
 

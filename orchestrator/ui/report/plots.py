@@ -8,12 +8,17 @@ and environment values are shown as typed, and a `$` in one can never break a fi
 from __future__ import annotations
 
 import io
+import logging
+import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 import matplotlib
 
 matplotlib.use("Agg")  # before any figure: headless, whatever the environment says
+# Font chatter ("building the font cache", "findfont: ... not found") is matplotlib's business,
+# not the run's: it interleaved with sleuth's own output. Errors still show.
+logging.getLogger("matplotlib.font_manager").setLevel(logging.ERROR)
 
 import numpy as np  # noqa: E402
 from matplotlib.backends.backend_agg import FigureCanvasAgg  # noqa: E402
@@ -44,8 +49,13 @@ class Plot:
 def _png(fig: Figure) -> bytes:
     FigureCanvasAgg(fig)
     buf = io.BytesIO()
-    # The constrained layout already fits labels; "tight" bbox would draw everything twice.
-    fig.savefig(buf, format="png", dpi=100)
+    with warnings.catch_warnings():
+        # A commit subject in another script or with an emoji has glyphs the bundled font
+        # lacks: the figure shows a box for each, and a warning per glyph says nothing more.
+        warnings.filterwarnings("ignore", message=r"Glyph \d+ .*missing from",
+                                category=UserWarning)
+        # The constrained layout already fits labels; "tight" bbox would draw everything twice.
+        fig.savefig(buf, format="png", dpi=100)
     return buf.getvalue()
 
 

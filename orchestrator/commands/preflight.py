@@ -1,0 +1,41 @@
+"""The checks of `bisect`, `investigate` and `trial` that need no trial, run before the
+command's own module is imported.
+
+Why a separate step: a command's module brings the controller (Ray) and the statistics (SciPy)
+with it, which is most of the two seconds a refusal used to take; a typo in a ref or a metric
+should be refused in the time it takes to read the repository. These are the command's own
+checks, called the same way (the command runs them again, at no cost worth counting); anything
+this step cannot judge alone (a reference run, candidate specs, a resumed run) is left to the
+command, which refuses it before Ray starts as before.
+"""
+
+from __future__ import annotations
+
+from omegaconf import DictConfig
+
+from orchestrator.commands import common
+from orchestrator.metrics import check_metric
+from orchestrator.run.rundir import runs_root
+
+RANGE_COMMANDS = ("bisect", "investigate")
+
+
+def check(command: str, cfg: DictConfig) -> None:
+    """Raise the command's own UserError for a bad target, metric, repository, ref or range."""
+    if command not in (*RANGE_COMMANDS, "trial"):
+        return
+    if cfg.get("run_id") and (runs_root(cfg) / str(cfg.run_id)).exists():
+        return  # continuing a run: its stored configuration is what counts
+    common.check_common(cfg)
+    if command == "trial":
+        common.workspace(cfg).resolve(str(cfg.commit))
+        return
+    check_metric(str(cfg.metric), custom=cfg.target.name == "command", target=cfg.target)
+    if command == "investigate" and cfg.get("reference"):
+        return  # the reference names the repository and the good state
+    good, bad = cfg.get("good"), cfg.get("bad")
+    if not isinstance(good, str) or not isinstance(bad, str) or not good or not bad:
+        return  # the command says what is missing or misplaced
+    ws = common.workspace(cfg)
+    if ws.resolve(good) != ws.resolve(bad):  # the same commit: each command has its own word
+        ws.commits_between(good, bad, first_parent=bool(cfg.first_parent))

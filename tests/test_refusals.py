@@ -1,0 +1,224 @@
+"""A newcomer's mistakes are refused before Ray starts; Ray's own start-up failures are one line.
+
+Each refusal is checked for what the user sees (exit 2, one line on stderr, nothing written)
+and for where it happened: before the controller would start Ray. That is asserted by
+recording the controller's `start_ray` (which raises here, so a refusal that came too late
+cannot go on to run trials), not by timing the command, which would measure the machine's load.
+
+Ray itself is the one part replaced in the start-up tests below (as the GPU is elsewhere):
+`ray.init` raises what Ray raises when its processes do not register in time.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import socket
+from pathlib import Path
+
+import pytest
+
+from orchestrator.cli import main
+from orchestrator.commands import common, doctor
+from orchestrator.config.compose import compose_config
+from orchestrator.runner.node import HOLDER_FILE, NODE_LOCK
+from orchestrator.runner.process import start_time
+from orchestrator.workspace.locking import release, try_exclusive
+from tests.conftest import make_sim_repo
+
+RAY_TIMEOUT = ("The current node timed out during startup. This could happen because some of"
+               " the raylet failed to startup or the GCS has become overloaded.")
+
+
+@pytest.fixture
+def world(tmp_path):
+    repo = tmp_path / "repo"
+    shas = make_sim_repo(repo, [{}, {}, {"verify_mult": 1.5}, {}, {}])
+    return {"base": tmp_path, "repo": repo, "shas": shas, "runs": tmp_path / "runs"}
+
+
+def _tree(path: Path) -> dict[str, str]:
+    return {str(p.relative_to(path)): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(path.rglob("*")) if p.is_file() and "/.git/" not in f"/{p}"}
+
+
+def _refused(argv: list[str], base: Path, capsys) -> tuple[int, str]:
+    before = _tree(base)
+    with pytest.raises(SystemExit) as exc:
+        main(argv)
+    err = capsys.readouterr().err.strip()
+    assert _tree(base) == before, "a refusal wrote something"
+    return int(exc.value.code), err
+
+
+@pytest.fixture
+def held_node(world):
+    """Node local-0 of `world`'s runs_dir held by a live run (this process, as its actor and
+    its controller would be), the way a NodeRunner holds it."""
+    state = world["runs"] / ".nodes" / "local-0"
+    state.mkdir(parents=True)
+    lock = try_exclusive(state / NODE_LOCK)
+    assert lock is not None
+    me = {"pid": os.getpid(), "start_time": start_time(os.getpid()),
+          "host": socket.gethostname()}
+    (state / HOLDER_FILE).write_text(json.dumps({**me, "run_id": "20260101-first-run",
+                                                 "since": 1.0e9, "controller": me}))
+    yield state
+    release(lock)
+
+
+NEWCOMER = {
+    "unknown commit": (["bisect", "good=no-such-commit", "bad=HEAD"], "no-such-commit"),
+    "metric typo": (["bisect", "good=HEAD~4", "bad=HEAD", "metric=verfy_ms"], "verfy_ms"),
+    "good and bad swapped": (["bisect", "good=HEAD", "bad=HEAD~4"], "not an ancestor"),
+    "wrong repo path": (["bisect", "good=HEAD~4", "bad=HEAD", "repo={base}/no-such-repo"],
+                        "does not exist"),
+}
+
+
+@pytest.mark.parametrize("name", list(NEWCOMER))
+@pytest.mark.parametrize("command", ["bisect", "investigate"])
+def test_a_newcomers_mistake_is_refused_before_ray(name, command, world, ray_starts, capsys):
+    args, needle = NEWCOMER[name]
+    argv = [command, *args[1:], "target=sim", f"runs_dir={world['runs']}"]
+    if not any(a.startswith("repo=") for a in argv):
+        argv.append(f"repo={world['repo']}")
+    argv = [a.format(base=world["base"]) for a in argv]
+    code, err = _refused(argv, world["base"], capsys)
+    assert code == 2, err
+    assert len(err.splitlines()) == 1 and err.startswith("sleuth: error: ") and needle in err, err
+    assert ray_starts == []
+    assert not world["runs"].exists()
+
+
+@pytest.mark.parametrize("command", [
+    ["trial"], ["bisect", "good=HEAD~4", "bad=HEAD"], ["compare", "reference=ref"],
+])
+def test_a_node_held_by_another_run_is_refused_before_ray(command, world, held_node, ray_starts,
+                                                          capsys):
+    if command[0] == "compare":  # a reference to compare against, so only the node is wrong
+        (world["runs"] / "ref").mkdir()
+        from orchestrator.store import RunStore
+
+        RunStore.create(world["runs"] / "ref" / "trials.db", run_id="ref", command="trial",
+                        config_yaml="{}\n").close()
+    argv = [*command, "target=sim", f"repo={world['repo']}", f"runs_dir={world['runs']}"]
+    code, err = _refused(argv, world["base"], capsys)
+    assert code == 2, err
+    assert len(err.splitlines()) == 1, err
+    assert "node local-0 is held by another sleuth run (20260101-first-run" in err, err
+    assert "another runs_dir=DIR" in err, err  # the way out on the simulated node
+    assert ray_starts == []
+
+
+def test_a_separate_runs_dir_or_a_free_node_is_not_refused(world, held_node):
+    """What the refusal suggests works: another runs_dir has its own nodes; and with one of
+    two nodes free the run goes on (the held one is skipped with a line once it starts)."""
+    base = ["target=sim", f"repo={world['repo']}"]
+    common.check_nodes_free(compose_config("trial", [*base, f"runs_dir={world['base'] / 'r2'}"]))
+    common.check_nodes_free(compose_config("trial", [*base, f"runs_dir={world['runs']}",
+                                                     "nodes=2"]))
+    held = compose_config("trial", [*base, f"runs_dir={world['runs']}"])
+    with pytest.raises(Exception, match="held by another sleuth run"):
+        common.check_nodes_free(held)
+
+
+def test_a_node_held_by_an_orphan_is_not_refused(world):
+    """An actor whose controller is gone is taken over by the next run, not a reason to refuse
+    it: here the holder's controller is a pid that is not running."""
+    state = world["runs"] / ".nodes" / "local-0"
+    state.mkdir(parents=True)
+    lock = try_exclusive(state / NODE_LOCK)
+    me = {"pid": os.getpid(), "start_time": start_time(os.getpid()),
+          "host": socket.gethostname()}
+    gone = {"pid": 2**22 + 7, "start_time": "1", "host": socket.gethostname()}
+    (state / HOLDER_FILE).write_text(json.dumps({**me, "run_id": "old", "controller": gone}))
+    try:
+        common.check_nodes_free(compose_config("trial", [
+            "target=sim", f"repo={world['repo']}", f"runs_dir={world['runs']}"]))
+    finally:
+        release(lock)
+
+
+# -- Ray's own start-up -----------------------------------------------------------------------
+
+class FailingRay:
+    """What `ray.init` raises (settable) and every call it got."""
+
+    def __init__(self) -> None:
+        self.failure: Exception = Exception(RAY_TIMEOUT)
+        self.tries: list[dict] = []
+
+    def init(self, *args, **kwargs):
+        self.tries.append(kwargs)
+        raise self.failure
+
+
+@pytest.fixture
+def ray_that_will_not_start(monkeypatch) -> FailingRay:
+    """`ray.init` fails as Ray does when its processes miss its 30 s; any Ray already running
+    in this test process (the suite's) is hidden and left alone."""
+    import ray
+
+    fake = FailingRay()
+    monkeypatch.setattr(ray, "init", fake.init)
+    monkeypatch.setattr(ray, "is_initialized", lambda: False)
+    monkeypatch.setattr(ray, "shutdown", lambda *a, **k: None)
+    return fake
+
+
+@pytest.mark.parametrize("kind", ["timeout", "failure"])
+def test_ray_that_does_not_start_is_one_line_exit_1_nothing_written(
+        kind, world, ray_that_will_not_start, capsys, monkeypatch):
+    if kind == "failure":
+        ray_that_will_not_start.failure = RuntimeError("raylet exited with code 1")
+    argv = ["trial", "target=sim", f"repo={world['repo']}", f"runs_dir={world['runs']}"]
+    code, err = _refused(argv, world["base"], capsys)
+    assert code == 1, err
+    assert len(err.splitlines()) == 1 and err.startswith("sleuth: error: "), err
+    if kind == "timeout":
+        assert len(ray_that_will_not_start.tries) == 2  # once more: a busy machine, not a broken one
+        assert "did not finish starting" in err and "busy" in err, err
+    else:
+        assert len(ray_that_will_not_start.tries) == 1
+        assert "Ray could not start on this machine: raylet exited" in err, err
+    assert not world["runs"].exists()
+
+
+def test_doctor_says_slow_for_a_ray_that_runs_out_of_time(ray_that_will_not_start, tmp_path):
+    status, name, detail = doctor.check_ray()
+    assert (status, name) == ("slow", "ray") and "busy machine" in detail, detail
+    ray_that_will_not_start.failure = RuntimeError("raylet exited with code 1")
+    status, _, detail = doctor.check_ray()
+    assert status == "FAIL" and "raylet exited" in detail, detail
+    lines: list[str] = []
+    cfg = compose_config("doctor", [f"runs_dir={tmp_path / 'runs'}"])
+    ray_that_will_not_start.failure = Exception(RAY_TIMEOUT)
+    assert doctor.run(cfg, emit=lines.append) in (0, 1)
+    assert any(line.split()[:2] == ["slow", "ray"] for line in lines), lines
+    assert not any(line.startswith("FAIL") and " ray " in line for line in lines), lines
+
+
+@pytest.mark.parametrize("name", list(NEWCOMER))
+def test_a_refusal_loads_neither_ray_nor_scipy(name, world):
+    """Most of a refusal's time used to be importing Ray and SciPy for a command that was about
+    to be refused; the checks that need no trial now run before either is imported (counted
+    in a fresh process's modules, not timed)."""
+    import subprocess
+    import sys
+
+    args, _ = NEWCOMER[name]
+    argv = [*args, "target=sim", f"runs_dir={world['runs']}"]
+    if not any(a.startswith("repo=") for a in argv):
+        argv.append(f"repo={world['repo']}")
+    argv = [a.format(base=world["base"]) for a in argv]
+    script = ("import sys\nfrom orchestrator.cli import run\nfrom orchestrator.errors import"
+              " UserError\ntry:\n    run(sys.argv[1:])\nexcept UserError:\n    pass\nelse:\n"
+              "    sys.exit('not refused')\nprint(sorted(m for m in ('ray', 'scipy.stats')"
+              " if m in sys.modules))\n")
+    root = Path(__file__).resolve().parents[1]
+    done = subprocess.run([sys.executable, "-c", script, *argv], cwd=root, capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[]", done.stdout
