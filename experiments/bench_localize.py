@@ -196,6 +196,9 @@ class CaseResult:
     outliers_flagged: int = 0
     steps_not_ruled_out: int = 0
     first_culprit_trials: int | None = None
+    # Every step of at least 1.5 noise widths named, reported unexplained, or left open in a
+    # reported part whose interval reaches its size (None for runs judged before this field).
+    large_steps_accounted: bool | None = None
 
 
 def drive(strategy: Strategy, oracle: VirtualOracle, k: int) -> tuple[Verdict, int, int]:
@@ -263,10 +266,13 @@ def judge(verdict: Verdict, case: Case, method: str, trials: int, rounds: int,
     else:
         correct = verdict.status == "found" and not wrong and named | covered == truth
     flagged = len(getattr(verdict, "outliers", ()) or ())
-    open_steps = sum(_not_ruled_out(verdict, case, s) for s in truth - named - covered)
+    open_set = {s for s in truth - named - covered if _not_ruled_out(verdict, case, s)}
+    large = {s for s in truth if abs(case.step_pct(s)) >= 150.0 * case.regime.cv}
+    accounted = (not wrong and verdict.status == "found"
+                 and large <= named | covered | open_set) if len(truth) > 1 else None
     return CaseResult(correct, trials, rounds, stated, verdict.status, wrong, len(named),
                       len(covered), len(truth), effects_named, effects_covered, outliers,
-                      flagged, open_steps, first)
+                      flagged, len(open_set), first, accounted)
 
 
 def run_case(task: tuple[int, int, int]) -> tuple[int, int, int, CaseResult]:
@@ -301,6 +307,9 @@ def summarize(results: Iterable[CaseResult]) -> dict[str, float]:
         out["steps_named"] = sum(r.steps_named for r in rows) / steps
         out["steps_covered"] = sum(r.steps_covered for r in rows) / steps
         out["steps_not_ruled_out"] = sum(r.steps_not_ruled_out for r in rows) / steps
+        judged = [r.large_steps_accounted for r in rows if r.large_steps_accounted is not None]
+        if judged:
+            out["large_steps_accounted"] = float(np.mean(judged))
         firsts = [r.first_culprit_trials for r in rows if r.first_culprit_trials is not None]
         if firsts:
             out["mean_trials_to_first_culprit"] = float(np.mean(firsts))
