@@ -8,14 +8,17 @@ from) x noise``. Regimes: the clean ones of the first benchmark (``seed_verify``
 ``outliers`` (5% of restarts at 3x on a log-normal decode_like), ``drift`` (+3% per 100 trials
 and a +10% load step lasting 30 trials), ``two_culprits`` (+30% and +15%), ``staircase``
 (three +6% steps), ``up_down`` (+50%, then a later -30% partial fix) and ``dag`` (a merge-heavy
-history in topological order, bisected over the full graph). In ``no_change`` the range holds no
-culprit (the regression lies outside it): the right answer is "not reproducible".
+history in topological order, bisected over the full graph), ``no_change_drift`` (no culprit on
+the drifting node) and ``three_steps`` (+20%, then +8%, then a -5% partial fix). In
+``no_change`` and ``no_change_drift`` the range holds no culprit (the regression lies outside
+it): the right answer is "not reproducible".
 
 Every method sees the same noise for the j-th trial at a given commit, through the same
 ``propose``/``verdict`` loop the controller uses. All trials count.
 
-Methods: ``sleuth`` (:class:`BisectStrategy`, confidence 0.99), ``sleuth_k4`` (four trials per
-round), ``bisect`` (classic: endpoints once, threshold halfway, one trial per step; on the graph
+Methods: ``sleuth`` (:class:`BisectStrategy`, confidence 0.99), ``sleuth_ref`` (told a
+reference run's level: the good endpoint's, or in the no-change regimes a level 8% below both
+endpoints, the regression outside the range), ``sleuth_k4`` (four trials per round), ``bisect`` (classic: endpoints once, threshold halfway, one trial per step; on the graph
 in ``dag`` like ``git bisect``) and ``bayesect`` (Beta-Bernoulli bisection of the git_bayesect
 package on thresholded trials, over the topological order). Two references, not methods
 (:mod:`experiments.reference_oracle`): ``oracle`` is told the true endpoint levels and noise;
@@ -87,7 +90,7 @@ CONFIDENT = 0.99
 # sleuth and classic bisect take part: the known-levels reference has no levels to be told,
 # and bayesect has no "no change" answer, so it runs every case to MAX_TRIALS (measured: 40 of
 # 40).
-NO_CHANGE_METHODS = frozenset({"sleuth", "bisect"})
+NO_CHANGE_METHODS = frozenset({"sleuth", "sleuth_ref", "bisect"})
 
 
 @dataclass(frozen=True)
@@ -100,6 +103,20 @@ class Method:
 def _sleuth(regime: Regime, case: Case) -> Strategy:
     return BisectStrategy(N_COMMITS, confidence=0.99, max_trials=MAX_TRIALS,
                           parents=case.parents)
+
+
+# The change a reference run measured: in the regimes with culprits the good endpoint's level
+# (every culprit lies after it); in `no_change` the regression lies before the range, a +8%
+# one, so the reference reads that much lower than both endpoints.
+OUTSIDE_REGRESSION = 0.08
+
+
+def _sleuth_ref(regime: Regime, case: Case) -> Strategy:
+    """sleuth told a reference run's level (``sleuth bisect`` with a reference run): the
+    change being chased bounds how much evidence "not reproducible" needs."""
+    reference = case.level(0) if regime.effects else BASE_VALUE / (1.0 + OUTSIDE_REGRESSION)
+    return BisectStrategy(N_COMMITS, confidence=0.99, max_trials=MAX_TRIALS,
+                          parents=case.parents, reference_value=reference)
 
 
 def _sleuth_thorough(regime: Regime, case: Case) -> Strategy:
@@ -147,6 +164,7 @@ def _bayesect(regime: Regime, case: Case) -> Strategy:
 BAYESECT_ENDPOINT_TRIALS = 2
 METHODS = (
     Method("sleuth", 1, _sleuth),
+    Method("sleuth_ref", 1, _sleuth_ref),
     Method("sleuth_k4", 4, _sleuth),
     Method("sleuth_thorough", 1, _sleuth_thorough),
     Method("bisect", 1, _bisect),
@@ -155,7 +173,7 @@ METHODS = (
     Method("oracle_placed", 1, _oracle_placed),  # sleuth with the oracle's search placement
 )
 CHEAP = frozenset({"bisect", "bayesect", "oracle"})  # milliseconds per case: scheduled last
-SLEUTHS = frozenset({"sleuth", "sleuth_k4", "sleuth_thorough", "oracle_placed"})
+SLEUTHS = frozenset({"sleuth", "sleuth_ref", "sleuth_k4", "sleuth_thorough", "oracle_placed"})
 # The thorough variant answers a question about several culprits; in the other regimes it is
 # run where it shows its price (one clean regime).
 THOROUGH_REGIMES = frozenset({"two_culprits", "staircase", "up_down", "decode_like"})
@@ -178,6 +196,9 @@ class CaseResult:
     outliers_flagged: int = 0
     steps_not_ruled_out: int = 0
     first_culprit_trials: int | None = None
+    # Every step of at least 1.5 noise widths named, reported unexplained, or left open in a
+    # reported part whose interval reaches its size (None for runs judged before this field).
+    large_steps_accounted: bool | None = None
 
 
 def drive(strategy: Strategy, oracle: VirtualOracle, k: int) -> tuple[Verdict, int, int]:
@@ -245,10 +266,13 @@ def judge(verdict: Verdict, case: Case, method: str, trials: int, rounds: int,
     else:
         correct = verdict.status == "found" and not wrong and named | covered == truth
     flagged = len(getattr(verdict, "outliers", ()) or ())
-    open_steps = sum(_not_ruled_out(verdict, case, s) for s in truth - named - covered)
+    open_set = {s for s in truth - named - covered if _not_ruled_out(verdict, case, s)}
+    large = {s for s in truth if abs(case.step_pct(s)) >= 150.0 * case.regime.cv}
+    accounted = (not wrong and verdict.status == "found"
+                 and large <= named | covered | open_set) if len(truth) > 1 else None
     return CaseResult(correct, trials, rounds, stated, verdict.status, wrong, len(named),
                       len(covered), len(truth), effects_named, effects_covered, outliers,
-                      flagged, open_steps, first)
+                      flagged, len(open_set), first, accounted)
 
 
 def run_case(task: tuple[int, int, int]) -> tuple[int, int, int, CaseResult]:
@@ -283,6 +307,9 @@ def summarize(results: Iterable[CaseResult]) -> dict[str, float]:
         out["steps_named"] = sum(r.steps_named for r in rows) / steps
         out["steps_covered"] = sum(r.steps_covered for r in rows) / steps
         out["steps_not_ruled_out"] = sum(r.steps_not_ruled_out for r in rows) / steps
+        judged = [r.large_steps_accounted for r in rows if r.large_steps_accounted is not None]
+        if judged:
+            out["large_steps_accounted"] = float(np.mean(judged))
         firsts = [r.first_culprit_trials for r in rows if r.first_culprit_trials is not None]
         if firsts:
             out["mean_trials_to_first_culprit"] = float(np.mean(firsts))

@@ -165,16 +165,35 @@ def reproduced_size(strategy: BisectState, sigma: float) -> float:
     clears zero, so its estimate runs high (a +3% change in 6% trial noise reproduced at +10
     to +16% after 2-3 restarts a side), and often on a noise estimate that happened to read low
     (2 degrees of freedom); the refutation tests "no change" against a share of this size, and
-    a real change smaller than that share could be refuted."""
+    a real change smaller than that share could be refuted.
+
+    The size is the change as measured robustly: a restart flagged as an outlier since (too
+    few restarts were replicated to flag it when the check stopped) counts for nothing. Two 3x
+    restarts among the first seven made a +8% change reproduce at +200%, and "no change" tested
+    against half of that withdrew the real change. With the flagged restarts left out the
+    reproduce-phase trials read the change again; where every one of them at an endpoint was
+    flagged, they cannot, and the endpoints' change over all their kept trials stands in (never
+    more than what reproduced)."""
     rep = strategy.reproduction
     assert rep is not None
-    ev = strategy.evidence
+    ev, cfg = strategy.evidence, strategy.settings
+    last = strategy.n - 1
+    size = rep.diff
+    tainted = any(t.index < strategy.reproduced_order and t.point in (0, last)
+                  for t in ev.flagged())
     good = ev.weighted_since(0, 0, strategy.reproduced_order)
-    bad = ev.weighted_since(strategy.n - 1, 0, strategy.reproduced_order)
+    bad = ev.weighted_since(last, 0, strategy.reproduced_order)
     if good is None or bad is None:
-        return rep.diff
+        if not tainted:
+            return rep.diff
+        now = ev.compare(0, last, cfg.reproduce_confidence)
+        if now is None:
+            return rep.diff
+        return min(rep.diff, now.diff) - cfg.refute_shrink_se * now.se
+    if tainted:
+        size = min(rep.diff, bad[0] - good[0])
     se = sigma * math.sqrt(1.0 / good[1] + 1.0 / bad[1])
-    return rep.diff - strategy.settings.refute_shrink_se * se
+    return size - cfg.refute_shrink_se * se
 
 
 def within_noise_floor(strategy: BisectState, diff: LogDifference) -> bool:

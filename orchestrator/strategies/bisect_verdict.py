@@ -151,6 +151,23 @@ def unexplained_parts(strategy: BisectState) -> list[Unexplained]:
     return parts
 
 
+def _open_bound(part: Unexplained) -> str:
+    """What a part not distinguishable from no change may still hold, in the reader's terms:
+    "a further step of up to +9.6% may lie between points 11 and 255". The interval says it
+    too, but a reader who fixed the step named and is still slow asks exactly this."""
+    if part.effect_ci is None:
+        return ""
+    lo, hi = part.effect_ci
+    sizes = []
+    if hi > 0.0:
+        sizes.append(f"up to {_pct(hi)}")
+    if lo < 0.0:
+        sizes.append(f"down to {_pct(lo)}")
+    if not sizes:
+        return ""
+    return f"a further step of {' or '.join(sizes)} may lie between points {part.lo} and {part.hi}"
+
+
 def _parts_sentence(parts: list[Unexplained], culprits: list[Culprit]) -> str:
     if not culprits:
         return ""
@@ -178,6 +195,11 @@ def _parts_sentence(parts: list[Unexplained], culprits: list[Culprit]) -> str:
                          f"and {p.hi}" for p in quiet)
         lead = "its parts are" if any(p.kind == "total" for p in parts) else "what is left is"
         out.append(f"{lead} not distinguishable from no change at this precision ({rest})")
+        bounds = [_open_bound(p) for p in quiet]
+        bounds = [b for b in bounds if b]
+        if bounds:
+            out.append("left open: " + "; ".join(bounds) + " (the net change of each part; "
+                       "steps inside one part that cancel are not seen)")
     return " ".join(s[0].upper() + s[1:] + "." for s in out)
 
 
