@@ -153,6 +153,26 @@ CASES = [
     ("sweep in the bisect's direction words", ["sweep", "repo={repo}", "space=nccl_quick",
                                               "direction=up"], "maximize"),
     ("cfg of hydra", ["trial", "--cfg", "hydra"], "--cfg job"),
+    # Hydra's grammar is larger than sleuth's: no key added, no group deleted, no key twice,
+    # no Hydra runtime setting (the compose API would ignore it without a word).
+    ("unknown key added with +", ["trial", "repo={repo}", "+foo=bar"], "'+foo=bar'"),
+    ("unknown key added with ++", ["trial", "repo={repo}", "++foo=bar"], "'++foo=bar'"),
+    ("group deleted", ["trial", "repo={repo}", "~bench"], "'~bench'"),
+    ("key given twice", ["trial", "repo={repo}", "commit=HEAD", "commit={s0}"],
+     "commit is given twice ('commit=HEAD' and 'commit="),
+    ("env key given twice", ["trial", "repo={repo}", "env.NCCL_PROTO=LL", "env.NCCL_PROTO=LL128"],
+     "env.NCCL_PROTO is given twice"),
+    ("hydra runtime setting", ["trial", "repo={repo}", "hydra.run.dir=X"], "'hydra.run.dir=X'"),
+    ("env value with a newline", ["trial", "repo={repo}", "env.NCCL_DEBUG='INFO\nX=1'"],
+     "control character"),
+    ("isolate env value with a tab", ["isolate", "repo={repo}", "good.commit={s0}",
+                                      "bad.commit={s3}", "bad.env.NCCL_DEBUG='IN\tFO'"],
+     "bad.env.NCCL_DEBUG"),
+    # The server under test listens on loopback unless asked otherwise, explicitly.
+    ("server on every interface", ["trial", "repo={repo}", "target.host=0.0.0.0"],
+     "target.allow_remote=true"),
+    ("server on a network address", ["trial", "repo={repo}", "target.host=10.0.0.1"],
+     "target.host=10.0.0.1"),
 ]
 
 # Commands that run trials: their cases name target=sim, except those about the default.
