@@ -50,6 +50,10 @@ class NodeRunner:
                  controller: Mapping | None = None):
         self.name = name
         self.context = NodeContext(name=name, state_dir=Path(state_dir))
+        # The directories this actor makes (its own, and `.nodes`): `discard` removes them
+        # again when the run is refused before its first trial.
+        self._made = [p for p in (self.context.state_dir, self.context.state_dir.parent)
+                      if not p.exists()]
         self.context.state_dir.mkdir(parents=True, exist_ok=True)
         self.target_conf = dict(target_conf)
         self.bench_conf = dict(bench_conf)
@@ -298,6 +302,20 @@ class NodeRunner:
                 self._node_lock = None
             else:  # held through the holder file alone (a filesystem without flock)
                 (self.context.state_dir / HOLDER_FILE).unlink(missing_ok=True)
+        return True
+
+    def discard(self) -> bool:
+        """`close`, and remove the state directory if this actor made it: a run refused before
+        its first trial (a clock the GPUs cannot do) leaves nothing behind. A directory that
+        was there before (an earlier run's node state) stays. True if something was removed."""
+        if not self.close(timeout_s=0.0) or not self._made or self.held_by.get("closed") is not True:
+            return False
+        shutil.rmtree(self._made[0], ignore_errors=True)
+        for parent in self._made[1:]:
+            try:
+                parent.rmdir()  # only when empty: another node of the run may still be there
+            except OSError:
+                pass
         return True
 
     def abort(self) -> bool:
