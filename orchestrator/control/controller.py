@@ -6,9 +6,9 @@ It keeps the nodes busy with the trials an experiment asks for, persists every t
 up to `trial.retries` times (each attempt is its own recorded trial). Experiments talk to it
 through `submit` / `wait` / `idle_nodes` and never see Ray.
 
-A node whose actor or Ray node dies mid-trial is not the candidate's fault: the trial is
-recorded `interrupted` (never evidence), the same evaluation is queued and runs on the next
-live node without using up `trial.retries`, and the run goes on (`NodePool` replaces the node
+A node whose actor or Ray node dies mid-trial, or a server killed from outside, is not the
+candidate's fault: the trial is recorded `interrupted` (never evidence), the same evaluation
+is queued and runs on the next live node without using up `trial.retries`, and the run goes on (`NodePool` replaces the node
 or finds it again when it comes back). A full disk, met by a node or by the store, stops the
 run as `interrupted` with every finished trial kept.
 """
@@ -317,6 +317,16 @@ class Controller:
                 f"node {inflight.node} failed: {type(exc).__name__}: {str(exc)[:300]}",
                 node=inflight.node, started_at=inflight.started, ended_at=time.time(),
             )
+        if (result.outcome is Outcome.INTERRUPTED and not self._interrupted and not lost
+                and not result.detail.startswith(NO_SPACE)):
+            # The server was killed from outside (runner/exits.py): like a lost node, not the
+            # candidate's doing; it runs again without using up a retry, a few times at most.
+            lost = inflight.losses + 1 < MAX_NODE_LOSSES
+            if not lost:
+                result = dataclasses.replace(
+                    result, outcome=Outcome.ERROR,
+                    detail=f"{result.detail} (interrupted {MAX_NODE_LOSSES} times in a row,"
+                           " given up)")
         result = self._with_node_identity(inflight.node, result)
         self._persist_log(inflight, result)
         self.store.finish_trial(inflight.trial_id, result)
