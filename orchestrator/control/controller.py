@@ -26,6 +26,7 @@ from pathlib import Path
 import ray
 from omegaconf import DictConfig, OmegaConf
 
+from orchestrator import wallclock
 from orchestrator.control.node_pool import NodePool, first_line
 from orchestrator.control.ray_cluster import (
     NODE_RESOURCE,
@@ -181,7 +182,7 @@ class Controller:
                 try:
                     self.store.finish_trial(inflight.trial_id, TrialResult(
                         Outcome.INTERRUPTED, "the controller stopped while the trial ran",
-                        node=inflight.node, started_at=inflight.started, ended_at=time.time()))
+                        node=inflight.node, started_at=inflight.started, ended_at=wallclock.now()))
                 except Exception:
                     pass
             aborts = []
@@ -255,7 +256,7 @@ class Controller:
             extra={"packages": self._overlays},
         )
         ref = self._actors[node].run.remote(spec)
-        inflight = _InFlight(trial_id, candidate, cand_id, node, phase, attempt, ref, time.time(),
+        inflight = _InFlight(trial_id, candidate, cand_id, node, phase, attempt, ref, wallclock.now(),
                              losses, repetitions)
         self._busy[node] = inflight
         self._by_ref[ref] = inflight
@@ -310,12 +311,12 @@ class Controller:
                 f"node {inflight.node} was lost during the trial ({first_line(exc)})"
                 + ("; it runs again on the next free node" if lost else
                    f"; lost {MAX_NODE_LOSSES} nodes in a row, given up"),
-                node=inflight.node, started_at=inflight.started, ended_at=time.time())
+                node=inflight.node, started_at=inflight.started, ended_at=wallclock.now())
         except Exception as exc:  # the trial raised on the node: never "slow"
             result = TrialResult(
                 Outcome.ERROR,
                 f"node {inflight.node} failed: {type(exc).__name__}: {str(exc)[:300]}",
-                node=inflight.node, started_at=inflight.started, ended_at=time.time(),
+                node=inflight.node, started_at=inflight.started, ended_at=wallclock.now(),
             )
         if (result.outcome is Outcome.INTERRUPTED and not self._interrupted and not lost
                 and not result.detail.startswith(NO_SPACE)):

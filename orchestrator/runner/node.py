@@ -30,6 +30,7 @@ import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+from orchestrator import wallclock
 from orchestrator.gpu.base import ClockPolicy
 from orchestrator.records import Outcome, TrialResult, TrialState
 from orchestrator.runner.process import ServerProcess, group_members, start_time
@@ -104,7 +105,7 @@ class NodeRunner:
                 return _read_json(holder) or {"pid": None}
         pid = os.getpid()
         doc = {"pid": pid, "start_time": self._start_time(pid), "host": socket.gethostname(),
-               "run_id": run_id, "since": time.time(), "controller": self.controller}
+               "run_id": run_id, "since": wallclock.now(), "controller": self.controller}
         tmp = holder.with_name(f"{HOLDER_FILE}.{pid}.tmp")
         tmp.write_text(json.dumps(doc))
         tmp.replace(holder)
@@ -246,13 +247,13 @@ class NodeRunner:
             dirty = self._node_clean()
             if dirty:
                 return TrialResult(Outcome.ERROR, f"node {self.name} refused the trial: {dirty}",
-                                   node=self.name, started_at=time.time(), ended_at=time.time())
+                                   node=self.name, started_at=wallclock.now(), ended_at=wallclock.now())
             self._aborted = False
             self._current = {"trial_id": spec.trial_id, "state": TrialState.PENDING.value,
-                             "since": time.time(), "started": time.time()}
+                             "since": wallclock.now(), "started": wallclock.now()}
 
             def on_state(state: TrialState) -> None:
-                self._current.update(state=state.value, since=time.time())
+                self._current.update(state=state.value, since=wallclock.now())
 
             def on_process(proc: ServerProcess | None) -> None:
                 self._proc = proc

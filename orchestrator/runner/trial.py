@@ -24,6 +24,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from orchestrator import wallclock
 from orchestrator.bench.client import BenchError
 from orchestrator.gpu.base import ClockPolicy, GpuControl
 from orchestrator.packages import trial as packages
@@ -279,10 +280,10 @@ def run_trial(
     trial_dir = Path(spec.trial_dir)
     log_path = trial_dir / "server.log"
     states: list[tuple[str, float]] = []
-    started = time.time()
+    started = wallclock.now()
 
     def enter(state: TrialState) -> None:
-        states.append((state.value, time.time()))
+        states.append((state.value, wallclock.now()))
         if on_state:
             on_state(state)
 
@@ -381,13 +382,13 @@ def run_trial(
         enter(TrialState.BENCHMARKING)
         requests = target.requests()
         for rep in range(spec.repetitions):
-            began = time.time()
+            began = time.monotonic()
             try:
                 metrics = target.measure(base_url, requests, log_path)
             except BenchError as exc:
                 raise _classify_bench_error(exc, proc, f"repetition {rep + 1}",
                                             oom_at_launch) from exc
-            measurements.append(Measurement(rep, metrics, time.time() - began))
+            measurements.append(Measurement(rep, metrics, time.monotonic() - began))
         if proc is not None and proc.poll() is not None:
             raise _died(proc, oom_at_launch, Outcome.CRASHED, "right after the benchmark")
         if gpu is not None:
@@ -451,7 +452,7 @@ def run_trial(
         measurements=tuple(measurements),
         states=tuple(states),
         started_at=started,
-        ended_at=time.time(),
+        ended_at=wallclock.now(),
         node=node,
         fingerprint=fp,
         log_tail=log_tail(log_path),
