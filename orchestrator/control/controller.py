@@ -26,7 +26,6 @@ from pathlib import Path
 import ray
 from omegaconf import DictConfig, OmegaConf
 
-from orchestrator import wallclock
 from orchestrator.control.node_pool import NodePool, first_line
 from orchestrator.control.ray_cluster import (
     NODE_RESOURCE,
@@ -40,6 +39,7 @@ from orchestrator.packages import plan as packages
 from orchestrator.records import Candidate, Outcome, TrialResult
 from orchestrator.runner.trial import NO_SPACE, TrialSpec, is_no_space
 from orchestrator.store import RunStore, TrialRow
+from orchestrator.system import wallclock
 from orchestrator.ui.safe_text import printable
 
 __all__ = ["NODE_RESOURCE", "RETRYABLE", "Controller", "loopback_only", "node_name",

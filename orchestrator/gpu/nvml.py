@@ -18,8 +18,8 @@ from __future__ import annotations
 
 from collections.abc import Callable, Collection
 
-from orchestrator import wallclock
 from orchestrator.gpu.base import ClockPolicy, GpuControl, GpuSample
+from orchestrator.system import wallclock
 
 _REASONS = (
     ("ClocksEventReasonApplicationsClocksSetting", "applications_clocks_setting"),

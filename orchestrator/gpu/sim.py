@@ -9,8 +9,8 @@ from __future__ import annotations
 from collections.abc import Collection
 from pathlib import Path
 
-from orchestrator import wallclock
 from orchestrator.gpu.base import ClockPolicy, GpuControl, GpuSample
+from orchestrator.system import wallclock
 from orchestrator.targets.sim import gpu_state
 from orchestrator.targets.sim.model import busy_power_w, effective_sm_clock_mhz
 

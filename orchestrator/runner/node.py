@@ -30,11 +30,11 @@ import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from orchestrator import wallclock
 from orchestrator.gpu.base import ClockPolicy
 from orchestrator.records import Outcome, TrialResult, TrialState
 from orchestrator.runner.process import ServerProcess, group_members, start_time
 from orchestrator.runner.trial import TrialSpec, clock_problem, run_trial
+from orchestrator.system import wallclock
 from orchestrator.targets.base import NodeContext
 from orchestrator.targets.registry import make_target
 from orchestrator.workspace import Workspace

@@ -24,7 +24,6 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from orchestrator import wallclock
 from orchestrator.bench.client import BenchError
 from orchestrator.gpu.base import ClockPolicy, GpuControl
 from orchestrator.packages import trial as packages
@@ -39,7 +38,7 @@ from orchestrator.runner.process import (
     read_environ,
 )
 from orchestrator.runner.telemetry import TelemetrySampler
-from orchestrator.system import fingerprint
+from orchestrator.system import fingerprint, wallclock
 from orchestrator.system.redact import redact_argv, scrub, secret_values
 from orchestrator.targets.base import UNSET, Target
 from orchestrator.ui.safe_text import printable

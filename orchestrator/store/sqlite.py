@@ -54,10 +54,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TypeVar
 
-from orchestrator import wallclock
 from orchestrator.errors import DiskFull, UserError
 from orchestrator.records import Candidate, TrialResult
 from orchestrator.store.rows import TrialRow, read_trials
+from orchestrator.system import wallclock
 
 SCHEMA_VERSION = 1
 

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import git
 
-from orchestrator import wallclock
+from orchestrator.system import wallclock
 from orchestrator.workspace.locking import (
     LOCKS_DIRNAME,
     MIRRORS_DIRNAME,

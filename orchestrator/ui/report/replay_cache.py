@@ -35,24 +35,17 @@ def key(config_yaml: str, candidate_keys: Sequence[str], observations: Sequence[
     return digest.hexdigest()
 
 
-def load(run_dir: Path, wanted: str):
-    """The stored history for `wanted`, or None (absent, another key, unreadable)."""
-    from orchestrator.ui.report.series import PosteriorHistory, PosteriorStep
-
+def load(run_dir: Path, wanted: str) -> dict | None:
+    """The stored history for `wanted` as saved (`series` rebuilds it), or None: absent,
+    another key, unreadable."""
     try:
         doc = json.loads((Path(run_dir) / FILENAME).read_text())
-        if doc.get("key") != wanted:
-            return None
-        h = doc["history"]
-        return PosteriorHistory(
-            labels=tuple(h["labels"]),
-            steps=tuple(PosteriorStep(s["trial_id"], s["status"], tuple(s["posterior"]),
-                                      s["best_point"], float(s["best_probability"]))
-                        for s in h["steps"]),
-            confidence=float(h["confidence"]), culprits=tuple(h["culprits"]),
-            culprit_label=str(h.get("culprit_label", "")))
-    except (OSError, ValueError, KeyError, TypeError):
+    except (OSError, ValueError):
         return None
+    if not isinstance(doc, dict) or doc.get("key") != wanted:
+        return None
+    history = doc.get("history")
+    return history if isinstance(history, dict) else None
 
 
 def save(run_dir: Path, wanted: str, history) -> None:
@@ -63,4 +56,7 @@ def save(run_dir: Path, wanted: str, history) -> None:
         tmp.write_text(json.dumps({"key": wanted, "history": dataclasses.asdict(history)}))
         tmp.replace(path)
     except (OSError, TypeError, ValueError):  # not writable, or a value JSON cannot hold
-        tmp.unlink(missing_ok=True)
+        try:
+            tmp.unlink(missing_ok=True)
+        except OSError:
+            pass

@@ -161,13 +161,29 @@ def posterior_history(data: RunData) -> PosteriorHistory | None:
             observed.append((row.id, obs))
     key = replay_cache.key(data.config_yaml, [c.key for c in data.plan.candidates],
                            [o for _, o in observed])
-    cached = replay_cache.load(data.run_dir, key)
+    cached = _history_from(replay_cache.load(data.run_dir, key))
     if cached is not None:
         return cached
     history = _replay(data, strategy, n, observed)
     if history is not None:
         replay_cache.save(data.run_dir, key, history)
     return history
+
+
+def _history_from(doc: Mapping | None) -> PosteriorHistory | None:
+    """A kept replay (`replay_cache.save`'s form) as the history, or None if it is not one."""
+    if doc is None:
+        return None
+    try:
+        return PosteriorHistory(
+            labels=tuple(doc["labels"]),
+            steps=tuple(PosteriorStep(s["trial_id"], s["status"], tuple(s["posterior"]),
+                                      s["best_point"], float(s["best_probability"]))
+                        for s in doc["steps"]),
+            confidence=float(doc["confidence"]), culprits=tuple(doc["culprits"]),
+            culprit_label=str(doc.get("culprit_label", "")))
+    except (KeyError, TypeError, ValueError):
+        return None
 
 
 def _replay(data: RunData, strategy, n: int, observed: list) -> PosteriorHistory | None:
