@@ -129,7 +129,9 @@ def run(argv: Sequence[str]) -> int:
         print(command_help(name, COMMANDS[name]))
         return 0
     from orchestrator.config.compose import compose_config, to_yaml
+    from orchestrator.config.overrides import check_repeats
 
+    check_repeats(overrides)
     cfg = compose_config(command, overrides, config_dir=config_dir)
     if show_cfg:
         print(to_yaml(cfg), end="")

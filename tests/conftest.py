@@ -88,10 +88,17 @@ def make_sim_repo(path: Path, profiles: list[dict]) -> list[str]:
 
 def pytest_collection_modifyitems(config, items) -> None:
     """A test that uses the session's Ray instance is end-to-end whether or not its file says
-    so: `make test-fast` (-m "not e2e") must never start Ray, or its time bound means nothing."""
+    so: `make test-fast` (-m "not e2e") must never start Ray, or its time bound means nothing.
+
+    The soak lane (`@pytest.mark.soak`, tens of minutes) runs only when asked for by a marker
+    expression that names it (`pytest -m soak`); every other test runs as before."""
+    soak = "soak" in (config.getoption("markexpr") or "")
+    skip = pytest.mark.skip(reason="soak lane: run it with pytest -m soak")
     for item in items:
         if "ray_session" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.e2e)
+        if not soak and "soak" in item.keywords:
+            item.add_marker(skip)
 
 
 @pytest.fixture(autouse=True)

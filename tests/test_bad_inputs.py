@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import importlib.util
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -35,7 +36,14 @@ def world(tmp_path_factory):
     (runs / "corrupt").mkdir()
     (runs / "corrupt" / "trials.db").write_bytes(b"not a database" * 64)
     (base / "bad.patch").write_text("--- a/nothere.py\n+++ b/nothere.py\n@@ -1 +1 @@\n-x\n+y\n")
-    return {"base": base, "repo": repo, "shas": shas, "side": side, "runs": runs}
+    (base / "garbage.patch").write_text("this is not a patch\n")
+    (base / "empty.patch").write_text("")
+    # Outside `base`, whose every file the cases read before and after.
+    locked = tmp_path_factory.mktemp("locked") / "unreadable.patch"
+    locked.write_text("--- a/x\n")
+    locked.chmod(0)
+    return {"base": base, "repo": repo, "shas": shas, "side": side, "runs": runs,
+            "locked": locked}
 
 
 def _tree(path: Path) -> dict[str, str]:
@@ -58,6 +66,16 @@ CASES = [
     ("option-like ref", ["trial", "repo={repo}", "commit='--upload-pack=touch x'"], "upload-pack"),
     ("patch missing", ["trial", "repo={repo}", "patches=[{base}/missing.patch]"], "missing.patch"),
     ("patch does not apply", ["trial", "repo={repo}", "patches=[{base}/bad.patch]"], "bad.patch"),
+    # Patches are checked before the worktree cache exists (see FRESH_RUNS_DIR).
+    ("patch that is not a patch", ["trial", "repo={repo}", "patches=[{base}/garbage.patch]"],
+     "garbage.patch does not apply"),
+    ("empty patch", ["trial", "repo={repo}", "patches=[{base}/empty.patch]"], "is empty"),
+    ("patch outside the directory", ["trial", "repo={repo}", "patches=[../x]"], "../x"),
+    ("unreadable patch", ["trial", "repo={repo}", "patches=[{locked}]"],
+     "cannot read patch file"),
+    ("isolate patch that is not a patch", ["isolate", "repo={repo}", "good.commit={s0}",
+                                           "bad.commit={s3}", "bad.patches=[{base}/garbage.patch]"],
+     "garbage.patch does not apply"),
     ("zero repetitions", ["trial", "repo={repo}", "bench.repetitions=0"], "repetitions"),
     ("package pin not exact", ["trial", "repo={repo}", "packages=[torch>=2]"], "name==version"),
     ("package pin not installable", ["trial", "repo={repo}", "packages=[nosuchpkg==1.0]",
@@ -153,6 +171,26 @@ CASES = [
     ("sweep in the bisect's direction words", ["sweep", "repo={repo}", "space=nccl_quick",
                                               "direction=up"], "maximize"),
     ("cfg of hydra", ["trial", "--cfg", "hydra"], "--cfg job"),
+    # Hydra's grammar is larger than sleuth's: no key added, no group deleted, no key twice,
+    # no Hydra runtime setting (the compose API would ignore it without a word).
+    ("unknown key added with +", ["trial", "repo={repo}", "+foo=bar"], "'+foo=bar'"),
+    ("unknown key added with ++", ["trial", "repo={repo}", "++foo=bar"], "'++foo=bar'"),
+    ("group deleted", ["trial", "repo={repo}", "~bench"], "'~bench'"),
+    ("key given twice", ["trial", "repo={repo}", "commit=HEAD", "commit={s0}"],
+     "commit is given twice ('commit=HEAD' and 'commit="),
+    ("env key given twice", ["trial", "repo={repo}", "env.NCCL_PROTO=LL", "env.NCCL_PROTO=LL128"],
+     "env.NCCL_PROTO is given twice"),
+    ("hydra runtime setting", ["trial", "repo={repo}", "hydra.run.dir=X"], "'hydra.run.dir=X'"),
+    ("env value with a newline", ["trial", "repo={repo}", "env.NCCL_DEBUG='INFO\nX=1'"],
+     "control character"),
+    ("isolate env value with a tab", ["isolate", "repo={repo}", "good.commit={s0}",
+                                      "bad.commit={s3}", "bad.env.NCCL_DEBUG='IN\tFO'"],
+     "bad.env.NCCL_DEBUG"),
+    # The server under test listens on loopback unless asked otherwise, explicitly.
+    ("server on every interface", ["trial", "repo={repo}", "target.host=0.0.0.0"],
+     "target.allow_remote=true"),
+    ("server on a network address", ["trial", "repo={repo}", "target.host=10.0.0.1"],
+     "target.host=10.0.0.1"),
 ]
 
 # Commands that run trials: their cases name target=sim, except those about the default.
@@ -162,30 +200,40 @@ DEFAULT_TARGET = {"default target without SGLang", "default target names target=
 AT_LAUNCH = {"clock beyond the GPUs", "server flag the installed server rejects"}
 # Cases that need a process where Ray is not running yet: run through the real entry point.
 FRESH_PROCESS = {"unreachable cluster"}
+# Cases run against a runs_dir that does not exist yet: nothing at all may appear, not even the
+# worktree cache or a node's state directory (the shared one may hold both from other cases).
+FRESH_RUNS_DIR = {"patch does not apply", "patch that is not a patch", "empty patch",
+                  "patch outside the directory", "unreadable patch",
+                  "isolate patch that is not a patch", "clock beyond the GPUs"}
 
 
 @pytest.mark.parametrize("name, argv, needle", [c for c in CASES if c[0] not in AT_LAUNCH],
                          ids=[c[0] for c in CASES if c[0] not in AT_LAUNCH])
-def test_bad_input(world, capsys, monkeypatch, ray_starts, name, argv, needle):
-    _refused(world, capsys, monkeypatch, name, argv, needle, ray_starts)
+def test_bad_input(world, capsys, monkeypatch, tmp_path, ray_starts, name, argv, needle):
+    _refused(world, capsys, monkeypatch, tmp_path, name, argv, needle, ray_starts)
 
 
 @pytest.mark.parametrize("name, argv, needle", [c for c in CASES if c[0] in AT_LAUNCH],
                          ids=[c[0] for c in CASES if c[0] in AT_LAUNCH])
-def test_bad_input_found_at_launch(ray_session, world, capsys, monkeypatch, name, argv, needle):
-    _refused(world, capsys, monkeypatch, name, argv, needle)
+def test_bad_input_found_at_launch(ray_session, world, capsys, monkeypatch, tmp_path, name,
+                                   argv, needle):
+    _refused(world, capsys, monkeypatch, tmp_path, name, argv, needle)
 
 
-def _refused(world, capsys, monkeypatch, name, argv, needle, ray_starts=None):
+def _refused(world, capsys, monkeypatch, tmp_path, name, argv, needle, ray_starts=None):
     """`ray_starts` (None for the cases only a node can judge): the controller's attempts to
     start Ray, which must stay none."""
     if name in DEFAULT_TARGET and importlib.util.find_spec("sglang") is not None:
         pytest.skip("SGLang is installed here: the default target can run")
+    if name == "unreadable patch" and os.access(world["locked"], os.R_OK):
+        pytest.skip("this user reads any file (root): no unreadable patch to give")
+    runs = tmp_path / "fresh-runs" if name in FRESH_RUNS_DIR else world["runs"]
     fill = {"repo": world["repo"], "base": world["base"], "runs": world["runs"],
+            "locked": world["locked"],
             "side": world["side"], **{f"s{i}": s for i, s in enumerate(world["shas"])}}
     args = [a.format(**fill) for a in argv]
     if args[0] not in ("frobnicate", "scenario") and "--config-dir" not in args:
-        args.append(f"runs_dir={world['runs']}")
+        args.append(f"runs_dir={runs}")
     if args[0] in RUNS_TRIALS and not any(a.startswith("target=") for a in args) \
             and name not in DEFAULT_TARGET:
         args.append("target=sim")  # the cases mean the simulated node (the default is SGLang)
@@ -211,5 +259,7 @@ def _refused(world, capsys, monkeypatch, name, argv, needle, ray_starts=None):
                and "/.cache/" not in f"/{k}" and "/.nodes/" not in f"/{k}"}
     assert not changed, changed
     assert not (world["base"] / "x").exists() and not (world["base"] / "elsewhere").exists()
+    if name in FRESH_RUNS_DIR:
+        assert not runs.exists(), sorted(str(p.relative_to(runs)) for p in runs.rglob("*"))
     cache = world["runs"] / ".cache"
     assert not [p for p in cache.rglob("*") if p.suffix == ".lock" or p.name.startswith(".tmp-")]

@@ -345,7 +345,9 @@ def test_a_double_ctrl_c_at_a_terminal_exits_130(tmp_path, sim_repo):
 
     repo, shas = sim_repo
     args = [sys.executable, "-m", "orchestrator", "trial", f"repo={repo}",
-            f"runs_dir={tmp_path / 'runs'}", *FAST, "bench.repetitions=40", "bench.output_len=64"]
+            f"runs_dir={tmp_path / 'runs'}",
+            *[o for o in FAST if not o.startswith(("bench.repetitions=", "bench.output_len="))],
+            "bench.repetitions=40", "bench.output_len=64"]
     proc, master = _spawn_on_terminal(args, tmp_path)
     try:
         seen = _read_until(master, b"started on local-0", 120)

@@ -33,7 +33,7 @@ from orchestrator.targets.sim import gpu_state
 from orchestrator.targets.sim.scenario import generate_scenario
 from orchestrator.targets.simnode import set_node_state
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.e2e
 
 FAST = ["target=sim", "target.time_scale=0.02", "target.load_seconds=5", "bench.requests=2",
         "bench.output_len=32", "bench.input_len=32", "bench.warmup_requests=1",

@@ -13,7 +13,7 @@ from orchestrator.commands import investigate
 from orchestrator.config.compose import compose_config
 from tests.test_investigate import _reference
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.e2e
 
 
 def test_investigation_ends_with_kernel_evidence_per_cause(tmp_path, ray_session, capsys):

@@ -297,5 +297,8 @@ def test_losing_a_ray_node_mid_bisect_retries_its_trial_and_a_node_that_returns_
           f" after {again[0].started_at - killed_at:.1f}s, the returned node's first trial"
           f" after {back - killed_at:.1f}s; {len(rows)} trials in all")
     assert "joined the run" in out
+    # The one line about the loss is not buried under what Ray publishes to the driver (the
+    # lost node's agents send the tail of its raylet log, 20 `[state-dump]` lines each).
+    assert f"node {victim.node} lost" in out and "state-dump" not in out + err, out + err
     # The user's repository: read-only, and nothing registered in it.
     assert git(scenario.repo, "worktree", "list", "--porcelain") == worktrees_before

@@ -117,7 +117,7 @@ def test_an_endpoint_pip_cannot_install_is_bad_input(tmp_path):
     assert not (tmp_path / "runs" / "bad").exists()
 
 
-@pytest.mark.slow
+@pytest.mark.e2e
 def test_sim_investigate_names_the_nccl_release(tmp_path, ray_session):
     """The `nccl_upgrade` story with a wheel directory holding the NCCL line 2.27.5 .. 2.28.3:
     the sim prices 2.28.0 - 2.28.6 with a small-message regression. `investigate` proves the

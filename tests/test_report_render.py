@@ -185,6 +185,25 @@ def test_posterior_replay_matches_the_run(run, data):
     assert all(0 <= sum(s.posterior) <= 1 + 1e-9 for s in history.steps)
 
 
+def test_the_replay_is_kept_beside_the_run_and_redone_when_its_inputs_change(data, monkeypatch):
+    import dataclasses
+
+    from orchestrator.ui.report import replay_cache
+    from orchestrator.ui.report import series as series_module
+
+    first = S.posterior_history(data)
+    assert (data.run_dir / replay_cache.FILENAME).is_file()
+    # The next report reads it: the strategy is not asked again, the history is the same.
+    monkeypatch.setattr(series_module, "_replay",
+                        lambda *a: pytest.fail("replayed although the replay was kept"))
+    assert S.posterior_history(data) == first
+    # One trial fewer (a run read while it grows, a resumed run) is another key: replayed.
+    replayed = []
+    monkeypatch.setattr(series_module, "_replay", lambda *a: replayed.append(a[3]))
+    S.posterior_history(dataclasses.replace(data, rows=data.rows[:-1]))
+    assert replayed and len(replayed[0]) == len(first.steps) - 1
+
+
 def test_phase_pairs_and_timeline(run, data):
     pairs = S.phase_pairs(data)
     top = pairs[0]

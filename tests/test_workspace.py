@@ -366,6 +366,21 @@ def test_patch_that_does_not_apply_leaves_nothing(
     assert [p.name for p in (workspace.cache_dir / ".repos").iterdir()][0].endswith(".git")
 
 
+def test_check_patches_applies_the_series_in_order_and_writes_nothing(
+    workspace: Workspace, repo: Path, tmp_path: Path
+) -> None:
+    first = write_patch(tmp_path / "first.patch", "verify = 3", "verify = 4")
+    second = write_patch(tmp_path / "second.patch", "verify = 4", "verify = 5")
+    objects = sorted(p.name for p in (repo / ".git" / "objects").rglob("*"))
+    assert workspace.check_patches("main", [first, second]) == [first, second]
+    # The second needs the first: out of order, the first patch that fails is named.
+    with pytest.raises(UserError, match="second.patch does not apply"):
+        workspace.check_patches("main", [second, first])
+    assert not workspace.cache_dir.exists()
+    assert sorted(p.name for p in (repo / ".git" / "objects").rglob("*")) == objects
+    assert workspace.checkout("main", [first, second]).joinpath(EAGLE).read_text() == "verify = 5\n"
+
+
 def test_missing_patch_file_is_a_user_error_before_anything_is_made(
     workspace: Workspace, tmp_path: Path
 ) -> None:

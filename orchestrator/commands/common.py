@@ -81,8 +81,7 @@ def candidate(cfg: DictConfig, ws: Workspace) -> Candidate:
     pins = packages.fixed_pins(cfg)
     cand = Candidate.make(sha, patches, {str(k): str(v) for k, v in cfg.env.items()}, cfg.clock,
                           packages=pins)
-    if patches:
-        ws.checkout(sha, patches)  # proves the patches apply before anything is written
+    ws.check_patches(sha, patches)  # proves they apply, before anything is written
     packages.require(cfg, pins)
     return cand
 

@@ -120,7 +120,7 @@ def _check_changes(cfg: DictConfig, ws, good: dict, bad: dict, changes: list[Cha
     for side in (good, bad):
         sha = ws.resolve(str(side.get("commit", "HEAD")))
         if side.get("patches"):
-            ws.checkout(sha, list(side["patches"]))
+            ws.check_patches(sha, list(side["patches"]))
     packages.require(cfg, good["packages"], bad["packages"])
 
 

@@ -10,6 +10,7 @@ exit 2, before any command has looked at the configuration or written anything.
 from __future__ import annotations
 
 import dataclasses
+import ipaddress
 import math
 import typing
 from collections.abc import Mapping
@@ -36,7 +37,50 @@ def check_values(cfg: DictConfig) -> None:
     if target_schema is not None:
         _check_dataclass(target_schema, target, "target.")
     experiment_params.parse((values.get("experiment") or {}).get("params"))
+    check_env_values(values)
+    check_host(target)
     check_run_id(values.get("run_id"), str(values.get("command", "")))
+
+
+def check_env_values(values: Mapping) -> None:
+    """An environment value is one line of printable text.
+
+    A newline (`env.NCCL_DEBUG='INFO\nX=1'`) or another control character would reach the
+    server's environment as typed, but every place that shows or stores an environment (the
+    fingerprint, the `env` dump of a server log, a shell a user pastes it into) reads it as a
+    second variable or a broken line."""
+    places = [("env", values.get("env")), ("target.env", (values.get("target") or {}).get("env"))]
+    for side in ("good", "bad"):
+        spec = values.get(side)
+        if isinstance(spec, Mapping):
+            places.append((f"{side}.env", spec.get("env")))
+    for where, env in places:
+        if not isinstance(env, Mapping):
+            continue
+        for name, value in env.items():
+            if value is not None and not str(value).isprintable():
+                raise UserError(f"{where}.{printable_name(name)}: the value holds a control"
+                                f" character ({str(value)!r}); environment values are one line"
+                                " of printable text")
+
+
+def check_host(target: Mapping) -> None:
+    """A server under test listens on loopback unless the user says otherwise explicitly."""
+    host = str(target.get("host") or "127.0.0.1").strip("[]")
+    if host == "localhost" or target.get("allow_remote") is True:
+        return
+    try:
+        loopback = ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        loopback = False  # a name other than localhost may resolve to any interface
+    if not loopback:
+        raise UserError(f"target.host={host} makes the server under test reachable from other"
+                        " machines; keep the default 127.0.0.1 (the benchmark client runs on the"
+                        " same node), or add target.allow_remote=true if that is meant")
+
+
+def printable_name(name: Any) -> str:
+    return repr(name) if not str(name).isprintable() else str(name)
 
 
 def check_run_id(run_id: Any, command: str) -> None:

@@ -15,6 +15,7 @@ from hydra.core.global_hydra import GlobalHydra
 from omegaconf import DictConfig, OmegaConf
 
 from orchestrator.config.checks import check_values
+from orchestrator.config.overrides import check_overrides
 from orchestrator.config.schema import register
 from orchestrator.errors import UserError
 
@@ -170,6 +171,7 @@ def compose_config(
     if not CONF_DIR.is_dir():
         raise UserError(f"sleuth's config directory is missing: {CONF_DIR}")
     register()
+    check_overrides(overrides)
     overrides = [_verbatim(_pins_override(o)) for o in overrides]
     _check_syntax(overrides)
     extra: list[str] = []

@@ -82,7 +82,11 @@ class TargetConf:
 
     name: str = MISSING
     model_path: str = ""
+    # The address the server under test listens on. Anything but loopback exposes it (and
+    # whatever it serves: the model, its admin endpoints) to other machines, so it also needs
+    # `allow_remote: true`; the benchmark client runs on the same node and needs no more.
     host: str = "127.0.0.1"
+    allow_remote: bool = False
     # Extra server flags appended verbatim (as a list, never through a shell).
     extra_args: list[str] = field(default_factory=list)
     # Argv prefix for the server (numactl, taskset, a profiler ...).

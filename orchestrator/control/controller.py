@@ -6,9 +6,9 @@ It keeps the nodes busy with the trials an experiment asks for, persists every t
 up to `trial.retries` times (each attempt is its own recorded trial). Experiments talk to it
 through `submit` / `wait` / `idle_nodes` and never see Ray.
 
-A node whose actor or Ray node dies mid-trial is not the candidate's fault: the trial is
-recorded `interrupted` (never evidence), the same evaluation is queued and runs on the next
-live node without using up `trial.retries`, and the run goes on (`NodePool` replaces the node
+A node whose actor or Ray node dies mid-trial, or a server killed from outside, is not the
+candidate's fault: the trial is recorded `interrupted` (never evidence), the same evaluation
+is queued and runs on the next live node without using up `trial.retries`, and the run goes on (`NodePool` replaces the node
 or finds it again when it comes back). A full disk, met by a node or by the store, stops the
 run as `interrupted` with every finished trial kept.
 """
@@ -40,6 +40,7 @@ from orchestrator.packages import plan as packages
 from orchestrator.records import RETRYABLE, Candidate, Outcome, TrialResult
 from orchestrator.runner.trial import NO_SPACE, is_no_space
 from orchestrator.store import RunStore, TrialRow
+from orchestrator.system import wallclock
 from orchestrator.ui.safe_text import printable
 
 __all__ = ["NODE_RESOURCE", "RETRYABLE", "Controller", "loopback_only", "node_name",
@@ -176,7 +177,7 @@ class Controller:
                 try:
                     self.store.finish_trial(inflight.trial_id, TrialResult(
                         Outcome.INTERRUPTED, "the controller stopped while the trial ran",
-                        node=inflight.node, started_at=inflight.started, ended_at=time.time()))
+                        node=inflight.node, started_at=inflight.started, ended_at=wallclock.now()))
                 except Exception:
                     pass
             aborts = []
@@ -235,7 +236,7 @@ class Controller:
         spec = trial_spec(self.cfg, self.run_dir, trial_id, candidate, phase, repetitions,
                           overlays=self._overlays, max_bytes=self._cache_max_bytes)
         ref = self._actors[node].run.remote(spec)
-        inflight = _InFlight(trial_id, candidate, cand_id, node, phase, attempt, ref, time.time(),
+        inflight = _InFlight(trial_id, candidate, cand_id, node, phase, attempt, ref, wallclock.now(),
                              losses, repetitions)
         self._busy[node] = inflight
         self._by_ref[ref] = inflight
@@ -290,13 +291,23 @@ class Controller:
                 f"node {inflight.node} was lost during the trial ({first_line(exc)})"
                 + ("; it runs again on the next free node" if lost else
                    f"; lost {MAX_NODE_LOSSES} nodes in a row, given up"),
-                node=inflight.node, started_at=inflight.started, ended_at=time.time())
+                node=inflight.node, started_at=inflight.started, ended_at=wallclock.now())
         except Exception as exc:  # the trial raised on the node: never "slow"
             result = TrialResult(
                 Outcome.ERROR,
                 f"node {inflight.node} failed: {type(exc).__name__}: {str(exc)[:300]}",
-                node=inflight.node, started_at=inflight.started, ended_at=time.time(),
+                node=inflight.node, started_at=inflight.started, ended_at=wallclock.now(),
             )
+        if (result.outcome is Outcome.INTERRUPTED and not self._interrupted and not lost
+                and not result.detail.startswith(NO_SPACE)):
+            # The server was killed from outside (runner/exits.py): like a lost node, not the
+            # candidate's doing; it runs again without using up a retry, a few times at most.
+            lost = inflight.losses + 1 < MAX_NODE_LOSSES
+            if not lost:
+                result = dataclasses.replace(
+                    result, outcome=Outcome.ERROR,
+                    detail=f"{result.detail} (interrupted {MAX_NODE_LOSSES} times in a row,"
+                           " given up)")
         result = self._with_node_identity(inflight.node, result)
         self._persist_log(inflight, result)
         self.store.finish_trial(inflight.trial_id, result)

@@ -59,14 +59,19 @@ class NodePool:
         node held by another run is NodeBusy (some held: those are skipped, with a line)."""
         actors = {name: self._new_actor(name) for name in self._names()}
         hellos = ray.get([a.hello.remote(self.clocks) for a in actors.values()])
+        problem = next((h["problem"] for h in hellos if h.get("problem")), "")
+        if problem:  # bad input: the run is refused, and the nodes' new state goes with it
+            _discard([a for a, h in zip(actors.values(), hellos, strict=True)
+                      if not h.get("held_by")])
+            for actor in actors.values():
+                _kill(actor)
+            raise UserError(problem)
         held = []
         for (name, actor), hello in zip(actors.items(), hellos, strict=True):
             if hello.get("held_by"):
                 held.append(held_message(name, hello["held_by"]))
                 ray.kill(actor)
                 continue
-            if hello.get("problem"):
-                raise UserError(hello["problem"])
             self.actors[name] = actor
             self._say_hello(hello)
         if held and not self.actors:
@@ -219,6 +224,14 @@ class NodePool:
 def first_line(exc: BaseException) -> str:
     text = " ".join(str(exc).split()) or type(exc).__name__
     return f"{type(exc).__name__}: {text[:200]}"
+
+
+def _discard(actors: list) -> None:
+    """Ask actors of a refused run to remove the node state they made (best effort)."""
+    try:
+        ray.get([a.discard.remote() for a in actors], timeout=CLOSE_WAIT_S)
+    except Exception:
+        pass
 
 
 def _kill(actor) -> None:

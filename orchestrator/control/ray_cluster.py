@@ -72,8 +72,56 @@ def own_session() -> None:
         def __init__(self, *args, **kwargs):
             kwargs["start_new_session"] = True
             super().__init__(*args, **kwargs)
+            argv = args[0] if args else kwargs.get("args")
+            if isinstance(argv, list | tuple) and argv and str(argv[0]).endswith("raylet"):
+                watch_raylet(self.pid)
 
     services.ConsolePopen = OwnSessionPopen
+
+
+def watch_raylet(pid: int) -> None:
+    """Start `raylet_watch.py` for a local raylet: its agents end when it does (see there)."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    try:
+        subprocess.Popen([sys.executable, "-S", str(Path(__file__).with_name("raylet_watch.py")),
+                          str(pid)], cwd="/", start_new_session=True,
+                         stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                         stderr=subprocess.DEVNULL)
+    except OSError:
+        pass  # without it the agents still go, a minute later
+
+
+# Where the messages Ray publishes to the driver go instead of the console (see below).
+RAY_MESSAGES = logging.getLogger("orchestrator.ray")
+
+
+def quiet_driver_messages() -> None:
+    """Keep the error messages Ray publishes to every driver off the console.
+
+    When a node is lost its agents publish the last 20 lines of its raylet log (`[state-dump]`
+    tables, about 40 lines for two agents), and Ray's driver prints whatever is published to
+    stdout, burying the one line sleuth prints for the same event ("node ... lost: ... runs
+    again"). sleuth reports every such event itself; the messages go to the `orchestrator.ray`
+    logger (not shown unless configured), and Ray's logs stay in its session directory.
+    `listen_error_messages` looks `print_to_stdstream` up at each message, so it is wrapped
+    once, for every Ray this process connects to."""
+    import ray._private.worker as worker
+
+    base = worker.print_to_stdstream
+    if getattr(base, "sleuth_quiet", False):
+        return
+
+    def print_to_stdstream(data, ignore_prefix: bool = False, **kwargs):
+        if data.get("pid") != "raylet":  # a worker's own output: as Ray prints it
+            return base(data, ignore_prefix=ignore_prefix, **kwargs)
+        for line in data.get("lines") or ():
+            RAY_MESSAGES.info("%s", line)
+
+    print_to_stdstream.sleuth_quiet = True  # type: ignore[attr-defined]
+    worker.print_to_stdstream = print_to_stdstream
 
 
 def probe(address: str, timeout_s: float) -> None:
@@ -250,6 +298,7 @@ def load_note() -> str:
 
 
 def _connect(cluster: Mapping, nodes: int | None) -> None:
+    quiet_driver_messages()
     if cluster.get("kind", "local") == "local":
         start_local(
             num_cpus=local_workers(cluster, nodes),

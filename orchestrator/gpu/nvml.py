@@ -16,10 +16,10 @@ to restore) stays released, since its value cannot be read.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable, Collection
 
 from orchestrator.gpu.base import ClockPolicy, GpuControl, GpuSample
+from orchestrator.system import wallclock
 
 _REASONS = (
     ("ClocksEventReasonApplicationsClocksSetting", "applications_clocks_setting"),
@@ -121,7 +121,7 @@ class NvmlGpuControl(GpuControl):
 
     def sample(self, own_pids: Collection[int] = ()) -> list[GpuSample]:
         nv = self.nv
-        now = time.time()
+        now = wallclock.now()
         out = []
         for i, h in self.handles.items():
             util = _try(nv.nvmlDeviceGetUtilizationRates, h)

@@ -6,11 +6,11 @@ experiences; telemetry uses the sim's own model of clocks and power under load.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Collection
 from pathlib import Path
 
 from orchestrator.gpu.base import ClockPolicy, GpuControl, GpuSample
+from orchestrator.system import wallclock
 from orchestrator.targets.sim import gpu_state
 from orchestrator.targets.sim.model import busy_power_w, effective_sm_clock_mhz
 
@@ -94,7 +94,7 @@ class SimGpuControl(GpuControl):
         return snapshot_of(self._state())
 
     def sample(self, own_pids: Collection[int] = ()) -> list[GpuSample]:
-        now = time.time()
+        now = wallclock.now()
         out = []
         for g in self._state().gpus:
             clock, reasons = effective_sm_clock_mhz(g, "verify")

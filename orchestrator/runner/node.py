@@ -35,6 +35,7 @@ from orchestrator.gpu.base import ClockPolicy
 from orchestrator.records import Outcome, TrialResult, TrialState
 from orchestrator.runner.process import ServerProcess, group_members, start_time
 from orchestrator.runner.trial import TrialSpec, clock_problem, run_trial
+from orchestrator.system import wallclock
 from orchestrator.targets.base import NodeContext
 from orchestrator.targets.registry import make_target
 from orchestrator.workspace import Workspace
@@ -51,6 +52,10 @@ class NodeRunner:
                  controller: Mapping | None = None):
         self.name = name
         self.context = NodeContext(name=name, state_dir=Path(state_dir))
+        # The directories this actor makes (its own, and `.nodes`): `discard` removes them
+        # again when the run is refused before its first trial.
+        self._made = [p for p in (self.context.state_dir, self.context.state_dir.parent)
+                      if not p.exists()]
         self.context.state_dir.mkdir(parents=True, exist_ok=True)
         self.target_conf = dict(target_conf)
         self.bench_conf = dict(bench_conf)
@@ -101,7 +106,7 @@ class NodeRunner:
                 return _read_json(holder) or {"pid": None}
         pid = os.getpid()
         doc = {"pid": pid, "start_time": self._start_time(pid), "host": socket.gethostname(),
-               "run_id": run_id, "since": time.time(), "controller": self.controller}
+               "run_id": run_id, "since": wallclock.now(), "controller": self.controller}
         tmp = holder.with_name(f"{HOLDER_FILE}.{pid}.tmp")
         tmp.write_text(json.dumps(doc))
         tmp.replace(holder)
@@ -243,13 +248,13 @@ class NodeRunner:
             dirty = self._node_clean()
             if dirty:
                 return TrialResult(Outcome.ERROR, f"node {self.name} refused the trial: {dirty}",
-                                   node=self.name, started_at=time.time(), ended_at=time.time())
+                                   node=self.name, started_at=wallclock.now(), ended_at=wallclock.now())
             self._aborted = False
             self._current = {"trial_id": spec.trial_id, "state": TrialState.PENDING.value,
-                             "since": time.time(), "started": time.time()}
+                             "since": wallclock.now(), "started": wallclock.now()}
 
             def on_state(state: TrialState) -> None:
-                self._current.update(state=state.value, since=time.time())
+                self._current.update(state=state.value, since=wallclock.now())
 
             def on_process(proc: ServerProcess | None) -> None:
                 self._proc = proc
@@ -299,6 +304,20 @@ class NodeRunner:
                 self._node_lock = None
             else:  # held through the holder file alone (a filesystem without flock)
                 (self.context.state_dir / HOLDER_FILE).unlink(missing_ok=True)
+        return True
+
+    def discard(self) -> bool:
+        """`close`, and remove the state directory if this actor made it: a run refused before
+        its first trial (a clock the GPUs cannot do) leaves nothing behind. A directory that
+        was there before (an earlier run's node state) stays. True if something was removed."""
+        if not self.close(timeout_s=0.0) or not self._made or self.held_by.get("closed") is not True:
+            return False
+        shutil.rmtree(self._made[0], ignore_errors=True)
+        for parent in self._made[1:]:
+            try:
+                parent.rmdir()  # only when empty: another node of the run may still be there
+            except OSError:
+                pass
         return True
 
     def abort(self) -> bool:

@@ -29,6 +29,7 @@ from orchestrator.evidence import capture
 from orchestrator.gpu.base import ClockPolicy, GpuControl
 from orchestrator.packages import trial as packages
 from orchestrator.records import Candidate, Measurement, Outcome, TrialResult, TrialState
+from orchestrator.runner.exits import killed_from_outside, oom_kills
 from orchestrator.runner.process import (
     ServerProcess,
     TeardownReport,
@@ -38,7 +39,7 @@ from orchestrator.runner.process import (
     read_environ,
 )
 from orchestrator.runner.telemetry import TelemetrySampler
-from orchestrator.system import fingerprint
+from orchestrator.system import fingerprint, wallclock
 from orchestrator.system.redact import redact_argv, scrub, secret_values
 from orchestrator.targets.base import UNSET, Target
 from orchestrator.ui.safe_text import printable
@@ -211,16 +212,28 @@ def ready_delay(waited_s: float) -> float:
     return min(READY_MAX_POLL_S, READY_POLL_S * 1.5 ** ((waited_s - READY_FAST_S) / 2.0 + 1))
 
 
-def _wait_ready(target: Target, proc: ServerProcess, timeout_s: float) -> None:
+def _died(proc: ServerProcess, oom_at_launch: int | None, outcome: Outcome, when: str,
+          evidence: str = "") -> TrialFailure:
+    """The candidate's failure (`outcome`), unless the server was killed from outside (see
+    `exits.py`): then the trial is `interrupted` and runs again."""
+    code = proc.poll()
+    sig = killed_from_outside(code, oom_at_launch, oom_kills())
+    if sig is not None:
+        return TrialFailure(Outcome.INTERRUPTED, f"the server was killed from outside ({sig})"
+                            f" {when}; not the candidate's doing, it runs again")
+    return TrialFailure(outcome, f"server exited with code {code} {when}"
+                        + (f": {evidence}" if evidence else ""))
+
+
+def _wait_ready(target: Target, proc: ServerProcess, timeout_s: float,
+                oom_at_launch: int | None = None) -> None:
     started = time.monotonic()
     deadline = started + timeout_s
     while True:
         code = proc.poll()
         if code is not None:
-            raise TrialFailure(
-                Outcome.LAUNCH_FAILED,
-                f"server exited with code {code} before it was ready: {last_lines(proc.log_path)}",
-            )
+            raise _died(proc, oom_at_launch, Outcome.LAUNCH_FAILED, "before it was ready",
+                        last_lines(proc.log_path))
         if target.is_ready(proc.base_url):
             return
         if time.monotonic() > deadline:
@@ -230,7 +243,8 @@ def _wait_ready(target: Target, proc: ServerProcess, timeout_s: float) -> None:
         time.sleep(ready_delay(time.monotonic() - started))
 
 
-def _classify_bench_error(exc: BenchError, proc: ServerProcess | None, what: str) -> TrialFailure:
+def _classify_bench_error(exc: BenchError, proc: ServerProcess | None, what: str,
+                          oom_at_launch: int | None = None) -> TrialFailure:
     if proc is None:  # a benchmark command without a server: nothing else can have died
         if exc.kind == "hung":
             return TrialFailure(Outcome.HUNG, f"benchmark stalled during {what}: {exc}")
@@ -242,10 +256,8 @@ def _classify_bench_error(exc: BenchError, proc: ServerProcess | None, what: str
         time.sleep(0.05)
     code = proc.poll()
     if code is not None:
-        return TrialFailure(
-            Outcome.CRASHED,
-            f"server exited with code {code} during {what}: {last_lines(proc.log_path)}",
-        )
+        return _died(proc, oom_at_launch, Outcome.CRASHED, f"during {what}",
+                     last_lines(proc.log_path))
     if exc.kind == "hung":
         return TrialFailure(Outcome.HUNG, f"server alive but stalled during {what}: {exc}")
     return TrialFailure(Outcome.BENCH_FAILED, f"{what} failed with the server alive: {exc}")
@@ -268,10 +280,10 @@ def run_trial(
     trial_dir = Path(spec.trial_dir)
     log_path = trial_dir / "server.log"
     states: list[tuple[str, float]] = []
-    started = time.time()
+    started = wallclock.now()
 
     def enter(state: TrialState) -> None:
-        states.append((state.value, time.time()))
+        states.append((state.value, wallclock.now()))
         if on_state:
             on_state(state)
 
@@ -290,6 +302,7 @@ def run_trial(
     telemetry: dict = {}
     lease = None
     overlays = None
+    oom_at_launch: int | None = None
     changed: list[str] = []
     no_space = False
     try:
@@ -324,6 +337,7 @@ def run_trial(
         if target.has_server:
             enter(TrialState.LAUNCHING)
             port = free_port(target.host)
+            oom_at_launch = oom_kills()
             argv = target.command(worktree, port)
             (trial_dir / "command.txt").write_text(" ".join(redact_argv(argv)) + "\n")
             proc = launch(argv, cwd=worktree, env=env, log_path=log_path, host=target.host,
@@ -345,7 +359,7 @@ def run_trial(
 
         if proc is not None:
             enter(TrialState.WAITING_READY)
-            _wait_ready(target, proc, spec.ready_timeout_s)
+            _wait_ready(target, proc, spec.ready_timeout_s, oom_at_launch)
             fingerprint.record_server_env(fp, env, _server_environ(proc))
             wanted = {**{str(k): str(v) for k, v in target.conf.get("env", {}).items()},
                       **cand.env_dict}
@@ -363,21 +377,20 @@ def run_trial(
             try:
                 target.warm_up(base_url, spec.warmup_requests)
             except BenchError as exc:
-                raise _classify_bench_error(exc, proc, "warm-up") from exc
+                raise _classify_bench_error(exc, proc, "warm-up", oom_at_launch) from exc
 
         enter(TrialState.BENCHMARKING)
         requests = target.requests()
         for rep in range(spec.repetitions):
-            began = time.time()
+            began = time.monotonic()
             try:
                 metrics = target.measure(base_url, requests, log_path)
             except BenchError as exc:
-                raise _classify_bench_error(exc, proc, f"repetition {rep + 1}") from exc
-            measurements.append(Measurement(rep, metrics, time.time() - began))
+                raise _classify_bench_error(exc, proc, f"repetition {rep + 1}",
+                                            oom_at_launch) from exc
+            measurements.append(Measurement(rep, metrics, time.monotonic() - began))
         if proc is not None and proc.poll() is not None:
-            raise TrialFailure(
-                Outcome.CRASHED, f"server exited with code {proc.poll()} right after the benchmark"
-            )
+            raise _died(proc, oom_at_launch, Outcome.CRASHED, "right after the benchmark")
         if gpu is not None:
             changed = clock_changes(gpu_snapshot, gpu.snapshot())
         profile = capture.wanted(spec.extra)
@@ -442,7 +455,7 @@ def run_trial(
         measurements=tuple(measurements),
         states=tuple(states),
         started_at=started,
-        ended_at=time.time(),
+        ended_at=wallclock.now(),
         node=node,
         fingerprint=fp,
         log_tail=log_tail(log_path),

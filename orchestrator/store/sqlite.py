@@ -50,7 +50,6 @@ import errno
 import json
 import os
 import sqlite3
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import TypeVar
@@ -58,6 +57,7 @@ from typing import TypeVar
 from orchestrator.errors import DiskFull, UserError
 from orchestrator.records import Candidate, TrialResult
 from orchestrator.store.rows import TrialRow, read_trials
+from orchestrator.system import wallclock
 
 SCHEMA_VERSION = 1
 
@@ -133,7 +133,7 @@ class RunStore:
         for leftover in (tmp, Path(f"{tmp}-wal"), Path(f"{tmp}-shm")):
             leftover.unlink(missing_ok=True)
         conn = cls._connect(tmp)
-        now = time.time()
+        now = wallclock.now()
         try:
             with conn:
                 conn.executescript(_SCHEMA)
@@ -284,7 +284,7 @@ class RunStore:
     def set_status(self, status: str, summary: dict | None = None) -> None:
         self._write(lambda c: c.execute(
             "UPDATE runs SET status=?, updated_at=?, summary_json=COALESCE(?, summary_json)",
-            (status, time.time(), json.dumps(summary) if summary is not None else None),
+            (status, wallclock.now(), json.dumps(summary) if summary is not None else None),
         ))
 
     def summary(self) -> dict:
@@ -343,7 +343,7 @@ class RunStore:
 
         `log_path(trial_id)` names its server log in the same transaction (one commit, not
         two, per dispatched trial)."""
-        now = time.time()
+        now = wallclock.now()
 
         def body(c: sqlite3.Connection) -> int:
             cur = c.execute(

@@ -19,12 +19,12 @@ import json
 import os
 import secrets
 import shutil
-import time
 from collections.abc import Callable
 from pathlib import Path
 
 import git
 
+from orchestrator.system import wallclock
 from orchestrator.workspace.locking import (
     LOCKS_DIRNAME,
     MIRRORS_DIRNAME,
@@ -95,7 +95,7 @@ class WorktreeCache:
         state_path.parent.mkdir(parents=True, exist_ok=True)
         temp = state_path.with_name(f"{state_path.name}.{os.getpid()}.tmp")
         temp.write_text(json.dumps({"sha": sha, "diff_hash": diff_hash, "size_bytes": size,
-                                    "made_at": time.time()}))
+                                    "made_at": wallclock.now()}))
         os.replace(temp, state_path)
 
     def stamp(self, key: str) -> int | None:

@@ -28,6 +28,7 @@ import os
 import re
 import secrets
 import shutil
+import tempfile
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
@@ -281,6 +282,43 @@ class Workspace:
                 raise
         self.cache.evict(key, lambda k: self._remove_worktree(self.cache_dir / k))
         return final
+
+    def check_patches(self, sha: str, patches: Sequence[Path | str]) -> list[Path]:
+        """Refuse (UserError) patches that cannot be read or do not apply, in order, to `sha`;
+        the resolved paths otherwise. Writes nothing: no cache, no worktree, no object.
+
+        The series is applied with `git apply --cached` to a temporary index read from the
+        commit's tree, with a temporary object directory that borrows the user's objects (a
+        patch's new blobs go there): a refused patch leaves the cache and the repository as
+        they were, and the line names the first patch that does not apply after the ones
+        before it (`git apply --check` of several files checks each against the commit)."""
+        files: list[Path] = []
+        for patch in patches:
+            path = self._patch_file(patch)
+            try:
+                text = path.read_bytes()
+            except OSError as exc:
+                raise UserError(f"cannot read patch file {patch}: {exc.strerror}") from None
+            if not text.strip():
+                raise UserError(f"patch file {patch} is empty")
+            files.append(path)
+        if not files:
+            return files
+        full_sha = self.resolve(sha)
+        with tempfile.TemporaryDirectory(prefix="sleuth-patch-check-") as tmp:
+            objects = Path(tmp) / "objects"
+            objects.mkdir()
+            env = {**_READ_ONLY_ENV, "GIT_INDEX_FILE": str(Path(tmp) / "index"),
+                   "GIT_OBJECT_DIRECTORY": str(objects),
+                   "GIT_ALTERNATE_OBJECT_DIRECTORIES": str(self._objects_dir())}
+            self._repo.git.read_tree(full_sha, env=env)
+            for path in files:
+                try:
+                    self._repo.git.apply("--cached", str(path), env=env)
+                except GitCommandError as error:
+                    raise UserError(f"patch {path} does not apply to commit {full_sha[:12]}"
+                                    f" ({_first_line(error)})") from None
+        return files
 
     def patch_hashes(self, patches: Sequence[Path | str]) -> list[str]:
         """sha256 of each patch file's content, in order: the patch part of a fingerprint."""

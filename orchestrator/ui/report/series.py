@@ -18,7 +18,7 @@ from orchestrator.metrics import METRICS
 from orchestrator.records import NOT_EVIDENCE_PHASES, Candidate
 from orchestrator.store import TrialRow
 from orchestrator.ui.render import finding_id
-from orchestrator.ui.report import labels
+from orchestrator.ui.report import labels, replay_cache
 from orchestrator.ui.report.collect import RunData
 
 PHASE_MS_METRICS = ("verify_ms", "draft_ms", "decode_ms")
@@ -90,8 +90,12 @@ def distributions(data: RunData, metric: str) -> list[CandidateSeries]:
     """One series per candidate with every trial of it: measured points, failed trial ids and
     interrupted ones (a trial cut short by the user or a lost node is not a failure)."""
     out = []
+    by_key: dict[str, list[TrialRow]] = {}  # one pass: a 500-trial run has ~300 candidates
+    for r in data.rows:
+        if r.finished:
+            by_key.setdefault(series_key(r), []).append(r)
     for key, label, full in _ordered(data):
-        rows = [r for r in data.rows if series_key(r) == key and r.finished]
+        rows = by_key.get(key, [])
         points = []
         for r in rows:
             v = _value(r, metric)
@@ -147,14 +151,45 @@ def posterior_history(data: RunData) -> PosteriorHistory | None:
     index = {c.key: i for i, c in enumerate(data.plan.candidates)}
     metric = str(cfg.get("metric", data.metric))
     final_attempt = int(cfg.get("trial", {}).get("retries", 1)) + 1
-    observations, steps = [], []
+    observed = []
     for row in data.rows:
         point = index.get(row.candidate.key)
         if point is None:
             continue
         obs = observation(row, point, metric, final_attempt)
-        if obs is None:
-            continue
+        if obs is not None:
+            observed.append((row.id, obs))
+    key = replay_cache.key(data.config_yaml, [c.key for c in data.plan.candidates],
+                           [o for _, o in observed])
+    cached = _history_from(replay_cache.load(data.run_dir, key))
+    if cached is not None:
+        return cached
+    history = _replay(data, strategy, n, observed)
+    if history is not None:
+        replay_cache.save(data.run_dir, key, history)
+    return history
+
+
+def _history_from(doc: Mapping | None) -> PosteriorHistory | None:
+    """A kept replay (`replay_cache.save`'s form) as the history, or None if it is not one."""
+    if doc is None:
+        return None
+    try:
+        return PosteriorHistory(
+            labels=tuple(doc["labels"]),
+            steps=tuple(PosteriorStep(s["trial_id"], s["status"], tuple(s["posterior"]),
+                                      s["best_point"], float(s["best_probability"]))
+                        for s in doc["steps"]),
+            confidence=float(doc["confidence"]), culprits=tuple(doc["culprits"]),
+            culprit_label=str(doc.get("culprit_label", "")))
+    except (KeyError, TypeError, ValueError):
+        return None
+
+
+def _replay(data: RunData, strategy, n: int, observed: list) -> PosteriorHistory | None:
+    """Each stored observation through the strategy in turn: the posterior after each."""
+    observations, steps = [], []
+    for row_id, obs in observed:
         observations.append(obs)
         verdict = strategy.verdict(observations)
         top = verdict.top
@@ -165,7 +200,7 @@ def posterior_history(data: RunData) -> PosteriorHistory | None:
             prob = float(verdict.posterior[best])
         else:
             best, prob = None, 0.0
-        steps.append(PosteriorStep(row.id, verdict.status, tuple(verdict.posterior), best, prob))
+        steps.append(PosteriorStep(row_id, verdict.status, tuple(verdict.posterior), best, prob))
     if not steps:
         return None
     final = strategy.verdict(observations)
