@@ -184,7 +184,7 @@ def run_system_case(story: str, seed: int, *, k: int = 1, confidence: float = 0.
     """One system-level isolate through the real difference model (see the module doc)."""
     from collections import Counter
 
-    from orchestrator.commands.isolate import IsolatePoints
+    from orchestrator.commands.isolate_points import IsolatePoints
     from orchestrator.records import Candidate
     from orchestrator.system.differences import (
         apply,

@@ -71,7 +71,7 @@ def _isolate(changes, good, measure: Callable, rng: random.Random, k: int, confi
              epoch_of: Callable[[int], int] = lambda n: 0):
     """Drive an isolate; returns (strategy, points, observations)."""
     from experiments.bench_isolate import drive
-    from orchestrator.commands.isolate import IsolatePoints
+    from orchestrator.commands.isolate_points import IsolatePoints
     from orchestrator.strategies.isolate import IsolateStrategy
     from orchestrator.system.differences import check_distinct
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from orchestrator.commands.isolate import IsolatePoints
+from orchestrator.commands.isolate_points import IsolatePoints
 from orchestrator.errors import SleuthError, UserError
 from orchestrator.gpu.base import ClockPolicy, format_parts, parse_parts
 from orchestrator.records import Candidate

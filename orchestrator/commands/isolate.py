@@ -28,14 +28,14 @@ from omegaconf import DictConfig, OmegaConf
 from orchestrator import answer
 from orchestrator.answer.epochs import mark_system_change
 from orchestrator.commands import common, compare
+from orchestrator.commands.isolate_points import IsolatePoints
 from orchestrator.config import params as experiment_params
 from orchestrator.control.controller import Controller
 from orchestrator.control.drive import drive, unreported
-from orchestrator.errors import SleuthError, UserError
+from orchestrator.errors import UserError
 from orchestrator.metrics import EFFECT_METRICS, check_metric, regression_direction
 from orchestrator.packages import plan as packages
 from orchestrator.packages.pins import pins_of
-from orchestrator.records import Candidate
 from orchestrator.run import findings
 from orchestrator.run.attribution import isolate_attribution
 from orchestrator.run.rundir import create_run, running
@@ -47,50 +47,15 @@ from orchestrator.strategies.isolate_report import remainder_stands
 from orchestrator.system.differences import (
     KINDS,
     Change,
-    apply,
     changes_between,
     changes_from_system,
     check_distinct,
-    level_of,
     reference_good,
 )
 from orchestrator.system.fingerprint_diff import NOT_FROM_RECORD, Difference
 from orchestrator.system.watch import latest_epoch, system_changes
 from orchestrator.ui import render
 from orchestrator.ui.progress import Progress
-
-
-class IsolatePoints:
-    """Strategy points (subsets of changes) <-> candidates, both ways (resume needs both)."""
-
-    def __init__(self, strategy: IsolateStrategy, good: Mapping, changes: list[Change],
-                 resolve: Callable[[str], str]):
-        self.strategy, self.good, self.changes, self.resolve = strategy, good, changes, resolve
-        self._subset_of_key: dict[str, frozenset[int]] = {}
-
-    def candidate(self, point: int) -> Candidate:
-        """The candidate of a point. Two subsets must never launch one candidate: its trials
-        would count for one of them only, and the other would be asked for again and again."""
-        subset = self.strategy.subset(point)
-        cand = apply(self.good, self.changes, subset, self.resolve)
-        seen = self._subset_of_key.setdefault(cand.key, subset)
-        if seen != subset:
-            raise SleuthError(
-                "two configurations of this isolate launch the same candidate "
-                f"({self.strategy.describe_subset(seen)} and "
-                f"{self.strategy.describe_subset(subset)}: {cand.label}): a difference is not"
-                " applied to the candidate")
-        return cand
-
-    def subset_of(self, cand: Candidate) -> frozenset[int]:
-        return frozenset(i for i, c in enumerate(self.changes)
-                         if level_of(c, cand, self.resolve))
-
-    def point(self, cand: Candidate) -> int | None:
-        subset = self.subset_of(cand)
-        if self.candidate(self.strategy.point_of(subset)).key != cand.key:
-            return None  # not a candidate of this experiment
-        return self.strategy.point_of(subset)
 
 
 def _spec(node) -> dict:
