@@ -12,8 +12,11 @@ fingerprint diff is ranked by mechanism and its controllable differences are tes
 bisected too, under today's system (`bisect`). `recover=true` ends with a short sweep of
 `space` (default `nccl_quick`) on the bad commit as the node is now. Then one answer: the total
 change from the reference (then) to the bad commit (now) on the log scale, each named cause with
-its interval, and what they leave unexplained (:mod:`orchestrator.answer`). Exit 0 when the
-named causes explain the change within its interval, 3 otherwise (the answer says what is left).
+its interval, and what they leave unexplained (:mod:`orchestrator.answer`), after a final check
+that measures the endpoints interleaved until the remainder's interval decides
+(:func:`final_check`). Exit 0 when the remainder lies within the run's min effect (explained)
+or nothing is reproducibly slower ("no change larger than x%"); 3 when a remainder larger than
+the min effect is shown, or the final check's budget ran out undecided (the sentence says so).
 
 Without a reference, `good=REF bad=REF` bisects; when the range does not reproduce today, the
 cause is not in the code, and the answer names earlier runs in `runs_dir` that measured the
@@ -42,7 +45,7 @@ from orchestrator.config.bisect import bisect_strategy
 from orchestrator.control.controller import Controller
 from orchestrator.errors import UserError
 from orchestrator.metrics import check_metric
-from orchestrator.records import Candidate
+from orchestrator.records import Candidate, Outcome
 from orchestrator.run import findings
 from orchestrator.run.rundir import create_run, running
 from orchestrator.store import RunStore
@@ -52,6 +55,10 @@ from orchestrator.ui.report.terminal import print_answer
 from orchestrator.workspace import CommitInfo
 
 EXIT_INCONCLUSIVE = 3
+FINAL_PHASE = "final"
+# Rounds (one restart of each endpoint) the final check runs at least when both endpoints can
+# be measured now: two of each is the least a window's own interval needs.
+FINAL_MIN_ROUNDS = 2
 
 
 @dataclass
@@ -131,19 +138,31 @@ def _label(cand: Candidate, commits: list[CommitInfo], ws) -> str:
 
 def _whole(cfg: DictConfig, rows, p: Plan) -> tuple[LogChange | None, dict]:
     """The change to explain: the bad commit now against the reference then (or, without a
-    reference, the bisect's endpoints now), pooling the run's restart noise."""
+    reference, the good and the bad commit now), pooling the run's restart noise.
+
+    Without a reference both endpoints are measured now, and the change is read from the final
+    check's restarts alone once it has two of each (:func:`final_check`): they ran interleaved,
+    in one time window, so a host that got busier while the bisect ran (the good endpoint
+    measured in the first minutes, the bad one an hour later) cannot invent a change."""
     metric = str(cfg.metric)
     bad_key = p.bad_candidate.key
     after = findings.trial_values(rows, bad_key, metric)
+    window = ""
     if p.reference is not None:
         before = list(p.reference["values"].get(metric, []))
     else:
         before = findings.trial_values(rows, p.base.key, metric)
+        last = [r for r in rows if r.phase == FINAL_PHASE]
+        a, b = (findings.trial_values(last, key, metric) for key in (p.base.key, bad_key))
+        if min(len(a), len(b)) >= 2:
+            before, after, window = a, b, "final check"
     ss, df = findings.pooled_log_ss(rows, metric, (p.base.key, bad_key))
     change = log_change(before, after, ss, df) if before and after else None
     extra = {"before": sum(before) / len(before) if before else None,
              "after": sum(after) / len(after) if after else None,
              "n": [len(before), len(after)]}
+    if window:
+        extra["window"] = window
     return change, extra
 
 
@@ -193,23 +212,80 @@ def execute(cfg: DictConfig, ctl: Controller, run_dir: Path, p: Plan, ws, out,
         _, docs["sweep"] = sweep.execute(cfg, ctl, run_dir, space, settings, p.bad_candidate,
                                          out, progress=progress)
         findings.write(run_dir, docs["sweep"], "sweep")
+    result = final_check(cfg, ctl, p, docs, ws, out, progress)
     rows = ctl.store.trials()
-    whole, extra = _whole(cfg, rows, p)
-    bad_label = _label(p.bad_candidate, p.commits, ws) + " now"
-    if ref is not None:
-        start = f"the reference ({_label(p.base, p.commits, ws)}, then)"
-    else:
-        start = _label(p.base, p.commits, ws) + " now"
-    result = for_investigation(
-        str(cfg.metric), whole, whole_extra=extra, reference=start, bad=bad_label,
-        compare_doc=docs.get("compare"), isolate_doc=docs.get("isolate"),
-        bisect_doc=docs.get("bisect"), sweep_doc=docs.get("sweep"),
-        mechanism=_mechanism(rows, p), next_step=_next_step(cfg, p, docs))
     doc = {"run": ctl.store.run_id, "experiment": "investigate", "metric": str(cfg.metric),
            "verdict": result["status"], "message": result["sentence"], "findings": [],
            "steps": list(docs), "n_trials": len(rows), "answer": result}
     findings.write(run_dir, doc, "investigate")
     return doc, docs
+
+
+def answer(cfg: DictConfig, rows, p: Plan, docs: dict[str, dict], ws,
+           check: dict | None = None) -> dict:
+    """The investigation's answer from the trials so far and the steps' documents."""
+    whole, extra = _whole(cfg, rows, p)
+    bad_label = _label(p.bad_candidate, p.commits, ws) + " now"
+    if p.reference is not None:
+        start = f"the reference ({_label(p.base, p.commits, ws)}, then)"
+    else:
+        start = _label(p.base, p.commits, ws) + " now"
+    return for_investigation(
+        str(cfg.metric), whole, whole_extra=extra, reference=start, bad=bad_label,
+        compare_doc=docs.get("compare"), isolate_doc=docs.get("isolate"),
+        bisect_doc=docs.get("bisect"), sweep_doc=docs.get("sweep"),
+        mechanism=_mechanism(rows, p), next_step=_next_step(cfg, p, docs),
+        min_effect_pct=experiment_params.of(cfg).min_effect_pct, check=check)
+
+
+def _final_candidates(p: Plan) -> list[Candidate]:
+    """What the final check measures, in this order, round after round: both endpoints when
+    both can be measured now, else (a reference: "then" cannot be measured again) the bad one."""
+    if p.reference is None and p.bad_candidate.key != p.base.key:
+        return [p.base, p.bad_candidate]
+    return [p.bad_candidate]
+
+
+def final_check(cfg: DictConfig, ctl: Controller, p: Plan, docs: dict[str, dict], ws, out,
+                progress: Progress | None = None) -> dict:
+    """Measure the endpoints interleaved (good, bad, good, bad ...) until the answer's
+    interval decides (explained or no change within the min effect, or a remainder beyond it),
+    within `experiment.params.final_trials` restarts; returns the answer.
+
+    Without a reference it always runs at least :data:`FINAL_MIN_ROUNDS` rounds, so that the
+    total is read from one time window (:func:`_whole`). With a reference it runs only while
+    the answer is undecided, adding restarts of the bad endpoint now. A budget spent before the
+    interval decides is said in the sentence, with the interval."""
+    budget = experiment_params.of(cfg).final_trials
+    order = _final_candidates(p)
+    rows = ctl.store.trials()
+    spent = [r for r in rows if r.phase == FINAL_PHASE and r.finished
+             and r.outcome is not Outcome.INTERRUPTED]
+    least = FINAL_MIN_ROUNDS * len(order) if len(order) > 1 else 0
+    said = False
+    while True:
+        check = {"budget": budget, "spent": len(spent)} if budget else None
+        result = answer(cfg, rows, p, docs, ws, check)
+        if len(spent) >= budget or (len(spent) >= least and result["status"] != "undecided"):
+            return result
+        if not said:
+            said = True
+            why = ("the endpoints interleaved in one time window" if least else
+                   "more restarts of the bad endpoint now")
+            out.print(f"\n== final check: {why}, until the answer's interval decides (up to"
+                      f" {budget} restarts) ==")
+            if progress is not None:
+                progress.set_total(None)
+                progress.on_verdict("final check", None, None)
+        batch = order if len(order) > 1 else order * max(len(ctl.nodes), 1)
+        for cand in batch[:budget - len(spent)]:
+            while not ctl.idle_nodes():
+                spent += [r for r in ctl.wait() if r.phase == FINAL_PHASE]
+            ctl.submit(cand, phase=FINAL_PHASE)
+        while ctl.in_flight():
+            spent += [r for r in ctl.wait() if r.phase == FINAL_PHASE]
+        spent = [r for r in spent if r.outcome is not Outcome.INTERRUPTED]
+        rows = ctl.store.trials()
 
 
 def _next_step(cfg: DictConfig, p: Plan, docs: dict[str, dict]) -> str:
