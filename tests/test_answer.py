@@ -19,6 +19,7 @@ from orchestrator.answer.compose import (
     for_sweep,
     not_tested,
     pick,
+    so_far,
 )
 from orchestrator.answer.phases import log_change, mechanism
 from orchestrator.answer.text import change_text, pct_text
@@ -268,3 +269,34 @@ def test_the_sentence_says_what_the_remainder_means_against_the_min_effect():
     # No cause named for a change beyond the min effect: shown, "no cause named".
     assert inv["status"] == "unexplained" and not inv["explains"]
     assert "no cause named" in inv["sentence"]
+
+
+def test_a_stopped_run_says_its_answer_so_far():
+    """Interrupted or at its budget: the causes named at the run's confidence with their
+    intervals, a best guess as a guess, and how large a further step can still be."""
+    doc = _bisect_doc()
+    doc["verdict"] = "searching"
+    doc["findings"][0]["verified"] = True
+    guess = {**doc["findings"][0], "id": "c0ffee" + "0" * 34, "subject": "Later change",
+             "probability": 0.62, "verified": False,
+             "effect_detail": {"verify_ms": {"pct": 2.0, "ci": [-1.0, 5.0],
+                                             "log": [math.log(1.02), 0.015, 6]}}}
+    doc["findings"].append(guess)
+    doc["total_detail"] = {"pct": 40.0, "ci": [37.0, 43.0], "log": [math.log(1.40), 0.01, 10]}
+    a = so_far(for_bisect(doc, good="commit aaaa", bad="commit bbbb"),
+               why="interrupted after 73 restarts")
+    s = a["sentence"]
+    assert s.startswith("so far (interrupted after 73 restarts): commit b2d8735e1f0a")
+    assert "+30.0% [+25.3, +34.9] at P = 0.999" in s
+    assert 'best guess: commit c0ffee000000 "Later change" (P = 0.620)' in s
+    # 1.40 / 1.30 leaves +7.7%, its interval reaching about +11%: the step still looked for.
+    assert "; searching for a further step of up to +1" in s, s
+    assert a["status"] == "provisional" and not a["explains"]
+    assert a["provisional"]["why"] == "interrupted after 73 restarts"
+    # An investigation takes a stopped bisect's verified culprits, never its best guess.
+    inv = for_investigation("verify_ms", LogChange(math.log(1.40), 0.01, 10), whole_extra={},
+                            reference="the reference", bad="now", compare_doc=None,
+                            isolate_doc=None, bisect_doc=doc, sweep_doc=None, mechanism=None)
+    assert [c["probability"] for c in inv["causes"]] == [0.999]
+    nothing = so_far({"metric": "verify_ms", "causes": [], "total": None}, why="interrupted")
+    assert nothing["sentence"] == "so far (interrupted): nothing measured yet"

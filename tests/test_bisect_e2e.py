@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import dataclasses
+import io
 import json
 import os
 import signal
 import subprocess
 import sys
 import time
+from contextlib import redirect_stdout
 from pathlib import Path
 
 import pytest
@@ -260,3 +262,54 @@ def test_ctrl_c_tears_down_and_leaves_a_resumable_run(tmp_path):
     assert cli_run(["resume", str(runs / "ctrlc")]) == 0
     doc = json.loads((runs / "ctrlc" / "findings.json").read_text())
     assert doc["findings"][0]["id"] == truth["culprits"][0]["sha"]
+
+
+def test_sigterm_stores_and_says_the_answer_so_far(tmp_path):
+    """A staircase bisect stopped by SIGTERM once its first step is verified and the search for
+    a further one is under way: the run prints its answer as far as it is known before the
+    resume line ("so far: commit X +y% at P > 0.999; ... searching for a further step of up
+    to z%"), stores it (marked provisional), and `sleuth report` opens with it instead of
+    "Causes (none, verdict empty)". A commit it names is a planted one."""
+    scenario = generate_scenario(tmp_path / "sc", 60, 5, "two_culprits")
+    truth = scenario.truth
+    runs = tmp_path / "runs"
+    args = [sys.executable, "-m", "orchestrator", "bisect", f"repo={scenario.repo}",
+            f"runs_dir={runs}", f"good={truth['good']}", f"bad={truth['bad']}", "nodes=2",
+            "run_id=term", *FAST]
+    log = tmp_path / "out.txt"
+    with log.open("w") as sink:
+        proc = subprocess.Popen(args, stdout=sink, stderr=subprocess.STDOUT,
+                                start_new_session=True)
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline and proc.poll() is None:
+            time.sleep(0.3)
+            text = log.read_text()
+            verified = text.find("[verifying]")
+            # The first step verified, the search for a further one under way.
+            if verified >= 0 and "[searching]" in text[verified:]:
+                break
+        assert proc.poll() is None, log.read_text()[-2000:]
+        os.killpg(proc.pid, signal.SIGTERM)
+        assert proc.wait(timeout=90) == 130
+    printed = log.read_text()
+    assert "answer: so far (interrupted after" in printed, printed[-3000:]
+    assert printed.index("answer: so far") < printed.index("continue with: sleuth resume")
+    doc = json.loads((runs / "term" / "findings.json").read_text())
+    answer = doc["answer"]
+    assert answer["status"] == "provisional" and doc["provisional"]["why"].startswith(
+        "interrupted after")
+    planted = {c["sha"] for c in truth["culprits"]}
+    named = [c for c in answer["causes"] if c.get("verified") and c["probability"] >= 0.99]
+    assert named and {c["id"] for c in named} <= planted, answer["sentence"]
+    for c in named:
+        assert f"{c['label']} +" in answer["sentence"] and c["ci"][0] > 0
+    assert "; searching for a further step of up to +" in answer["sentence"]
+    from orchestrator.cli import run as cli_run
+
+    out = io.StringIO()
+    with redirect_stdout(out):
+        assert cli_run(["report", "term", f"runs_dir={runs}"]) == 0
+    shown = out.getvalue()
+    assert "answer: so far (interrupted after" in shown, shown[:2000]
+    assert "verdict empty" not in shown
+    assert "so far \\(interrupted after" in (runs / "term" / "report.md").read_text()

@@ -149,3 +149,24 @@ def test_same_code_a_stripped_variable_resumed_then_a_range_alike(tmp_path, ray_
     assert "not the cause" in answer["sentence"]
     assert "reference=reference" in answer["next"] or "reference=inv" in answer["next"]
     assert "next: " in capsys.readouterr().out
+
+
+def test_nothing_changed_exits_0_with_no_change_larger_than_the_min_effect(tmp_path,
+                                                                           ray_session):
+    """Same node, same commit: the reference re-measured now is the same state, so whatever
+    restart-level offset separates the two sessions, the answer is "no change larger than x%"
+    and the exit code 0 (it used to say "+2.4% [+0.4, +4.5]" and exit 3)."""
+    sc = generate_scenario(tmp_path / "sc", 20, 1, "launcher_strip")
+    base = [f"repo={sc.repo}", f"runs_dir={tmp_path / 'runs'}", *FAST]
+    _nodes(tmp_path, sc.out, "reference")
+    assert trial_cmd.run(compose_config("trial", [*base, f"commit={sc.truth['good']}",
+                                                  "restarts=3", "run_id=reference"])) == 0
+    code = investigate.run(compose_config("investigate", [*base, "reference=reference",
+                                                          "run_id=same"]))
+    answer = json.loads((tmp_path / "runs" / "same" / "findings.json").read_text())["answer"]
+    assert code == 0 and answer["status"] == "no_change", answer["sentence"]
+    assert answer["causes"] == [] and answer["explains"]
+    bound = answer["min_effect"]["pct"]
+    assert f"no change larger than {bound:.1f}%" in answer["sentence"]
+    lo, hi = answer["total"]["ci"]
+    assert -bound <= lo and hi <= bound  # the promise the sentence makes

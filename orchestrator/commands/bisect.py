@@ -22,13 +22,15 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
+from orchestrator.answer.compose import so_far
+from orchestrator.answer.text import commit_label
 from orchestrator.commands import common
 from orchestrator.config import params as experiment_params
 from orchestrator.config.bisect import bisect_strategy
 from orchestrator.control.controller import Controller
-from orchestrator.control.drive import drive, unreported
+from orchestrator.control.drive import FixedPoints, drive, replay, unreported
 from orchestrator.control.repetitions import RepetitionDesign, RepetitionSettings
-from orchestrator.errors import UserError
+from orchestrator.errors import RunInterrupted, UserError
 from orchestrator.metrics import check_metric, regression_direction
 from orchestrator.records import Candidate
 from orchestrator.run import findings
@@ -36,7 +38,7 @@ from orchestrator.run.cost import describe_cost
 from orchestrator.run.noise_prior import load_noise_prior
 from orchestrator.run.rundir import create_run, running, runs_root
 from orchestrator.store import RunStore
-from orchestrator.strategies.base import Verdict
+from orchestrator.strategies.base import Verdict, probability_relation
 from orchestrator.strategies.bisect import BisectStrategy
 from orchestrator.system.watch import SystemChange, system_changes
 from orchestrator.ui import render
@@ -286,12 +288,32 @@ def execute(cfg, ctl: Controller, run_dir: Path, commits, points, weights, out,
             spent = (f", ~{describe_cost(cost.gpu_minutes(design.current, n))}"
                      if cost is not None else "")
             out.print(f"  {_progress_line(v, commits, n, spent)}")
-    verdict = drive(ctl, strategy, points, metric=str(cfg.metric), on_verdict=on_verdict,
-                    on_system_change=system_changed, repetitions=design)
+    seen: list[Verdict] = []
+
+    def remember(v: Verdict, n: int) -> None:
+        seen[:] = [v]
+        on_verdict(v, n)
+
+    try:
+        verdict = drive(ctl, strategy, points, metric=str(cfg.metric), on_verdict=remember,
+                        on_system_change=system_changed, repetitions=design)
+    except (KeyboardInterrupt, RunInterrupted):
+        # What is known so far, stored and said before the run stops (`sleuth report` shows it).
+        last = seen[-1] if seen else strategy.verdict(replay(
+            ctl.store.trials(), FixedPoints(points), str(cfg.metric), ctl.retries))
+        doc = provisional_findings(cfg, ctl, run_dir, commits, points, last,
+                                   f"interrupted after {last.n_trials} restarts", findings_name)
+        out.print("")
+        print_answer(out, doc["answer"])
+        raise
     rows = ctl.store.trials()
     _flag_outliers(ctl.store, verdict)
     doc = findings.bisect_findings(run_id=ctl.store.run_id, metric=str(cfg.metric), verdict=verdict,
                                    commits=commits, keys=[p.key for p in points], rows=rows)
+    if verdict.status == "budget_exhausted":
+        doc["answer"] = so_far(doc["answer"], why=stop_reason(verdict),
+                               confidence=float(cfg.confidence))
+        doc["provisional"] = doc["answer"]["provisional"]
     changes = system_changes(rows)
     doc["system_changes"] = [c.to_json() for c in changes]
     design.update(rows, [o.trial_id for o in verdict.outliers if o.trial_id is not None])
@@ -316,6 +338,47 @@ def execute(cfg, ctl: Controller, run_dir: Path, commits, points, weights, out,
         out.print(f"warning: {silent}")
     out.print(f"findings: {path}")
     return verdict, doc
+
+
+def stop_reason(verdict: Verdict) -> str:
+    """Why a bisect stopped before naming everything, as the provisional answer says it."""
+    if any(n.startswith("stopped early") for n in verdict.notes):
+        return (f"stopped after {verdict.n_trials} restarts: its forecast far exceeded the"
+                f" budget of {verdict.budget}")
+    return f"budget of {verdict.budget} restarts spent"
+
+
+def leading(verdict: Verdict, commits) -> str:
+    """The commit the search points at now, with its posterior, while it is still searching
+    (a finished stage's culprit is named as a cause instead)."""
+    if verdict.done or verdict.status != "searching" or not verdict.posterior:
+        return ""
+    named = {c.point for c in verdict.culprits}
+    open_ = [i for i in range(min(len(verdict.posterior), len(commits))) if i not in named]
+    if not open_ or sum(verdict.posterior[i] for i in named if i < len(verdict.posterior)) > 0.5:
+        return ""  # the posterior shown is a finished stage's: the next one measures first
+    point = max(open_, key=verdict.posterior.__getitem__)
+    p = verdict.posterior[point]
+    if p <= 0:
+        return ""
+    c = commits[point]
+    return f"{commit_label(c.sha, c.subject)} (P {probability_relation(p)})"
+
+
+def provisional_findings(cfg, ctl: Controller, run_dir: Path, commits, points,
+                         verdict: Verdict, why: str, findings_name: str | None) -> dict:
+    """The findings of a bisect stopped before its end, with its answer so far; written where
+    the finished run's would be, marked `provisional`."""
+    rows = ctl.store.trials()
+    doc = findings.bisect_findings(run_id=ctl.store.run_id, metric=str(cfg.metric),
+                                   verdict=verdict, commits=commits,
+                                   keys=[p.key for p in points], rows=rows)
+    doc["answer"] = so_far(doc["answer"], why=why, searching=not verdict.done or
+                           verdict.status == "budget_exhausted",
+                           confidence=float(cfg.confidence), leading=leading(verdict, commits))
+    doc["provisional"] = doc["answer"]["provisional"]
+    findings.write(run_dir, doc, findings_name)
+    return doc
 
 
 def _execute(cfg, run_dir: Path, store: RunStore, commits, points, weights) -> int:

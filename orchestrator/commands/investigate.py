@@ -36,14 +36,14 @@ from pathlib import Path
 from omegaconf import DictConfig, OmegaConf
 
 from orchestrator.answer.combine import LogChange
-from orchestrator.answer.compose import for_investigation
+from orchestrator.answer.compose import for_investigation, so_far
 from orchestrator.answer.phases import log_change, mechanism
 from orchestrator.answer.text import commit_label
 from orchestrator.commands import bisect, common, compare, isolate, sweep
 from orchestrator.config import params as experiment_params
 from orchestrator.config.bisect import bisect_strategy
 from orchestrator.control.controller import Controller
-from orchestrator.errors import UserError
+from orchestrator.errors import RunInterrupted, UserError
 from orchestrator.metrics import check_metric
 from orchestrator.records import Candidate, Outcome
 from orchestrator.run import findings
@@ -187,38 +187,88 @@ def execute(cfg: DictConfig, ctl: Controller, run_dir: Path, p: Plan, ws, out,
     answer) and the steps' findings documents by experiment."""
     docs: dict[str, dict] = {}
     ref = p.reference
-    if ref is not None:
-        out.print("\n== the reference, re-measured now ==")
-        done = run_dir / "findings-compare.json"
-        if done.exists():  # a resumed run: the compare finished before
-            docs["compare"] = json.loads(done.read_text())
-            out.print(f"the compare finished before: {docs['compare']['message']}")
-        else:
-            docs["compare"] = compare.execute(_step_cfg(cfg, max_trials=None), ctl, run_dir, ref,
-                                              out, findings_name="compare", progress=progress)
-        if docs["compare"]["verdict"] == "not_reproduced":
-            out.print("\n== the system: which differences cause it ==")
-            result = isolate.isolate_system(cfg, ctl, run_dir, ref, docs["compare"], ws.resolve,
-                                            out, progress)
-            if result is not None:
-                docs["isolate"] = result[1]
-    if p.commits:
-        out.print("\n== the code: bisect the range under today's system ==")
-        _, docs["bisect"] = bisect.execute(cfg, ctl, run_dir, p.commits, p.points, p.weights,
-                                           out, findings_name="bisect", progress=progress)
-    if p.sweep is not None:
-        out.print("\n== recover: a short sweep on the bad commit as the node is now ==")
-        space, settings = p.sweep
-        _, docs["sweep"] = sweep.execute(cfg, ctl, run_dir, space, settings, p.bad_candidate,
-                                         out, progress=progress)
-        findings.write(run_dir, docs["sweep"], "sweep")
-    result = final_check(cfg, ctl, p, docs, ws, out, progress)
+    step = ["start"]
+    try:
+        if ref is not None:
+            step[0] = "compare"
+            out.print("\n== the reference, re-measured now ==")
+            done = run_dir / "findings-compare.json"
+            if done.exists():  # a resumed run: the compare finished before
+                docs["compare"] = json.loads(done.read_text())
+                out.print(f"the compare finished before: {docs['compare']['message']}")
+            else:
+                docs["compare"] = compare.execute(_step_cfg(cfg, max_trials=None), ctl, run_dir,
+                                                  ref, out, findings_name="compare",
+                                                  progress=progress)
+            if docs["compare"]["verdict"] == "not_reproduced":
+                step[0] = "isolate"
+                out.print("\n== the system: which differences cause it ==")
+                isolated = isolate.isolate_system(cfg, ctl, run_dir, ref, docs["compare"],
+                                                  ws.resolve, out, progress)
+                if isolated is not None:
+                    docs["isolate"] = isolated[1]
+        if p.commits:
+            step[0] = "bisect"
+            out.print("\n== the code: bisect the range under today's system ==")
+            _, docs["bisect"] = bisect.execute(cfg, ctl, run_dir, p.commits, p.points,
+                                               p.weights, out, findings_name="bisect",
+                                               progress=progress)
+        if p.sweep is not None:
+            step[0] = "sweep"
+            out.print("\n== recover: a short sweep on the bad commit as the node is now ==")
+            space, settings = p.sweep
+            _, docs["sweep"] = sweep.execute(cfg, ctl, run_dir, space, settings,
+                                             p.bad_candidate, out, progress=progress)
+            findings.write(run_dir, docs["sweep"], "sweep")
+        step[0] = "final check"
+        result = final_check(cfg, ctl, p, docs, ws, out, progress)
+    except (KeyboardInterrupt, RunInterrupted):
+        done = sum(1 for r in ctl.store.trials() if r.finished)
+        stopped(cfg, ctl, run_dir, p, docs, ws, out,
+                f"interrupted during the {step[0]} after {done} restarts")
+        raise
+    why = incomplete(docs)
+    if why:
+        result = so_far(result, why=why, confidence=float(cfg.confidence))
     rows = ctl.store.trials()
     doc = {"run": ctl.store.run_id, "experiment": "investigate", "metric": str(cfg.metric),
            "verdict": result["status"], "message": result["sentence"], "findings": [],
            "steps": list(docs), "n_trials": len(rows), "answer": result}
     findings.write(run_dir, doc, "investigate")
     return doc, docs
+
+
+def incomplete(docs: dict[str, dict]) -> str | None:
+    """Why the answer is only as far as known: a step that stopped at its budget or cap."""
+    b, i = docs.get("bisect") or {}, docs.get("isolate") or {}
+    if b.get("verdict") == "budget_exhausted":
+        return f"the bisect stopped: {b['answer']['provisional']['why']}" if (
+            b.get("answer") or {}).get("provisional") else "the bisect's budget was spent"
+    if i.get("verdict") in ("budget_exhausted", "inconclusive"):
+        return f"the isolate stopped at its {'budget' if i['verdict'] == 'budget_exhausted' else 'cap'}"
+    return None
+
+
+def stopped(cfg: DictConfig, ctl: Controller, run_dir: Path, p: Plan, docs: dict[str, dict],
+            ws, out, why: str) -> None:
+    """An interrupted investigation stores and says its answer as far as it is known: the
+    steps that finished, a bisect's provisional findings, the trials so far."""
+    from orchestrator.ui.report.ranking import load_docs, rank
+
+    for name in ("compare", "isolate", "bisect", "sweep"):
+        path = run_dir / f"findings-{name}.json"
+        if name not in docs and path.exists():
+            docs[name] = json.loads(path.read_text())
+    rows = ctl.store.trials()
+    result = so_far(answer(cfg, rows, p, docs, ws), why=why, confidence=float(cfg.confidence))
+    doc = {"run": ctl.store.run_id, "experiment": "investigate", "metric": str(cfg.metric),
+           "verdict": result["status"], "message": result["sentence"], "findings": [],
+           "steps": list(docs), "n_trials": len(rows), "answer": result,
+           "provisional": result["provisional"]}
+    findings.write(run_dir, doc, "investigate")
+    findings.write(run_dir, rank(load_docs(run_dir), rows))
+    out.print("")
+    print_answer(out, result)
 
 
 def answer(cfg: DictConfig, rows, p: Plan, docs: dict[str, dict], ws,

@@ -133,6 +133,8 @@ def bisect_findings(
             "subject": commit.subject,
             "author": commit.author,
             "parent": commits[parent_point].sha,
+            # Verified head-to-head against its parent(s); a best guess of a stopped run is not.
+            "verified": bool(culprit.parents),
             "evidence": evidence,
             "effect_detail": effects,
         }
