@@ -19,9 +19,9 @@ from orchestrator.answer.compose import (
     for_sweep,
     not_tested,
     pick,
-    so_far,
 )
 from orchestrator.answer.phases import log_change, mechanism
+from orchestrator.answer.provisional import so_far
 from orchestrator.answer.text import change_text, pct_text
 
 

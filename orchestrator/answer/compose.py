@@ -124,7 +124,7 @@ def not_tested(compare_doc: Mapping | None) -> list[dict]:
     return out
 
 
-def _clause(label: str, change: Mapping) -> str:
+def clause(label: str, change: Mapping) -> str:
     pct = change["pct"]
     return f"{label} {T.pct_text(pct)} {T.interval_text(change['ci'], pct)}".rstrip()
 
@@ -198,8 +198,8 @@ def assemble(metric: str, whole: LogChange | None, causes: Sequence[dict], *, le
     total_text = f"{metric} {T.change_text(doc['total'], metric)}"
     head = f"{total_text} {lead}".strip() if lead else total_text
     if causes:
-        sentence = head + " = " + " + ".join(_clause(c["label"], c) for c in doc["causes"])
-        sentence += ("; " + _clause("unexplained", doc["unexplained"]) + ": "
+        sentence = head + " = " + " + ".join(clause(c["label"], c) for c in doc["causes"])
+        sentence += ("; " + clause("unexplained", doc["unexplained"]) + ": "
                      + _rest_words(decision, check))
     elif decision.status == NO_CHANGE:
         sentence = head + f": no change larger than {_bound_text(decision)}"
@@ -405,63 +405,3 @@ def pick(docs: Sequence[Mapping]) -> dict | None:
                 return dict(d["answer"])
     return None
 
-
-def _relation(p: float) -> str:
-    return "> 0.999" if p > 0.999 else f"= {p:.3f}"
-
-
-def so_far(answer: Mapping, *, why: str, searching: bool = True,
-           confidence: float = 0.99, leading: str = "") -> dict:
-    """The answer of a run that stopped before its end (interrupted, at its cap or its
-    budget), as far as it is known: "so far (interrupted after 73 restarts): commit X +y%
-    [..] at P > 0.999; searching for a further step of up to +z%".
-
-    Causes named at the run's `confidence` are stated with their intervals; the rest are a best
-    guess with their probability, never a cause. `searching`: the run was still looking for
-    more, and the remainder's interval says how large a further step can be. The answer keeps
-    its numbers; `provisional` says why it is not final, and it never counts as explained.
-    `leading`: where the search points now ("commit X (P = 0.62)"), said as that."""
-    doc = dict(answer)
-    metric = str(doc.get("metric", ""))
-    causes = list(doc.get("causes") or [])
-    named = [c for c in causes if (c.get("probability") or 0.0) >= confidence
-             and c.get("verified", True)]
-    guesses = [c for c in causes if c not in named and c.get("probability") is not None]
-    lead = f"so far ({why})"
-    parts = [f"{_clause(c['label'], c)} at P {_relation(float(c['probability']))}"
-             for c in named]
-    total_ = doc.get("total")
-    if parts:
-        text = f"{lead}: " + "; ".join(parts)
-    elif total_:
-        text = f"{lead}: no cause named yet; {metric} {T.change_text(total_, metric)}"
-    else:
-        text = f"{lead}: nothing measured yet"
-    if guesses:
-        text += "; best guess" + ("es" if len(guesses) > 1 else "") + ": " + ", ".join(
-            f"{c['label']} (P {_relation(float(c['probability']))})" for c in guesses)
-    if leading:
-        text += f"; most likely {'next ' if named else ''}first bad commit: {leading}"
-    rest = _left_over(doc, named) if searching else None
-    if rest is not None:
-        ci = rest.get("ci") or []
-        ends = [v for v in ci if isinstance(v, int | float)]
-        if ends:
-            edge = max(ends, key=abs)
-            further = "a further step" if named else "a step"
-            text += f"; searching for {further} of up to {T.pct_text(edge)}"
-    doc["sentence"] = text
-    doc["provisional"] = {"why": why, "searching": searching,
-                          "status": doc.get("status")}
-    doc["status"] = "provisional"
-    doc["explains"] = False
-    return doc
-
-
-def _left_over(doc: Mapping, named: Sequence[Mapping]) -> Mapping | None:
-    """What the named causes leave of the total (the remainder of the named ones only)."""
-    whole = LogChange.from_effect(doc.get("total"))
-    if whole is None:
-        return None
-    rest = decide(whole, [LogChange(*c["log"]) for c in named]).rest
-    return rest.to_json()

@@ -22,7 +22,7 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
-from orchestrator.answer.compose import so_far
+from orchestrator.answer.provisional import so_far
 from orchestrator.answer.text import commit_label
 from orchestrator.commands import common
 from orchestrator.config import params as experiment_params

@@ -36,16 +36,18 @@ from pathlib import Path
 from omegaconf import DictConfig, OmegaConf
 
 from orchestrator.answer.combine import LogChange
-from orchestrator.answer.compose import for_investigation, so_far
+from orchestrator.answer.compose import for_investigation
 from orchestrator.answer.phases import log_change, mechanism
+from orchestrator.answer.provisional import so_far
 from orchestrator.answer.text import commit_label
 from orchestrator.commands import bisect, common, compare, isolate, sweep
+from orchestrator.commands.final_check import FINAL_PHASE, final_check
 from orchestrator.config import params as experiment_params
 from orchestrator.config.bisect import bisect_strategy
 from orchestrator.control.controller import Controller
 from orchestrator.errors import RunInterrupted, UserError
 from orchestrator.metrics import check_metric
-from orchestrator.records import Candidate, Outcome
+from orchestrator.records import Candidate
 from orchestrator.run import findings
 from orchestrator.run.rundir import create_run, running
 from orchestrator.store import RunStore
@@ -55,10 +57,6 @@ from orchestrator.ui.report.terminal import print_answer
 from orchestrator.workspace import CommitInfo
 
 EXIT_INCONCLUSIVE = 3
-FINAL_PHASE = "final"
-# Rounds (one restart of each endpoint) the final check runs at least when both endpoints can
-# be measured now: two of each is the least a window's own interval needs.
-FINAL_MIN_ROUNDS = 2
 
 
 @dataclass
@@ -221,7 +219,11 @@ def execute(cfg: DictConfig, ctl: Controller, run_dir: Path, p: Plan, ws, out,
                                              p.bad_candidate, out, progress=progress)
             findings.write(run_dir, docs["sweep"], "sweep")
         step[0] = "final check"
-        result = final_check(cfg, ctl, p, docs, ws, out, progress)
+        both = p.reference is None and p.bad_candidate.key != p.base.key
+        result = final_check(
+            ctl, [p.base, p.bad_candidate] if both else [p.bad_candidate],
+            lambda rows, check: answer(cfg, rows, p, docs, ws, check),
+            experiment_params.of(cfg).final_trials, out, progress)
     except (KeyboardInterrupt, RunInterrupted):
         done = sum(1 for r in ctl.store.trials() if r.finished)
         stopped(cfg, ctl, run_dir, p, docs, ws, out,
@@ -286,56 +288,6 @@ def answer(cfg: DictConfig, rows, p: Plan, docs: dict[str, dict], ws,
         bisect_doc=docs.get("bisect"), sweep_doc=docs.get("sweep"),
         mechanism=_mechanism(rows, p), next_step=_next_step(cfg, p, docs),
         min_effect_pct=experiment_params.of(cfg).min_effect_pct, check=check)
-
-
-def _final_candidates(p: Plan) -> list[Candidate]:
-    """What the final check measures, in this order, round after round: both endpoints when
-    both can be measured now, else (a reference: "then" cannot be measured again) the bad one."""
-    if p.reference is None and p.bad_candidate.key != p.base.key:
-        return [p.base, p.bad_candidate]
-    return [p.bad_candidate]
-
-
-def final_check(cfg: DictConfig, ctl: Controller, p: Plan, docs: dict[str, dict], ws, out,
-                progress: Progress | None = None) -> dict:
-    """Measure the endpoints interleaved (good, bad, good, bad ...) until the answer's
-    interval decides (explained or no change within the min effect, or a remainder beyond it),
-    within `experiment.params.final_trials` restarts; returns the answer.
-
-    Without a reference it always runs at least :data:`FINAL_MIN_ROUNDS` rounds, so that the
-    total is read from one time window (:func:`_whole`). With a reference it runs only while
-    the answer is undecided, adding restarts of the bad endpoint now. A budget spent before the
-    interval decides is said in the sentence, with the interval."""
-    budget = experiment_params.of(cfg).final_trials
-    order = _final_candidates(p)
-    rows = ctl.store.trials()
-    spent = [r for r in rows if r.phase == FINAL_PHASE and r.finished
-             and r.outcome is not Outcome.INTERRUPTED]
-    least = FINAL_MIN_ROUNDS * len(order) if len(order) > 1 else 0
-    said = False
-    while True:
-        check = {"budget": budget, "spent": len(spent)} if budget else None
-        result = answer(cfg, rows, p, docs, ws, check)
-        if len(spent) >= budget or (len(spent) >= least and result["status"] != "undecided"):
-            return result
-        if not said:
-            said = True
-            why = ("the endpoints interleaved in one time window" if least else
-                   "more restarts of the bad endpoint now")
-            out.print(f"\n== final check: {why}, until the answer's interval decides (up to"
-                      f" {budget} restarts) ==")
-            if progress is not None:
-                progress.set_total(None)
-                progress.on_verdict("final check", None, None)
-        batch = order if len(order) > 1 else order * max(len(ctl.nodes), 1)
-        for cand in batch[:budget - len(spent)]:
-            while not ctl.idle_nodes():
-                spent += [r for r in ctl.wait() if r.phase == FINAL_PHASE]
-            ctl.submit(cand, phase=FINAL_PHASE)
-        while ctl.in_flight():
-            spent += [r for r in ctl.wait() if r.phase == FINAL_PHASE]
-        spent = [r for r in spent if r.outcome is not Outcome.INTERRUPTED]
-        rows = ctl.store.trials()
 
 
 def _next_step(cfg: DictConfig, p: Plan, docs: dict[str, dict]) -> str:
