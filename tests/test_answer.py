@@ -222,7 +222,36 @@ def test_mechanism_names_the_phase_and_the_gpu_state():
     m = mechanism(before, after, tel, now, before_label="reference", after_label="now")
     assert m["phase"] == "verify" and m["phases"]["verify_ms"]["ci"][0] > 40
     assert "SM clock under load 2430 MHz -> 1785 MHz, power 580 W -> 450 W" in m["text"]
-    assert "CUDA-graph share 100% -> 100%" in m["text"]
+    assert "CUDA graphs: verify graph, unchanged" in m["text"]
+    assert "moved: verify +" in m["text"] and "did not move: draft " in m["text"]
+    assert "decode: not measured (speculative decoding on" in m["text"]
+
+
+def test_mechanism_says_verify_only_left_its_graph():
+    """An env var that sends only the verify pass eager (verify +38%, draft and prefill
+    unchanged): the line names the phase that moved and those that did not, with intervals,
+    and graph use per phase, not one share that reads as if every phase went eager."""
+    rng = random.Random(7)
+    before = {"verify_ms": _trials(19.0, 5, 0.01, rng), "draft_ms": _trials(6.4, 5, 0.01, rng),
+              "prefill_ms_per_ktok": _trials(40.0, 5, 0.01, rng),
+              "cuda_graph_share": [1.0] * 5, "draft_graph_share": [1.0] * 5}
+    after = {"verify_ms": _trials(26.2, 5, 0.01, rng), "draft_ms": _trials(6.4, 5, 0.01, rng),
+             "prefill_ms_per_ktok": _trials(40.0, 5, 0.01, rng),
+             "cuda_graph_share": [0.0] * 5, "draft_graph_share": [1.0] * 5}
+    m = mechanism(before, after)
+    assert m["moved"] == ["verify"] and set(m["unmoved"]) == {"draft", "prefill"}, m["text"]
+    assert m["graphs"] == {"verify": {"before": 1.0, "after": 0.0},
+                           "draft": {"before": 1.0, "after": 1.0}}
+    text = m["text"]
+    assert text.startswith("moved: verify +3"), text
+    assert "did not move: draft " in text and ", prefill " in text
+    assert "CUDA graphs: verify graph -> eager, draft graph, unchanged" in text
+    assert "decode: not measured" in text
+    # Plain decode (no speculation): the pass's graph is the decode step's; nothing "missing".
+    plain = mechanism({"decode_ms": [10.0, 10.1, 9.9], "cuda_graph_share": [1.0] * 3},
+                      {"decode_ms": [10.0, 10.2, 9.8], "cuda_graph_share": [0.5] * 3})
+    assert "CUDA graphs: decode graph -> graph 50%" in plain["text"]
+    assert "not measured" not in plain["text"]
 
 
 def test_the_min_effect_is_stated_or_follows_the_size_of_the_change():

@@ -313,3 +313,28 @@ def test_sigterm_stores_and_says_the_answer_so_far(tmp_path):
     assert "answer: so far (interrupted after" in shown, shown[:2000]
     assert "verdict empty" not in shown
     assert "so far \\(interrupted after" in (runs / "term" / "report.md").read_text()
+
+
+def test_a_commit_that_sends_only_verify_eager_reads_so_in_the_mechanism(tmp_path, ray_session):
+    """A commit that makes the verify pass leave its CUDA graph (the draft keeps its own): the
+    answer's mechanism says verify moved and draft and prefill did not, with intervals, that
+    plain decode is not measured next to EAGLE, and graph use per phase ("verify graph ->
+    eager, draft graph, unchanged"), read from the sim's SGLang counters."""
+    from tests.conftest import make_sim_repo
+
+    eager = {"verify_cuda_graph": False}
+    shas = make_sim_repo(tmp_path / "repo", [{}, {}, eager, eager])
+    cfg = compose_config("bisect", [f"repo={tmp_path / 'repo'}", f"runs_dir={tmp_path / 'runs'}",
+                                    f"good={shas[0]}", f"bad={shas[-1]}", "metric=verify_ms",
+                                    "nodes=2", "run_id=eager", *FAST])
+    assert bisect.run(cfg) == 0
+    doc = json.loads((tmp_path / "runs" / "eager" / "findings.json").read_text())
+    assert doc["findings"][0]["id"] == shas[2]
+    mech = doc["answer"]["mechanism"]
+    assert mech["moved"] == ["verify"], mech["text"]
+    assert {"draft", "prefill"} <= set(mech["unmoved"]), mech["text"]
+    assert mech["graphs"]["verify"] == {"before": 1.0, "after": 0.0}
+    assert mech["graphs"]["draft"] == {"before": 1.0, "after": 1.0}
+    text = mech["text"]
+    assert "CUDA graphs: verify graph -> eager, draft graph, unchanged" in text, text
+    assert "did not move: draft " in text and "decode: not measured" in text
