@@ -17,7 +17,11 @@ from __future__ import annotations
 
 import io
 import json
+import os
+import signal
+import subprocess
 import sys
+import time
 from contextlib import redirect_stdout
 from pathlib import Path
 
@@ -170,3 +174,38 @@ def test_nothing_changed_exits_0_with_no_change_larger_than_the_min_effect(tmp_p
     assert f"no change larger than {bound:.1f}%" in answer["sentence"]
     lo, hi = answer["total"]["ci"]
     assert -bound <= lo and hi <= bound  # the promise the sentence makes
+
+
+def test_an_interrupted_investigation_stores_and_reports_its_answer_so_far(tmp_path,
+                                                                           ray_session):
+    """Ctrl-C while the bisect searches, after the isolate named the power limit: the run
+    prints the answer as far as it is known (the power limit with its interval and P), stores
+    it, and `sleuth report` opens with it."""
+    sc, base = _reference(tmp_path, "power_commit")
+    runs = tmp_path / "runs"
+    args = [sys.executable, "-m", "orchestrator", "investigate", *base, "reference=reference",
+            f"bad={sc.truth['bad']}", "run_id=inv"]
+    log = tmp_path / "out.txt"
+    with log.open("w") as sink:
+        proc = subprocess.Popen(args, stdout=sink, stderr=subprocess.STDOUT,
+                                start_new_session=True)
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline and proc.poll() is None:
+            time.sleep(0.3)
+            text = log.read_text()
+            bisecting = text.find("== the code: bisect")
+            if bisecting >= 0 and "[searching]" in text[bisecting:]:
+                break
+        assert proc.poll() is None, log.read_text()[-2000:]
+        os.killpg(proc.pid, signal.SIGINT)
+        assert proc.wait(timeout=90) == 130
+    printed = log.read_text()
+    assert "answer: so far (interrupted during the bisect after" in printed, printed[-3000:]
+    answer = json.loads((runs / "inv" / "findings.json").read_text())["answer"]
+    assert answer["status"] == "provisional", answer["sentence"]
+    assert "power limit 600 W -> 450 W +" in answer["sentence"]
+    assert answer["causes"][0]["id"] == "power_limit_w" and answer["causes"][0]["ci"][0] > 0
+    out = io.StringIO()
+    with redirect_stdout(out):
+        assert cli_run(["report", "inv", f"runs_dir={runs}"]) == 0
+    assert "answer: so far (interrupted during the bisect after" in out.getvalue()

@@ -51,7 +51,8 @@ def so_far(answer: Mapping, *, why: str, searching: bool = True,
         text += "; best guess" + ("es" if len(guesses) > 1 else "") + ": " + ", ".join(
             f"{c['label']} (P {_relation(float(c['probability']))})" for c in guesses)
     if leading:
-        text += f"; most likely {'next ' if named else ''}first bad commit: {leading}"
+        after = any(c.get("kind") == "commit" for c in named)
+        text += f"; most likely {'next ' if after else ''}first bad commit: {leading}"
     rest = _left_over(doc, named) if searching else None
     if rest is not None:
         ci = rest.get("ci") or []
@@ -62,7 +63,7 @@ def so_far(answer: Mapping, *, why: str, searching: bool = True,
             text += f"; searching for {further} of up to {T.pct_text(edge)}"
     doc["sentence"] = text
     doc["provisional"] = {"why": why, "searching": searching,
-                          "status": doc.get("status")}
+                          "status": doc.get("status"), "leading": leading}
     doc["status"] = "provisional"
     doc["explains"] = False
     return doc

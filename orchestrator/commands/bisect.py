@@ -298,13 +298,19 @@ def execute(cfg, ctl: Controller, run_dir: Path, commits, points, weights, out,
         verdict = drive(ctl, strategy, points, metric=str(cfg.metric), on_verdict=remember,
                         on_system_change=system_changed, repetitions=design)
     except (KeyboardInterrupt, RunInterrupted):
-        # What is known so far, stored and said before the run stops (`sleuth report` shows it).
-        last = seen[-1] if seen else strategy.verdict(replay(
-            ctl.store.trials(), FixedPoints(points), str(cfg.metric), ctl.retries))
-        doc = provisional_findings(cfg, ctl, run_dir, commits, points, last,
-                                   f"interrupted after {last.n_trials} restarts", findings_name)
-        out.print("")
-        print_answer(out, doc["answer"])
+        # What is known so far, stored and said before the run stops (`sleuth report` shows
+        # it). Best effort: nothing here may turn a clean stop into a crash.
+        try:
+            last = seen[-1] if seen else strategy.verdict(replay(
+                ctl.store.trials(), FixedPoints(points), str(cfg.metric), ctl.retries))
+            doc = provisional_findings(cfg, ctl, run_dir, commits, points, last,
+                                       f"interrupted after {last.n_trials} restarts",
+                                       findings_name)
+            if findings_name is None:  # a step of an investigation: it says the whole answer
+                out.print("")
+                print_answer(out, doc["answer"])
+        except Exception as exc:  # noqa: BLE001 - the interrupt is what the user must see
+            out.print(f"(the answer so far could not be stored: {exc})")
         raise
     rows = ctl.store.trials()
     _flag_outliers(ctl.store, verdict)

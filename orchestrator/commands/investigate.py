@@ -225,9 +225,12 @@ def execute(cfg: DictConfig, ctl: Controller, run_dir: Path, p: Plan, ws, out,
             lambda rows, check: answer(cfg, rows, p, docs, ws, check),
             experiment_params.of(cfg).final_trials, out, progress)
     except (KeyboardInterrupt, RunInterrupted):
-        done = sum(1 for r in ctl.store.trials() if r.finished)
-        stopped(cfg, ctl, run_dir, p, docs, ws, out,
-                f"interrupted during the {step[0]} after {done} restarts")
+        try:  # best effort: nothing here may turn a clean stop into a crash
+            done = sum(1 for r in ctl.store.trials() if r.finished)
+            stopped(cfg, ctl, run_dir, p, docs, ws, out,
+                    f"interrupted during the {step[0]} after {done} restarts")
+        except Exception as exc:  # noqa: BLE001 - the interrupt is what the user must see
+            out.print(f"(the answer so far could not be stored: {exc})")
         raise
     why = incomplete(docs)
     if why:
@@ -262,7 +265,9 @@ def stopped(cfg: DictConfig, ctl: Controller, run_dir: Path, p: Plan, docs: dict
         if name not in docs and path.exists():
             docs[name] = json.loads(path.read_text())
     rows = ctl.store.trials()
-    result = so_far(answer(cfg, rows, p, docs, ws), why=why, confidence=float(cfg.confidence))
+    pointing = ((docs.get("bisect") or {}).get("provisional") or {}).get("leading") or ""
+    result = so_far(answer(cfg, rows, p, docs, ws), why=why, confidence=float(cfg.confidence),
+                    leading=pointing)
     doc = {"run": ctl.store.run_id, "experiment": "investigate", "metric": str(cfg.metric),
            "verdict": result["status"], "message": result["sentence"], "findings": [],
            "steps": list(docs), "n_trials": len(rows), "answer": result,
