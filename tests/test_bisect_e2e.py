@@ -338,3 +338,25 @@ def test_a_commit_that_sends_only_verify_eager_reads_so_in_the_mechanism(tmp_pat
     text = mech["text"]
     assert "CUDA graphs: verify graph -> eager, draft graph, unchanged" in text, text
     assert "did not move: draft " in text and "decode: not measured" in text
+
+
+def test_a_range_without_a_change_exits_0_with_no_change_larger_than_the_min_effect(
+        tmp_path, ray_session):
+    """Nothing in the range moves verify: with the user's 10% the bisect rules out a change of
+    that size after a few restarts and says so; that is an answer (exit 0), not a failure.
+    (A quiet node: the bisect stops once a slowdown of 10% is ruled out, and the answer's
+    "no change" also needs a speedup that large ruled out, which 2 restarts a side in the
+    sim's default 3% noise do only about half the time.)"""
+    from tests.conftest import make_sim_repo
+
+    shas = make_sim_repo(tmp_path / "repo", [{}, {}, {}, {}])
+    cfg = compose_config("bisect", [f"repo={tmp_path / 'repo'}", f"runs_dir={tmp_path / 'runs'}",
+                                    f"good={shas[0]}", f"bad={shas[-1]}", "metric=verify_ms",
+                                    "nodes=2", "run_id=flat", "target.noise_restart_cv=0.01",
+                                    "experiment.params.min_effect_pct=10", *FAST])
+    code = bisect.run(cfg)
+    doc = json.loads((tmp_path / "runs" / "flat" / "findings.json").read_text())
+    assert doc["verdict"] == "not_reproducible" and code == 0, doc["answer"]["sentence"]
+    assert "no change larger than 10.0%" in doc["answer"]["sentence"]
+    lo, hi = doc["answer"]["total"]["ci"]
+    assert -10 < lo and hi < 10

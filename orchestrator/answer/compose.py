@@ -237,6 +237,12 @@ def _means(doc: Mapping) -> dict:
     return {k: t[k] for k in ("before", "after", "n") if k in t}
 
 
+def _stated(doc: Mapping) -> float | None:
+    """The min effect the user stated for the run (`min_effect_pct` in its document)."""
+    value = doc.get("min_effect_pct")
+    return float(value) if isinstance(value, int | float) else None
+
+
 def for_bisect(doc: Mapping, *, good: str = "", bad: str = "",
                mechanism: Mapping | None = None, next_step: str = "") -> dict:
     metric = str(doc.get("metric", ""))
@@ -248,19 +254,20 @@ def for_bisect(doc: Mapping, *, good: str = "", bad: str = "",
             "between the endpoints today"
         return assemble(metric, whole, [], lead=lead, whole_extra=_means(doc),
                         code_clause="the code in between is not the cause",
-                        mechanism=mechanism, next_step=next_step, status="not_in_code")
+                        mechanism=mechanism, next_step=next_step, status="not_in_code",
+                        min_effect_pct=_stated(doc))
     if whole is None:
         return assemble(metric, None, [], lead=f"bisect {verdict}: {doc.get('message', '')}",
                         mechanism=mechanism, next_step=next_step)
     return assemble(metric, whole, causes_of(doc), lead=span, whole_extra=_means(doc),
-                    mechanism=mechanism, next_step=next_step)
+                    mechanism=mechanism, next_step=next_step, min_effect_pct=_stated(doc))
 
 
 def for_isolate(doc: Mapping, *, mechanism: Mapping | None = None) -> dict:
     metric = str(doc.get("metric", ""))
     return assemble(metric, _total(doc), causes_of(doc),
                     lead="from the good to the bad configuration", whole_extra=_means(doc),
-                    mechanism=mechanism)
+                    mechanism=mechanism, min_effect_pct=_stated(doc))
 
 
 def for_compare(doc: Mapping, *, mechanism: Mapping | None = None, next_step: str = "") -> dict:
@@ -270,14 +277,16 @@ def for_compare(doc: Mapping, *, mechanism: Mapping | None = None, next_step: st
     groups = not_tested(doc)
     if verdict == "reproduced":
         return assemble(metric, whole, [], lead="against the reference: it reproduces",
-                        whole_extra=_means(doc), mechanism=mechanism, status="no_change")
+                        whole_extra=_means(doc), mechanism=mechanism, status="no_change",
+                        min_effect_pct=_stated(doc))
     if verdict == "not_reproduced":
         return assemble(metric, whole, [], lead="against the reference, same code and"
                         " configuration: system level", whole_extra=_means(doc),
                         not_tested_groups=groups, mechanism=mechanism, next_step=next_step,
-                        status="unexplained")
+                        status="unexplained", min_effect_pct=_stated(doc))
     return assemble(metric, whole, [], lead="against the reference: undecided",
-                    whole_extra=_means(doc), mechanism=mechanism, status="undecided")
+                    whole_extra=_means(doc), mechanism=mechanism, status="undecided",
+                    min_effect_pct=_stated(doc))
 
 
 def for_sweep(doc: Mapping) -> dict:

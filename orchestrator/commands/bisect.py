@@ -4,6 +4,11 @@
                   [nodes=K] [max_trials=N] [first_parent=true] [paths=[python/sglang/srt]]
                   [reference=RUN] [experiment.params.min_effect_pct=P]
 
+Exit 0 when it names the culprit(s), or when the range holds no change larger than the min
+effect (`experiment.params.min_effect_pct`, else 4% or a tenth of the change: the answer says
+"no change larger than x%"); 3 when it stops at its budget (with its answer so far) or cannot
+tell.
+
 Resuming: `sleuth bisect run_id=RUN` (or `sleuth resume RUN`) reopens the run's store and
 continues; every finished trial is reused. `sleuth bisect run_id=RUN max_trials=N` continues a
 run that stopped at its budget with a larger one.
@@ -315,7 +320,8 @@ def execute(cfg, ctl: Controller, run_dir: Path, commits, points, weights, out,
     rows = ctl.store.trials()
     _flag_outliers(ctl.store, verdict)
     doc = findings.bisect_findings(run_id=ctl.store.run_id, metric=str(cfg.metric), verdict=verdict,
-                                   commits=commits, keys=[p.key for p in points], rows=rows)
+                                   commits=commits, keys=[p.key for p in points], rows=rows,
+                                   min_effect_pct=experiment_params.of(cfg).min_effect_pct)
     if verdict.status == "budget_exhausted":
         doc["answer"] = so_far(doc["answer"], why=stop_reason(verdict),
                                confidence=float(cfg.confidence))
@@ -378,7 +384,8 @@ def provisional_findings(cfg, ctl: Controller, run_dir: Path, commits, points,
     rows = ctl.store.trials()
     doc = findings.bisect_findings(run_id=ctl.store.run_id, metric=str(cfg.metric),
                                    verdict=verdict, commits=commits,
-                                   keys=[p.key for p in points], rows=rows)
+                                   keys=[p.key for p in points], rows=rows,
+                                   min_effect_pct=experiment_params.of(cfg).min_effect_pct)
     doc["answer"] = so_far(doc["answer"], why=why, searching=not verdict.done or
                            verdict.status == "budget_exhausted",
                            confidence=float(cfg.confidence), leading=leading(verdict, commits))
@@ -395,5 +402,16 @@ def _execute(cfg, run_dir: Path, store: RunStore, commits, points, weights) -> i
             verdict, doc = execute(cfg, ctl, run_dir, commits, points, weights, out,
                                    progress=progress)
         print_answer(out, doc.get("answer"))
-        run.status = "done" if verdict.status == "found" else "inconclusive"
-        return 0 if verdict.status == "found" else EXIT_INCONCLUSIVE
+        code = exit_code(verdict, doc)
+        run.status = "done" if code == 0 else "inconclusive"
+        return code
+
+
+def exit_code(verdict: Verdict, doc: dict) -> int:
+    """0 when the culprits are named, or when the range holds nothing reproducibly slower:
+    its change's interval lies within the min effect ("no change larger than x%"); 3 for a
+    run stopped at its budget, a change it could neither rule in nor out, and the rest."""
+    if verdict.status == "found":
+        return 0
+    settled = verdict.status == "not_reproducible" and (doc.get("answer") or {}).get("explains")
+    return 0 if settled else EXIT_INCONCLUSIVE

@@ -306,6 +306,7 @@ def execute(cfg: DictConfig, ctl: Controller, run_dir: Path, ref: dict, out,
     if progress is not None:
         progress.on_verdict(verdict.replace("_", " "), None, None)
     doc["differences"] = [d.to_json() for d, _ in ranked]
+    doc["min_effect_pct"] = min_effect  # what "reproduces" was judged against
     doc["answer"] = answer.for_compare(
         doc, mechanism=phases.mechanism(
             ref["values"], {m: [v for r in measured if (v := r.result.value(m)) is not None]

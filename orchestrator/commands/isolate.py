@@ -212,7 +212,8 @@ def execute(cfg: DictConfig, ctl: Controller, run_dir: Path, good: dict, changes
            "confidence": float(verdict.probability), "n_trials": verdict.n_trials,
            "cleared": [changes[i].to_json() for i in verdict.cleared],
            "differences": [c.to_json() for c in changes],
-           "findings": [{"rank": i.pop("rank"), **i} for i in items]}
+           "findings": [{"rank": i.pop("rank"), **i} for i in items],
+           "min_effect_pct": experiment_params.of(cfg).min_effect_pct}
     system = system_changes(rows)
     doc["system_changes"] = [c.to_json() for c in system]
     bad_key = points.candidate(strategy.point_of(frozenset(range(len(changes))))).key

@@ -113,6 +113,7 @@ def bisect_findings(
     commits: Sequence[CommitInfo],
     keys: Sequence[str],
     rows: Sequence[TrialRow],
+    min_effect_pct: float | None = None,
 ) -> dict:
     findings = []
     outliers = {o.trial_id for o in verdict.outliers if o.trial_id is not None}
@@ -171,6 +172,7 @@ def bisect_findings(
                       "ratio": round(o.ratio, 4)} for o in verdict.outliers],
         "notes": list(verdict.notes),
         "budget": verdict.budget,
+        "min_effect_pct": min_effect_pct,
     }
     endpoints = effects_between(rows, keys[0], keys[-1], metrics=(metric,),
                                 exclude=frozenset(outliers)).get(metric)
