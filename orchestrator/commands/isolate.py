@@ -26,6 +26,7 @@ from pathlib import Path
 from omegaconf import DictConfig, OmegaConf
 
 from orchestrator import answer
+from orchestrator.answer.provisional import so_far
 from orchestrator.commands import common, compare
 from orchestrator.config import params as experiment_params
 from orchestrator.control.controller import Controller
@@ -222,6 +223,11 @@ def execute(cfg: DictConfig, ctl: Controller, run_dir: Path, good: dict, changes
         doc["total_effect"] = total
     doc["answer"] = answer.for_isolate(
         doc, mechanism=findings.mechanism_between(rows, good_key, bad_key, "good", "bad"))
+    if verdict.status in ("budget_exhausted", "inconclusive"):  # at its budget or its cap
+        doc["answer"] = so_far(doc["answer"], confidence=float(cfg.confidence), why=(
+            f"budget spent after {verdict.n_trials} restarts" if verdict.status ==
+            "budget_exhausted" else f"inconclusive after {verdict.n_trials} restarts"))
+        doc["provisional"] = doc["answer"]["provisional"]
     path = findings.write(run_dir, doc, findings_name)
     out.print(render.findings_table(doc))
     out.print(verdict.message)
