@@ -209,3 +209,31 @@ def test_an_interrupted_investigation_stores_and_reports_its_answer_so_far(tmp_p
     with redirect_stdout(out):
         assert cli_run(["report", "inv", f"runs_dir={runs}"]) == 0
     assert "answer: so far (interrupted during the bisect after" in out.getvalue()
+
+
+def test_the_final_check_measures_the_estimate_that_narrows_the_remainder_most(tmp_path,
+                                                                               ray_session):
+    """A min effect of 1.5%, tighter than the isolate's restarts resolve: the answer is
+    undecided after the steps, so the final check measures. With a reference only the bad
+    endpoint of the total can be measured again; it also measures both sides of the stripped
+    variable's effect (the cause's two candidates), re-reads that effect from all their
+    restarts, and stops when the remainder decides or says that its budget did not decide it."""
+    sc, base = _reference(tmp_path, "launcher_strip")
+    code = investigate.run(compose_config("investigate", [
+        *base, "reference=reference", "run_id=tight", "experiment.params.min_effect_pct=1.5",
+        "experiment.params.final_trials=8"]))
+    runs = tmp_path / "runs"
+    answer = json.loads((runs / "tight" / "findings.json").read_text())["answer"]
+    assert answer["min_effect"] == {"pct": 1.5, "stated": True}
+    assert answer["final_check"]["spent"] > 0, answer["sentence"]
+    (cause,) = answer["causes"]
+    store = RunStore.open(runs / "tight" / "trials.db")
+    final = [r for r in store.trials() if r.phase == "final" and r.finished]
+    store.close()
+    assert {r.candidate.key for r in final} & set(cause["keys"]), [r.candidate.label
+                                                                   for r in final]
+    decision = answer["unexplained"]["decision"]
+    assert (code == 0) == (decision == "explained"), answer["sentence"]
+    if decision == "undecided":
+        assert answer["final_check"]["spent"] == 8
+        assert "the final check's 8 of 8 restarts did not decide it" in answer["sentence"]

@@ -78,6 +78,8 @@ def cause(finding: Mapping, metric: str, experiment: str) -> dict | None:
         doc["sha"], doc["subject"] = finding.get("id"), finding.get("subject")
     if isinstance(finding.get("verified"), bool):
         doc["verified"] = finding["verified"]
+    if finding.get("before_key") and finding.get("after_key"):  # what the effect compares
+        doc["keys"] = [finding["before_key"], finding["after_key"]]
     return doc
 
 

@@ -41,7 +41,7 @@ from orchestrator.answer.phases import log_change, mechanism
 from orchestrator.answer.provisional import so_far
 from orchestrator.answer.text import commit_label
 from orchestrator.commands import bisect, common, compare, isolate, sweep
-from orchestrator.commands.final_check import FINAL_PHASE, final_check
+from orchestrator.commands.final_check import FINAL_PHASE, final_check, refreshed
 from orchestrator.config import params as experiment_params
 from orchestrator.config.bisect import bisect_strategy
 from orchestrator.control.controller import Controller
@@ -223,7 +223,7 @@ def execute(cfg: DictConfig, ctl: Controller, run_dir: Path, p: Plan, ws, out,
         result = final_check(
             ctl, [p.base, p.bad_candidate] if both else [p.bad_candidate],
             lambda rows, check: answer(cfg, rows, p, docs, ws, check),
-            experiment_params.of(cfg).final_trials, out, progress)
+            experiment_params.of(cfg).final_trials, out, progress, metric=str(cfg.metric))
     except (KeyboardInterrupt, RunInterrupted):
         try:  # best effort: nothing here may turn a clean stop into a crash
             done = sum(1 for r in ctl.store.trials() if r.finished)
@@ -287,10 +287,11 @@ def answer(cfg: DictConfig, rows, p: Plan, docs: dict[str, dict], ws,
         start = f"the reference ({_label(p.base, p.commits, ws)}, then)"
     else:
         start = _label(p.base, p.commits, ws) + " now"
+    metric = str(cfg.metric)
     return for_investigation(
-        str(cfg.metric), whole, whole_extra=extra, reference=start, bad=bad_label,
-        compare_doc=docs.get("compare"), isolate_doc=docs.get("isolate"),
-        bisect_doc=docs.get("bisect"), sweep_doc=docs.get("sweep"),
+        metric, whole, whole_extra=extra, reference=start, bad=bad_label,
+        compare_doc=docs.get("compare"), isolate_doc=refreshed(docs.get("isolate"), rows, metric),
+        bisect_doc=refreshed(docs.get("bisect"), rows, metric), sweep_doc=docs.get("sweep"),
         mechanism=_mechanism(rows, p), next_step=_next_step(cfg, p, docs),
         min_effect_pct=experiment_params.of(cfg).min_effect_pct, check=check)
 

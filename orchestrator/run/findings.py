@@ -138,6 +138,7 @@ def bisect_findings(
             "verified": bool(culprit.parents),
             "evidence": evidence,
             "effect_detail": effects,
+            "before_key": keys[parent_point], "after_key": keys[culprit.point],
         }
         if culprit.range:
             lo, hi = culprit.range
