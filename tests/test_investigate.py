@@ -180,7 +180,7 @@ def test_an_interrupted_investigation_stores_and_reports_its_answer_so_far(tmp_p
                                                                            ray_session):
     """Ctrl-C while the bisect searches, after the isolate named the power limit: the run
     prints the answer as far as it is known (the power limit with its interval and P), stores
-    it, and `sleuth report` opens with it."""
+    it, and `sleuth report` opens with it; `sleuth resume` then ends with the final answer."""
     sc, base = _reference(tmp_path, "power_commit")
     runs = tmp_path / "runs"
     args = [sys.executable, "-m", "orchestrator", "investigate", *base, "reference=reference",
@@ -209,6 +209,12 @@ def test_an_interrupted_investigation_stores_and_reports_its_answer_so_far(tmp_p
     with redirect_stdout(out):
         assert cli_run(["report", "inv", f"runs_dir={runs}"]) == 0
     assert "answer: so far (interrupted during the bisect after" in out.getvalue()
+    # Resumed, it ends with the final answer, not the stored one.
+    with redirect_stdout(io.StringIO()):
+        code = cli_run(["resume", "inv", f"runs_dir={runs}"])
+    ranked = json.loads((runs / "inv" / "findings.json").read_text())
+    assert code == 0 and ranked["answer"]["status"] == "explained", ranked["answer"]["sentence"]
+    assert [d["experiment"] for d in ranked["sources"]].count("investigate") == 1
 
 
 def test_the_final_check_measures_the_estimate_that_narrows_the_remainder_most(tmp_path,

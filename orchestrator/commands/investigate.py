@@ -258,7 +258,7 @@ def stopped(cfg: DictConfig, ctl: Controller, run_dir: Path, p: Plan, docs: dict
             ws, out, why: str) -> None:
     """An interrupted investigation stores and says its answer as far as it is known: the
     steps that finished, a bisect's provisional findings, the trials so far."""
-    from orchestrator.ui.report.ranking import load_docs, rank
+    from orchestrator.ui.report.ranking import rank
 
     for name in ("compare", "isolate", "bisect", "sweep"):
         path = run_dir / f"findings-{name}.json"
@@ -273,7 +273,7 @@ def stopped(cfg: DictConfig, ctl: Controller, run_dir: Path, p: Plan, docs: dict
            "steps": list(docs), "n_trials": len(rows), "answer": result,
            "provisional": result["provisional"]}
     findings.write(run_dir, doc, "investigate")
-    findings.write(run_dir, rank(load_docs(run_dir), rows))
+    findings.write(run_dir, rank(step_docs(run_dir), rows))
     out.print("")
     print_answer(out, result)
 
@@ -338,13 +338,26 @@ def reference_runs(root: Path, sha: str, *, exclude: str = "", limit: int = 3,
     return found
 
 
+def step_docs(run_dir: Path) -> list[dict]:
+    """Every step's findings document (`findings-<step>.json`), the investigation's own among
+    them. Not `findings.json`: an interrupted run wrote one with its answer so far, and ranked
+    again after a resume its old documents would come first."""
+    docs = []
+    for path in sorted(run_dir.glob("findings-*.json")):
+        try:
+            docs.append(json.loads(path.read_text()))
+        except (OSError, ValueError):
+            continue  # a damaged step document is left out, as the report does
+    return docs
+
+
 def finish(cfg: DictConfig, run_dir: Path, store: RunStore, doc: dict, out) -> int:
     """Rank every step's findings into `findings.json`, write the report, print the answer."""
     from orchestrator.ui.report import write_report
-    from orchestrator.ui.report.ranking import load_docs, rank
+    from orchestrator.ui.report.ranking import rank
 
     code = 0 if doc["answer"].get("explains") else EXIT_INCONCLUSIVE
-    findings.write(run_dir, rank(load_docs(run_dir), store.trials()))
+    findings.write(run_dir, rank(step_docs(run_dir), store.trials()))
     store.set_status("done" if code == 0 else "inconclusive")  # what the report shows
     _, files = write_report(run_dir)
     out.print("")
