@@ -158,7 +158,7 @@ def test_same_code_a_stripped_variable_resumed_then_a_range_alike(tmp_path, ray_
 def test_nothing_changed_exits_0_with_no_change_larger_than_the_min_effect(tmp_path,
                                                                            ray_session):
     """Same node, same commit: the reference re-measured now is the same state, so whatever
-    restart-level offset separates the two sessions, the answer is "no change larger than x%"
+    restart-level offset separates then from now, the answer is "no change larger than x%"
     and the exit code 0 (it used to say "+2.4% [+0.4, +4.5]" and exit 3)."""
     sc = generate_scenario(tmp_path / "sc", 20, 1, "launcher_strip")
     base = [f"repo={sc.repo}", f"runs_dir={tmp_path / 'runs'}", *FAST]
