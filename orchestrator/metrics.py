@@ -46,7 +46,14 @@ METRICS = {m.name: m for m in (
                "tokens per verify pass: the requests' meta_info, else the Prometheus counters"
                " that sum it, else /server_info's windowed value"),
     MetricInfo("cuda_graph_share", "share", True, "verify",
-               "decode passes replayed from a CUDA graph / all decode passes"),
+               "decode passes replayed from a CUDA graph / all decode passes (with speculative"
+               " decoding: EAGLE cycles whose verify ran in a graph)"),
+    MetricInfo("draft_graph_share", "share", True, "draft",
+               "share of the draft steps' device time run from CUDA graphs (eagle_draft seconds"
+               " / eagle_draft + decode seconds)"),
+    MetricInfo("prefill_ms_per_ktok", "ms", False, "prefill",
+               "device ms of prefill per 1000 computed prompt tokens (extend seconds where they"
+               " hold prefill alone, else a prefill-only probe)"),
     MetricInfo("value", "", False, "client"),
 )}
 
@@ -57,7 +64,7 @@ EFFECT_METRICS = ("verify_ms", "draft_ms", "decode_ms", "accept_len", "output_th
 
 # Server-phase metrics that exist only with speculative decoding (the EAGLE cycle's draft and
 # verify) and only without it (a plain decode step).
-SPECULATIVE_ONLY = ("verify_ms", "verify_ms_per_request", "draft_ms")
+SPECULATIVE_ONLY = ("verify_ms", "verify_ms_per_request", "draft_ms", "draft_graph_share")
 PLAIN_ONLY = ("decode_ms",)
 # Targets whose metrics come from an SGLang server (real or simulated); others report their own.
 SERVER_TARGETS = ("sim", "sglang")

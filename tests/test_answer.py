@@ -3,14 +3,16 @@ noisy restarts, large ratios, and the sentence each run kind leads with."""
 
 from __future__ import annotations
 
+import collections
 import math
 import random
 
 import pytest
 
 from orchestrator.answer import combine
-from orchestrator.answer.combine import LogChange, explains, remainder, share, total
+from orchestrator.answer.combine import LogChange, decide, explains, remainder, share, total
 from orchestrator.answer.compose import (
+    assemble,
     for_bisect,
     for_compare,
     for_investigation,
@@ -19,6 +21,7 @@ from orchestrator.answer.compose import (
     pick,
 )
 from orchestrator.answer.phases import log_change, mechanism
+from orchestrator.answer.provisional import so_far
 from orchestrator.answer.text import change_text, pct_text
 from orchestrator.ui.report.answer import detail_lines
 
@@ -55,16 +58,19 @@ def _trials(level: float, n: int, cv: float, rng: random.Random, df: int = 3) ->
     return out
 
 
-@pytest.mark.parametrize("cv, n", [(0.02, 4), (0.05, 4), (0.05, 12)])
-def test_explained_is_rarely_wrong_on_heavy_tailed_restarts(cv, n):
+@pytest.mark.parametrize("cv, n", [(0.02, 4), (0.02, 12), (0.05, 4), (0.05, 32)])
+def test_the_remainder_decision_is_rarely_wrong_on_heavy_tailed_restarts(cv, n):
     """Seeded cases in the shape of an investigation (a total between then and now, a system
-    cause and a code cause, each from its own restarts, Student-t noise): when a fifth of the
-    change is left, it never claims the causes explain it; when the causes are the whole
-    change, it says so once the restarts pin the remainder down (with 4 restarts in 5% noise
-    the remainder's interval is too wide to rule out a quarter of the change: not claimed)."""
+    cause and a code cause, each from its own restarts, Student-t noise). The remainder is
+    judged against the min effect (here a tenth of the +84% change, 6.3%): when a +20% cause
+    is missing it is never called explained, and when the causes are the whole change a
+    remainder is almost never "shown" (at most the interval's one-sided error). In between the
+    answer is "undecided" until the restarts pin the remainder down: with 4 restarts in 2%
+    noise few cases decide, with 12 most do; in 5% noise even 32 restarts per estimate rarely
+    rule out a 6% remainder (five estimates' noise adds up in it)."""
     rng = random.Random(5)
     base, power, commit = 19.0, 1.30, 1.18
-    claimed_with_gap, explained_without_gap = 0, 0
+    seen = {"gap": collections.Counter(), "none": collections.Counter()}
     cases = 200
     for i in range(cases):
         left = 1.20 if i % 2 else 1.0  # half the cases have a +20% cause nobody named
@@ -76,15 +82,15 @@ def test_explained_is_rarely_wrong_on_heavy_tailed_restarts(cv, n):
         culprit = _trials(base * power * commit, n, cv, rng)
         whole = log_change(then, now)
         causes = [log_change(restored, capped), log_change(parent, culprit)]
-        verdict = explains(whole, causes)
-        if left > 1 and verdict:
-            claimed_with_gap += 1
-        if left == 1 and verdict:
-            explained_without_gap += 1
-    assert claimed_with_gap == 0
-    # Seeded rates (heavy tails make some restarts' intervals wide: then "not explained").
-    least = {(0.02, 4): 0.8, (0.05, 4): 0.0, (0.05, 12): 0.65}[(cv, n)]
-    assert explained_without_gap >= least * cases / 2, explained_without_gap
+        seen["gap" if left > 1 else "none"][decide(whole, causes).status] += 1
+    assert seen["gap"]["explained"] == 0
+    assert seen["none"]["remainder"] <= 0.025 * cases / 2, seen
+    # Seeded rates (measured: 16, 145, 0 and 23 of 200 with these seeds).
+    least = {(0.02, 4): 0.05, (0.02, 12): 0.6, (0.05, 4): 0.0, (0.05, 32): 0.08}[(cv, n)]
+    assert seen["none"]["explained"] >= least * cases / 2, seen
+    # A missing +20% is shown as a remainder once the restarts resolve it.
+    assert seen["gap"]["remainder"] >= {(0.02, 4): 0.95, (0.02, 12): 0.99, (0.05, 4): 0.5,
+                                        (0.05, 32): 0.99}[(cv, n)] * cases / 2, seen
 
 
 def test_noise_alone_cannot_explain_a_change():
@@ -141,7 +147,7 @@ def _isolate_doc() -> dict:
 
 
 def test_the_investigation_sentence_names_each_cause_and_the_rest():
-    whole = LogChange(math.log(1.28 * 1.30), 0.016, 9)
+    whole = LogChange(math.log(1.28 * 1.30), 0.008, 9)
     a = for_investigation("verify_ms", whole, whole_extra={}, reference="the reference (then)",
                           bad="commit 9f8e now", compare_doc=_compare_doc(),
                           isolate_doc=_isolate_doc(), bisect_doc=_bisect_doc(), sweep_doc=None,
@@ -172,11 +178,14 @@ def test_same_code_says_code_is_not_the_cause():
 def test_a_range_that_measures_alike_sends_the_user_elsewhere():
     doc = _bisect_doc("not_reproducible")
     a = for_bisect(doc, good="commit aaaa", bad="commit bbbb", next_step="sleuth investigate ...")
-    assert "not the cause" in a["sentence"] and not a["explains"] and a["next"]
+    # Nothing reproducibly slower in the range: settled ("no change larger than x%"), and the
+    # code is not where the regression is.
+    assert "not the cause" in a["sentence"] and a["explains"] and a["next"]
+    assert "today: no change larger than 4.0%; the code in between" in a["sentence"]
     inv = for_investigation("verify_ms", LogChange(math.log(1.003), 0.0066, 10), whole_extra={},
                             reference="commit aaaa now", bad="commit bbbb now", compare_doc=None,
                             isolate_doc=None, bisect_doc=doc, sweep_doc=None, mechanism=None)
-    assert inv["status"] == "not_in_code" and not inv["explains"]
+    assert inv["status"] == "not_in_code" and inv["explains"]
 
 
 def test_compare_alone_lists_suspects_untested_and_sweep_settings_are_not_causes():
@@ -214,17 +223,9 @@ def test_mechanism_names_the_phase_and_the_gpu_state():
     m = mechanism(before, after, tel, now, before_label="reference", after_label="now")
     assert m["phase"] == "verify" and m["phases"]["verify_ms"]["ci"][0] > 40
     assert "SM clock under load 2430 MHz -> 1785 MHz, power 580 W -> 450 W" in m["text"]
-    assert "CUDA-graph share 100% -> 100%" in m["text"]
-
-
-def test_tolerance_follows_the_size_of_the_change():
-    assert combine.tolerance(LogChange(math.log(1.05), 0.01, 5)) == pytest.approx(math.log(1.04))
-    assert combine.tolerance(LogChange(math.log(2.0), 0.01, 5)) == pytest.approx(
-        0.25 * math.log(2.0))
-    # A confidently non-zero remainder passes only while it is small (an inexact composition).
-    whole = LogChange(math.log(2.05), 0.004, 10)
-    assert explains(whole, [LogChange(math.log(2.09), 0.005, 10)])
-    assert not explains(whole, [LogChange(math.log(1.80), 0.005, 10)])
+    assert "CUDA graphs: verify graph, unchanged" in m["text"]
+    assert "moved: verify +" in m["text"] and "did not move: draft " in m["text"]
+    assert "decode: not measured (speculative decoding on" in m["text"]
 
 
 def test_a_bisect_verdict_names_commits_not_positions():
@@ -253,3 +254,107 @@ def test_a_not_tested_line_says_not_tested_once():
     assert line.count("not tested") == 1, line
     assert line == ("not tested: 1 difference: flashinfer 0.2.3 -> 0.2.5 (no package source"
                     " (packages.find_links=DIR of wheels, or packages.index_url=URL))")
+
+
+def test_mechanism_says_verify_only_left_its_graph():
+    """An env var that sends only the verify pass eager (verify +38%, draft and prefill
+    unchanged): the line names the phase that moved and those that did not, with intervals,
+    and graph use per phase, not one share that reads as if every phase went eager."""
+    rng = random.Random(7)
+    before = {"verify_ms": _trials(19.0, 5, 0.01, rng), "draft_ms": _trials(6.4, 5, 0.01, rng),
+              "prefill_ms_per_ktok": _trials(40.0, 5, 0.01, rng),
+              "cuda_graph_share": [1.0] * 5, "draft_graph_share": [1.0] * 5}
+    after = {"verify_ms": _trials(26.2, 5, 0.01, rng), "draft_ms": _trials(6.4, 5, 0.01, rng),
+             "prefill_ms_per_ktok": _trials(40.0, 5, 0.01, rng),
+             "cuda_graph_share": [0.0] * 5, "draft_graph_share": [1.0] * 5}
+    m = mechanism(before, after)
+    assert m["moved"] == ["verify"] and set(m["unmoved"]) == {"draft", "prefill"}, m["text"]
+    assert m["graphs"] == {"verify": {"before": 1.0, "after": 0.0},
+                           "draft": {"before": 1.0, "after": 1.0}}
+    text = m["text"]
+    assert text.startswith("moved: verify +3"), text
+    assert "did not move: draft " in text and ", prefill " in text
+    assert "CUDA graphs: verify graph -> eager, draft graph, unchanged" in text
+    assert "decode: not measured" in text
+    # Plain decode (no speculation): the pass's graph is the decode step's; nothing "missing".
+    plain = mechanism({"decode_ms": [10.0, 10.1, 9.9], "cuda_graph_share": [1.0] * 3},
+                      {"decode_ms": [10.0, 10.2, 9.8], "cuda_graph_share": [0.5] * 3})
+    assert "CUDA graphs: decode graph -> graph 50%" in plain["text"]
+    assert "not measured" not in plain["text"]
+
+
+def test_the_min_effect_is_stated_or_follows_the_size_of_the_change():
+    assert combine.min_effect(LogChange(math.log(1.05), 0.01, 5)) == pytest.approx(math.log(1.04))
+    assert combine.min_effect(LogChange(math.log(2.0), 0.01, 5)) == pytest.approx(
+        0.1 * math.log(2.0))
+    assert combine.min_effect(LogChange(math.log(2.0), 0.01, 5), 2.5) == pytest.approx(
+        math.log(1.025))
+    # A confidently non-zero remainder inside the min effect is explained; one whose interval
+    # lies beyond it is shown; one whose interval reaches past it is undecided.
+    whole = LogChange(math.log(1.10), 0.004, 10)
+    assert decide(whole, [LogChange(math.log(1.12), 0.004, 10)]).status == "explained"
+    assert decide(whole, [LogChange(math.log(1.02), 0.004, 10)]).status == "remainder"
+    assert decide(whole, [LogChange(math.log(1.05), 0.02, 10)]).status == "undecided"
+    # Causes that overstate the change (overlap) leave a negative remainder: shown too.
+    assert decide(whole, [LogChange(math.log(1.10), 0.004, 10),
+                          LogChange(math.log(1.10), 0.004, 10)]).status == "remainder"
+
+
+def test_the_sentence_says_what_the_remainder_means_against_the_min_effect():
+    """-2.1% [-4.2, -0.1] left of a +9% cause: inside a stated 5% min effect it is explained;
+    undecided against 4% (the final check's budget is said, the interval is not rounded away);
+    nothing changed reads "no change larger than x%"."""
+    whole = LogChange(math.log(1.08), 0.009, 15)
+    cause = {"kind": "env", "id": "NCCL_ALGO", "label": "NCCL_ALGO Tree -> unset",
+             **LogChange(math.log(1.08 / 0.979), 0.0055, 13).to_json()}
+    kw = dict(whole_extra={}, reference="the reference", bad="now", compare_doc=None,
+              isolate_doc=None, bisect_doc=None, sweep_doc=None, mechanism=None)
+    inv = for_investigation("verify_ms", whole, **kw, min_effect_pct=5.0)
+    ok = assemble("verify_ms", whole, [cause], lead="", min_effect_pct=5.0)
+    assert ok["status"] == "explained" and ok["explains"], ok["sentence"]
+    assert "nothing larger than 5.0% left" in ok["sentence"]
+    assert ok["min_effect"] == {"pct": 5.0, "stated": True}
+    open_ = assemble("verify_ms", whole, [cause], lead="",
+                     check={"budget": 12, "spent": 12})
+    assert open_["status"] == "undecided" and not open_["explains"]
+    assert "undecided whether more than 4.0% is left" in open_["sentence"]
+    assert "final check's 12 of 12 restarts" in open_["sentence"]
+    assert "unexplained -2.1% [" in open_["sentence"]
+    flat = LogChange(math.log(1.012), 0.008, 20)
+    same = for_investigation("verify_ms", flat, **{**kw, "reference": "the reference (then)"})
+    assert same["status"] == "no_change" and same["explains"]
+    assert "no change larger than 4.0%" in same["sentence"], same["sentence"]
+    # No cause named for a change beyond the min effect: shown, "no cause named".
+    assert inv["status"] == "unexplained" and not inv["explains"]
+    assert "no cause named" in inv["sentence"]
+
+
+def test_a_stopped_run_says_its_answer_so_far():
+    """Interrupted or at its budget: the causes named at the run's confidence with their
+    intervals, a best guess as a guess, and how large a further step can still be."""
+    doc = _bisect_doc()
+    doc["verdict"] = "searching"
+    doc["findings"][0]["verified"] = True
+    guess = {**doc["findings"][0], "id": "c0ffee" + "0" * 34, "subject": "Later change",
+             "probability": 0.62, "verified": False,
+             "effect_detail": {"verify_ms": {"pct": 2.0, "ci": [-1.0, 5.0],
+                                             "log": [math.log(1.02), 0.015, 6]}}}
+    doc["findings"].append(guess)
+    doc["total_detail"] = {"pct": 40.0, "ci": [37.0, 43.0], "log": [math.log(1.40), 0.01, 10]}
+    a = so_far(for_bisect(doc, good="commit aaaa", bad="commit bbbb"),
+               why="interrupted after 73 restarts")
+    s = a["sentence"]
+    assert s.startswith("so far (interrupted after 73 restarts): commit b2d8735e1f0a")
+    assert "+30.0% [+25.3, +34.9] at P = 0.999" in s
+    assert 'best guess: commit c0ffee000000 "Later change" (P = 0.620)' in s
+    # 1.40 / 1.30 leaves +7.7%, its interval reaching about +11%: the step still looked for.
+    assert "; searching for a further step of up to +1" in s, s
+    assert a["status"] == "provisional" and not a["explains"]
+    assert a["provisional"]["why"] == "interrupted after 73 restarts"
+    # An investigation takes a stopped bisect's verified culprits, never its best guess.
+    inv = for_investigation("verify_ms", LogChange(math.log(1.40), 0.01, 10), whole_extra={},
+                            reference="the reference", bad="now", compare_doc=None,
+                            isolate_doc=None, bisect_doc=doc, sweep_doc=None, mechanism=None)
+    assert [c["probability"] for c in inv["causes"]] == [0.999]
+    nothing = so_far({"metric": "verify_ms", "causes": [], "total": None}, why="interrupted")
+    assert nothing["sentence"] == "so far (interrupted): nothing measured yet"

@@ -8,15 +8,20 @@ Two scenarios, each a real git repo and real sim servers on two Ray nodes:
 - `launcher_strip`: no code change; a launcher wrapper now strips NCCL_ALGO=Tree before the
   server starts. "code not the cause", NCCL_ALGO named, exit 0; the run is killed (SIGKILL)
   during its compare and finished by `sleuth resume`. Then, without a reference, the range
-  from that commit on measures alike: "not the cause" (exit 3), naming the run that holds
-  the reference and the command that continues from it.
+  from that commit on measures alike: "no change larger than 10%", the code "not the cause"
+  (exit 0: nothing is reproducibly slower), naming the run that holds the reference and the
+  command that continues from it.
 """
 
 from __future__ import annotations
 
 import io
 import json
+import os
+import signal
+import subprocess
 import sys
+import time
 from contextlib import redirect_stdout
 from pathlib import Path
 
@@ -139,7 +144,102 @@ def test_same_code_a_stripped_variable_resumed_then_a_range_alike(tmp_path, ray_
         *base, f"good={sc.truth['good']}", f"bad={sc.truth['bad']}", "run_id=range",
         "experiment.params.min_effect_pct=10"]))
     answer = json.loads((runs / "range" / "findings.json").read_text())["answer"]
-    assert code == 3 and answer["status"] == "not_in_code", answer["sentence"]
+    # Nothing reproducibly slower in the range, measured interleaved in the final check's one
+    # window: settled (exit 0) with the min effect the user stated, and the code is not the
+    # cause.
+    assert code == 0 and answer["status"] == "not_in_code", answer["sentence"]
+    assert "no change larger than 10.0%" in answer["sentence"]
+    assert answer["total"]["window"] == "final check" and min(answer["total"]["n"]) >= 2
     assert "not the cause" in answer["sentence"]
     assert "reference=reference" in answer["next"] or "reference=inv" in answer["next"]
     assert "next: " in capsys.readouterr().out
+
+
+def test_nothing_changed_exits_0_with_no_change_larger_than_the_min_effect(tmp_path,
+                                                                           ray_session):
+    """Same node, same commit: the reference re-measured now is the same state, so whatever
+    restart-level offset separates then from now, the answer is "no change larger than x%"
+    and the exit code 0 (it used to say "+2.4% [+0.4, +4.5]" and exit 3)."""
+    sc = generate_scenario(tmp_path / "sc", 20, 1, "launcher_strip")
+    base = [f"repo={sc.repo}", f"runs_dir={tmp_path / 'runs'}", *FAST]
+    _nodes(tmp_path, sc.out, "reference")
+    assert trial_cmd.run(compose_config("trial", [*base, f"commit={sc.truth['good']}",
+                                                  "restarts=3", "run_id=reference"])) == 0
+    code = investigate.run(compose_config("investigate", [*base, "reference=reference",
+                                                          "run_id=same"]))
+    answer = json.loads((tmp_path / "runs" / "same" / "findings.json").read_text())["answer"]
+    assert code == 0 and answer["status"] == "no_change", answer["sentence"]
+    assert answer["causes"] == [] and answer["explains"]
+    bound = answer["min_effect"]["pct"]
+    assert f"no change larger than {bound:.1f}%" in answer["sentence"]
+    lo, hi = answer["total"]["ci"]
+    assert -bound <= lo and hi <= bound  # the promise the sentence makes
+
+
+def test_an_interrupted_investigation_stores_and_reports_its_answer_so_far(tmp_path,
+                                                                           ray_session):
+    """Ctrl-C while the bisect searches, after the isolate named the power limit: the run
+    prints the answer as far as it is known (the power limit with its interval and P), stores
+    it, and `sleuth report` opens with it; `sleuth resume` then ends with the final answer."""
+    sc, base = _reference(tmp_path, "power_commit")
+    runs = tmp_path / "runs"
+    args = [sys.executable, "-m", "orchestrator", "investigate", *base, "reference=reference",
+            f"bad={sc.truth['bad']}", "run_id=inv"]
+    log = tmp_path / "out.txt"
+    with log.open("w") as sink:
+        proc = subprocess.Popen(args, stdout=sink, stderr=subprocess.STDOUT,
+                                start_new_session=True)
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline and proc.poll() is None:
+            time.sleep(0.3)
+            text = log.read_text()
+            bisecting = text.find("== the code: bisect")
+            if bisecting >= 0 and "[searching]" in text[bisecting:]:
+                break
+        assert proc.poll() is None, log.read_text()[-2000:]
+        os.killpg(proc.pid, signal.SIGINT)
+        assert proc.wait(timeout=90) == 130
+    printed = log.read_text()
+    assert "answer: so far (interrupted during the bisect after" in printed, printed[-3000:]
+    answer = json.loads((runs / "inv" / "findings.json").read_text())["answer"]
+    assert answer["status"] == "provisional", answer["sentence"]
+    assert "power limit 600 W -> 450 W +" in answer["sentence"]
+    assert answer["causes"][0]["id"] == "power_limit_w" and answer["causes"][0]["ci"][0] > 0
+    out = io.StringIO()
+    with redirect_stdout(out):
+        assert cli_run(["report", "inv", f"runs_dir={runs}"]) == 0
+    assert "answer: so far (interrupted during the bisect after" in out.getvalue()
+    # Resumed, it ends with the final answer, not the stored one.
+    with redirect_stdout(io.StringIO()):
+        code = cli_run(["resume", "inv", f"runs_dir={runs}"])
+    ranked = json.loads((runs / "inv" / "findings.json").read_text())
+    assert code == 0 and ranked["answer"]["status"] == "explained", ranked["answer"]["sentence"]
+    assert [d["experiment"] for d in ranked["sources"]].count("investigate") == 1
+
+
+def test_the_final_check_measures_the_estimate_that_narrows_the_remainder_most(tmp_path,
+                                                                               ray_session):
+    """A min effect of 1.5%, tighter than the isolate's restarts resolve: the answer is
+    undecided after the steps, so the final check measures. With a reference only the bad
+    endpoint of the total can be measured again; it also measures both sides of the stripped
+    variable's effect (the cause's two candidates), re-reads that effect from all their
+    restarts, and stops when the remainder decides or says that its budget did not decide it."""
+    sc, base = _reference(tmp_path, "launcher_strip")
+    code = investigate.run(compose_config("investigate", [
+        *base, "reference=reference", "run_id=tight", "experiment.params.min_effect_pct=1.5",
+        "experiment.params.final_trials=8"]))
+    runs = tmp_path / "runs"
+    answer = json.loads((runs / "tight" / "findings.json").read_text())["answer"]
+    assert answer["min_effect"] == {"pct": 1.5, "stated": True}
+    assert answer["final_check"]["spent"] > 0, answer["sentence"]
+    (cause,) = answer["causes"]
+    store = RunStore.open(runs / "tight" / "trials.db")
+    final = [r for r in store.trials() if r.phase == "final" and r.finished]
+    store.close()
+    assert {r.candidate.key for r in final} & set(cause["keys"]), [r.candidate.label
+                                                                   for r in final]
+    decision = answer["unexplained"]["decision"]
+    assert (code == 0) == (decision == "explained"), answer["sentence"]
+    if decision == "undecided":
+        assert answer["final_check"]["spent"] == 8
+        assert "the final check's 8 of 8 restarts did not decide it" in answer["sentence"]

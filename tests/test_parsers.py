@@ -79,6 +79,18 @@ def test_verify_per_pass_and_per_request_at_concurrency_four():
     assert m["verify_ms_per_request"] == pytest.approx(29.0 / 4)
     assert m["draft_ms"] == pytest.approx(6.0)
     assert m["cuda_graph_share"] == 1.0 and "decode_ms" not in m
+    assert m["draft_graph_share"] == 1.0  # the draft's steps ran in its graph runner
+
+
+def test_prefill_per_token_only_where_extend_holds_prefill_alone():
+    """The draft's extend in its graph: `extend` is prefill, per computed prompt token."""
+    before = {"target_verify": 0.0, "eagle_draft": 0.0, "eagle_draft_extend": 0.0, "extend": 0.0,
+              "decode": 0.0, "decode_cuda_graph": 0, "prompt_tokens": 0}
+    after = {"target_verify": 1.0, "eagle_draft": 0.2, "eagle_draft_extend": 0.1, "extend": 0.1,
+             "decode": 0.2, "decode_cuda_graph": 50, "prompt_tokens": 512}
+    m = _phases(before, after)
+    assert m["prefill_ms_per_ktok"] == pytest.approx(1e6 * 0.1 / 512)
+    assert m["draft_graph_share"] == pytest.approx(0.5)  # half the draft steps' time eager
 
 
 def test_eager_draft_is_draft_time_not_decode_time():
@@ -94,8 +106,11 @@ def test_eager_draft_is_draft_time_not_decode_time():
     without = _phases(before, after)
     assert "decode_ms" not in without and "draft_ms" not in without
     assert without["verify_ms"] == pytest.approx(20.0) and without["cuda_graph_share"] == 0.0
+    assert "prefill_ms_per_ktok" not in without  # `extend` mixes the draft's extend in
+    assert without["draft_graph_share"] == 0.0
     m = _phases(before, after, prefill_s_per_token=0.025 / 128)
     assert m["draft_ms"] == pytest.approx(9.0)
+    assert m["prefill_ms_per_ktok"] == pytest.approx(1e6 * 0.025 / 128)  # the probe's
 
 
 def test_prefill_probe_gives_seconds_per_computed_token():

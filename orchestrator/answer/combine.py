@@ -4,7 +4,7 @@ Performance effects compound: a power cap that makes verify 30% slower and a com
 it 18% slower give 1.30 x 1.18 = +53%, not +48%. On the log scale they add, so an answer is a
 sum of log-ratios: the total change between the two states the user compares, the named
 causes, and what is left (`total - sum(causes)`), each with a t-interval. The causes explain the
-change when the remainder is confidently small (:func:`explains`).
+change when the remainder's interval lies within the run's min effect (:func:`decide`).
 
 Each estimate carries its standard error and degrees of freedom (from the pooled-variance
 t-interval of :func:`orchestrator.stats.effect.log_difference`). A sum's standard error adds
@@ -139,36 +139,82 @@ def remainder(whole: LogChange, parts: Iterable[LogChange]) -> LogChange:
     return LogChange(whole.diff - named.diff, se, df)
 
 
-# What "explained" tolerates, on the log scale: the remainder's interval must rule out anything
-# more than a quarter of the change (or 4%, whichever is larger) being left, and a remainder
-# that is confidently not zero must be small: a tenth of the change or 4%. The floor is what
-# a few restarts per side resolve on a noisy node: an 8% change measured with two or three
-# restarts leaves a remainder interval about 4-5 points wide even when one cause explains it
-# all, and a 3% floor made such answers "not explained" one run in two. Effects that do not
-# compose exactly (an all-reduce saving that is a smaller share of a verify pass the culprit
-# made longer) leave a few percent either way; that is reported, not hidden.
-MIN_TOLERANCE = math.log1p(0.04)
-BOUND_SHARE = 0.25
-SMALL_SHARE = 0.10
+# The run's min effect: a part of the change smaller than this is not worth chasing, so a
+# remainder whose interval lies within +-min effect counts as explained, and only one whose
+# interval lies beyond it shows that something else is there. The user states it with
+# `experiment.params.min_effect_pct` (the same knob the bisect, the compare and the isolate
+# read). Unstated, it is the larger of 4% and a tenth of the change being explained:
+# - 4% is what a few restarts per side resolve on a noisy node: an 8% change measured with
+#   two or three restarts leaves a remainder interval about 4-5 points wide even when one cause
+#   explains it all (a 3% floor made such answers "not explained" one run in two); the
+#   compare's own default is 3%, the bisect's negligible change 1%;
+# - a tenth of the change is the isolate's unstated floor (`effect_fraction`): a difference
+#   smaller than that is never named as a cause, so a remainder that small could never be
+#   given a name by the run either.
+# The bisect's unstated floor with a reference (half of the change since the reference) is
+# deliberately not used: it would let a large remainder pass as explained.
+MIN_EFFECT_FLOOR_PCT = 4.0
+MIN_EFFECT_SHARE = 0.10
+
+EXPLAINED, NO_CHANGE, REMAINDER, UNDECIDED = "explained", "no_change", "remainder", "undecided"
 
 
-def tolerance(whole: LogChange, share_of_change: float = BOUND_SHARE) -> float:
-    """A log-scale tolerance: `share_of_change` of the change, at least 4%."""
-    return max(MIN_TOLERANCE, share_of_change * abs(whole.diff))
+def min_effect(whole: LogChange | None, stated_pct: float | None = None) -> float:
+    """The run's min effect on the log scale (positive): `stated_pct` when the user gave one,
+    else the larger of :data:`MIN_EFFECT_FLOOR_PCT` and :data:`MIN_EFFECT_SHARE` of the change."""
+    if stated_pct is not None:
+        return math.log1p(stated_pct / 100.0)
+    share_of = MIN_EFFECT_SHARE * abs(whole.diff) if whole is not None else 0.0
+    return max(math.log1p(MIN_EFFECT_FLOOR_PCT / 100.0), share_of)
 
 
-def explains(whole: LogChange, parts: Iterable[LogChange],
-             confidence: float = CONFIDENCE) -> bool:
-    """Whether the named parts account for the whole: their remainder's interval lies within
-    +-:func:`tolerance` (a quarter of the change; nothing sizable can be left), and where the
-    interval excludes zero the remainder is small (a tenth of the change). A noisy cause cannot
-    pass by luck (its width widens the remainder's interval), nor can a change nobody named;
-    too few restarts for so narrow a bound give "not explained", with the remainder shown."""
-    rest = remainder(whole, list(parts))
+def min_effect_pct(log_value: float) -> float:
+    return 100.0 * math.expm1(log_value)
+
+
+@dataclass(frozen=True)
+class Decision:
+    """What the remainder says, against the min effect `bound` (log scale):
+
+    - `explained` (causes named) / `no_change` (none named): its interval lies within
+      +-bound: nothing worth chasing is left;
+    - `remainder`: its interval lies beyond +bound or below -bound: a part larger than the
+      min effect is shown to exist (a cause nobody named, or causes that overlap and overstate);
+    - `undecided`: the interval reaches past the bound on one side but does not exclude it."""
+
+    status: str
+    rest: LogChange
+    bound: float
+
+    @property
+    def settled(self) -> bool:
+        """Explained, or no change: the answer accounts for what was measured."""
+        return self.status in (EXPLAINED, NO_CHANGE)
+
+
+def decide(whole: LogChange, parts: Iterable[LogChange], bound: float | None = None,
+           confidence: float = CONFIDENCE) -> Decision:
+    """The remainder of `whole` after `parts` against the min effect `bound` (default:
+    :func:`min_effect` of the whole). A noisy cause cannot pass by luck (its width widens the
+    remainder's interval), nor can a change nobody named."""
+    parts = list(parts)
+    rest = remainder(whole, parts)
+    bound = min_effect(whole) if bound is None else bound
     lo, hi = rest.log_interval(confidence)
-    if not (-tolerance(whole) <= lo and hi <= tolerance(whole)):
-        return False
-    return lo <= 0 <= hi or abs(rest.diff) <= tolerance(whole, SMALL_SHARE)
+    if -bound <= lo and hi <= bound:
+        status = EXPLAINED if parts else NO_CHANGE
+    elif lo > bound or hi < -bound:
+        status = REMAINDER
+    else:
+        status = UNDECIDED
+    return Decision(status, rest, bound)
+
+
+def explains(whole: LogChange, parts: Iterable[LogChange], bound: float | None = None,
+             confidence: float = CONFIDENCE) -> bool:
+    """Whether the named parts account for the whole: the remainder's interval lies within the
+    min effect (:func:`decide`)."""
+    return decide(whole, parts, bound, confidence).settled
 
 
 def share(part: LogChange, whole: LogChange) -> float | None:

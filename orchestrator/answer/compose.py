@@ -11,8 +11,12 @@ has the trials, the mechanism of :mod:`orchestrator.answer.phases`). Its parts, 
 - `causes`: each named cause with its effect on the run's metric, its share of the total on the
   log scale, the probability the experiment gave it, and what found it;
 - `explained` / `unexplained`: the causes' sum and the remainder, with intervals
-  (:mod:`orchestrator.answer.combine`), and `explains`: whether the sum lies within the total's
-  interval (the investigate command's exit code);
+  (:mod:`orchestrator.answer.combine`); `min_effect`: the run's min effect the remainder is
+  judged against; `explains`: whether the remainder's interval lies within it (or, with no
+  cause named, the change's own interval does: "no change larger than x%");
+- `status`: explained | no_change | partly_explained (a remainder larger than the min effect
+  is shown) | unexplained (a change, no cause named) | undecided | not_in_code;
+- `final_check`: the restarts the final check may spend and spent, when one ran;
 - `not_tested`: differences that were listed but never tested, one group per reason;
 - `settings`: a sweep's better configuration, kept apart from causes;
 - `mechanism`: which phase moved, CUDA-graph share, SM clock and power, before vs after.
@@ -24,7 +28,19 @@ from collections.abc import Mapping, Sequence
 
 from orchestrator.answer import text as T
 from orchestrator.answer.attribution import sentence as attribution_sentence
-from orchestrator.answer.combine import LogChange, explains, remainder, share, total
+from orchestrator.answer.combine import (
+    EXPLAINED,
+    NO_CHANGE,
+    REMAINDER,
+    UNDECIDED,
+    Decision,
+    LogChange,
+    decide,
+    min_effect,
+    share,
+    total,
+)
+from orchestrator.answer.combine import min_effect_pct as min_effect_pct_of
 
 NOT_TESTED_SHOWN = 8
 
@@ -63,6 +79,10 @@ def cause(finding: Mapping, metric: str, experiment: str) -> dict | None:
             doc[key] = effect[key]
     if finding.get("kind") == "commit":
         doc["sha"], doc["subject"] = finding.get("id"), finding.get("subject")
+    if isinstance(finding.get("verified"), bool):
+        doc["verified"] = finding["verified"]
+    if finding.get("before_key") and finding.get("after_key"):  # what the effect compares
+        doc["keys"] = [finding["before_key"], finding["after_key"]]
     return doc
 
 
@@ -128,25 +148,53 @@ def restore_sentence(attribution: Mapping) -> str:
         attribution, lambda c: f"{T.pct_text(c['pct'])} {T.interval_text(c['ci'], c['pct'])}")
 
 
-def _clause(label: str, change: Mapping) -> str:
+def clause(label: str, change: Mapping) -> str:
     pct = change["pct"]
     return f"{label} {T.pct_text(pct)} {T.interval_text(change['ci'], pct)}".rstrip()
+
+
+def _bound_text(decision: Decision) -> str:
+    return f"{min_effect_pct_of(decision.bound):.1f}%"
+
+
+def _rest_words(decision: Decision, check: Mapping | None) -> str:
+    """What the remainder means against the min effect, in words after its interval."""
+    bound = _bound_text(decision)
+    if decision.status == EXPLAINED:
+        return f"nothing larger than {bound} left"
+    if decision.status == REMAINDER:
+        return f"more than the {bound} min effect is left"
+    return f"undecided whether more than {bound} is left" + _check_words(check)
+
+
+def _check_words(check: Mapping | None) -> str:
+    if not check or not check.get("budget"):
+        return ""
+    return (f" (the final check's {check.get('spent', 0)} of {check['budget']} restarts did"
+            " not decide it)")
 
 
 def assemble(metric: str, whole: LogChange | None, causes: Sequence[dict], *, lead: str,
              whole_extra: Mapping | None = None, code_clause: str = "",
              not_tested_groups: Sequence[dict] = (), settings: Sequence[dict] = (),
              mechanism: Mapping | None = None, next_step: str = "",
-             status: str | None = None, attribution: Mapping | None = None) -> dict:
+             status: str | None = None, attribution: Mapping | None = None,
+             min_effect_pct: float | None = None, check: Mapping | None = None) -> dict:
     """An answer from the total change, the named causes and the rest.
 
     `lead` is what the total compares ("from good X to bad Y"); `code_clause` says what the
     code range contributed when no commit was named ("code not the cause ..."); `attribution`
-    what restoring the system causes wins back and how they overlap, said after the causes."""
+    what restoring the system causes wins back and how they overlap, said after the causes.
+    The remainder is judged against the run's min effect (`min_effect_pct` when the user
+    stated one, else :func:`orchestrator.answer.combine.min_effect`); `check` describes the
+    final check that measured the endpoints for it (its restart budget and what it spent), if
+    one ran."""
     logs = [LogChange(*c["log"]) for c in causes]
     doc: dict = {"metric": metric, "causes": [dict(c) for c in causes],
                  "not_tested": list(not_tested_groups), "settings": list(settings),
                  "mechanism": dict(mechanism or {}), "next": next_step}
+    if check:
+        doc["final_check"] = dict(check)
     if whole is None:
         doc.update(total=None, explained=None, unexplained=None, explains=False,
                    status=status or "undecided")
@@ -155,35 +203,37 @@ def assemble(metric: str, whole: LogChange | None, causes: Sequence[dict], *, le
     doc["total"] = {**whole.to_json(), **(whole_extra or {})}
     for c, change in zip(doc["causes"], logs, strict=True):
         c["share"] = share(change, whole)
+    decision = decide(whole, logs, min_effect(whole, min_effect_pct))
+    doc["min_effect"] = {"pct": _round_pct(min_effect_pct_of(decision.bound)),
+                         "stated": min_effect_pct is not None}
     if logs:
         named = total(logs)
-        rest = remainder(whole, logs)
         doc["explained"] = {**named.to_json(), "share": share(named, whole)}
-        doc["unexplained"] = {**rest.to_json(), "share": share(rest, whole)}
+        doc["unexplained"] = {**decision.rest.to_json(), "share": share(decision.rest, whole),
+                              "decision": decision.status}
     else:
         doc["explained"] = None
-        doc["unexplained"] = {**whole.to_json(), "share": 1.0 if whole.excludes_zero() else None}
-    doc["explains"] = explains(whole, logs)
-    changed = whole.excludes_zero()
+        doc["unexplained"] = {**whole.to_json(), "share": 1.0 if whole.excludes_zero() else None,
+                              "decision": decision.status}
+    doc["explains"] = decision.settled
     if status is None:
-        if logs:
-            status = "explained" if doc["explains"] else "partly_explained"
-        elif changed:
-            status = "unexplained"
-        else:
-            status = "no_change" if doc["explains"] else "undecided"
-    elif status == "not_in_code":  # no change in the range: the regression is elsewhere
-        doc["explains"] = False
+        status = {EXPLAINED: "explained", NO_CHANGE: "no_change",
+                  REMAINDER: "partly_explained" if logs else "unexplained",
+                  UNDECIDED: "undecided"}[decision.status]
     doc["status"] = status
     total_text = f"{metric} {T.change_text(doc['total'], metric)}"
     head = f"{total_text} {lead}".strip() if lead else total_text
     if causes:
-        sentence = head + " = " + " + ".join(_clause(c["label"], c) for c in doc["causes"])
-        sentence += "; " + _clause("unexplained", doc["unexplained"])
-    elif changed:
+        sentence = head + " = " + " + ".join(clause(c["label"], c) for c in doc["causes"])
+        sentence += ("; " + clause("unexplained", doc["unexplained"]) + ": "
+                     + _rest_words(decision, check))
+    elif decision.status == NO_CHANGE:
+        sentence = head + f": no change larger than {_bound_text(decision)}"
+    elif decision.status == REMAINDER:
         sentence = head + "; no cause named"
     else:
-        sentence = head + ": no change"
+        sentence = (head + f": undecided whether it changed by more than"
+                    f" {_bound_text(decision)}" + _check_words(check))
     if attribution and causes:
         doc["attribution"] = dict(attribution)
         sentence += "; " + restore_sentence(attribution)
@@ -191,6 +241,10 @@ def assemble(metric: str, whole: LogChange | None, causes: Sequence[dict], *, le
         sentence += f"; {code_clause}"
     doc["sentence"] = sentence
     return doc
+
+
+def _round_pct(value: float) -> float:
+    return round(value, 2)
 
 
 def _total_effect(doc: Mapping) -> Mapping | None:
@@ -212,6 +266,12 @@ def _means(doc: Mapping) -> dict:
     return {k: t[k] for k in ("before", "after", "n") if k in t}
 
 
+def _stated(doc: Mapping) -> float | None:
+    """The min effect the user stated for the run (`min_effect_pct` in its document)."""
+    value = doc.get("min_effect_pct")
+    return float(value) if isinstance(value, int | float) else None
+
+
 def for_bisect(doc: Mapping, *, good: str = "", bad: str = "",
                mechanism: Mapping | None = None, next_step: str = "") -> dict:
     metric = str(doc.get("metric", ""))
@@ -219,23 +279,25 @@ def for_bisect(doc: Mapping, *, good: str = "", bad: str = "",
     verdict = doc.get("verdict")
     span = f"from good {good} to bad {bad}" if good and bad else ""
     if verdict == "not_reproducible":
-        lead = (f"between good {good} and bad {bad} today: the code in between is not the cause"
-                if good and bad else "between the endpoints today: the code range is not the"
-                " cause")
+        lead = f"between good {good} and bad {bad} today" if good and bad else \
+            "between the endpoints today"
         return assemble(metric, whole, [], lead=lead, whole_extra=_means(doc),
-                        mechanism=mechanism, next_step=next_step, status="not_in_code")
+                        code_clause="the code in between is not the cause",
+                        mechanism=mechanism, next_step=next_step, status="not_in_code",
+                        min_effect_pct=_stated(doc))
     if whole is None:
         return assemble(metric, None, [], lead=f"bisect {verdict}: {doc.get('message', '')}",
                         mechanism=mechanism, next_step=next_step)
     return assemble(metric, whole, causes_of(doc), lead=span, whole_extra=_means(doc),
-                    mechanism=mechanism, next_step=next_step)
+                    mechanism=mechanism, next_step=next_step, min_effect_pct=_stated(doc))
 
 
 def for_isolate(doc: Mapping, *, mechanism: Mapping | None = None) -> dict:
     metric = str(doc.get("metric", ""))
     return assemble(metric, _total(doc), causes_of(doc),
                     lead="from the good to the bad configuration", whole_extra=_means(doc),
-                    mechanism=mechanism, attribution=doc.get("attribution"))
+                    mechanism=mechanism, attribution=doc.get("attribution"),
+                    min_effect_pct=_stated(doc))
 
 
 def for_compare(doc: Mapping, *, mechanism: Mapping | None = None, next_step: str = "") -> dict:
@@ -245,14 +307,16 @@ def for_compare(doc: Mapping, *, mechanism: Mapping | None = None, next_step: st
     groups = not_tested(doc)
     if verdict == "reproduced":
         return assemble(metric, whole, [], lead="against the reference: it reproduces",
-                        whole_extra=_means(doc), mechanism=mechanism, status="no_change")
+                        whole_extra=_means(doc), mechanism=mechanism, status="no_change",
+                        min_effect_pct=_stated(doc))
     if verdict == "not_reproduced":
         return assemble(metric, whole, [], lead="against the reference, same code and"
                         " configuration: system level", whole_extra=_means(doc),
                         not_tested_groups=groups, mechanism=mechanism, next_step=next_step,
-                        status="unexplained")
+                        status="unexplained", min_effect_pct=_stated(doc))
     return assemble(metric, whole, [], lead="against the reference: undecided",
-                    whole_extra=_means(doc), mechanism=mechanism, status="undecided")
+                    whole_extra=_means(doc), mechanism=mechanism, status="undecided",
+                    min_effect_pct=_stated(doc))
 
 
 def for_sweep(doc: Mapping) -> dict:
@@ -301,14 +365,14 @@ def for_investigation(metric: str, whole: LogChange | None, *, whole_extra: Mapp
                       reference: str, bad: str, compare_doc: Mapping | None,
                       isolate_doc: Mapping | None, bisect_doc: Mapping | None,
                       sweep_doc: Mapping | None, mechanism: Mapping | None,
-                      next_step: str = "") -> dict:
+                      next_step: str = "", min_effect_pct: float | None = None,
+                      check: Mapping | None = None) -> dict:
     """The whole triage's answer: the change from the reference (then) to the bad commit
     (now), split into the system's part (the compare, its causes tested by the isolate) and
     the code's part (the bisect, its culprits), with what neither names left over.
 
     Without a reference the total is the bisect's own (good vs bad, both now)."""
-    causes = (causes_of(isolate_doc) if isolate_doc else []) + (
-        causes_of(bisect_doc) if bisect_doc and bisect_doc.get("verdict") == "found" else [])
+    causes = (causes_of(isolate_doc) if isolate_doc else []) + code_causes(bisect_doc)
     clauses = []
     parts: dict = {}
     if compare_doc is not None:
@@ -342,10 +406,23 @@ def for_investigation(metric: str, whole: LogChange | None, *, whole_extra: Mapp
                    code_clause="; ".join(clauses),
                    not_tested_groups=not_tested(compare_doc),
                    settings=for_sweep(sweep_doc)["settings"] if sweep_doc else (),
-                   mechanism=mechanism, next_step=next_step,
-                   attribution=(isolate_doc or {}).get("attribution"))
+                   mechanism=mechanism, next_step=next_step, min_effect_pct=min_effect_pct,
+                   check=check, attribution=(isolate_doc or {}).get("attribution"))
     doc["parts"] = parts
     return doc
+
+
+def code_causes(bisect_doc: Mapping | None) -> list[dict]:
+    """The bisect's culprits as causes: all of a finished bisect's; of one stopped before its
+    end (budget, interrupted), those verified against their parent at the run's confidence,
+    never its best guess."""
+    if not bisect_doc:
+        return []
+    causes = causes_of(bisect_doc)
+    if bisect_doc.get("verdict") == "found":
+        return causes
+    level = float(bisect_doc.get("confidence") or 0.99)
+    return [c for c in causes if c.get("verified") and (c.get("probability") or 0.0) >= level]
 
 
 def pick(docs: Sequence[Mapping]) -> dict | None:
@@ -367,3 +444,4 @@ def pick(docs: Sequence[Mapping]) -> dict | None:
             if d.get("experiment") == kind:
                 return dict(d["answer"])
     return None
+

@@ -1,11 +1,21 @@
-"""The mechanism part of an answer: which server phase moved, and what the GPUs did meanwhile.
+"""The mechanism part of an answer: which server phases moved and which did not, how each ran
+(CUDA graph or eager), and what the GPUs did meanwhile.
 
-"verify +53%, draft +1%; CUDA graphs on 100% of passes both times; SM clock under load
-2100 -> 1650 MHz, power 590 -> 450 W" tells an engineer where to look before any cause is
-named: a compute-bound phase that moved with the SM clock points at clocks and power, one that
-moved with the clock steady points at the code or at all-reduce. Everything here is measured:
-per-phase effects are log-scale t-intervals over trial-level values (restarts), telemetry is
-the mean over each side's trials of the SM clock and board power sampled while they ran.
+"moved: verify +38% [..]; did not move: draft +0.3% [..], prefill -0.4% [..]; decode: not
+measured (speculative decoding on); CUDA graphs: verify graph -> eager, draft graph,
+unchanged; SM clock under load 2100 -> 2100 MHz" tells an engineer where to look before any
+cause is named: the seed's engineer reasoned from "verify +53% while decode +8%", and one
+graph share over every pass ("100% -> 0%") read as if every phase had gone eager when only the
+verify had. A compute-bound phase that moved with the SM clock points at clocks and power, one
+that moved with the clock steady at the code or at all-reduce, one that left its graph at a
+graph-breaking setting. Everything here is measured: per-phase effects are log-scale
+t-intervals over trial-level values (restarts); graph use is each side's mean share
+(`cuda_graph_share`: with speculative decoding each decode pass is an EAGLE cycle and its
+graph is the verify's, without it a plain decode step's; `draft_graph_share`: the draft steps'
+time in the graph runner); telemetry is the mean over each side's trials of the SM clock and
+board power sampled while they ran. A phase the target cannot time in this configuration
+(plain decode while speculative decoding is on) is said to be not measured, never left out
+silently.
 """
 
 from __future__ import annotations
@@ -18,9 +28,12 @@ from orchestrator.answer.combine import LogChange
 from orchestrator.answer.text import interval_text, number, pct_text
 from orchestrator.stats.effect import log_difference
 
-PHASE_METRICS = ("verify_ms", "draft_ms", "decode_ms")
-_PHASE_NAMES = {"verify_ms": "verify", "draft_ms": "draft", "decode_ms": "decode"}
-SIDE_METRICS = (*PHASE_METRICS, "accept_len", "cuda_graph_share")
+PHASE_METRICS = ("verify_ms", "draft_ms", "decode_ms", "prefill_ms_per_ktok")
+_PHASE_NAMES = {"verify_ms": "verify", "draft_ms": "draft", "decode_ms": "decode",
+                "prefill_ms_per_ktok": "prefill"}
+SIDE_METRICS = (*PHASE_METRICS, "accept_len", "cuda_graph_share", "draft_graph_share")
+# Why plain decode has no number next to an EAGLE cycle's phases.
+_NO_DECODE = "speculative decoding on: the server runs no plain decode step"
 
 
 def log_change(before: Sequence[float], after: Sequence[float], extra_ss: float = 0.0,
@@ -32,6 +45,31 @@ def log_change(before: Sequence[float], after: Sequence[float], extra_ss: float 
         return None
     d = log_difference(a, b, 0.95, extra_ss, extra_df)
     return LogChange(d.diff, d.se, d.df)
+
+
+def _moved(effect: Mapping) -> bool:
+    return effect["ci"][0] > 0 or effect["ci"][1] < 0
+
+
+def _not_measured(phases: Mapping[str, Mapping], speculative: bool) -> dict[str, str]:
+    """The phases with no number that the configuration explains: plain decode, where every
+    decode pass is an EAGLE cycle (measure it in a run without speculative decoding)."""
+    if speculative and phases and "decode_ms" not in phases:
+        return {"decode": _NO_DECODE}
+    return {}
+
+
+def _graphs(before: Mapping[str, Sequence[float]], after: Mapping[str, Sequence[float]],
+            speculative: bool) -> dict[str, dict]:
+    """CUDA-graph use per phase, each side's mean share: the decode pass's graph is the
+    verify's with speculative decoding, a plain decode step's without it."""
+    out = {}
+    for metric, phase in (("cuda_graph_share", "verify" if speculative else "decode"),
+                          ("draft_graph_share", "draft")):
+        pair = (_mean(before.get(metric, ())), _mean(after.get(metric, ())))
+        if pair[0] is not None or pair[1] is not None:
+            out[phase] = {"before": pair[0], "after": pair[1]}
+    return out
 
 
 def _mean(values: Sequence[float]) -> float | None:
@@ -49,7 +87,9 @@ def mechanism(before: Mapping[str, Sequence[float]], after: Mapping[str, Sequenc
               before_telemetry: Sequence[Mapping | None] = (),
               after_telemetry: Sequence[Mapping | None] = (), *,
               before_label: str = "before", after_label: str = "after") -> dict:
-    """`{"phases": {metric: effect}, "phase": moved, "cuda_graph_share", "accept_len",
+    """`{"phases": {metric: effect}, "phase": the one that moved most, "moved" / "unmoved":
+    phase names whose interval excludes zero / does not, "not_measured": {phase: why},
+    "graphs": {phase: {"before", "after"} share}, "cuda_graph_share", "accept_len",
     "sm_clock_mhz", "power_w", "text"}` between two sides' trial-level values."""
     phases: dict[str, dict] = {}
     for metric in PHASE_METRICS:
@@ -59,7 +99,12 @@ def mechanism(before: Mapping[str, Sequence[float]], after: Mapping[str, Sequenc
                               "after": _mean(after[metric])}
     moved = [(abs(e["pct"]), m) for m, e in phases.items()
              if e["ci"][0] > 0 or e["ci"][1] < 0]
+    speculative = bool(before.get("verify_ms") or after.get("verify_ms"))
     doc: dict = {"phases": phases, "phase": _PHASE_NAMES[max(moved)[1]] if moved else None,
+                 "moved": [_PHASE_NAMES[m] for m in phases if _moved(phases[m])],
+                 "unmoved": [_PHASE_NAMES[m] for m in phases if not _moved(phases[m])],
+                 "not_measured": _not_measured(phases, speculative),
+                 "graphs": _graphs(before, after, speculative),
                  "before_label": before_label, "after_label": after_label}
     accept = log_change(before.get("accept_len", ()), after.get("accept_len", ()))
     if accept is not None:
@@ -84,19 +129,55 @@ def _pair(pair: Mapping | None, unit: str, fmt=number) -> str | None:
     return f"{before}{unit} -> {after}{unit}"
 
 
+def graph_text(share: float | None) -> str:
+    """`graph`, `eager`, or the share in between (`graph 63%`); `?` when not measured."""
+    if share is None:
+        return "?"
+    if share >= 0.995:
+        return "graph"
+    if share <= 0.005:
+        return "eager"
+    return f"graph {100 * share:.0f}%"
+
+
+def _graph_clause(phase: str, pair: Mapping) -> str:
+    before, after = graph_text(pair.get("before")), graph_text(pair.get("after"))
+    return f"{phase} {before}, unchanged" if before == after else f"{phase} {before} -> {after}"
+
+
+def _phase_text(metric: str, e: Mapping) -> str:
+    return f"{_PHASE_NAMES[metric]} {pct_text(e['pct'])} {interval_text(e['ci'], e['pct'])}"
+
+
 def describe(doc: Mapping) -> str:
-    """One line: the phases with their changes, then CUDA graphs, SM clock and power."""
-    parts = [f"{_PHASE_NAMES[m]} {pct_text(e['pct'])} {interval_text(e['ci'], e['pct'])}"
-             for m, e in doc.get("phases", {}).items()]
+    """One line: the phases that moved and those that did not, with intervals; the ones not
+    measured and why; CUDA-graph use per phase; accept length; SM clock and power."""
+    phases = doc.get("phases", {})
+    moved = [_phase_text(m, e) for m, e in phases.items() if _moved(e)]
+    still = [_phase_text(m, e) for m, e in phases.items() if not _moved(e)]
+    parts = []
+    if moved:
+        parts.append("moved: " + ", ".join(moved))
+    if still:
+        parts.append("did not move: " + ", ".join(still))
+    for phase, why in (doc.get("not_measured") or {}).items():
+        parts.append(f"{phase}: not measured ({why})")
+    graphs = doc.get("graphs") or {}
+    if graphs:
+        parts.append("CUDA graphs: " + ", ".join(_graph_clause(ph, pair)
+                                                  for ph, pair in graphs.items()))
+    elif doc.get("cuda_graph_share"):
+        parts.append(f"CUDA-graph share {_pair(doc['cuda_graph_share'], '%', _percent)}")
     if doc.get("accept_len"):
         e = doc["accept_len"]
         parts.append(f"accept length {number(e['before'])} -> {number(e['after'])}")
-    graphs = _pair(doc.get("cuda_graph_share"), "%", lambda v: f"{100 * v:.0f}")
-    if graphs:
-        parts.append(f"CUDA-graph share {graphs}")
     gpu = [f"SM clock under load {c}" for c in [_pair(doc.get("sm_clock_mhz"), " MHz")] if c]
     gpu += [f"power {p}" for p in [_pair(doc.get("power_w"), " W")] if p]
     if gpu:
         parts.append(", ".join(gpu) + f" ({doc.get('before_label', 'before')} -> "
                      f"{doc.get('after_label', 'after')})")
     return "; ".join(parts)
+
+
+def _percent(value: float) -> str:
+    return f"{100 * value:.0f}"

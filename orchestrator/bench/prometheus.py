@@ -153,7 +153,13 @@ def phases(d: PhaseDeltas, *, speculative: bool | None = None,
       subtracted with `prefill_s_per_token` (measured by a prefill-only probe), and without
       it draft_ms is left out rather than reported with prefill in it.
     - decode_ms only without speculative decoding (with it, `decode` is draft time).
-    - cuda_graph_share: decode passes replayed from a graph / all decode passes.
+    - cuda_graph_share: decode passes replayed from a graph / all decode passes (with
+      speculative decoding each such pass is an EAGLE cycle, and its graph is the verify's).
+    - draft_graph_share: the share of the draft steps' time the CUDA-graph runner filed
+      (`eagle_draft`) rather than the eager one (`decode`): the draft's own graph use.
+    - prefill_ms_per_ktok: device ms of prefill per 1000 computed prompt tokens, where `extend`
+      holds prefill alone (no speculation, or the draft's extend in its graph) or the probe
+      measured it (`prefill_s_per_token`).
     0.5.9's scheduler-batch timer (`gpu_execution_seconds_total`) gives decode_ms only: a
     speculative batch's one number holds draft, verify and draft extend together.
     `speculative`: what the server was launched with (None: judged from the counters, which
@@ -178,10 +184,30 @@ def phases(d: PhaseDeltas, *, speculative: bool | None = None,
                 draft_s += max(0.0, sec.get("extend", 0.0) - prefill_s_per_token * computed)
         if draft_s:
             out["draft_ms"] = 1000.0 * draft_s / passes
-    elif not spec and passes and passes > 0:
+        graph_s, eager_s = sec.get("eagle_draft", 0.0), sec.get("decode", 0.0)
+        if graph_s + eager_s > 0:
+            out["draft_graph_share"] = graph_s / (graph_s + eager_s)
+    prefill = _prefill_s_per_token(d, spec, prefill_s_per_token)
+    if prefill is not None:
+        out["prefill_ms_per_ktok"] = 1e6 * prefill
+    if not spec and passes and passes > 0:
         decode_s = sec.get("decode")
         if decode_s is None and not sec:
             decode_s = d.batch_seconds.get("forward_decode")  # 0.5.9: the whole decode batch
         if decode_s:
             out["decode_ms"] = 1000.0 * decode_s / passes
     return {k: v for k, v in out.items() if math.isfinite(v)}
+
+
+def _prefill_s_per_token(d: PhaseDeltas, spec: bool, probed: float | None) -> float | None:
+    """Prefill seconds per computed prompt token: the probe's, else `extend` / computed tokens
+    where `extend` holds nothing but prefill."""
+    if probed is not None:
+        return probed
+    extend = d.seconds.get("extend")
+    computed = (d.prompt_tokens or 0.0) - (d.cached_tokens or 0.0)
+    if not extend or computed <= 0:
+        return None
+    if spec and not d.seconds.get("eagle_draft_extend"):
+        return None  # the eager draft extend is in `extend` too
+    return extend / computed

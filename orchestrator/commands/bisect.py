@@ -4,6 +4,11 @@
                   [nodes=K] [max_trials=N] [first_parent=true] [paths=[python/sglang/srt]]
                   [reference=RUN] [experiment.params.min_effect_pct=P]
 
+Exit 0 when it names the culprit(s), or when the range holds no change larger than the min
+effect (`experiment.params.min_effect_pct`, else 4% or a tenth of the change: the answer says
+"no change larger than x%"); 3 when it stops at its budget (with its answer so far) or cannot
+tell.
+
 Resuming: `sleuth bisect run_id=RUN` (or `sleuth resume RUN`) reopens the run's store and
 continues; every finished trial is reused. `sleuth bisect run_id=RUN max_trials=N` continues a
 run that stopped at its budget with a larger one.
@@ -26,13 +31,14 @@ from typing import TYPE_CHECKING
 
 from omegaconf import DictConfig, OmegaConf
 
-from orchestrator.answer.text import name_points
+from orchestrator.answer.provisional import so_far
+from orchestrator.answer.text import commit_label, name_points
 from orchestrator.commands import bisect_release, common
 from orchestrator.config import params as experiment_params
 from orchestrator.config.bisect import bisect_strategy
-from orchestrator.control.drive import drive, unreported
+from orchestrator.control.drive import FixedPoints, drive, replay, unreported
 from orchestrator.control.repetitions import RepetitionDesign, RepetitionSettings
-from orchestrator.errors import UserError
+from orchestrator.errors import RunInterrupted, UserError
 from orchestrator.metrics import check_metric, regression_direction
 from orchestrator.records import Candidate
 from orchestrator.run import findings
@@ -40,7 +46,7 @@ from orchestrator.run.cost import describe_cost
 from orchestrator.run.noise_prior import load_noise_prior
 from orchestrator.run.rundir import create_run, run_argument, running, runs_root
 from orchestrator.store import RunStore
-from orchestrator.strategies.base import Verdict
+from orchestrator.strategies.base import Verdict, probability_relation
 from orchestrator.strategies.bisect import BisectStrategy
 from orchestrator.system.watch import SystemChange, system_changes
 from orchestrator.ui import render
@@ -323,15 +329,42 @@ def execute(cfg, ctl: Controller, run_dir: Path, commits, points, weights, out,
             spent = (f", ~{describe_cost(cost.gpu_minutes(design.current, n))}"
                      if cost is not None else "")
             out.print(f"  {_progress_line(v, commits, n, spent)}")
-    verdict = drive(ctl, strategy, points, metric=str(cfg.metric), on_verdict=on_verdict,
-                    on_system_change=system_changed, repetitions=design)
+    seen: list[Verdict] = []
+
+    def remember(v: Verdict, n: int) -> None:
+        seen[:] = [v]
+        on_verdict(v, n)
+
+    try:
+        verdict = drive(ctl, strategy, points, metric=str(cfg.metric), on_verdict=remember,
+                        on_system_change=system_changed, repetitions=design)
+    except (KeyboardInterrupt, RunInterrupted):
+        # What is known so far, stored and said before the run stops (`sleuth report` shows
+        # it). Best effort: nothing here may turn a clean stop into a crash.
+        try:
+            last = seen[-1] if seen else strategy.verdict(replay(
+                ctl.store.trials(), FixedPoints(points), str(cfg.metric), ctl.retries))
+            doc = provisional_findings(cfg, ctl, run_dir, commits, points, last,
+                                       f"interrupted after {last.n_trials} restarts",
+                                       findings_name)
+            if findings_name is None:  # a step of an investigation: it says the whole answer
+                out.print("")
+                print_answer(out, doc["answer"])
+        except Exception as exc:  # noqa: BLE001 - the interrupt is what the user must see
+            out.print(f"(the answer so far could not be stored: {exc})")
+        raise
     rows = ctl.store.trials()
     _flag_outliers(ctl.store, verdict)
     doc = findings.bisect_findings(run_id=ctl.store.run_id, metric=str(cfg.metric), verdict=verdict,
-                                   commits=commits, keys=[p.key for p in points], rows=rows)
+                                   commits=commits, keys=[p.key for p in points], rows=rows,
+                                   min_effect_pct=experiment_params.of(cfg).min_effect_pct)
     if release is not None:
         doc = bisect_release.rewrite(doc, release, rows, [p.key for p in points],
                                      metric=str(cfg.metric), direction=str(cfg.direction))
+    if verdict.status == "budget_exhausted":
+        doc["answer"] = so_far(doc["answer"], why=stop_reason(verdict),
+                               confidence=float(cfg.confidence))
+        doc["provisional"] = doc["answer"]["provisional"]
     changes = system_changes(rows)
     doc["system_changes"] = [c.to_json() for c in changes]
     design.update(rows, [o.trial_id for o in verdict.outliers if o.trial_id is not None])
@@ -363,6 +396,48 @@ def execute(cfg, ctl: Controller, run_dir: Path, commits, points, weights, out,
     return verdict, doc
 
 
+def stop_reason(verdict: Verdict) -> str:
+    """Why a bisect stopped before naming everything, as the provisional answer says it."""
+    if any(n.startswith("stopped early") for n in verdict.notes):
+        return (f"stopped after {verdict.n_trials} restarts: its forecast far exceeded the"
+                f" budget of {verdict.budget}")
+    return f"budget of {verdict.budget} restarts spent"
+
+
+def leading(verdict: Verdict, commits) -> str:
+    """The commit the search points at now, with its posterior, while it is still searching
+    (a finished stage's culprit is named as a cause instead)."""
+    if verdict.done or verdict.status != "searching" or not verdict.posterior:
+        return ""
+    named = {c.point for c in verdict.culprits}
+    open_ = [i for i in range(min(len(verdict.posterior), len(commits))) if i not in named]
+    if not open_ or sum(verdict.posterior[i] for i in named if i < len(verdict.posterior)) > 0.5:
+        return ""  # the posterior shown is a finished stage's: the next one measures first
+    point = max(open_, key=verdict.posterior.__getitem__)
+    p = verdict.posterior[point]
+    if p <= 0:
+        return ""
+    c = commits[point]
+    return f"{commit_label(c.sha, c.subject)} (P {probability_relation(p)})"
+
+
+def provisional_findings(cfg, ctl: Controller, run_dir: Path, commits, points,
+                         verdict: Verdict, why: str, findings_name: str | None) -> dict:
+    """The findings of a bisect stopped before its end, with its answer so far; written where
+    the finished run's would be, marked `provisional`."""
+    rows = ctl.store.trials()
+    doc = findings.bisect_findings(run_id=ctl.store.run_id, metric=str(cfg.metric),
+                                   verdict=verdict, commits=commits,
+                                   keys=[p.key for p in points], rows=rows,
+                                   min_effect_pct=experiment_params.of(cfg).min_effect_pct)
+    doc["answer"] = so_far(doc["answer"], why=why, searching=not verdict.done or
+                           verdict.status == "budget_exhausted",
+                           confidence=float(cfg.confidence), leading=leading(verdict, commits))
+    doc["provisional"] = doc["answer"]["provisional"]
+    findings.write(run_dir, doc, findings_name)
+    return doc
+
+
 def keep_posterior_replay(run_dir: Path) -> None:
     """Replay the posterior once now, while the run ends, and keep it beside the run
     (`ui/report/replay_cache.py`): its cost grows with the square of the trials (about 20 s
@@ -388,5 +463,16 @@ def _execute(cfg, run_dir: Path, store: RunStore, commits, points, weights,
             verdict, doc = execute(cfg, ctl, run_dir, commits, points, weights, out,
                                    progress=progress, release=release)
         print_answer(out, doc.get("answer"))
-        run.status = "done" if verdict.status == "found" else "inconclusive"
-        return 0 if verdict.status == "found" else EXIT_INCONCLUSIVE
+        code = exit_code(verdict, doc)
+        run.status = "done" if code == 0 else "inconclusive"
+        return code
+
+
+def exit_code(verdict: Verdict, doc: dict) -> int:
+    """0 when the culprits are named, or when the range holds nothing reproducibly slower:
+    its change's interval lies within the min effect ("no change larger than x%"); 3 for a
+    run stopped at its budget, a change it could neither rule in nor out, and the rest."""
+    if verdict.status == "found":
+        return 0
+    settled = verdict.status == "not_reproducible" and (doc.get("answer") or {}).get("explains")
+    return 0 if settled else EXIT_INCONCLUSIVE

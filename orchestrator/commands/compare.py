@@ -78,7 +78,7 @@ def load_reference(cfg: DictConfig, ref: str) -> dict:
     finally:
         store.close()
     values = {m: [v for r in chosen if (v := r.result.value(m)) is not None]
-              for m in EFFECT_METRICS}
+              for m in dict.fromkeys((*EFFECT_METRICS, *phases.SIDE_METRICS))}
     fps = [r.result.fingerprint for r in chosen]
     return {"candidate": chosen[0].candidate, "values": {m: v for m, v in values.items() if v},
             "fingerprint": chosen[-1].result.fingerprint, "repo": ref_cfg.get("repo"),
@@ -306,6 +306,7 @@ def execute(cfg: DictConfig, ctl: Controller, run_dir: Path, ref: dict, out,
     if progress is not None:
         progress.on_verdict(verdict.replace("_", " "), None, None)
     doc["differences"] = [d.to_json() for d, _ in ranked]
+    doc["min_effect_pct"] = min_effect  # what "reproduces" was judged against
     doc["answer"] = answer.for_compare(
         doc, mechanism=phases.mechanism(
             ref["values"], {m: [v for r in measured if (v := r.result.value(m)) is not None]

@@ -26,6 +26,7 @@ from pathlib import Path
 from omegaconf import DictConfig, OmegaConf
 from rich.table import Table
 
+from orchestrator.answer.phases import SIDE_METRICS
 from orchestrator.commands import common, investigate, sweep
 from orchestrator.config import sweep as setup
 from orchestrator.control.controller import Controller
@@ -91,7 +92,8 @@ def _measure_pair(ctl: Controller, good: str, trials: int, out) -> dict[str, lis
 
 def _reference(rows: list, run_name: str) -> dict:
     ok = [r for r in rows if r.outcome and r.outcome.measured and not r.suspect]
-    values = {m: [v for r in ok if (v := r.result.value(m)) is not None] for m in EFFECT_METRICS}
+    values = {m: [v for r in ok if (v := r.result.value(m)) is not None]
+              for m in dict.fromkeys((*EFFECT_METRICS, *SIDE_METRICS))}
     fps = [r.result.fingerprint for r in ok]
     return {"candidate": ok[0].candidate, "values": {m: v for m, v in values.items() if v},
             "fingerprint": fps[-1], "fingerprints": fps,

@@ -27,6 +27,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from orchestrator import answer
 from orchestrator.answer.epochs import mark_system_change
+from orchestrator.answer.provisional import so_far
 from orchestrator.commands import common, compare
 from orchestrator.commands.isolate_points import IsolatePoints
 from orchestrator.config import params as experiment_params
@@ -182,7 +183,8 @@ def execute(cfg: DictConfig, ctl: Controller, run_dir: Path, good: dict, changes
            "cleared": [changes[i].to_json() for i in verdict.cleared],
            **_remainder(verdict),
            "differences": [c.to_json() for c in changes],
-           "findings": [{"rank": i.pop("rank"), **i} for i in items]}
+           "findings": [{"rank": i.pop("rank"), **i} for i in items],
+           "min_effect_pct": experiment_params.of(cfg).min_effect_pct}
     system = system_changes(all_rows)
     doc["system_changes"] = [c.to_json() for c in system]
     if system:
@@ -199,6 +201,11 @@ def execute(cfg: DictConfig, ctl: Controller, run_dir: Path, good: dict, changes
         doc["total_effect"] = total
     doc["answer"] = answer.for_isolate(
         doc, mechanism=findings.mechanism_between(rows, good_key, bad_key, "good", "bad"))
+    if verdict.status in ("budget_exhausted", "inconclusive"):  # at its budget or its cap
+        doc["answer"] = so_far(doc["answer"], confidence=float(cfg.confidence), why=(
+            f"budget spent after {verdict.n_trials} restarts" if verdict.status ==
+            "budget_exhausted" else f"inconclusive after {verdict.n_trials} restarts"))
+        doc["provisional"] = doc["answer"]["provisional"]
     path = findings.write(run_dir, doc, findings_name)
     out.print(render.findings_table(doc))
     out.print(verdict.message)

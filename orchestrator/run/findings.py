@@ -113,6 +113,7 @@ def bisect_findings(
     commits: Sequence[CommitInfo],
     keys: Sequence[str],
     rows: Sequence[TrialRow],
+    min_effect_pct: float | None = None,
 ) -> dict:
     findings = []
     outliers = {o.trial_id for o in verdict.outliers if o.trial_id is not None}
@@ -133,8 +134,11 @@ def bisect_findings(
             "subject": commit.subject,
             "author": commit.author,
             "parent": commits[parent_point].sha,
+            # Verified head-to-head against its parent(s); a best guess of a stopped run is not.
+            "verified": bool(culprit.parents),
             "evidence": evidence,
             "effect_detail": effects,
+            "before_key": keys[parent_point], "after_key": keys[culprit.point],
         }
         if culprit.range:
             lo, hi = culprit.range
@@ -169,6 +173,7 @@ def bisect_findings(
                       "ratio": round(o.ratio, 4)} for o in verdict.outliers],
         "notes": [text.name_points(n, [c.sha for c in commits]) for n in verdict.notes],
         "budget": verdict.budget,
+        "min_effect_pct": min_effect_pct,
     }
     endpoints = effects_between(rows, keys[0], keys[-1], metrics=(metric,),
                                 exclude=frozenset(outliers)).get(metric)

@@ -24,6 +24,10 @@ HELP: dict[str, tuple[tuple[str, ...], tuple[tuple[str, str], ...]]] = {
          ("nodes=K", "trials in parallel on K nodes"),
          ("max_trials=N", "budget of the bisect and of the isolate, each"),
          ("confidence=0.99", "the probability at which a cause is named"),
+         ("experiment.params.min_effect_pct=P", "a remainder within P% counts as explained"
+          " (default: 4% or a tenth of the change)"),
+         ("experiment.params.final_trials=N", "restarts the final check may spend on the"
+          " endpoints (default 12)"),
          ("experiment.params.all_env=true", "also test shell/session variables"))),
     "trial": (
         ("sleuth trial repo=PATH commit=REF [restarts=N] [env.VAR=VALUE] [clock=POLICY]",),

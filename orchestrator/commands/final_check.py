@@ -1,0 +1,126 @@
+"""The final check of an investigation: measure the endpoints until the answer decides.
+
+The answer's remainder is judged against the run's min effect
+(:func:`orchestrator.answer.combine.decide`); a remainder whose interval reaches past it is
+undecided, and more restarts of the endpoints narrow it. Three of seven real regressions that
+were named right exited "not explained" because the endpoints had been measured too little, and
+in one the good endpoint was measured only in the first minutes and the bad one later under
+heavier host load, which invented a remainder. So the endpoints are measured interleaved (good,
+bad, good, bad ...), side by side on the nodes, in one time window, and the total is read from
+those restarts (:func:`orchestrator.commands.investigate_answer.whole`).
+
+A remainder is the total less every named cause, and each of those estimates has its own
+restarts: with a reference ("then" cannot be measured again), restarts of the bad endpoint
+alone narrow only the total's share of the remainder's interval, and on the seed's story (three
+causes) twelve of them left it undecided. So after its first rounds the check measures, round
+by round, the two sides of whichever term (the total, or one cause) an added restart narrows
+most: with the restart noise pooled over the run, that is the term whose sides have the fewest
+restarts (:func:`next_round`), and the causes' effects are read again from every restart of
+their two sides (:func:`refreshed`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+
+from orchestrator.control.controller import Controller
+from orchestrator.records import Candidate, Outcome
+from orchestrator.run import findings
+from orchestrator.store import TrialRow
+from orchestrator.ui.progress import Progress
+
+FINAL_PHASE = "final"
+# Rounds (one restart of each endpoint) the final check runs at least when both endpoints can
+# be measured now: two of each is the least a window's own interval needs.
+FINAL_MIN_ROUNDS = 2
+
+
+def final_check(ctl: Controller, endpoints: Sequence[Candidate],
+                answer_of: Callable[[list, dict | None], dict], budget: int, out,
+                progress: Progress | None = None, metric: str = "") -> dict:
+    """Measure until the answer (`answer_of(rows, check)`) is no longer undecided, within
+    `budget` restarts; returns the answer.
+
+    With two endpoints (both measurable now) the first :data:`FINAL_MIN_ROUNDS` rounds measure
+    them interleaved whatever the answer, so that the total comes from one time window; with
+    one (a reference) the check runs only while the answer is undecided. Every later round
+    measures the term an added restart narrows most (:func:`next_round`). A budget spent
+    undecided is said in the sentence, with the interval; finished final-check restarts of an
+    interrupted run count when it is resumed."""
+    rows = ctl.store.trials()
+    spent = [r for r in rows if r.phase == FINAL_PHASE and r.finished
+             and r.outcome is not Outcome.INTERRUPTED]
+    least = FINAL_MIN_ROUNDS * len(endpoints) if len(endpoints) > 1 else 0
+    said = False
+    while True:
+        check = {"budget": budget, "spent": len(spent)} if budget else None
+        result = answer_of(rows, check)
+        if len(spent) >= budget or (len(spent) >= least and result["status"] != "undecided"):
+            return result
+        if not said:
+            said = True
+            lead = "the endpoints interleaved in one time window, then " if least else ""
+            out.print(f"\n== final check: {lead}whichever estimate an added restart narrows"
+                      f" most, until the answer's interval decides (up to {budget} restarts)"
+                      " ==")
+            if progress is not None:
+                progress.set_total(None)
+                progress.on_verdict("final check", None, None)
+        batch = list(endpoints) if len(spent) < least else next_round(
+            rows, result, endpoints, metric, window=len(endpoints) > 1)
+        if len(batch) == 1:
+            batch *= max(len(ctl.nodes), 1)
+        for cand in batch[:budget - len(spent)]:
+            while not ctl.idle_nodes():
+                spent += [r for r in ctl.wait() if r.phase == FINAL_PHASE]
+            ctl.submit(cand, phase=FINAL_PHASE)
+        while ctl.in_flight():
+            spent += [r for r in ctl.wait() if r.phase == FINAL_PHASE]
+        spent = [r for r in spent if r.outcome is not Outcome.INTERRUPTED]
+        rows = ctl.store.trials()
+
+
+def _gain(counts: Sequence[int]) -> float:
+    """How much one more restart on each side narrows a difference's variance, per restart,
+    in units of the (pooled) restart variance: `1/n - 1/(n+1)` a side."""
+    return sum(1.0 / n - 1.0 / (n + 1) if n > 0 else 1.0 for n in counts) / len(counts)
+
+
+def next_round(rows: Sequence[TrialRow], answer: Mapping, endpoints: Sequence[Candidate],
+               metric: str, *, window: bool) -> list[Candidate]:
+    """One restart on each side of the remainder's term that an added restart narrows most:
+    the total (its measurable endpoints; with `window`, counted in the final check's window
+    only, which is where its total is read) or a cause (the two candidates its effect
+    compares, found among the run's trials)."""
+    by_key = {r.candidate.key: r.candidate for r in rows}
+    scope = [r for r in rows if r.phase == FINAL_PHASE] if window else rows
+    best = (_gain([len(findings.trial_values(scope, c.key, metric)) for c in endpoints]),
+            list(endpoints))
+    for cause in answer.get("causes") or []:
+        keys = cause.get("keys") or []
+        if len(keys) == 2 and all(k in by_key for k in keys):
+            gain = _gain([len(findings.trial_values(rows, k, metric)) for k in keys])
+            if gain > best[0]:
+                best = (gain, [by_key[k] for k in keys])
+    return best[1]
+
+
+def refreshed(doc: Mapping | None, rows: Sequence[TrialRow], metric: str) -> Mapping | None:
+    """A step's findings with each cause's effect on `metric` read again from every restart
+    of the two candidates it compares, where the final check measured one of them (the same
+    estimator the step used; a bisect's outlier restarts stay out)."""
+    if not doc:
+        return doc
+    measured = {r.candidate.key for r in rows if r.phase == FINAL_PHASE}
+    exclude = frozenset(o["trial"] for o in doc.get("outliers") or []
+                        if o.get("trial") is not None)
+    out = []
+    for f in doc.get("findings") or []:
+        keys = (f.get("before_key"), f.get("after_key"))
+        if f.get("probability") is not None and all(keys) and measured & set(keys):
+            e = findings.effects_between(rows, keys[0], keys[1], metrics=(metric,),
+                                         exclude=exclude).get(metric)
+            if e and "log" in e:
+                f = {**f, "effect_detail": {**(f.get("effect_detail") or {}), metric: e}}
+        out.append(f)
+    return {**doc, "findings": out}
