@@ -15,14 +15,13 @@ from orchestrator.answer.compose import (
     assemble,
     for_bisect,
     for_compare,
-    for_investigation,
     for_sweep,
     not_tested,
-    pick,
 )
 from orchestrator.answer.phases import log_change, mechanism
 from orchestrator.answer.provisional import so_far
 from orchestrator.answer.text import change_text, pct_text
+from orchestrator.answer.triage import for_investigation, pick
 from orchestrator.ui.report.answer import detail_lines
 
 

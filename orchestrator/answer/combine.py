@@ -156,6 +156,19 @@ def remainder(whole: LogChange, parts: Iterable[LogChange]) -> LogChange:
 MIN_EFFECT_FLOOR_PCT = 4.0
 MIN_EFFECT_SHARE = 0.10
 
+# How close two attribution states must be to count as "the same" when the answer says that
+# causes overlap ("either alone gives all of it") or hurt only together: a quarter of the change
+# restoring all of them wins back, at least 4% (what a few restarts a side resolve on a noisy
+# node). It judges the relation between causes, not the remainder (that is `decide`'s).
+OVERLAP_FLOOR = math.log1p(0.04)
+OVERLAP_SHARE = 0.25
+
+
+def tolerance(whole: LogChange, share_of_change: float = OVERLAP_SHARE) -> float:
+    """A log-scale tolerance: `share_of_change` of the change, at least 4%."""
+    return max(OVERLAP_FLOOR, share_of_change * abs(whole.diff))
+
+
 EXPLAINED, NO_CHANGE, REMAINDER, UNDECIDED = "explained", "no_change", "remainder", "undecided"
 
 

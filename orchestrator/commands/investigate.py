@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from dataclasses import dataclass
 from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
@@ -50,6 +49,7 @@ from orchestrator.commands import (
     sweep,
 )
 from orchestrator.commands.final_check import final_check
+from orchestrator.commands.investigate_answer import Plan
 from orchestrator.config import params as experiment_params
 from orchestrator.config.bisect import bisect_strategy
 from orchestrator.control.controller import Controller
@@ -57,33 +57,14 @@ from orchestrator.errors import RunInterrupted, UserError
 from orchestrator.evidence import collect as evidence
 from orchestrator.evidence import plan as evidence_plan
 from orchestrator.metrics import check_metric
-from orchestrator.records import Candidate
 from orchestrator.run import findings
 from orchestrator.run.rundir import create_run, running
 from orchestrator.store import RunStore
 from orchestrator.ui import render
 from orchestrator.ui.progress import Progress
 from orchestrator.ui.report.terminal import print_answer
-from orchestrator.workspace import CommitInfo
 
 EXIT_INCONCLUSIVE = 3
-
-
-@dataclass
-class Plan:
-    """What an investigation measures, worked out before anything is written."""
-
-    reference: dict | None  # compare.load_reference's record, or None (good=REF bad=REF)
-    base: Candidate  # the good state's candidate (the reference's own, or good= as given)
-    bad: str  # the bad commit's SHA
-    commits: list[CommitInfo]  # the range good..bad (empty when bad is the same commit)
-    points: list[Candidate]
-    weights: list[float] | None
-    sweep: tuple | None  # (space, settings) with recover=true
-
-    @property
-    def bad_candidate(self) -> Candidate:
-        return self.points[-1] if self.points else self.base
 
 
 def plan(cfg: DictConfig, reference: dict | None = None) -> tuple[Plan, object]:

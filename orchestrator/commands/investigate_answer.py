@@ -11,16 +11,16 @@ build their answers here too, from whatever trials exist at that moment.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from omegaconf import DictConfig
 
 from orchestrator.answer.combine import LogChange
-from orchestrator.answer.compose import for_investigation
 from orchestrator.answer.epochs import mark_system_change
 from orchestrator.answer.phases import log_change, mechanism
 from orchestrator.answer.text import commit_label
+from orchestrator.answer.triage import for_investigation
 from orchestrator.commands import next_step
 from orchestrator.commands.final_check import FINAL_PHASE, refreshed
 from orchestrator.config import params as experiment_params
@@ -32,8 +32,22 @@ from orchestrator.store import RunStore
 from orchestrator.system.watch import latest_epoch, system_changes
 from orchestrator.workspace import CommitInfo
 
-if TYPE_CHECKING:
-    from orchestrator.commands.investigate import Plan
+
+@dataclass
+class Plan:
+    """What an investigation measures, worked out before anything is written."""
+
+    reference: dict | None  # compare.load_reference's record, or None (good=REF bad=REF)
+    base: Candidate  # the good state's candidate (the reference's own, or good= as given)
+    bad: str  # the bad commit's SHA
+    commits: list[CommitInfo]  # the range good..bad (empty when bad is the same commit)
+    points: list[Candidate]
+    weights: list[float] | None
+    sweep: tuple | None  # (space, settings) with recover=true
+
+    @property
+    def bad_candidate(self) -> Candidate:
+        return self.points[-1] if self.points else self.base
 
 
 def incomplete(docs: dict[str, dict]) -> str | None:
