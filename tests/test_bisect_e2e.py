@@ -76,8 +76,33 @@ def test_two_culprits_both_found(tmp_path, ray_session):
 def test_outlier_restarts_are_flagged_and_the_planted_commit_still_named(tmp_path, ray_session):
     """A node where one restart in eight lands in a bad state and runs 3x slower (the sim's
     outlier knob). Such a restart is one reading, not a level: it is flagged in the store and
-    the findings, left out of the likelihood, and the answer is the planted commit."""
-    scenario = generate_scenario(tmp_path / "sc", 120, 11, "one_culprit")
+    the findings, left out of the likelihood, and the answer is the planted commit.
+
+    Which restarts land in the bad state is drawn afresh each run; one with no lone 3x restart
+    to judge is run again on a new scenario (at most three in all) rather than failing on luck,
+    and every run must still name the planted commit."""
+    for attempt in range(3):
+        alone, listed, flagged, slow, doc = _outlier_run(tmp_path / f"try{attempt}", 11 + attempt)
+        if alone:
+            break
+    assert alone, "no lone 3x restart to check in three runs"
+    assert alone <= listed
+    assert listed <= slow | {t for t in listed if flagged[t]["outlier"].startswith("pending")}
+    assert all("x its commit's level" in flagged[t]["outlier"] for t in flagged)
+    # The culprit's effects are read without them: a tight interval, not one 3x reading wide.
+    ci = doc["findings"][0]["effect"]["verify_ms"]["ci"]
+    assert ci[0] > 0 and ci[1] - ci[0] < 40
+    assert any(n.endswith("not replicated)") for n in doc["notes"])
+    # The one-line answer's total change is read without them too: the bisect's own interval,
+    # not one stretched by 3x readings at the endpoints.
+    total = doc["total_detail"]
+    assert total["ci"][1] - total["ci"][0] < 40, doc["answer"]["sentence"]
+
+
+def _outlier_run(tmp_path: Path, seed: int):
+    """One bisect with the outlier knob on: the planted commit named, the store's flags and the
+    findings' list the same; returns the lone 3x restarts and what was flagged."""
+    scenario = generate_scenario(tmp_path / "sc", 120, seed, "one_culprit")
     code, doc, run_dir = _bisect(tmp_path, scenario, "target.noise_outlier_rate=0.125",
                                  "target.noise_outlier_factor=3.0")
     (planted,) = scenario.truth["culprits"]
@@ -88,7 +113,6 @@ def test_outlier_restarts_are_flagged_and_the_planted_commit_still_named(tmp_pat
     rows = [r for r in store.trials() if r.outcome and r.outcome.value == "ok"]
     slow = {r.id for r in rows
             if "outlier restart" in (run_dir / "trials" / str(r.id) / "server.log").read_text()}
-    assert slow, "the knob planted no outlier restart in this run; raise its rate"
     flagged = store.trial_flags("outlier")
     listed = {o["trial"] for o in doc["outliers"]}
     assert listed == set(flagged)
@@ -102,24 +126,13 @@ def test_outlier_restarts_are_flagged_and_the_planted_commit_still_named(tmp_pat
     alone = {t for t in slow if bad_count[commit_of[t]] < max(good_count[commit_of[t]], 2)}
     # Such an agreeing pair is a replicated level, and so widens the hull a lone reading is
     # judged against (bisect_outliers): a lone 3x reading next to such a level (a long run can
-    # hold one) is not flagged either. The others must be, and there must be some.
+    # hold one) is not flagged either. The others must be.
     value = {r.id: sum(m.metrics["verify_ms"] for m in r.result.measurements)
              / len(r.result.measurements) for r in rows}
     slow_levels = [sum(value[t] for t in slow if commit_of[t] == c) / n
                    for c, n in bad_count.items() if n >= 2 and n >= good_count[c]]
     alone = {t for t in alone if not any(abs(value[t] / lv - 1.0) < 0.1 for lv in slow_levels)}
-    assert alone, "no lone 3x restart to check in this run"
-    assert alone <= listed
-    assert listed <= slow | {t for t in listed if flagged[t]["outlier"].startswith("pending")}
-    assert all("x its commit's level" in flagged[t]["outlier"] for t in flagged)
-    # The culprit's effects are read without them: a tight interval, not one 3x reading wide.
-    ci = doc["findings"][0]["effect"]["verify_ms"]["ci"]
-    assert ci[0] > 0 and ci[1] - ci[0] < 40
-    assert any(n.endswith("not replicated)") for n in doc["notes"])
-    # The one-line answer's total change is read without them too: the bisect's own interval,
-    # not one stretched by 3x readings at the endpoints.
-    total = doc["total_detail"]
-    assert total["ci"][1] - total["ci"][0] < 40, doc["answer"]["sentence"]
+    return alone, listed, flagged, slow, doc
 
 
 def test_a_power_limit_lowered_mid_bisect_is_accounted_for(tmp_path, ray_session):
