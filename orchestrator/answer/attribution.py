@@ -168,7 +168,8 @@ def relation_words(kind: str, labels: tuple[str, str], full: bool, most: bool = 
         if full or most:
             return (f"{a} and {b} overlap: either alone gives {'all' if full else 'most'} of"
                     " it: restore both")
-        return f"{a} and {b} overlap: restoring both wins back more than each alone"
+        return (f"{a} and {b} overlap: restoring both wins back more than"
+                " the two alone add up to")
     if full or most:
         return (f"{a} and {b} hurt {'only' if full else 'mostly'} together: restoring either"
                 " one wins it back")
