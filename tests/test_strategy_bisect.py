@@ -136,8 +136,8 @@ def test_the_benchmark_reports_every_method_and_how_runs_ended():
     report = run_benchmark(2, workers=1, regimes=["seed_verify", "no_change"])
     assert set(report) == {"seed_verify", "no_change"}
     assert set(report["seed_verify"]) == {
-        "sleuth", "sleuth_ref", "sleuth_k4", "bisect", "bayesect", "oracle", "oracle_placed"
-    }
+        "sleuth", "sleuth_ref", "sleuth_k4", "bisect", "bayesect", "oracle", "oracle_placed",
+        "sleuth_prior"}
     assert set(report["no_change"]) == {"sleuth", "sleuth_ref", "bisect"}
     for methods in report.values():
         for row in methods.values():

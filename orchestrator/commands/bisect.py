@@ -280,15 +280,17 @@ def execute(cfg, ctl: Controller, run_dir: Path, commits, points, weights, out,
                   f"{commits[-1].sha[:10]}{graph} on {cfg.metric} with {len(ctl.nodes)} node(s)")
     if reference is None:
         reference = reference_level(cfg)
-    strategy = bisect_strategy(cfg, len(points), weights, commits,
-                         reference_value=reference[0] if reference else None)
-    for line in opening_lines(cfg, strategy, reference):
-        out.print(line)
     settings = RepetitionSettings.from_conf(cfg.bench)
-    out.print(settings.describe())
     prior = None
     if settings.adaptive and settings.prior:
         prior = load_noise_prior(run_dir, nodes=ctl.nodes, metric=str(cfg.metric))
+    strategy = bisect_strategy(
+        cfg, len(points), weights, commits, reference_value=reference[0] if reference else None,
+        noise_prior=prior.trial_noise(settings.start) if prior is not None else None)
+    for line in opening_lines(cfg, strategy, reference):
+        out.print(line)
+    out.print(settings.describe())
+    if prior is not None:
         out.print(prior.describe())
     design = RepetitionDesign(settings, OmegaConf.to_container(cfg.target, resolve=True),
                               str(cfg.metric),

@@ -42,7 +42,12 @@ from orchestrator.strategies.base import Observation, Proposal, Strategy, Verdic
 from orchestrator.strategies.bisect_audit import audit_point, ready_but_unconfirmed, too_costly
 from orchestrator.strategies.bisect_history import History
 from orchestrator.strategies.bisect_later import signalled, suggestive_points
-from orchestrator.strategies.bisect_model import StageData, StagePosterior, stage_posterior
+from orchestrator.strategies.bisect_model import (
+    FIXED_DF,
+    StageData,
+    StagePosterior,
+    stage_posterior,
+)
 from orchestrator.strategies.bisect_plan import Remainder, Reproduction, Stage
 from orchestrator.strategies.bisect_remainders import remainders
 from orchestrator.strategies.bisect_reproduce import (
@@ -70,7 +75,9 @@ class BisectStrategy(Strategy):
     prior that commit ``i`` is the culprit (entry 0 ignored); weights are floored at
     ``prior_floor`` times the largest. ``min_effect_pct``: changes smaller than this do not
     count as reproducing the regression. ``max_trials``: budget of trials (all of them); without
-    it ``default_budget`` applies, and is stated.
+    it ``default_budget`` applies, and is stated. ``noise_prior``: ``(sigma, df)``, the restart
+    noise on the signed log scale that earlier runs on the node measured, and on how many
+    degrees of freedom (a scaled inverse chi-square prior of the posterior's sigma).
     """
 
     def __init__(
@@ -86,6 +93,7 @@ class BisectStrategy(Strategy):
         parents: Sequence[Sequence[int]] | None = None,
         assumed_good: Sequence[int] = (),
         reference_value: float | None = None,
+        noise_prior: tuple[float, float] | None = None,
     ) -> None:
         if n < 2:
             raise ValueError("bisection needs at least the two endpoints (n >= 2)")
@@ -116,6 +124,12 @@ class BisectStrategy(Strategy):
                                                 and reference_value > 0):
             raise ValueError("reference_value must be a positive metric value")
         self.reference_value = reference_value
+        if noise_prior is not None:
+            s0, df0 = (float(v) for v in noise_prior)
+            if not (math.isfinite(s0) and s0 > 0 and math.isfinite(df0) and df0 > 0):
+                raise ValueError("noise_prior must be (sigma > 0, degrees of freedom > 0)")
+            noise_prior = (s0, df0)
+        self.noise_prior = noise_prior
         self.negligible = math.log1p(self.settings.negligible_pct / 100.0)  # signed-log floor
         self.log_prior = self._log_prior(prior_weights)
         self.range_log_prior = range_log_prior(self.log_prior, self.settings.null_prior_top)
@@ -227,9 +241,11 @@ class BisectStrategy(Strategy):
 
     # ------------------------------------------------------------------------- posteriors
 
-    def stage_posterior(self, stage: Stage) -> StagePosterior:
+    def stage_posterior(self, stage: Stage, sigma: float | None = None) -> StagePosterior:
+        """The stage's posterior; with `sigma`, the same with the noise fixed at that value
+        (the naming rule's stress test, :func:`bisect_verify.stress_mass`)."""
         cached = self._post_cache.get(stage.index)
-        if cached is not None and cached[0] == self.evidence.version:
+        if sigma is None and cached is not None and cached[0] == self.evidence.version:
             return cached[1]
         ev = self.evidence
         points, values, blocks, epochs = ev.kept()
@@ -245,10 +261,22 @@ class BisectStrategy(Strategy):
             null_prior=self.settings.null_prior_top if first else self.settings.null_prior_later,
             g=self._step_scale() ** 2, one_sided=first, r_weights=ev.r_weights(),
             weights=ev.kept_weights(), prior_runs=self._prior_runs.setdefault(known, {}),
+            **self._noise_prior(sigma),
         )
         result = stage_posterior(self.history, data)
-        self._post_cache[stage.index] = (ev.version, result)
+        if sigma is None:
+            self._post_cache[stage.index] = (ev.version, result)
         return result
+
+    def _noise_prior(self, sigma: float | None) -> dict[str, float]:
+        """The posterior's noise prior: sigma fixed (``FIXED_DF`` pseudo degrees of freedom)
+        when given, else the earlier run's restarts (``noise_prior``), else none."""
+        if sigma is not None:
+            return {"noise_ss": FIXED_DF * sigma * sigma, "noise_df": FIXED_DF}
+        if self.noise_prior is not None:
+            s0, df0 = self.noise_prior
+            return {"noise_ss": df0 * s0 * s0, "noise_df": df0}
+        return {}
 
     def _step_scale(self) -> float:
         """Prior scale of a culprit's step in sigma units: twice the change being hunted."""

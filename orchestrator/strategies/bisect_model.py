@@ -40,6 +40,10 @@ from scipy.stats import t as _student_t
 
 from orchestrator.strategies.bisect_history import History
 
+# Pseudo degrees of freedom that fix sigma at a given value (the known-noise posterior, to the
+# precision that matters here).
+FIXED_DF = 1e4
+
 
 @dataclass(frozen=True)
 class StageData:
@@ -63,6 +67,12 @@ class StageData:
     # does not change between trials, and most cells survive a new measurement. Only for one
     # ``hyps``/``log_prior`` pair; None: summed afresh.
     prior_runs: dict[tuple[int, int], float] | None = None
+    # What is known of sigma besides these trials, as a scaled inverse chi-square prior:
+    # ``noise_df`` pseudo degrees of freedom holding the sum of squares ``noise_ss`` (an
+    # earlier run's restarts on the node; a very large ``noise_df`` fixes sigma, as the
+    # naming rule's stress test does). 0: the plain ``p(sigma) ~ 1/sigma``.
+    noise_ss: float = 0.0
+    noise_df: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -73,6 +83,10 @@ class StagePosterior:
     mass: np.ndarray
     null_mass: float
     step_sign: np.ndarray  # sign of the posterior mean step under each hypothesis
+    # The noise under the likeliest hypothesis: residual variance (noise prior included) and
+    # its degrees of freedom, from the drift grid's likeliest row.
+    resid_var: float = math.nan
+    resid_df: float = 0.0
 
     def best(self) -> tuple[int, float]:
         i = int(np.argmax(self.mass))
@@ -145,7 +159,7 @@ def stage_posterior(history: History, data: StageData) -> StagePosterior:
     log_null_prior = math.log(data.null_prior) if data.null_prior > 0 else -math.inf
     log_steps_prior = (cell_prior - shift
                        - logsumexp(cell_prior - shift) + math.log1p(-data.null_prior))
-    rows, signs = [], []
+    rows, signs, noise = [], [], []
     for r, weight in data.r_weights:
         # A trace of drift belief changes nothing but the cost. A weight of exactly zero (the
         # level fit's posterior underflows when drift is overwhelming, so even r = 0 can get
@@ -160,11 +174,11 @@ def stage_posterior(history: History, data: StageData) -> StagePosterior:
         keep = eigval > 1e-9 * max(float(eigval.max()), 1e-300)
         g_inv = (eigvec[:, keep] / eigval[keep]) @ eigvec[:, keep].T
         rank = int(keep.sum())
-        dof = max(n_total - rank, 1.0)
+        dof = max(n_total - rank, 1.0) + data.noise_df
         xvx = (m_bad - w[:, None] * m_bad**2).sum(axis=0)
         xvy = (t_bad - (w * s_k)[:, None] * m_bad).sum(axis=0)
         xvf = x_f - (m_bad * w[:, None]).T @ f_k
-        syy = max(yvy - float(fvy @ g_inv @ fvy), 1e-300)
+        syy = max(yvy - float(fvy @ g_inv @ fvy), 1e-300) + data.noise_ss
         sxx = np.maximum(xvx - np.einsum("ij,jk,ik->i", xvf, g_inv, xvf), 0.0)
         sxy = xvy - xvf @ (g_inv @ fvy)
         const = -0.5 * float(np.log1p(r * n_k).sum()) - 0.5 * float(np.log(eigval[keep]).sum())
@@ -178,6 +192,7 @@ def stage_posterior(history: History, data: StageData) -> StagePosterior:
         rows.append(np.append(log_steps + log_steps_prior, log_null + log_null_prior)
                     + math.log(weight))
         signs.append(np.sign(sxy))
+        noise.append((resid, dof))
     table = np.array(rows)
     joint = logsumexp(table, axis=0)
     joint -= joint.max()
@@ -188,7 +203,11 @@ def stage_posterior(history: History, data: StageData) -> StagePosterior:
     # Spread each cell's mass over its hypotheses by prior.
     within = np.exp(data.log_prior - cell_prior[cell_of])
     mass = post[:-1][cell_of] * within
-    return StagePosterior(hyps, mass, float(post[-1]), np.where(sign == 0, 1.0, sign)[cell_of])
+    row = int(np.argmax(table.max(axis=1)))
+    resid, dof = noise[row]
+    best = int(np.argmax(post[:-1]))
+    return StagePosterior(hyps, mass, float(post[-1]), np.where(sign == 0, 1.0, sign)[cell_of],
+                          resid_var=float(resid[best]) / dof, resid_df=float(dof))
 
 
 _MAX_PRIOR_RUNS = 4096

@@ -33,6 +33,7 @@ class BisectState(Protocol):
     range_log_prior: RangePrior
     _chain_cache: dict[tuple[int, bool], tuple]
     budget: int
+    noise_prior: tuple[float, float] | None
     negligible: float
     reproduction: Reproduction | None
     reproduced_order: int
@@ -53,7 +54,7 @@ class BisectState(Protocol):
 
     def _terminal_status(self) -> str | None: ...
 
-    def stage_posterior(self, stage: Stage) -> StagePosterior: ...
+    def stage_posterior(self, stage: Stage, sigma: float | None = None) -> StagePosterior: ...
 
     def _step_scale(self) -> float: ...
 
