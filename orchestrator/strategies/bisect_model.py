@@ -23,6 +23,10 @@ nuisance columns under the block covariance ``V``, ``S_xx = x'Px``, ``S_xy = x'P
 With one epoch, no found culprit and ``r = 0`` this is exactly the single change-point
 posterior of :mod:`posterior` (the one the first benchmark validated).
 
+A noise prior (``noise_df`` pseudo degrees of freedom holding the sum of squares ``noise_ss``:
+a scaled inverse chi-square prior on sigma^2) adds ``noise_ss`` to ``S_yy`` and ``Q(h)`` and
+``noise_df`` to ``dof``; a very large ``noise_df`` is the posterior for sigma known.
+
 Hypotheses that the measured points cannot tell apart (no measured point between them on a
 chain; the same set of measured descendants on a graph) share their statistics, so the
 likelihood is evaluated once per such *cell*: the cost grows with the points measured, not

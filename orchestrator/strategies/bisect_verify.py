@@ -6,7 +6,8 @@ stage's posterior, the culprit and its parents are measured interleaved until ea
 itself, interleaved in time) and the posterior holds ``confidence``, and then still holds it
 after ``verify_hold_per_side`` further fresh trials a side (the first pass over the confidence
 rests on a noise estimate from the same few restarts, and is luck too often to be the promise
-the stated probability makes). The parents are the
+the stated probability makes), unless it holds the confidence with sigma at its upper bound
+(:func:`stress_mass`: large steps need no hold). The parents are the
 real git parents on a graph (both of a merge), the previous testable commit on a chain.
 
 Interleaving makes the head-to-head robust to drift by design (a load step hits both sides),
