@@ -329,7 +329,7 @@ def test_a_bisect_runs_every_candidate_under_the_fixed_overlay(tmp_path, wheels)
 
 
 def test_a_sweep_keeps_the_fixed_overlay():
-    from orchestrator.strategies.sweep_space import SearchSpace
+    from orchestrator.strategies.sweep.space import SearchSpace
 
     space = SearchSpace.from_conf({"name": "s", "params": {
         "NCCL_PROTO": {"kind": "env", "values": ["LL", "Simple"]}}})

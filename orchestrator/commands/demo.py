@@ -35,7 +35,7 @@ from orchestrator.evidence import plan as evidence_plan
 from orchestrator.metrics import EFFECT_METRICS
 from orchestrator.records import Candidate
 from orchestrator.run.rundir import create_run, running
-from orchestrator.strategies.sweep_space import SearchSpace
+from orchestrator.strategies.sweep.space import SearchSpace
 from orchestrator.targets.sim.gpu_state import load as load_gpu_state
 from orchestrator.targets.sim.profile import PROFILE_FILENAME
 from orchestrator.targets.sim.scenario import generate_scenario

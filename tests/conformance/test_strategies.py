@@ -40,9 +40,9 @@ from orchestrator.strategies.base import (
 )
 from orchestrator.strategies.bisect import BisectStrategy
 from orchestrator.strategies.isolate import IsolateStrategy
-from orchestrator.strategies.sweep_search import SweepSearch, SweepSettings
-from orchestrator.strategies.sweep_space import SearchSpace
-from orchestrator.strategies.sweep_study import make_sampler, open_study
+from orchestrator.strategies.sweep.search import SweepSearch, SweepSettings
+from orchestrator.strategies.sweep.space import SearchSpace
+from orchestrator.strategies.sweep.study import make_sampler, open_study
 
 NODES = 2
 CV = 0.02
