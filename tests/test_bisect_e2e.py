@@ -17,9 +17,9 @@ import pytest
 
 from orchestrator.commands import bisect
 from orchestrator.config.compose import compose_config
+from orchestrator.sim_scenarios.generate import generate_scenario
 from orchestrator.store import RunStore
 from orchestrator.targets.sim import gpu_state
-from orchestrator.targets.sim.scenario import generate_scenario
 from tests.conftest import kill_after_finished
 
 pytestmark = pytest.mark.e2e

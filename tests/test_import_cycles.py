@@ -142,3 +142,13 @@ def test_strategies_hold_the_contract_and_one_package_per_strategy():
     assert not loose, f"modules at strategies/ top level: {loose}"
     packages = {p.name for p in top.iterdir() if (p / "__init__.py").is_file()}
     assert {"bisect", "isolate", "sweep"} <= packages, packages
+
+
+def test_the_simulated_server_imports_none_of_the_scenarios_it_plays():
+    """`targets/sim/` is the server a trial launches; the scenario generator and the oracles
+    (`sim_scenarios/`) build on its model, never the other way round."""
+    server = f"{PACKAGE}.targets.sim"
+    found = sorted(f"{m} -> {d}" for m, deps in graph().items()
+                   if m == server or m.startswith(server + ".")
+                   for d in deps if d.startswith(f"{PACKAGE}.sim_scenarios"))
+    assert not found, found

@@ -21,12 +21,12 @@ from orchestrator.packages.overlay import OverlayCache, OverlayError, OverlaySet
 from orchestrator.packages.pins import parse_pin, pins_of
 from orchestrator.packages.probe import mapped_libraries, python_invocation, report_of_command
 from orchestrator.records import Candidate
+from orchestrator.sim_scenarios.presets import EAGLE_LAUNCH, effects_of
 from orchestrator.system.differences import apply, changes_between, changes_from_system, level_of
 from orchestrator.system.fingerprint_diff import diff
 from orchestrator.targets.sim import model
 from orchestrator.targets.sim import packages as sim_packages
 from orchestrator.targets.sim.gpu_state import default_state
-from orchestrator.targets.sim.scenario_presets import EAGLE_LAUNCH, effects_of
 
 
 @pytest.fixture(scope="session")

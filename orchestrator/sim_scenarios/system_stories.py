@@ -1,6 +1,6 @@
 """System stories of the scenarios: how a node's system changed between the reference and now.
 
-Split from :mod:`orchestrator.targets.sim.scenario_presets` (whose `system_envs` is the story of
+Split from :mod:`orchestrator.sim_scenarios.presets` (whose `system_envs` is the story of
 the `system_change` and `seed_story` presets). Each story is the reference and current system
 of a node (login env, GPU state, packages, the variables its launcher wrapper strips) and its
 changes one by one, each as the reference with only that change made, so the sim's model can
@@ -13,9 +13,7 @@ import random
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 
-from orchestrator.targets.sim import gpu_state
-from orchestrator.targets.sim.packages import nccl_of
-from orchestrator.targets.sim.scenario_presets import (
+from orchestrator.sim_scenarios.presets import (
     BASE_PACKAGES,
     HARMLESS_ENV_NAMES,
     NODE_ENV,
@@ -25,6 +23,8 @@ from orchestrator.targets.sim.scenario_presets import (
     UNRELATED_PACKAGE_BUMP,
     plant_harmless,
 )
+from orchestrator.targets.sim import gpu_state
+from orchestrator.targets.sim.packages import nccl_of
 
 # The seed-like story: variables that change between sessions and that nothing reads for
 # performance; not shell/session names, so a system-level isolate tests them (and must clear

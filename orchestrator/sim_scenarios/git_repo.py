@@ -1,6 +1,6 @@
 """Writing a scenario's history: one `git fast-import` stream, isolated from the user's git.
 
-Split from :mod:`orchestrator.targets.sim.scenario` (which plans the history): this module only
+Split from :mod:`orchestrator.sim_scenarios.generate` (which plans the history): this module only
 turns planned commits into a repo, byte for byte the same for the same plan.
 """
 

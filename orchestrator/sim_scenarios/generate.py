@@ -25,14 +25,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from orchestrator.errors import SleuthError, UserError
-from orchestrator.targets.sim import scenario_presets as material
-from orchestrator.targets.sim.profile import ADDITIVE_KEYS, MULTIPLICATIVE_KEYS
-from orchestrator.targets.sim.scenario_git import write_repo
-from orchestrator.targets.sim.scenario_presets import (
+from orchestrator.sim_scenarios import presets as material
+from orchestrator.sim_scenarios.git_repo import write_repo
+from orchestrator.sim_scenarios.presets import (
     effects_of,
     profile_effect,
 )
-from orchestrator.targets.sim.scenario_side import write_patches, write_system
+from orchestrator.sim_scenarios.side_files import write_patches, write_system
+from orchestrator.targets.sim.profile import ADDITIVE_KEYS, MULTIPLICATIVE_KEYS
 
 MIN_COMMITS = 20
 MAX_COMMITS = 2000

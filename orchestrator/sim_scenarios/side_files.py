@@ -1,6 +1,6 @@
 """A scenario's side files and their truth: patches, the reference/now system state, env effects.
 
-Split from :mod:`orchestrator.targets.sim.scenario`: each planted cause outside the history is
+Split from :mod:`orchestrator.sim_scenarios.generate`: each planted cause outside the history is
 priced by the sim's own model here, so a run can be graded cause by cause.
 """
 
@@ -11,16 +11,16 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from orchestrator.packages.wheels import write_wheel
-from orchestrator.targets.sim import gpu_state
-from orchestrator.targets.sim import packages as sim_packages
-from orchestrator.targets.sim import scenario_presets as material
-from orchestrator.targets.sim import scenario_system as stories
-from orchestrator.targets.sim.scenario_presets import (
+from orchestrator.sim_scenarios import presets as material
+from orchestrator.sim_scenarios import system_stories as stories
+from orchestrator.sim_scenarios.presets import (
     FRAGMENT_DIR,
     effects_of,
     modelled_effect,
     profile_effect,
 )
+from orchestrator.targets.sim import gpu_state
+from orchestrator.targets.sim import packages as sim_packages
 
 
 def write_patches(out: Path, clock: int, profile: Mapping, rng: random.Random) -> dict:

@@ -1,6 +1,6 @@
 """What a scenario plants, and the text it dresses it in.
 
-`scenario.py` owns the mechanics (placing events on a history, writing it with git fast-import,
+`generate.py` owns the mechanics (placing events on a history, writing it with git fast-import,
 recording the truth). This module owns the *material*: the preset definitions, the culprit
 catalogue, the file tree of an SGLang-like repo and the small edits ordinary commits make to it,
 commit messages and authors, the patch set, and the "reference" vs "now" system state.
