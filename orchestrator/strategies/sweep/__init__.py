@@ -1,7 +1,7 @@
 """The sweep: which setting of the server, the environment or the clocks wins back speed.
 
-Public face, by module (the package imports none of them itself, so a reader of a sweep's
-findings, which needs only `noise.py`, does not load Optuna):
+Public face, by module (the package imports none of them itself: `run/findings.py`, which
+the bisect and isolate commands import too, needs only `noise.py` and should not load Optuna):
 
 - `search.py`: :class:`SweepSearch`, the experiment (`propose(k)`, `record(work, value)`,
   `replay`, `result()`);
