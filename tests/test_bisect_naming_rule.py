@@ -16,8 +16,8 @@ from experiments.bench_localize import N_COMMITS, VirtualOracle, drive, regime
 from orchestrator.run.noise_prior import NoisePrior
 from orchestrator.stats.variance import noise_stats
 from orchestrator.strategies import BisectSettings, BisectStrategy
-from orchestrator.strategies.bisect_history import History
-from orchestrator.strategies.bisect_model import FIXED_DF, StageData, stage_posterior
+from orchestrator.strategies.bisect.history import History
+from orchestrator.strategies.bisect.model import FIXED_DF, StageData, stage_posterior
 
 
 def _trials(name: str, case: int, settings: BisectSettings | None = None,

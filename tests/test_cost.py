@@ -11,12 +11,12 @@ import pytest
 from orchestrator.control.repetitions import components_of
 from orchestrator.records import Candidate, Measurement, Outcome, TrialResult
 from orchestrator.run.cost import cost_model, gpus_of, time_scale_of, trial_cost
+from orchestrator.stats.repetition_plan import CostModel, efficiency, plan_repetitions
 from orchestrator.stats.variance import variance_components
 from orchestrator.store import RunStore
 from orchestrator.strategies.base import Observation
-from orchestrator.strategies.bisect_levels import fit_levels
-from orchestrator.strategies.evidence import Evidence
-from orchestrator.strategies.repetitions import CostModel, efficiency, plan_repetitions
+from orchestrator.strategies.bisect.evidence import Evidence
+from orchestrator.strategies.bisect.levels import fit_levels
 
 
 def _data(rng: random.Random, sd_r: float, sd_e: float, commits: int, restarts: int,

@@ -32,8 +32,8 @@ from orchestrator.cli import run as cli_run
 from orchestrator.commands import investigate
 from orchestrator.commands import trial as trial_cmd
 from orchestrator.config.compose import compose_config
+from orchestrator.sim_scenarios.generate import generate_scenario
 from orchestrator.store import RunStore
-from orchestrator.targets.sim.scenario import generate_scenario
 from orchestrator.targets.simnode import set_node_state
 from tests.conftest import kill_after_finished
 

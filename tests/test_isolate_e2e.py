@@ -17,9 +17,9 @@ from orchestrator.commands import trial as trial_cmd
 from orchestrator.config.compose import compose_config
 from orchestrator.packages.plan import NO_SOURCE
 from orchestrator.records import Outcome
+from orchestrator.sim_scenarios.generate import generate_scenario
 from orchestrator.store import RunStore
 from orchestrator.system.redact import REDACTED
-from orchestrator.targets.sim.scenario import generate_scenario
 from orchestrator.targets.simnode import set_node_state
 from tests.conftest import kill_after_finished
 

@@ -176,7 +176,7 @@ def test_the_reproduction_notice_states_the_change_the_forecast_and_a_budget_it_
 
 
 def _isolate_verdict(status: str, label: str | None = None, probability: float = 0.0):
-    from orchestrator.strategies.isolate_report import IsolateCulprit, IsolateVerdict
+    from orchestrator.strategies.isolate.report import IsolateCulprit, IsolateVerdict
 
     culprits = ([IsolateCulprit((0,), (label,), "single", probability)]
                 if label is not None else [])

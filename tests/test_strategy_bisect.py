@@ -12,7 +12,7 @@ import pytest
 from experiments.bench_localize import N_COMMITS, REGIMES, VirtualOracle, drive, run_benchmark
 from orchestrator.strategies import BisectStrategy, Observation
 from orchestrator.strategies.bisect import BisectSettings
-from orchestrator.strategies.bisect_reproduce import fresh_endpoint_ratio
+from orchestrator.strategies.bisect.reproduce import fresh_endpoint_ratio
 
 
 def _regime(name: str):

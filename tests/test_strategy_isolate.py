@@ -16,8 +16,8 @@ import pytest
 from orchestrator.stats.effect import log_difference
 from orchestrator.strategies.base import Observation, Strategy
 from orchestrator.strategies.isolate import IsolateStrategy
-from orchestrator.strategies.isolate_report import IsolateVerdict
-from orchestrator.strategies.isolate_stats import (
+from orchestrator.strategies.isolate.report import IsolateVerdict
+from orchestrator.strategies.isolate.stats import (
     Contrast,
     EffectPrior,
     SubsetEvidence,

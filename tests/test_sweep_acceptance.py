@@ -17,7 +17,7 @@ from omegaconf import OmegaConf
 from experiments import bench_sweep as benchmark
 from orchestrator.config import sweep as setup
 from orchestrator.config.compose import compose_config
-from orchestrator.targets.sim.sweep_oracle import SimOracle
+from orchestrator.sim_scenarios.sweep_oracle import SimOracle
 
 SEEDS = range(12)
 

@@ -14,11 +14,11 @@ import pytest
 from optuna.trial import TrialState
 
 from orchestrator.records import Candidate
-from orchestrator.strategies.sweep_noise import prune_decision, restart_sd
-from orchestrator.strategies.sweep_search import SweepSearch, SweepSettings, Work
-from orchestrator.strategies.sweep_space import SearchSpace
-from orchestrator.strategies.sweep_study import make_sampler, open_study
-from orchestrator.targets.sim.sweep_oracle import SimOracle
+from orchestrator.sim_scenarios.sweep_oracle import SimOracle
+from orchestrator.strategies.sweep.noise import prune_decision, restart_sd
+from orchestrator.strategies.sweep.search import SweepSearch, SweepSettings, Work
+from orchestrator.strategies.sweep.space import SearchSpace
+from orchestrator.strategies.sweep.study import make_sampler, open_study
 
 TARGET = {"name": "sim", "model_path": "m", "host": "127.0.0.1", "tp_size": 8,
           "speculative_algorithm": "EAGLE3", "speculative_draft_model_path": "d",

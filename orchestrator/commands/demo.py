@@ -35,11 +35,11 @@ from orchestrator.evidence import plan as evidence_plan
 from orchestrator.metrics import EFFECT_METRICS
 from orchestrator.records import Candidate
 from orchestrator.run.rundir import create_run, running
-from orchestrator.strategies.sweep_space import SearchSpace
+from orchestrator.sim_scenarios.generate import generate_scenario
+from orchestrator.sim_scenarios.sweep_oracle import SimOracle
+from orchestrator.strategies.sweep.space import SearchSpace
 from orchestrator.targets.sim.gpu_state import load as load_gpu_state
 from orchestrator.targets.sim.profile import PROFILE_FILENAME
-from orchestrator.targets.sim.scenario import generate_scenario
-from orchestrator.targets.sim.sweep_oracle import SimOracle
 from orchestrator.targets.simnode import set_node_state
 from orchestrator.ui import render
 from orchestrator.ui.progress import Progress

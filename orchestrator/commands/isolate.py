@@ -44,7 +44,7 @@ from orchestrator.stats import caveats
 from orchestrator.store import RunStore
 from orchestrator.strategies.base import Verdict, probability_relation
 from orchestrator.strategies.isolate import IsolateStrategy
-from orchestrator.strategies.isolate_report import remainder_stands
+from orchestrator.strategies.isolate.report import remainder_stands
 from orchestrator.system.differences import (
     KINDS,
     Change,

@@ -19,7 +19,7 @@ from omegaconf import DictConfig
 
 from orchestrator.errors import UserError
 from orchestrator.run.rundir import runs_root
-from orchestrator.targets.sim.scenario import DEFAULT_PRESET, PRESETS, generate_scenario
+from orchestrator.sim_scenarios.generate import DEFAULT_PRESET, PRESETS, generate_scenario
 
 STATE_FILES = ("gpu_state", "env", "packages", "launcher")
 

@@ -30,8 +30,8 @@ from orchestrator.run import findings
 from orchestrator.run import sweep_findings as report
 from orchestrator.run.rundir import create_run, running, runs_root
 from orchestrator.store import RunStore
-from orchestrator.strategies import sweep_importance as importance
-from orchestrator.strategies.sweep_search import (
+from orchestrator.strategies.sweep import importance
+from orchestrator.strategies.sweep.search import (
     MAX_GRID,
     SweepResult,
     SweepSearch,
@@ -39,8 +39,8 @@ from orchestrator.strategies.sweep_search import (
     Work,
     parse_phase,
 )
-from orchestrator.strategies.sweep_space import SearchSpace
-from orchestrator.strategies.sweep_study import make_sampler, open_study, storage_url
+from orchestrator.strategies.sweep.space import SearchSpace
+from orchestrator.strategies.sweep.study import make_sampler, open_study, storage_url
 from orchestrator.system.watch import SystemWatch, system_changes
 from orchestrator.ui import render
 from orchestrator.ui.progress import Progress

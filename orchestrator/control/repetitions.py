@@ -4,7 +4,7 @@ The store has, per trial, every repetition's reading and wall time and the step 
 (:mod:`orchestrator.run.cost`); from those this estimates the two noise levels of the metric on
 this run's nodes (:func:`orchestrator.stats.variance.variance_components`, restarts of one
 candidate compared only with each other) and what a restart and a repetition cost, and asks
-:func:`orchestrator.strategies.repetitions.plan_repetitions` for the next trials' count.
+:func:`orchestrator.stats.repetition_plan.plan_repetitions` for the next trials' count.
 Restarts the strategy flagged as outliers are left out (one 3x restart would make restarts
 look like the dominant noise).
 """
@@ -17,9 +17,9 @@ from dataclasses import dataclass
 
 from orchestrator.run.cost import cost_model, describe_cost, gpu_minutes
 from orchestrator.run.noise_prior import NoisePrior, logs_by_candidate
+from orchestrator.stats.repetition_plan import CostModel, RepetitionPlan, plan_repetitions
 from orchestrator.stats.variance import NoiseStats, VarianceComponents, variance_components
 from orchestrator.store import TrialRow
-from orchestrator.strategies.repetitions import CostModel, RepetitionPlan, plan_repetitions
 
 
 @dataclass(frozen=True)

@@ -19,8 +19,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from orchestrator.records import TrialResult, TrialState
+from orchestrator.stats.repetition_plan import CostModel
 from orchestrator.store import TrialRow
-from orchestrator.strategies.repetitions import CostModel
 
 
 @dataclass(frozen=True)

@@ -19,8 +19,8 @@ from orchestrator.metrics import EFFECT_METRICS, METRICS, effect_metrics
 from orchestrator.records import NOT_EVIDENCE_PHASES
 from orchestrator.stats.effect import effect, log_difference
 from orchestrator.store import TrialRow
-from orchestrator.strategies import sweep_noise as noise
 from orchestrator.strategies.base import Verdict
+from orchestrator.strategies.sweep import noise
 from orchestrator.workspace import CommitInfo
 
 

@@ -10,8 +10,9 @@ verdict whose fields agree with each other, and reach the same verdict when a re
 hands every stored observation to a fresh instance at once.
 
 The sweep is driven through its own `propose(k)` / `record(work, value)`: it asks and tells an
-Optuna study, whose state is the search (docs/design.md, "Rules that keep them apart"), so it
-is not behind `Strategy`; the contract it shares with the others is checked through `Harness`.
+Optuna study, whose state is the search, so it is not behind `Strategy` (the docstring of
+`orchestrator/strategies/sweep/__init__.py` says why); the contract it shares with the others
+is checked through `run_sweep`.
 """
 
 from __future__ import annotations
@@ -40,9 +41,9 @@ from orchestrator.strategies.base import (
 )
 from orchestrator.strategies.bisect import BisectStrategy
 from orchestrator.strategies.isolate import IsolateStrategy
-from orchestrator.strategies.sweep_search import SweepSearch, SweepSettings
-from orchestrator.strategies.sweep_space import SearchSpace
-from orchestrator.strategies.sweep_study import make_sampler, open_study
+from orchestrator.strategies.sweep.search import SweepSearch, SweepSettings
+from orchestrator.strategies.sweep.space import SearchSpace
+from orchestrator.strategies.sweep.study import make_sampler, open_study
 
 NODES = 2
 CV = 0.02
