@@ -259,7 +259,7 @@ def test_html_is_self_contained_and_escaped(data, plots):
 
 
 def test_markdown_escapes_every_cell(data, plots):
-    assert md_escape("a|b") == "a\\|b" and md_escape("<s>") == "&lt;s&gt;"
+    assert md_escape("a|b") == "a\\|b" and md_escape("<s>") == "&lt;s>"
     assert md_escape("line\nbreak") == "line break"
     md = render_markdown(data, plots)
     assert "<script>" not in md
@@ -269,6 +269,32 @@ def test_markdown_escapes_every_cell(data, plots):
     assert len([c for c in row.replace("\\|", "").split("|")[1:-1]]) == 12
     assert "![Per-candidate metric distributions](plots/distributions.png)" in md
     assert "suspect: GPU throttled" in md  # the trials table says why a trial was set aside
+
+
+# Text that would format, link, split a table or become HTML if it were not escaped, and text
+# that a terminal reader should see as typed (no escape it does not need).
+MARKDOWN_TRAPS = (EVIL, "a _b_ c __d__", "[x][y] ![i](u) <http://e>", "&lt; &amp; &#60;",
+                  "# h", "> q", "- li", "+ li", "12. x", "3) y", "~~s~~", "x\\y", "a\\|b",
+                  "<!-- c -->", "NCCL_PROTO verify_ms")
+
+
+@pytest.mark.parametrize("text", MARKDOWN_TRAPS)
+def test_markdown_escape_renders_as_typed_in_a_paragraph_and_a_cell(text):
+    """A CommonMark renderer with GFM tables shows escaped text character for character."""
+    from markdown_it import MarkdownIt
+
+    md = MarkdownIt("commonmark").enable(["table", "strikethrough"])
+    typed = html.escape(text, quote=False).replace('"', "&quot;")
+    assert md.render(md_escape(text)) == f"<p>{typed}</p>\n"
+    cell = md.render(f"| h | g |\n|---|---|\n| {md_escape(text)} | z |\n")
+    assert f"<td>{typed}</td>\n<td>z</td>" in cell
+
+
+def test_markdown_escape_leaves_what_formats_nothing():
+    """report.md is read in terminals too: arrows, intervals, PR numbers and snake_case names
+    need no backslash or entity."""
+    plain = "power limit 600 W -> 450 W +28.6% [+27.2, +30.0] (#12693) NCCL_PROTO verify_ms -1.4%"
+    assert md_escape(plain) == plain
 
 
 def test_report_command_prints_tables_and_paths(run, capsys):
