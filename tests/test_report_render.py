@@ -297,6 +297,12 @@ def test_markdown_escape_leaves_what_formats_nothing():
     assert md_escape(plain) == plain
 
 
+def test_a_simulated_runs_gpu_time_is_called_modeled(data):
+    """No GPU spent the simulator's hours: the run table does not bill them as real ones."""
+    gpu_time = dict(T.run_table(data).rows)["GPU time"]
+    assert "modeled GPU-" in gpu_time and gpu_time.endswith(f"over {len(data.rows)} restarts")
+
+
 def test_report_command_prints_tables_and_paths(run, capsys):
     with pytest.raises(SystemExit) as exit_info:
         cli_main(["report", str(run["run_dir"])])

@@ -136,7 +136,7 @@ class Progress:
         self.total_hint = total_hint
 
     def set_cost(self, text: str) -> None:
-        """What the trials so far cost (``~12.3 GPU-min at 3 repetitions per restart``)."""
+        """What the trials so far cost (``12.3 GPU-min spent, 3 repetitions per restart``)."""
         self._cost = text
 
     def set_remaining(self, remaining: int) -> None:

@@ -226,7 +226,8 @@ def _gpu_time(data: RunData) -> str:
         target = dict(target)
     except Exception:  # noqa: BLE001 - an unreadable config: real time, GPUs from fingerprints
         target = {}
-    return f"{describe_cost(gpu_minutes(data.rows, target))} over {len(data.rows)} restarts"
+    spent = describe_cost(gpu_minutes(data.rows, target), modeled=data.simulated)
+    return f"{spent} over {len(data.rows)} restarts"
 
 
 def candidates_table(data: RunData) -> TextTable:
