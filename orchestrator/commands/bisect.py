@@ -404,7 +404,7 @@ def _execute(cfg, run_dir: Path, store: RunStore, commits, points, weights,
 
     out = render.console()
     with running(store, run_dir, out) as run:
-        with Progress(out) as progress, \
+        with Progress(out, done=store.trials()) as progress, \
                 Controller(cfg, store, run_dir, on_event=progress.on_event) as ctl:
             verdict, doc = execute(cfg, ctl, run_dir, commits, points, weights, out,
                                    progress=progress, release=release)

@@ -183,7 +183,7 @@ def run(cfg: DictConfig) -> int:
         cfg.repo = str(scenario.repo)
         cfg.good, cfg.bad, cfg.recover = truth["good"], truth["bad"], True
         _set_nodes(cfg, scenario.out, "reference")
-        with Progress(out) as progress, \
+        with Progress(out, done=store.trials()) as progress, \
                 Controller(cfg, store, run_dir, on_event=progress.on_event) as ctl:
             out.print("\n== 1. earlier: the reference measurement ==")
             pair = _measure_pair(ctl, truth["good"], 2, out)
@@ -191,7 +191,7 @@ def run(cfg: DictConfig) -> int:
         plan, ws = investigate.plan(cfg, reference=ref)
         _set_nodes(cfg, scenario.out, "now")
         out.print("\n== 2. now: sleuth investigate, from the reference to the bad commit ==")
-        with Progress(out) as progress, \
+        with Progress(out, done=store.trials()) as progress, \
                 Controller(cfg, store, run_dir, on_event=progress.on_event) as ctl:
             doc, docs = investigate.execute(cfg, ctl, run_dir, plan, ws, out, progress=progress)
         code = investigate.finish(cfg, run_dir, store, doc, out)
