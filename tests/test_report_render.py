@@ -32,11 +32,12 @@ from orchestrator.strategies.base import probability_relation, probability_text
 from orchestrator.ui.render import finding_id
 from orchestrator.ui.report import load_run, write_report
 from orchestrator.ui.report import series as S
+from orchestrator.ui.report import sweep_series as SW
 from orchestrator.ui.report import tables as T
 from orchestrator.ui.report.fingerprints import fingerprint_diffs
 from orchestrator.ui.report.html import render_html
 from orchestrator.ui.report.markdown import md_escape, render_markdown
-from orchestrator.ui.report.plots import make_plots
+from orchestrator.ui.report.plots import make_plots, sweep_legend
 from orchestrator.workspace import CommitInfo
 
 N, CULPRIT, BROKEN = 16, 9, 4
@@ -130,7 +131,12 @@ def add_sweep(run: dict) -> None:
         clock += 4
     store.close()
     doc = {"run": "syn", "experiment": "sweep", "metric": "verify_ms", "verdict": "found",
-           "message": "NCCL_PROTO=LL is best", "findings": [
+           "message": "NCCL_PROTO=LL is best",
+           "confirmed": [{"label": "NCCL_PROTO=LL NCCL_MIN_NCHANNELS=4", "confirm": [27.1, 26.9],
+                          "key": Candidate.make(bad, env={"NCCL_PROTO": "LL",
+                                                          "NCCL_MIN_NCHANNELS": "4"}).key}],
+           "baseline": {"key": Candidate.make(bad).key, "confirm": [29.5, 30.5]},
+           "findings": [
                {"rank": 1, "kind": "env", "id": "NCCL_PROTO=LL", "summary": "best setting",
                 "probability": None, "effect": {"verify_ms": {"pct": -6.9, "ci": [-8.0, -5.8]}},
                 "evidence": []}]}
@@ -337,11 +343,30 @@ def test_second_experiment_is_ranked_in_and_findings_rewritten(tmp_path):
     assert doc["experiment"] == "bisect+sweep"
     assert [(f["rank"], f["kind"]) for f in doc["findings"]] == [(1, "commit"), (2, "env")]
     assert [s["experiment"] for s in doc["sources"]] == ["bisect", "sweep"]
-    sweep = S.sweep_series(data)
+    sweep = SW.sweep_series(data)
     assert len(sweep.history) == 12
     assert sweep.importance[0][0] == "env.NCCL_PROTO" and sweep.importance[0][1] > 0.9
     assert dict(sweep.importance)["env.NCCL_MIN_NCHANNELS"] < 0.2
-    assert sweep.history[-1][2] == min(v for _, v, _ in sweep.history)  # lower verify is better
+    # "Best so far" is the best configuration's mean (lower verify is better), not the luckiest
+    # single restart; it starts once a configuration has two restarts.
+    by_config: dict[int, list[float]] = {}
+    for i, (_, value, _, _) in enumerate(sweep.history):
+        by_config.setdefault(i % 6, []).append(value)  # add_sweep's 6 configurations, twice
+    best_mean = min(sum(v) / len(v) for v in by_config.values())
+    assert [b for _, _, b, _ in sweep.history[:6]] == [None] * 6
+    assert sweep.history[-1][2] == pytest.approx(best_mean)
+    assert sweep.history[-1][2] > min(v for _, v, _, _ in sweep.history)
+    # Every dot says what it measured; the winner's and the baseline's means are drawn.
+    kinds = [k for *_, k in sweep.history]
+    assert kinds.count(SW.WINNER) == 2 and kinds.count(SW.OTHER) == 10
+    assert sweep.winner == "NCCL_PROTO=LL NCCL_MIN_NCHANNELS=4"
+    assert (sweep.winner_mean, sweep.baseline_mean) == (pytest.approx(27.0), 30.0)
+    assert sweep_legend(sweep) == [
+        "a restart of another configuration",
+        "a restart of the confirmed winner (NCCL_PROTO=LL NCCL_MIN_NCHANNELS=4)",
+        "best configuration so far (its mean, >= 2 restarts)",
+        "confirmed winner: mean of its confirmation restarts",
+        "baseline: mean of its confirmation restarts"]
     assert "plot-sweep" in files.html.read_text()
     # Reading the rewritten file back gives the same ranking, nothing duplicated.
     again = json.loads(json.dumps(load_run(run["run_dir"]).ranked, default=float))
