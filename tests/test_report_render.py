@@ -499,8 +499,18 @@ def test_plot_labels_are_short_and_interrupted_trials_are_not_failed(tmp_path):
                                " prefill wrapper"}, prefix="#3")
     assert text.startswith("#3 557fc87 Use a shared")
     assert all(len(line) <= labels.WIDTH for line in text.splitlines())
-    assert len(text.splitlines()) <= 3 and text.endswith("...")
-    assert labels.settings(cand) == ["NCCL_ALGO=Tree", "NCCL_PROTO unset", "+2 more"]
+    # The commit takes one line, cut; the settings below it are never the part cut off.
+    assert text.splitlines()[0].endswith("...")
+    assert labels.settings(cand) == ["NCCL_ALGO=Tree", "NCCL_PROTO unset", "power limit 600 W",
+                                     "SM clock lock unlocked"]
+    assert text.splitlines()[1:] == labels.settings(cand)  # one line each
+    # Two candidates of one commit that differ in their third setting read differently.
+    env = {"HF_HUB_ENABLE_HF_TRANSFER": "1", "NCCL_PROTO": "LL128"}
+    one = Candidate.make(cand.commit, env=env)
+    two = Candidate.make(cand.commit, env={**env, "WANDB_RUN_GROUP": "g"})
+    assert labels.short(one, {cand.commit: "Release v0.5.8 (#12241)"}) != \
+        labels.short(two, {cand.commit: "Release v0.5.8 (#12241)"})
+    assert "WANDB_RUN_GROUP=g" in labels.short(two).splitlines()
     assert labels.clock_text("power:600,locked:off") == ["power limit 600 W",
                                                          "SM clock lock unlocked"]
     run = build_bisect_run(tmp_path / "runs", run_id="cut")
