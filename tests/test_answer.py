@@ -22,6 +22,7 @@ from orchestrator.answer.phases import log_change, mechanism
 from orchestrator.answer.provisional import so_far
 from orchestrator.answer.text import change_text, pct_text
 from orchestrator.answer.triage import for_investigation, pick
+from orchestrator.packages.plan import NO_SOURCE
 from orchestrator.ui.report.answer import detail_lines
 
 
@@ -245,14 +246,14 @@ def test_a_bisect_verdict_names_commits_not_positions():
 
 
 def test_a_not_tested_line_says_not_tested_once():
-    doc = {"findings": [{"id": "flashinfer", "untested": "not tested: no package source"
-                         " (packages.find_links=DIR of wheels, or packages.index_url=URL)",
+    doc = {"findings": [{"id": "flashinfer", "untested": NO_SOURCE,
                          "difference": {"label": "flashinfer: 0.2.3 -> 0.2.5"}}]}
     (group,) = not_tested(doc)
     line = detail_lines({"not_tested": [group]})[0]
     assert line.count("not tested") == 1, line
-    assert line == ("not tested: 1 difference: flashinfer 0.2.3 -> 0.2.5 (no package source"
-                    " (packages.find_links=DIR of wheels, or packages.index_url=URL))")
+    # One pair of parentheses: the reason reads as one clause, not "(... (...))".
+    assert line == ("not tested: 1 difference: flashinfer 0.2.3 -> 0.2.5 (no package source:"
+                    " give packages.find_links=DIR of wheels or packages.index_url=URL)")
 
 
 def test_mechanism_says_verify_only_left_its_graph():

@@ -309,6 +309,18 @@ def test_a_simulated_runs_gpu_time_is_called_modeled(data):
     assert "modeled GPU-" in gpu_time and gpu_time.endswith(f"over {len(data.rows)} restarts")
 
 
+def test_untested_differences_are_listed_once_with_the_answer():
+    """Every medium opens with the answer and its "not tested" lines; the causes section does
+    not list them a second time (it does when there is no answer to carry them)."""
+    untested = {"kind": "package", "id": "rich", "probability": None,
+                "untested": "not tested: no package source",
+                "difference": {"label": "rich: 13.9.4 -> 14.2.0"}}
+    ranked = {"findings": [untested], "answer": {"not_tested": [{"line": "1 difference: rich"}]}}
+    assert T.untested_lines(ranked) == []
+    assert T.untested_lines({"findings": [untested]}) == [
+        "1 difference: rich 13.9.4 -> 14.2.0 (no package source)"]
+
+
 def test_report_command_prints_tables_and_paths(run, capsys):
     with pytest.raises(SystemExit) as exit_info:
         cli_main(["report", str(run["run_dir"])])
