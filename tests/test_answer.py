@@ -243,6 +243,13 @@ def test_a_bisect_verdict_names_commits_not_positions():
     assert f"commits {shas[12][:12]}..{shas[14][:12]}" in named
     assert f"between commits {shas[0][:12]} and {shas[33][:12]}" in named
     assert name_points("point 99 of 40", shas) == "point 99 of 40"  # never a wrong commit
+    # With the subjects, a commit's first mention says which change it is; later ones do not.
+    subjects = [f"subject {i}" for i in range(40)]
+    named = name_points(message + "; point 35 again", shas, subjects)
+    assert f'commit {shas[35][:12]} "subject 35" is the first bad commit' in named
+    assert named.endswith(f"; commit {shas[35][:12]} again")
+    assert f'(commit {shas[33][:12]} "subject 33" and commit {shas[34][:12]} "subject 34")' \
+        in named
 
 
 def test_a_not_tested_line_says_not_tested_once():

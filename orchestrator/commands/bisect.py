@@ -310,7 +310,7 @@ def execute(cfg, ctl: Controller, run_dir: Path, commits, points, weights, out,
         for note in v.notes:  # a withdrawn reproduction, an early stop: said when it happens
             if note.startswith(("retracted", "stopped early")) and note not in said:
                 said.add(note)
-                say(name_points(note, shas))
+                say(name_points(note, shas, None if release else [c.subject for c in commits]))
 
     def system_changed(change: SystemChange) -> None:
         (progress.note if progress is not None else out.print)(change.warning)
@@ -359,7 +359,8 @@ def execute(cfg, ctl: Controller, run_dir: Path, commits, points, weights, out,
     _flag_outliers(ctl.store, verdict)
     doc = findings.bisect_findings(run_id=ctl.store.run_id, metric=str(cfg.metric), verdict=verdict,
                                    commits=commits, keys=[p.key for p in points], rows=rows,
-                                   min_effect_pct=experiment_params.of(cfg).min_effect_pct)
+                                   min_effect_pct=experiment_params.of(cfg).min_effect_pct,
+                                   subjects=release is None)
     if release is not None:
         doc = bisect_release.rewrite(doc, release, rows, [p.key for p in points],
                                      metric=str(cfg.metric), direction=str(cfg.direction))
