@@ -11,8 +11,9 @@ def test_a_wait_with_an_idle_node_then_a_new_trial_is_said_once():
     assert held.submitted() is None
     held.waiting([3], nodes=2)  # one node idle while the experiment waits on trial 3
     line = held.submitted()
-    assert line is not None and line.startswith("1 trial(s) at a time on 2 nodes")
-    assert "waited for a result before choosing its next trial" in line
+    assert line is not None and line.startswith("1 of 2 nodes stood idle while the experiment"
+                                                " waited for a result")
+    assert "fewer trials than nodes can run at once" in line
     held.waiting([4], nodes=2)
     assert held.submitted() is None  # said once per run
 

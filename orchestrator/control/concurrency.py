@@ -32,6 +32,6 @@ class HeldBack:
             return None
         self.said = True
         running, nodes = waited
-        return (f"{running} trial(s) at a time on {nodes} nodes: the experiment waited for a"
-                " result before choosing its next trial (each choice depends on the results so"
-                " far), so a node stood idle; said once")
+        return (f"{nodes - running} of {nodes} nodes stood idle while the experiment waited for a"
+                " result: it chooses its next trials from the results so far, so fewer trials"
+                " than nodes can run at once (said once)")
