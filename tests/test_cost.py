@@ -132,6 +132,8 @@ def test_progress_states_the_measured_cost_the_closing_line_states(tmp_path):
     assert real.spent == pytest.approx(2 * 43.0 * 8 / 60)
     assert real.spent_line() == "11.5 GPU-min spent, 3 repetitions per restart"
     assert real.line(rows) == "2 restarts, 11.5 GPU-min"
+    real.tally(rows[:1])  # after each result, not only when repetitions are chosen
+    assert real.spent_line() == "5.7 GPU-min spent, 3 repetitions per restart"
     sim = RepetitionDesign(RepetitionSettings(adaptive=False), {"name": "sim", "time_scale": 1},
                            "m")
     sim.update(rows)

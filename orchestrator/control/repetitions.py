@@ -88,7 +88,7 @@ class RepetitionDesign:
         """Re-estimate from the stored trials; returns the count for the next trial.
         ``effect``: the reproduced change's size (signed log), when known."""
         prior = self.prior
-        self.spent = gpu_minutes(rows, self.target)
+        self.tally(rows)
         self.cost = cost_model(rows, self.target, prior.costs if prior is not None else ())
         self.components = components_of(rows, self.metric, outliers,
                                         prior.stats if prior is not None else None)
@@ -135,6 +135,11 @@ class RepetitionDesign:
                 "confidence": comp.confidence,
             }
         return doc
+
+    def tally(self, rows: Sequence[TrialRow]) -> None:
+        """The GPU time of the stored trials, after each result: the progress line then says
+        what the run's closing `cost:` line will (it reads the same rows)."""
+        self.spent = gpu_minutes(rows, self.target)
 
     def describe(self, minutes: float) -> str:
         """GPU-minutes as every line of this run says them (modeled on the simulator)."""

@@ -32,12 +32,16 @@ _MD_BLOCK_START = re.compile(r"^(?:[#>]|[-+] )")  # a heading, a quote, a list i
 _MD_ORDERED_ITEM = re.compile(r"^(\d+)([.)] )")  # `1. `: its dot is what is escaped
 
 
-def md_escape(text: object) -> str:
+def md_escape(text: object, line_start: bool = True) -> str:
+    """`text` as Markdown shows it as typed; `line_start=False` for a table cell, where a `#`,
+    a `>` or a list marker starts no block and needs no backslash."""
     s = " ".join(printable(text).split())
     s = _MD_ENTITY.sub("&amp;", s).replace("<", "&lt;")
     s = _MD_ALWAYS.sub(r"\\\1", s)
     s = _MD_EDGE_UNDERSCORE.sub(r"\\_", s)
     s = _MD_LINK.sub("]\\\\", s)
+    if not line_start:
+        return s
     s = _MD_ORDERED_ITEM.sub(r"\1\\\2", s)
     return ("\\" + s) if _MD_BLOCK_START.match(s) else s
 
@@ -47,7 +51,8 @@ def md_table(table: T.TextTable) -> str:
         return f"_{md_escape(table.title)}: none._\n"
     lines = ["| " + " | ".join(md_escape(h) for h in table.headers) + " |",
              "|" + "|".join("---" for _ in table.headers) + "|"]
-    lines += ["| " + " | ".join(md_escape(c) or " " for c in row) + " |" for row in table.rows]
+    lines += ["| " + " | ".join(md_escape(c, line_start=False) or " " for c in row) + " |"
+              for row in table.rows]
     if table.note:
         lines += ["", f"_{md_escape(table.note)}_"]
     return "\n".join(lines) + "\n"
