@@ -48,7 +48,6 @@ from orchestrator.errors import RunInterrupted, UserError
 from orchestrator.metrics import check_metric, regression_direction
 from orchestrator.records import Candidate
 from orchestrator.run import findings
-from orchestrator.run.cost import describe_cost
 from orchestrator.run.noise_prior import load_noise_prior
 from orchestrator.run.rundir import create_run, run_argument, running, runs_root
 from orchestrator.store import RunStore
@@ -206,7 +205,7 @@ def reproduction_notice(verdict: Verdict, metric: str, budget: int | None,
     if left is None:
         return [line]  # the noise is not measured yet
     cost = design.cost if design is not None else None
-    minutes = (f", about {describe_cost(cost.gpu_minutes(design.current, left))} at "
+    minutes = (f", about {design.describe(cost.gpu_minutes(design.current, left))} at "
                f"{design.current} repetitions per restart" if cost is not None else "")
     lines = [line, f"forecast: about {left} more trials{minutes} to name the culprit "
                    "(a rough figure, often off by a factor of two)"]
@@ -313,7 +312,7 @@ def execute(cfg, ctl: Controller, run_dir: Path, commits, points, weights, out,
         for note in v.notes:  # a withdrawn reproduction, an early stop: said when it happens
             if note.startswith(("retracted", "stopped early")) and note not in said:
                 said.add(note)
-                say(name_points(note, shas))
+                say(name_points(note, shas, None if release else [c.subject for c in commits]))
 
     def system_changed(change: SystemChange) -> None:
         (progress.note if progress is not None else out.print)(change.warning)
@@ -325,17 +324,12 @@ def execute(cfg, ctl: Controller, run_dir: Path, commits, points, weights, out,
             if v.expected_remaining is not None:  # measured change and noise: a better ETA
                 progress.set_remaining(v.expected_remaining)
             announce(v, progress.note)
-            if design.cost is not None:
-                progress.set_cost(f"~{describe_cost(design.cost.gpu_minutes(design.current, _n))}"
-                                  f" at {design.current} repetitions per restart")
+            progress.set_cost(design.spent_line())
             progress.on_verdict(v.status, *verdict_best(v, labels))
     else:
         def on_verdict(v: Verdict, n: int) -> None:
             announce(v, out.print)
-            cost = design.cost
-            spent = (f", ~{describe_cost(cost.gpu_minutes(design.current, n))}"
-                     if cost is not None else "")
-            out.print(f"  {_progress_line(v, commits, n, spent)}")
+            out.print(f"  {_progress_line(v, commits, n, ', ' + design.spent_line())}")
     seen: list[Verdict] = []
 
     def remember(v: Verdict, n: int) -> None:
@@ -360,11 +354,15 @@ def execute(cfg, ctl: Controller, run_dir: Path, commits, points, weights, out,
         except Exception as exc:  # noqa: BLE001 - the interrupt is what the user must see
             out.print(f"(the answer so far could not be stored: {exc})")
         raise
+    finally:
+        if progress is not None:  # the next step's trials are not this bisect's to cost
+            progress.set_cost("")
     rows = ctl.store.trials()
     _flag_outliers(ctl.store, verdict)
     doc = findings.bisect_findings(run_id=ctl.store.run_id, metric=str(cfg.metric), verdict=verdict,
                                    commits=commits, keys=[p.key for p in points], rows=rows,
-                                   min_effect_pct=experiment_params.of(cfg).min_effect_pct)
+                                   min_effect_pct=experiment_params.of(cfg).min_effect_pct,
+                                   subjects=release is None)
     if release is not None:
         doc = bisect_release.rewrite(doc, release, rows, [p.key for p in points],
                                      metric=str(cfg.metric), direction=str(cfg.direction))
@@ -409,7 +407,7 @@ def _execute(cfg, run_dir: Path, store: RunStore, commits, points, weights,
 
     out = render.console()
     with running(store, run_dir, out) as run:
-        with Progress(out) as progress, \
+        with Progress(out, done=store.trials()) as progress, \
                 Controller(cfg, store, run_dir, on_event=progress.on_event) as ctl:
             verdict, doc = execute(cfg, ctl, run_dir, commits, points, weights, out,
                                    progress=progress, release=release)

@@ -238,7 +238,7 @@ def run(cfg: DictConfig) -> int:
     with running(store, run_dir, out) as run:
         if adopted:
             out.print("measuring with the reference's settings: " + ", ".join(adopted))
-        with Progress(out) as progress, \
+        with Progress(out, done=store.trials()) as progress, \
                 Controller(cfg, store, run_dir, on_event=progress.on_event) as ctl:
             doc = execute(cfg, ctl, run_dir, ref, out, progress=progress)
         print_answer(out, doc.get("answer"))

@@ -289,7 +289,7 @@ def _execute(cfg: DictConfig, run_dir: Path, store: RunStore, p: Plan, ws) -> in
         if p.reference is not None and p.reference.get("adopted"):
             out.print("measuring with the reference's settings: "
                       + ", ".join(p.reference["adopted"]))
-        with Progress(out) as progress, \
+        with Progress(out, done=store.trials()) as progress, \
                 Controller(cfg, store, run_dir, on_event=progress.on_event) as ctl:
             doc, _ = execute(cfg, ctl, run_dir, p, ws, out, progress=progress)
         code = finish(cfg, run_dir, store, doc, out)

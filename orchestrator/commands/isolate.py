@@ -376,7 +376,7 @@ def _execute(cfg: DictConfig, run_dir: Path, store: RunStore, ref: dict | None, 
     with running(store, run_dir, out) as run:
         if ref is not None and ref.get("adopted"):
             out.print("measuring with the reference's settings: " + ", ".join(ref["adopted"]))
-        with Progress(out) as progress, \
+        with Progress(out, done=store.trials()) as progress, \
                 Controller(cfg, store, run_dir, on_event=progress.on_event) as ctl:
             if ref is not None:
                 done = run_dir / "findings-compare.json"

@@ -185,7 +185,7 @@ def _execute(cfg: DictConfig, run_dir: Path, store: RunStore, space: SearchSpace
              settings: SweepSettings, base: Candidate) -> int:
     out = render.console()
     with running(store, run_dir, out) as run:
-        with Progress(out) as progress, \
+        with Progress(out, done=store.trials()) as progress, \
                 Controller(cfg, store, run_dir, on_event=progress.on_event) as ctl:
             result, doc = execute(cfg, ctl, run_dir, space, settings, base, out,
                                   progress=progress)

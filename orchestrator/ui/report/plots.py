@@ -28,6 +28,7 @@ from matplotlib.ticker import MaxNLocator  # noqa: E402
 
 from orchestrator.metrics import METRICS  # noqa: E402
 from orchestrator.ui.report import series as S  # noqa: E402
+from orchestrator.ui.report import sweep_series as SW  # noqa: E402
 from orchestrator.ui.report.collect import RunData  # noqa: E402
 
 OUTCOME_COLORS = {"ok": "#2e7d32", "running": "#9e9e9e", "interrupted": "#9e9e9e"}
@@ -205,27 +206,65 @@ def phase_plot(pairs: Sequence[S.PhasePair]) -> Plot:
                 _png(fig))
 
 
-def sweep_plot(sweep: S.SweepSeries) -> Plot:
-    fig = Figure(layout="constrained", figsize=(11, max(3.0, 1.0 + 0.35 * len(sweep.importance))))
+SWEEP_MARKS = {  # what a dot of the sweep's history measured: color, legend label
+    SW.WINNER: ("#c62828", "a restart of the confirmed winner"),
+    SW.BASELINE: ("#616161", "a restart of the baseline"),
+    SW.OTHER: ("#90caf9", "a restart of another configuration"),
+}
+
+
+def sweep_legend(sweep: SW.SweepSeries) -> list[str]:
+    """The legend of the history panel, in drawing order: every kind of dot drawn, the best
+    configuration mean so far, and the confirmed winner's and the baseline's means."""
+    kinds = {k for *_, k in sweep.history}
+    out = [SWEEP_MARKS[k][1] + (f" ({sweep.winner})" if k == SW.WINNER and sweep.winner else "")
+           for k in (SW.OTHER, SW.BASELINE, SW.WINNER) if k in kinds]
+    if any(b is not None for _, _, b, _ in sweep.history):
+        out.append(f"best configuration so far (its mean, >= {SW.MIN_RESTARTS_FOR_BEST}"
+                   " restarts)")
+    if sweep.winner_mean is not None:
+        out.append("confirmed winner: mean of its confirmation restarts")
+    if sweep.baseline_mean is not None:
+        out.append("baseline: mean of its confirmation restarts")
+    return out
+
+
+def sweep_plot(sweep: SW.SweepSeries) -> Plot:
+    fig = Figure(layout="constrained", figsize=(11, max(4.2, 1.0 + 0.35 * len(sweep.importance))))
     imp_ax, hist_ax = fig.subplots(1, 2, width_ratios=[2, 3])
     names = [k for k, _ in sweep.importance][::-1]
     imp_ax.barh(names, [v for _, v in sweep.importance][::-1], color="#00838f")
     imp_ax.set_xlabel("importance")
     imp_ax.set_title("parameter importance", loc="left")
     if sweep.history:
+        labels = iter(sweep_legend(sweep))
         xs = np.arange(1, len(sweep.history) + 1)
-        hist_ax.scatter(xs, [v for _, v, _ in sweep.history], s=16, color="#1565c0",
-                        label="trial")
-        hist_ax.step(xs, [b for _, _, b in sweep.history], where="post", color="#c62828",
-                     label="best so far")
-        hist_ax.legend(fontsize=7)
+        for kind in (SW.OTHER, SW.BASELINE, SW.WINNER):
+            at = [i for i, (*_, k) in enumerate(sweep.history) if k == kind]
+            if at:
+                hist_ax.scatter(xs[at], [sweep.history[i][1] for i in at], s=16, zorder=3,
+                                color=SWEEP_MARKS[kind][0], label=next(labels))
+        best = [np.nan if b is None else b for _, _, b, _ in sweep.history]
+        if not np.all(np.isnan(best)):
+            hist_ax.step(xs, best, where="post", color="#2e7d32", label=next(labels))
+        if sweep.winner_mean is not None:
+            hist_ax.axhline(sweep.winner_mean, color=SWEEP_MARKS[SW.WINNER][0], ls="--", lw=1,
+                            label=next(labels))
+        if sweep.baseline_mean is not None:
+            hist_ax.axhline(sweep.baseline_mean, color=SWEEP_MARKS[SW.BASELINE][0], ls=":",
+                            lw=1, label=next(labels))
+        # Below the axes: over the dots a legend hides the very restarts it explains.
+        hist_ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(0.0, -0.14),
+                       frameon=False)
     hist_ax.set_xlabel("sweep trial")
     hist_ax.set_ylabel(_unit(sweep.metric))
     hist_ax.set_title("trial history", loc="left")
     hist_ax.grid(alpha=0.3)
     return Plot("sweep", "Sweep: parameter importance and trial history",
-                f"Importance: {sweep.importance_source}. History: every measured sweep trial on"
-                f" {sweep.metric} ({'higher' if sweep.higher_is_better else 'lower'} is better).",
+                f"Importance: {sweep.importance_source}. History: every measured sweep restart"
+                f" on {sweep.metric} ({'higher' if sweep.higher_is_better else 'lower'} is"
+                " better), colored by what it measured; the line is the best configuration's"
+                " mean so far, not the best single restart.",
                 _png(fig))
 
 
@@ -279,7 +318,7 @@ def make_plots(data: RunData) -> list[Plot]:
         pairs = S.phase_pairs(data)
         plots.append(phase_plot(pairs) if pairs else None)
         plots.append(kernels_plot((data.ranked.get("answer") or {}).get("evidence") or []))
-        sweep = S.sweep_series(data)
+        sweep = SW.sweep_series(data)
         plots.append(sweep_plot(sweep) if sweep else None)
         spans = S.timeline(data.rows)
         plots.append(timeline_plot(spans) if spans else None)
