@@ -62,7 +62,7 @@ def so_far(answer: Mapping, *, why: str, searching: bool = True,
             further = "a further step" if named else "a step"
             text += f"; searching for {further} of up to {T.pct_text(edge)}"
     doc["sentence"] = text
-    doc["provisional"] = {"why": why, "searching": searching,
+    doc["provisional"] = {"why": why, "searching": searching, "confidence": confidence,
                           "status": doc.get("status"), "leading": leading}
     doc["status"] = "provisional"
     doc["explains"] = False
