@@ -19,7 +19,6 @@ set of repeated, interleaved restarts with a statistical decision (noisy delta d
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
@@ -342,9 +341,8 @@ def _execute(cfg: DictConfig, run_dir: Path, store: RunStore, ref: dict | None, 
 def _compare(cfg: DictConfig, ctl: Controller, run_dir: Path, ref: dict, out,
              progress: Progress) -> dict:
     """The reference re-measured now; a resumed run's finished compare is read back."""
-    done = run_dir / "findings-compare.json"
-    if done.exists():  # a resumed run: the compare finished before
-        cdoc = json.loads(done.read_text())
+    cdoc = compare.finished(run_dir)
+    if cdoc is not None:  # a resumed run: the compare finished before
         out.print(f"the compare finished before: {cdoc['message']}")
         return cdoc
     return compare.execute(cfg, ctl, run_dir, ref, out, findings_name="compare",
