@@ -428,7 +428,7 @@ def test_a_significant_remainder_is_said_unexplained_not_cleared() -> None:
         assert "are cleared" not in verdict.message
         assert (f"without the named causes bad still measures {verdict.residual_pct:+.1f}%"
                 in verdict.message and "that remainder is unexplained" in verdict.message)
-        from orchestrator.commands.isolate import _remainder
+        from orchestrator.commands.isolate_findings import remainder as _remainder
 
         rest = _remainder(verdict)["remainder"]  # what the findings carry
         assert rest["unexplained"] and rest["ci"][1] < 0 and rest["pct"] < -20

@@ -133,9 +133,9 @@ def execute(cfg: DictConfig, ctl: Controller, run_dir: Path, p: Plan, ws, out,
             step[0] = "compare"
             out.print("\n== the reference, re-measured now ==")
             mark("compare")
-            done = run_dir / "findings-compare.json"
-            if done.exists():  # a resumed run: the compare finished before
-                docs["compare"] = json.loads(done.read_text())
+            earlier = compare.finished(run_dir)
+            if earlier is not None:  # a resumed run: the compare finished before
+                docs["compare"] = earlier
                 out.print(f"the compare finished before: {docs['compare']['message']}")
             else:
                 docs["compare"] = compare.execute(_step_cfg(cfg, max_trials=None), ctl, run_dir,
@@ -170,7 +170,8 @@ def execute(cfg: DictConfig, ctl: Controller, run_dir: Path, p: Plan, ws, out,
             mark("sweep")
             space, settings = p.sweep
             _, docs["sweep"] = sweep.execute(cfg, ctl, run_dir, space, settings,
-                                             p.bad_candidate, out, progress=progress)
+                                             p.bad_candidate, out, progress=progress,
+                                             findings_name="sweep")
             findings.write(run_dir, docs["sweep"], "sweep")
         step[0] = "final check"
         both = p.reference is None and p.bad_candidate.key != p.base.key
