@@ -18,7 +18,12 @@ from orchestrator.control import ray_cluster
 from orchestrator.gpu.base import NoGpuControl
 from orchestrator.records import Candidate
 from orchestrator.runner.telemetry import TelemetrySampler
-from orchestrator.runner.trial import READY_FAST_S, READY_MAX_POLL_S, READY_POLL_S, ready_delay
+from orchestrator.runner.trial_checks import (
+    READY_FAST_S,
+    READY_MAX_POLL_S,
+    READY_POLL_S,
+    ready_delay,
+)
 from orchestrator.store import RunStore
 
 

@@ -34,7 +34,8 @@ from pathlib import Path
 from orchestrator.gpu.base import ClockPolicy
 from orchestrator.records import Outcome, TrialResult, TrialState
 from orchestrator.runner.process import ServerProcess, group_members, start_time
-from orchestrator.runner.trial import TrialSpec, clock_problem, run_trial
+from orchestrator.runner.trial import TrialSpec, run_trial
+from orchestrator.runner.trial_checks import clock_problem
 from orchestrator.system import wallclock
 from orchestrator.targets.base import NodeContext
 from orchestrator.targets.registry import make_target
