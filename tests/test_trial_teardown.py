@@ -3,7 +3,8 @@
 `run_trial` holds a worktree lease, a clock policy, telemetry and (here) a server; at teardown
 each is released last-acquired first. A release that raises (a sampler thread that fails, a
 teardown that hits an OS error) must not leave the GPUs at the trial's clock or the worktree
-leased: the clock restore and the lease release still run, and the error still surfaces.
+leased: the clock restore and the lease release still run (and the target's HTTP client is
+closed), and the error still surfaces.
 Unit test: fake workspace, GPU, target and server, no process started, no git.
 """
 
@@ -75,6 +76,10 @@ class FakeTarget(Target):
 
     def gpu_control(self):
         return FakeGpu(self.log)
+
+    def close(self) -> None:
+        self.log.events.append("target closed")
+        super().close()
 
     def node_packages(self):
         return {}
@@ -149,7 +154,7 @@ def test_a_raising_telemetry_stop_still_restores_the_clock_and_releases_the_leas
     with pytest.raises(RuntimeError, match="sampler thread failed"):
         run()
     assert log.events == ["lease held", "clock applied 1500", "telemetry stop raised",
-                          "clock restored 1500", "lease released"]
+                          "clock restored 1500", "lease released", "target closed"]
     assert clocks == [{"token": 1500}, None]  # the node's record of the clock cleared too
 
 
@@ -161,7 +166,7 @@ def test_a_raising_server_teardown_still_restores_the_clock_and_releases_the_lea
     with pytest.raises(OSError, match="teardown failed"):
         run()
     assert log.events == ["lease held", "clock applied 1500", "server teardown raised",
-                          "clock restored 1500", "lease released"]
+                          "clock restored 1500", "lease released", "target closed"]
     assert clocks == [{"token": 1500}, None]
 
 
@@ -176,5 +181,5 @@ def test_without_a_failing_release_the_trial_is_recorded_and_everything_released
     assert [s for s, _ in result.states] == ["preparing", "warming_up", "benchmarking",
                                              "tearing_down", "done"]
     assert log.events == ["lease held", "clock applied 1500", "clock restored 1500",
-                          "lease released"]
+                          "lease released", "target closed"]
     assert report is None and clocks == [{"token": 1500}, None]

@@ -298,6 +298,7 @@ class NodeRunner:
         the same command would find its own node held. False if a trial is still running."""
         if not self._lock.acquire(timeout=max(0.0, timeout_s)):
             return False  # kept: no trial can start after close
+        self.target.close()  # an HTTP client a call outside a trial made
         if self.held_by is None:
             self.held_by = {"pid": os.getpid(), "closed": True}
             if self._node_lock is not None:

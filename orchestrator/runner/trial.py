@@ -146,7 +146,8 @@ def run_trial(
     """Run one trial to completion. Never raises for server misbehaviour: it is the result.
 
     Each step pushes the release of what it acquires onto one ExitStack as soon as it holds
-    it (worktree lease, clock policy, package overlays, log scrub, server, telemetry), and the
+    it (the target's HTTP client, worktree lease, clock policy, package overlays, log scrub,
+    server, telemetry), and the
     stack releases them last-acquired first at teardown. Every release runs even when one
     before it raises (that error then propagates, as before, after the last release): the
     clock policy is restored and the worktree lease given back whatever happened earlier.
@@ -179,6 +180,7 @@ def _prepare(t: _Trial, teardown: ExitStack, workspace: Callable[[TrialSpec], Wo
     cannot be tested (PREPARE_FAILED), unless the disk is full."""
     t.enter(TrialState.PREPARING)
     spec, cand, target = t.spec, t.spec.candidate, t.target
+    teardown.callback(target.close)  # its HTTP client: last, after the server is gone
     try:
         t.trial_dir.mkdir(parents=True, exist_ok=True)
         t.ws = (workspace(spec) if workspace is not None else
