@@ -336,10 +336,6 @@ class RunStore:
             hook()
         return trial_id
 
-    def set_log_path(self, trial_id: int, log_path: str) -> None:
-        self._write(lambda c: c.execute("UPDATE trials SET log_path=? WHERE id=?",
-                                        (log_path, trial_id)))
-
     def finish_trial(self, trial_id: int, result: TrialResult) -> None:
         """Record the outcome, the step history, measurements and fingerprint in one transaction."""
         def body(c: sqlite3.Connection) -> None:
