@@ -147,10 +147,10 @@ def run_trial(
 
     Each step pushes the release of what it acquires onto one ExitStack as soon as it holds
     it (the target's HTTP client, worktree lease, clock policy, package overlays, log scrub,
-    server, telemetry), and the
-    stack releases them last-acquired first at teardown. Every release runs even when one
-    before it raises (that error then propagates, as before, after the last release): the
-    clock policy is restored and the worktree lease given back whatever happened earlier.
+    server, telemetry), and the stack releases them last-acquired first at teardown. Every
+    release runs even when one before it raises (that error then propagates, as before, after
+    the last release): the clock policy is restored and the worktree lease given back
+    whatever happened earlier.
 
     `workspace` gives the spec's Workspace; a node passes one it keeps across its trials, so a
     worktree it verified and nothing touched since is not verified by git again."""
