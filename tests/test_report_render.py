@@ -553,3 +553,29 @@ def test_a_figure_with_glyphs_the_font_lacks_says_nothing(capfd):
     assert png.startswith(b"\x89PNG")
     out, err = capfd.readouterr()
     assert "Glyph" not in out + err and "findfont" not in out + err, (out, err)
+
+
+def test_importing_the_commands_and_renderers_does_not_import_matplotlib():
+    """matplotlib costs about a second to import (and builds a font cache on a fresh machine);
+    only drawing a figure needs it. Counted in a fresh process's modules, not timed: the CLI,
+    every command module and every report module (the figure modules too) import without it,
+    and drawing one figure does import it, so the check cannot pass by never loading it."""
+    import subprocess
+    import sys
+
+    script = (
+        "import importlib, pkgutil, sys\n"
+        "import orchestrator.cli, orchestrator.commands, orchestrator.ui.report\n"
+        "for pkg in (orchestrator.commands, orchestrator.ui.report):\n"
+        "    for m in pkgutil.iter_modules(pkg.__path__, pkg.__name__ + '.'):\n"
+        "        importlib.import_module(m.name)\n"
+        "print('matplotlib' in sys.modules)\n"
+        "from orchestrator.ui.report.figure import new_figure\n"
+        "new_figure(figsize=(1, 1))\n"
+        "print('matplotlib' in sys.modules)\n"
+    )
+    root = Path(__file__).resolve().parents[1]
+    done = subprocess.run([sys.executable, "-c", script], cwd=root, capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["False", "True"], done.stdout

@@ -158,19 +158,12 @@ def run(cfg: DictConfig) -> int:
 
 def resume(run_dir: Path, max_trials: int | None = None) -> int:
     """Continue a bisect; ``max_trials`` replaces the budget it was started with."""
-    store = RunStore.open(run_dir / "trials.db")
-    if store.command != "bisect":
-        command = store.command
-        store.close()
-        raise UserError(f"{run_dir.name} is a {command or 'unknown'} run, not a bisect")
-    cfg = OmegaConf.create(store.config_yaml())
-    if max_trials is not None:
-        cfg.max_trials = max_trials
-    store.interrupt_unfinished()
-    commits, points, weights = _load_plan(run_dir)
-    out = render.console()
-    out.print(common.resume_notice(run_dir, store))
-    store.set_status("running")
+    def prepare(cfg: DictConfig) -> tuple:
+        if max_trials is not None:
+            cfg.max_trials = max_trials
+        return _load_plan(run_dir)
+
+    store, cfg, (commits, points, weights) = common.reopen_run(run_dir, "bisect", prepare)
     return _execute(cfg, run_dir, store, commits, points, weights, _load_release(run_dir))
 
 

@@ -1,11 +1,14 @@
-"""Validation shared by commands: everything is checked before a run directory exists."""
+"""Validation shared by commands: everything is checked before a run directory exists; and the
+reopening every resumable command shares (`reopen_run`)."""
 
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
 
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 from orchestrator.errors import UserError
 from orchestrator.gpu.base import ClockPolicy
@@ -13,11 +16,15 @@ from orchestrator.metrics import regression_direction
 from orchestrator.packages import plan as packages
 from orchestrator.records import Candidate
 from orchestrator.run.rundir import runs_root
+from orchestrator.store import RunStore
 from orchestrator.system.envcheck import check_env
 from orchestrator.system.fingerprint import is_secret
 from orchestrator.system.redact import secret_in_value
 from orchestrator.targets.registry import target_class
+from orchestrator.ui import render
 from orchestrator.workspace import Workspace
+
+_T = TypeVar("_T")
 
 _ENV_NAME_OK = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_")
 
@@ -167,3 +174,30 @@ def resume_notice(run_dir: Path, store) -> str:
     finished = sum(1 for r in rows if r.finished) - interrupted
     return (f"resuming {run_dir.name}: {finished} finished trial{'s' if finished != 1 else ''}"
             f" reused, {interrupted} interrupted (not evidence; what is still needed runs again)")
+
+
+def article(word: str) -> str:
+    return ("an " if word[:1] in "aeiou" else "a ") + word
+
+
+def reopen_run(run_dir: Path, command: str,
+               prepare: Callable[[DictConfig], _T]) -> tuple[RunStore, DictConfig, _T]:
+    """An interrupted `command` run, ready to continue: its store, its saved configuration and
+    what `prepare(cfg)` rebuilt from it (the plan, the search space). A run of another
+    command, or one `prepare` refuses, closes the store again and raises; otherwise the
+    trials left running are marked interrupted, the notice says what is reused, and the run
+    is `running` again. One place, so the four resumable commands cannot drift apart."""
+    store = RunStore.open(run_dir / "trials.db")
+    try:
+        if store.command != command:
+            raise UserError(f"{run_dir.name} is {article(store.command or 'unknown')} run,"
+                            f" not {article(command)}")
+        cfg = OmegaConf.create(store.config_yaml())
+        prepared = prepare(cfg)
+    except BaseException:
+        store.close()
+        raise
+    store.interrupt_unfinished()
+    render.console().print(resume_notice(run_dir, store))
+    store.set_status("running")
+    return store, cfg, prepared

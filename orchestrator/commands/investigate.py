@@ -267,19 +267,11 @@ def run(cfg: DictConfig) -> int:
 
 
 def resume(run_dir: Path) -> int:
-    store = RunStore.open(run_dir / "trials.db")
-    try:
-        if store.command != "investigate":
-            raise UserError(f"{run_dir.name} is not an investigate run")
-        cfg = OmegaConf.create(store.config_yaml())
+    def prepare(cfg: DictConfig) -> tuple:
         isolate.refuse_redacted(cfg, run_dir.name)
-        p, ws = plan(cfg)
-    except BaseException:
-        store.close()
-        raise
-    store.interrupt_unfinished()
-    render.console().print(common.resume_notice(run_dir, store))
-    store.set_status("running")
+        return plan(cfg)
+
+    store, cfg, (p, ws) = common.reopen_run(run_dir, "investigate", prepare)
     return _execute(cfg, run_dir, store, p, ws)
 
 

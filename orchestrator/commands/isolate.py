@@ -283,19 +283,11 @@ def resume(run_dir: Path) -> int:
     """Finish an interrupted isolate: every finished trial is evidence again (the points are
     found back from the trials' candidates), interrupted ones are run again. With a reference,
     a compare that had finished is not repeated."""
-    store = RunStore.open(run_dir / "trials.db")
-    try:
-        if store.command != "isolate":
-            raise UserError(f"{run_dir.name} is not an isolate run")
-        cfg = OmegaConf.create(store.config_yaml())
+    def prepare(cfg: DictConfig) -> tuple:
         refuse_redacted(cfg, run_dir.name)
-        ref, ws, good, changes = _plan(cfg)
-    except BaseException:
-        store.close()
-        raise
-    store.interrupt_unfinished()
-    render.console().print(common.resume_notice(run_dir, store))
-    store.set_status("running")
+        return _plan(cfg)
+
+    store, cfg, (ref, ws, good, changes) = common.reopen_run(run_dir, "isolate", prepare)
     return _execute(cfg, run_dir, store, ref, ws, good, changes)
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from omegaconf import DictConfig
 
+from orchestrator.commands.common import article
 from orchestrator.errors import UserError
 from orchestrator.run.rundir import find_run
 from orchestrator.store import RunStore
@@ -39,8 +40,4 @@ def run(cfg: DictConfig) -> int:
         from orchestrator.commands import sweep
 
         return sweep.resume(run_dir)
-    raise UserError(f"{run_dir.name} is {_article(command or 'unknown')} run: it cannot be resumed")
-
-
-def _article(word: str) -> str:
-    return ("an " if word[:1] in "aeiou" else "a ") + word
+    raise UserError(f"{run_dir.name} is {article(command or 'unknown')} run: it cannot be resumed")

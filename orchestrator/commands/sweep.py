@@ -82,17 +82,12 @@ def run(cfg: DictConfig) -> int:
 
 
 def resume(run_dir: Path) -> int:
-    store = RunStore.open(run_dir / "trials.db")
-    if store.command != "sweep":
-        store.close()
-        raise UserError(f"{run_dir.name} is a {store.command or 'unknown'} run, not a sweep")
-    cfg = OmegaConf.create(store.config_yaml())
-    space, settings = validate(cfg)
-    base = Candidate.from_json(json.loads((run_dir / PLAN_FILE).read_text())["base"])
-    store.interrupt_unfinished()
-    out = render.console()
-    out.print(common.resume_notice(run_dir, store))
-    store.set_status("running")
+    def prepare(cfg: DictConfig) -> tuple:
+        space, settings = validate(cfg)
+        base = Candidate.from_json(json.loads((run_dir / PLAN_FILE).read_text())["base"])
+        return space, settings, base
+
+    store, cfg, (space, settings, base) = common.reopen_run(run_dir, "sweep", prepare)
     return _execute(cfg, run_dir, store, space, settings, base)
 
 

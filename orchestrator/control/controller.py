@@ -39,7 +39,7 @@ from orchestrator.control.specs import cache_max_bytes, trial_spec
 from orchestrator.errors import DiskFull
 from orchestrator.packages import plan as packages
 from orchestrator.records import RETRYABLE, Candidate, Outcome, TrialResult
-from orchestrator.runner.trial import NO_SPACE, is_no_space
+from orchestrator.runner.trial_checks import NO_SPACE, is_no_space
 from orchestrator.store import RunStore, TrialRow
 from orchestrator.system import wallclock
 from orchestrator.ui.safe_text import printable

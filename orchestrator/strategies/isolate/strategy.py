@@ -149,10 +149,6 @@ class IsolateStrategy(Strategy):
             self._subsets.append(key)
         return self._points[key]
 
-    @property
-    def n_points(self) -> int:
-        return len(self._subsets)
-
     def describe_subset(self, subset: Subset) -> str:
         """``good``, ``bad``, ``good + {a, b}`` or ``bad - {c}``, whichever is shorter."""
         if subset == self.good:

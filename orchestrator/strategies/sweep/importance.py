@@ -23,7 +23,6 @@ measures something else (what the best few share), which under restart noise is 
 
 from __future__ import annotations
 
-import importlib.util
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -51,10 +50,6 @@ class Importances:
     @property
     def ranked(self) -> list[str]:
         return list(self.values)
-
-
-def has_sklearn() -> bool:
-    return importlib.util.find_spec("sklearn") is not None
 
 
 class AdditiveImportanceEvaluator(BaseImportanceEvaluator):

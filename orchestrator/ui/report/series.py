@@ -51,12 +51,6 @@ class CandidateSeries:
     full: str = ""  # the exact label, for tables
 
 
-def candidate_order(data: RunData) -> list[tuple[str, str]]:
-    """`(key, short label)` of every candidate: bisect points in commit order (`#i` their
-    position), then by first trial."""
-    return [(key, label) for key, label, _ in _ordered(data)]
-
-
 REFERENCE_SUFFIX = ":reference"
 
 
