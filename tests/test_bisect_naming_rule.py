@@ -3,7 +3,7 @@ noise at its upper bound, and a noise prior from the node's earlier runs.
 
 The hold (three fresh restarts a side after the posterior's first pass over the confidence)
 exists because the first pass can rest on a noise estimate selected low; a culprit whose
-posterior still holds the confidence with sigma fixed at its upper 99% bound needs no hold."""
+posterior still holds the confidence with sigma fixed at its upper 99.9% bound needs no hold."""
 
 from __future__ import annotations
 

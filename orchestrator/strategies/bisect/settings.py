@@ -50,7 +50,7 @@ class BisectSettings:
     # ... unless the culprit holds the confidence with sigma fixed at its upper 1 - alpha
     # bound (verify.stress_mass): evidence that survives the noise as large as the
     # trials allow needs no hold (0: always hold).
-    verify_stress_alpha: float = 0.01
+    verify_stress_alpha: float = 0.001
     verify_handoff: float = 0.95
     drift_requires_step: float = 0.5
     null_prior_top: float = 0.1
