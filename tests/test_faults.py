@@ -145,12 +145,17 @@ def test_a_second_run_on_the_same_runs_dir_refuses_and_leaves_the_first_alone(
     from orchestrator.cli import main
 
     repo, shas = sim_repo
-    cfg = _cfg(tmp_path, repo, "bench.repetitions=40", "bench.output_len=64")
+    # The first run's trial is held mid-benchmark (its second measured request waits while the
+    # barrier file exists) until the checks below are done, however slowly they run.
+    barrier = tmp_path / "hold"
+    barrier.touch()
+    cfg = _cfg(tmp_path, repo, "bench.repetitions=3", f"target.fault=hold_from:2:{barrier}",
+               "bench.request_timeout_s=600")
     run_dir, store = create_run(cfg)
     node = tmp_path / "runs" / ".nodes" / "local-0"
     with Controller(cfg, store, run_dir) as ctl:
         ctl.submit(Candidate.make(shas[0], clock="power:400"))
-        _wait_for_state(ctl._actors["local-0"], "benchmarking")
+        _wait_for_state(ctl._actors["local-0"], "benchmarking", timeout=300)
         server = json.loads((node / "server.json").read_text())
         holder = json.loads((node / "holder.json").read_text())
         assert holder["run_id"] == store.run_id and holder["pid"] and holder["start_time"]
@@ -164,6 +169,7 @@ def test_a_second_run_on_the_same_runs_dir_refuses_and_leaves_the_first_alone(
         assert ray.get(ctl._actors["local-0"].status.remote())["state"] == "benchmarking"
         assert group_members(server["pgid"]), "the second run killed the first run's server"
         assert _power_limits(tmp_path) == {400}  # the first run's policy, untouched
+        barrier.unlink()
         (row,) = ctl.wait()
     assert row.outcome is Outcome.OK and row.attempt == 1 and not row.suspect
     runs = [p.name for p in (tmp_path / "runs").iterdir() if not p.name.startswith(".")]

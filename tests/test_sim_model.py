@@ -212,6 +212,9 @@ def test_fault_specs():
     assert plan.degrade_factor(2) == pytest.approx(1.1025)
     assert parse_faults("hang_mid_stream:4").hang_at_request == 4
     assert parse_faults(None) == parse_faults("")
-    for bad in ("explode", "crash_after", "crash_after:x", "degrade:fast", "never_ready:1"):
+    held = parse_faults("hold_from:2:/some/dir/hold")
+    assert (held.hold_from, held.hold_path) == (2, "/some/dir/hold")
+    for bad in ("explode", "crash_after", "crash_after:x", "degrade:fast", "never_ready:1",
+                "hold_from:2", "hold_from:x:/p"):
         with pytest.raises(FaultSpecError):
             parse_faults(bad)

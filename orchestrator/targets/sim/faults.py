@@ -7,6 +7,8 @@ hang_mid_stream[:N]  request number N (0-based, default 0) stops mid-stream: the
                      freezes, connections stay open, the process stays alive
 degrade:PCT          each completed request makes the following ones PCT% slower
 refuse_bind          exit 1 with uvicorn's "address already in use" error
+hold_from:N:PATH     requests from number N on (0-based, warm-up included) wait to be admitted
+                     while the file PATH exists: a test's barrier that keeps a trial mid-run
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from dataclasses import dataclass
 
 FAULT_NAMES = (
     "exit_at_start", "crash_after", "never_ready", "hang_mid_stream", "degrade", "refuse_bind",
+    "hold_from",
 )  # fmt: skip
 
 
@@ -30,6 +33,8 @@ class FaultPlan:
     hang_at_request: int | None = None
     degrade_pct: float = 0.0
     refuse_bind: bool = False
+    hold_from: int | None = None
+    hold_path: str | None = None
 
     def degrade_factor(self, completed_requests: int) -> float:
         return (1.0 + self.degrade_pct / 100.0) ** completed_requests
@@ -63,6 +68,10 @@ def parse_faults(spec: str | None) -> FaultPlan:
             fields["crash_after"] = _count(name, arg)
         elif name == "hang_mid_stream":
             fields["hang_at_request"] = _count(name, arg) if arg else 0
+        elif name == "hold_from" and ":" in arg:
+            count, _, path = arg.partition(":")
+            fields["hold_from"] = _count(name, count)
+            fields["hold_path"] = path
         elif name == "degrade" and arg:
             try:
                 fields["degrade_pct"] = float(arg)
@@ -71,6 +80,6 @@ def parse_faults(spec: str | None) -> FaultPlan:
         else:
             raise FaultSpecError(
                 f"unknown fault {item!r} (known: exit_at_start, crash_after:N, never_ready, "
-                "hang_mid_stream[:N], degrade:PCT, refuse_bind)"
+                "hang_mid_stream[:N], degrade:PCT, refuse_bind, hold_from:N:PATH)"
             )
     return FaultPlan(**fields)

@@ -157,6 +157,7 @@ class Scheduler:
                 admit = self._take_prefill_batch()
                 batch = list(self.running)
             self._check_crash()
+            self._maybe_hold(admit)
             self._maybe_reload_costs()
             # A batch cannot start before its last request arrived. Anchor to the arrival time
             # it recorded, not to when this thread woke up: a 0.2 ms wake-up would otherwise
@@ -398,6 +399,14 @@ class Scheduler:
             os.kill(os.getpid(), signal.SIGABRT)
             time.sleep(1.0)
             os._exit(134)
+
+    def _maybe_hold(self, admit: list[SimRequest]) -> None:
+        """The `hold_from` barrier: admit nothing from request N on while its file exists."""
+        at, path = self.faults.hold_from, self.faults.hold_path
+        if at is None or not path or not any((r.index or 0) >= at for r in admit):
+            return
+        while os.path.exists(path):
+            time.sleep(0.02)
 
     def _maybe_hang(self, req: SimRequest) -> None:
         at = self.faults.hang_at_request
