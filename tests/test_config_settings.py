@@ -18,6 +18,7 @@ import yaml
 from orchestrator.config import settings
 from orchestrator.config.compose import compose_config, to_yaml
 from orchestrator.config.schema import BenchConf, SimTargetConf, SpaceParamConf
+from orchestrator.errors import UserError
 from orchestrator.store import RunStore
 
 SAVED = Path(__file__).parent / "fixtures" / "saved_run"
@@ -74,3 +75,19 @@ def test_a_setting_added_later_takes_its_default_and_one_removed_is_dropped():
     assert s.target.gpu_state == "" and s.cluster.rejoin_timeout_s == 600.0
     assert not hasattr(s, "setting_since_removed") and not hasattr(s.bench, "retired_knob")
     assert s.bench.requests == values["bench"]["requests"]
+
+
+def test_a_saved_sweep_keeps_its_space_and_drops_a_retired_level_setting():
+    cfg = compose_config("sweep", ["target=sim", "space=nccl_quick"])
+    values = yaml.safe_load(to_yaml(cfg))
+    first = next(iter(values["space"]["params"]))
+    values["space"]["params"][first]["retired"] = True
+    s = settings.load_saved(yaml.safe_dump(values))
+    assert s.space == settings.settings_of(cfg).space
+
+
+def test_a_saved_value_of_the_wrong_type_is_one_line():
+    values = yaml.safe_load((SAVED / "config.yaml").read_text())
+    values["bench"]["requests"] = "many"
+    with pytest.raises(UserError, match="does not fit the schema"):
+        settings.load_saved(yaml.safe_dump(values))

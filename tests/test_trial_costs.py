@@ -111,13 +111,13 @@ import json, sys
 from pathlib import Path
 from omegaconf import OmegaConf
 from orchestrator.control import ray_cluster
-from orchestrator.config.compose import compose_config
+from orchestrator.config.compose import compose_settings
 from orchestrator.control.controller import Controller
 from orchestrator.records import Candidate
 from orchestrator.run.rundir import create_run
 
 repo, sha, runs = sys.argv[1:4]
-cfg = compose_config("trial", ["target=command", f"repo={repo}", f"runs_dir={runs}",
+cfg = compose_settings("trial", ["target=command", f"repo={repo}", f"runs_dir={runs}",
                                "target.bench=echo 1", "bench.repetitions=1",
                                "bench.warmup_requests=0"])
 run_dir, store = create_run(cfg)

@@ -29,8 +29,6 @@ import math
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from omegaconf import DictConfig, OmegaConf
-
 from orchestrator.answer.provisional import so_far
 from orchestrator.answer.text import name_points
 from orchestrator.commands import bisect_release, common
@@ -42,6 +40,7 @@ from orchestrator.commands.bisect_stop import (
 )
 from orchestrator.config import params as experiment_params
 from orchestrator.config.bisect import bisect_strategy
+from orchestrator.config.settings import RunSettings, as_dict, evolve, load_saved
 from orchestrator.control.drive import FixedPoints, drive, replay, unreported
 from orchestrator.control.repetitions import RepetitionDesign, RepetitionSettings
 from orchestrator.errors import RunInterrupted, UserError
@@ -50,7 +49,7 @@ from orchestrator.records import Candidate
 from orchestrator.run import findings
 from orchestrator.run.cost import describe_cost
 from orchestrator.run.noise_prior import load_noise_prior
-from orchestrator.run.rundir import create_run, run_argument, running, runs_root
+from orchestrator.run.rundir import create_run, pin_run, run_argument, running, runs_root
 from orchestrator.store import RunStore
 from orchestrator.strategies.base import Verdict
 from orchestrator.strategies.bisect import BisectStrategy
@@ -66,9 +65,10 @@ if TYPE_CHECKING:  # `execute` runs on any controller; only `_execute` starts th
 
 
 
-def validate(cfg: DictConfig) -> None:
-    common.check_common(cfg)
-    check_metric(str(cfg.metric), custom=cfg.target.name == "command", target=cfg.target)
+def validate(cfg: RunSettings) -> RunSettings:
+    """The settings checked; returned with their paths absolute (`common.check_common`)."""
+    cfg = common.check_common(cfg)
+    check_metric(cfg.metric, custom=cfg.target.name == "command", target=as_dict(cfg.target))
     regression_direction(str(cfg.metric), str(cfg.direction))
     if not cfg.good or not cfg.bad:
         raise UserError("bisect needs both endpoints: good=REF bad=REF")
@@ -81,7 +81,8 @@ def validate(cfg: DictConfig) -> None:
         raise UserError(f"max_trials must be at least 4 (got {cfg.max_trials})")
     if bisect_release.name_of(cfg):
         bisect_release.validate(cfg)
-        cfg.first_parent = True  # releases are a line
+        cfg = evolve(cfg, first_parent=True)  # releases are a line
+    return cfg
 
 
 def prior_weights(commits: list[CommitInfo], paths: list[str], ws, untouched: float) -> list[float] | None:
@@ -91,22 +92,22 @@ def prior_weights(commits: list[CommitInfo], paths: list[str], ws, untouched: fl
     return [1.0 if ws.touches(c, paths) else untouched for c in commits]
 
 
-def plan(cfg: DictConfig) -> tuple[list[CommitInfo], list[Candidate], list[float] | None]:
+def plan(cfg: RunSettings) -> tuple[list[CommitInfo], list[Candidate], list[float] | None]:
     ws = common.workspace(cfg)
     good, bad = ws.resolve(str(cfg.good)), ws.resolve(str(cfg.bad))
     commits = ws.commits_between(good, bad, first_parent=bool(cfg.first_parent))
     if not cfg.first_parent:
         commits = graph_order(commits, ws.commit_infos(boundary_parents(commits)))
-    base = common.candidate(OmegaConf.merge(cfg, {"commit": good}), ws)
+    base = common.candidate(evolve(cfg, commit=good), ws)
     points = [dataclasses.replace(base, commit=c.sha) for c in commits]
     untouched = experiment_params.of(cfg).untouched_weight
     weights = prior_weights(commits, list(cfg.paths), ws, untouched)
     return commits, points, weights
 
 
-def reference_level(cfg: DictConfig) -> tuple[float, str] | None:
+def reference_level(cfg: RunSettings) -> tuple[float, str] | None:
     """The metric's geometric mean in `reference=RUN`, and the run's name; None without one."""
-    if not cfg.get("reference"):
+    if not cfg.reference:
         return None
     from orchestrator.commands.compare import load_reference
 
@@ -137,13 +138,13 @@ def _load_release(run_dir: Path) -> dict | None:
     return json.loads((run_dir / "commits.json").read_text()).get("release")
 
 
-def run(cfg: DictConfig) -> int:
+def run(cfg: RunSettings) -> int:
     if cfg.run_id and (runs_root(cfg) / str(cfg.run_id)).exists():
-        budget = int(cfg.max_trials) if cfg.max_trials is not None else None
+        budget = cfg.max_trials
         if budget is not None and budget < 4:
             raise UserError(f"max_trials must be at least 4 (got {budget})")
         return resume(runs_root(cfg) / str(cfg.run_id), max_trials=budget)
-    validate(cfg)
+    cfg = validate(cfg)
     reference_level(cfg)  # a bad reference is bad input: refused before anything is written
     release = None
     if bisect_release.name_of(cfg):
@@ -152,6 +153,7 @@ def run(cfg: DictConfig) -> int:
     else:
         commits, points, weights = plan(cfg)
     bisect_strategy(cfg, len(points), weights, commits)  # constructor checks before anything runs
+    cfg = pin_run(cfg)
     run_dir, store = create_run(cfg)
     _save_plan(run_dir, commits, points, weights, release)
     return _execute(cfg, run_dir, store, commits, points, weights, release)
@@ -164,9 +166,9 @@ def resume(run_dir: Path, max_trials: int | None = None) -> int:
         command = store.command
         store.close()
         raise UserError(f"{run_dir.name} is a {command or 'unknown'} run, not a bisect")
-    cfg = OmegaConf.create(store.config_yaml())
+    cfg = load_saved(store.config_yaml())
     if max_trials is not None:
-        cfg.max_trials = max_trials
+        cfg = evolve(cfg, max_trials=max_trials)
     store.interrupt_unfinished()
     commits, points, weights = _load_plan(run_dir)
     out = render.console()
@@ -231,7 +233,7 @@ def min_effect_hint(verdict: Verdict, params: experiment_params.ExperimentParams
             "a range without such a change after a few.")
 
 
-def opening_lines(cfg, strategy: BisectStrategy, reference: tuple[float, str] | None) -> list[str]:
+def opening_lines(cfg: RunSettings, strategy: BisectStrategy, reference: tuple[float, str] | None) -> list[str]:
     """What the run will spend and what it is looking for, said before it spends anything."""
     budget = strategy.budget
     if cfg.max_trials is None:
@@ -261,7 +263,7 @@ def _flag_outliers(store: RunStore, verdict: Verdict) -> None:
     store.set_trial_flags("outlier", flags)
 
 
-def execute(cfg, ctl: Controller, run_dir: Path, commits, points, weights, out,
+def execute(cfg: RunSettings, ctl: Controller, run_dir: Path, commits, points, weights, out,
             findings_name: str | None = None, progress=None,
             release: dict | None = None,
             reference: tuple | None = None) -> tuple[Verdict, dict]:
@@ -271,7 +273,7 @@ def execute(cfg, ctl: Controller, run_dir: Path, commits, points, weights, out,
     `reference`: the level the range's change is judged against, `(value, run name[, what it
     is])`, where the caller knows a better one than `reference=RUN`'s own (an investigation
     whose system changed since the reference: see `orchestrator/commands/investigate.py`)."""
-    graph = "" if cfg.get("first_parent", True) else " (the full commit graph)"
+    graph = "" if cfg.first_parent else " (the full commit graph)"
     if release is not None:
         out.print(f"{bisect_release.opening(release)} on {cfg.metric} with {len(ctl.nodes)}"
                   " node(s)")
@@ -290,8 +292,7 @@ def execute(cfg, ctl: Controller, run_dir: Path, commits, points, weights, out,
     if settings.adaptive and settings.prior:
         prior = load_noise_prior(run_dir, nodes=ctl.nodes, metric=str(cfg.metric))
         out.print(prior.describe())
-    design = RepetitionDesign(settings, OmegaConf.to_container(cfg.target, resolve=True),
-                              str(cfg.metric),
+    design = RepetitionDesign(settings, as_dict(cfg.target), cfg.metric,
                               on_change=lambda text: (progress.note if progress is not None
                                                       else out.print)(text), prior=prior)
     # The report replays the posterior from it (a commit range's: an investigation's release
@@ -401,7 +402,7 @@ def execute(cfg, ctl: Controller, run_dir: Path, commits, points, weights, out,
     return verdict, doc
 
 
-def _execute(cfg, run_dir: Path, store: RunStore, commits, points, weights,
+def _execute(cfg: RunSettings, run_dir: Path, store: RunStore, commits, points, weights,
              release: dict | None = None) -> int:
     from orchestrator.control.controller import Controller
 

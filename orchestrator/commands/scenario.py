@@ -15,8 +15,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from omegaconf import DictConfig
-
+from orchestrator.config.settings import RunSettings
 from orchestrator.errors import UserError
 from orchestrator.run.rundir import runs_root
 from orchestrator.targets.sim.scenario import DEFAULT_PRESET, PRESETS, generate_scenario
@@ -29,12 +28,12 @@ def generate(out: Path, commits: int, seed: int, preset: str = DEFAULT_PRESET) -
     return generate_scenario(Path(out), commits, seed, preset).repo
 
 
-def run(cfg: DictConfig) -> int:
+def run(cfg: RunSettings) -> int:
     if not cfg.out:
         raise UserError(f"where to? usage: sleuth scenario out=DIR [commits=N] [seed=S]"
                         f" [preset={'|'.join(PRESETS)}], or out=DIR apply=reference|now")
     out = Path(str(cfg.out)).expanduser().resolve()
-    if cfg.get("apply"):
+    if cfg.apply:
         return apply(cfg, out, str(cfg.apply))
     scenario = generate_scenario(out, int(cfg.commits), int(cfg.seed), str(cfg.preset))
     truth = scenario.truth
@@ -59,7 +58,7 @@ def _state_files(out: Path, when: str) -> dict[str, Path]:
     return {what: path for what, path in found.items() if path.is_file()}
 
 
-def apply(cfg: DictConfig, out: Path, when: str) -> int:
+def apply(cfg: RunSettings, out: Path, when: str) -> int:
     """Copy the scenario's `when` state into each simulated node's state directory."""
     from orchestrator.commands.common import check_nodes_free
     from orchestrator.runner.node import held_message, holder_of

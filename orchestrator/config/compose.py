@@ -7,13 +7,8 @@ output directory; compose gives us only the merged, type-checked config.
 
 from __future__ import annotations
 
-import dataclasses
-import functools
 import re
-import types
-import typing
 from pathlib import Path
-from typing import Any
 
 from hydra import compose, initialize_config_dir
 from hydra.core.config_store import ConfigStore
@@ -23,47 +18,10 @@ from omegaconf import DictConfig, OmegaConf
 from orchestrator.config import schema
 from orchestrator.config.checks import check_values
 from orchestrator.config.overrides import check_overrides
+from orchestrator.config.settings import RunSettings, settings_of, writable
 from orchestrator.errors import UserError
 
 CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
-
-
-@functools.cache
-def writable(cls: type) -> type:
-    """A mutable twin of a frozen schema class, for Hydra to compose over.
-
-    The schema's classes are frozen because they are the typed settings every layer reads
-    (`orchestrator/config/settings.py`); OmegaConf marks a frozen class's nodes read-only,
-    which would refuse every override. The twin has the same fields, defaults and metadata;
-    its nested schema classes are twins too."""
-    hints = typing.get_type_hints(cls)
-    fields = []
-    for f in dataclasses.fields(cls):
-        kept: dict[str, Any] = {"metadata": f.metadata}
-        if f.default is not dataclasses.MISSING:
-            kept["default"] = f.default
-        if f.default_factory is not dataclasses.MISSING:
-            factory = f.default_factory
-            kept["default_factory"] = (writable(factory) if dataclasses.is_dataclass(factory)
-                                       else factory)
-        fields.append((f.name, _twin_hint(hints[f.name]), dataclasses.field(**kept)))
-    twin = dataclasses.make_dataclass(cls.__name__, fields)
-    twin.__module__ = cls.__module__
-    twin.__doc__ = cls.__doc__
-    return twin
-
-
-def _twin_hint(hint: Any) -> Any:
-    if dataclasses.is_dataclass(hint):
-        return writable(hint)  # type: ignore[arg-type]
-    args = typing.get_args(hint)
-    if not args or not any(dataclasses.is_dataclass(a) for a in args):
-        return hint
-    twins = tuple(_twin_hint(a) for a in args)
-    origin = typing.get_origin(hint)
-    if origin in (types.UnionType, typing.Union):
-        return typing.Union[twins]  # noqa: UP007 - built from a tuple
-    return origin[twins]
 
 
 def register(cs: ConfigStore | None = None) -> None:
@@ -260,6 +218,12 @@ def compose_config(
             cfg.metric = default_metric
     check_values(cfg)  # numbers and names, once, for every command
     return cfg
+
+
+def compose_settings(command: str, overrides: list[str], *,
+                     config_dir: str | Path | None = None) -> RunSettings:
+    """The typed settings of `compose_config`'s configuration (what every command runs with)."""
+    return settings_of(compose_config(command, overrides, config_dir=config_dir))
 
 
 def to_yaml(cfg: DictConfig) -> str:

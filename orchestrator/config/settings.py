@@ -14,6 +14,7 @@ default and a setting since removed is dropped, so an old run still resumes.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import types
 import typing
 from collections.abc import Mapping
@@ -28,7 +29,7 @@ from orchestrator.errors import UserError
 T = TypeVar("T")
 
 __all__ = ["RunSettings", "TargetConf", "as_dict", "build", "evolve", "load_saved", "params",
-           "settings_of", "to_yaml"]
+           "saved_values", "settings_of", "to_yaml"]
 
 
 def settings_of(cfg: DictConfig) -> RunSettings:
@@ -39,11 +40,61 @@ def settings_of(cfg: DictConfig) -> RunSettings:
 
 
 def load_saved(text: str | None) -> RunSettings:
-    """A stored run's configuration merged onto today's schema (see the module docstring)."""
+    """A stored run's configuration merged onto today's schema (see the module docstring):
+    what the schema no longer knows is dropped, what it added takes its default, and each
+    value is checked and converted to its field's type as at composition."""
+    values = _known(RunSettings, saved_values(text))
+    layers: list[Any] = [OmegaConf.structured(writable(RunSettings))]
+    target = values.get("target")
+    if isinstance(target, Mapping):
+        cls = TARGET_SCHEMAS.get(str(target.get("name", "")))
+        if cls is None:
+            raise UserError(f"unknown target {target.get('name')!r} in the run's configuration")
+        values["target"] = _known(cls, target)
+        layers.append({"target": OmegaConf.structured(writable(cls))})
+    try:
+        merged = OmegaConf.merge(*layers, values)
+        plain = OmegaConf.to_container(merged, resolve=True)
+    except Exception as exc:  # OmegaConf raises many types; all mean "not this schema"
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise UserError(f"the run's stored configuration does not fit the schema: {first}") \
+            from exc
+    assert isinstance(plain, dict)
+    return build(plain)
+
+
+def _known(cls: type, values: Mapping[str, Any]) -> dict[str, Any]:
+    """`values` without the keys `cls` (and the records nested in it) does not declare."""
+    hints = typing.get_type_hints(cls)
+    out: dict[str, Any] = {}
+    for f in dataclasses.fields(cls):  # type: ignore[arg-type]
+        if f.name not in values:
+            continue
+        out[f.name] = _known_value(hints[f.name], values[f.name])
+    return out
+
+
+def _known_value(hint: Any, value: Any) -> Any:
+    if not isinstance(value, Mapping):
+        return value
+    if dataclasses.is_dataclass(hint):
+        return _known(hint, value)  # type: ignore[arg-type]
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if origin in (types.UnionType, typing.Union):
+        inner = [a for a in args if a is not type(None)]
+        return _known_value(inner[0], value) if len(inner) == 1 else value
+    if origin is dict:
+        return {k: _known_value(args[1], v) for k, v in value.items()}
+    return value
+
+
+def saved_values(text: str | None) -> dict[str, Any]:
+    """A stored configuration as written, plain containers, nothing filled in: for comparing
+    two runs' sections as they were recorded (`orchestrator/run/noise_prior.py`)."""
     values = OmegaConf.to_container(OmegaConf.create(text or "{}"), resolve=True)
     if not isinstance(values, dict):
         raise UserError("the run's stored configuration is not a mapping")
-    return build(values)
+    return values
 
 
 def build(values: Mapping[str, Any]) -> RunSettings:
@@ -122,6 +173,44 @@ def _target(values: Mapping[str, Any]) -> TargetConf:
     if cls is None:
         raise UserError(f"unknown target {name!r} (known: {', '.join(TARGET_SCHEMAS)})")
     return _record(cls, values)
+
+
+@functools.cache
+def writable(cls: type) -> type:
+    """A mutable twin of a frozen schema class, for Hydra to compose over.
+
+    The schema's classes are frozen because they are the typed settings every layer reads
+    (`orchestrator/config/settings.py`); OmegaConf marks a frozen class's nodes read-only,
+    which would refuse every override. The twin has the same fields, defaults and metadata;
+    its nested schema classes are twins too."""
+    hints = typing.get_type_hints(cls)
+    fields = []
+    for f in dataclasses.fields(cls):
+        kept: dict[str, Any] = {"metadata": f.metadata}
+        if f.default is not dataclasses.MISSING:
+            kept["default"] = f.default
+        if f.default_factory is not dataclasses.MISSING:
+            factory = f.default_factory
+            kept["default_factory"] = (writable(factory) if dataclasses.is_dataclass(factory)
+                                       else factory)
+        fields.append((f.name, _twin_hint(hints[f.name]), dataclasses.field(**kept)))
+    twin = dataclasses.make_dataclass(cls.__name__, fields)
+    twin.__module__ = cls.__module__
+    twin.__doc__ = cls.__doc__
+    return twin
+
+
+def _twin_hint(hint: Any) -> Any:
+    if dataclasses.is_dataclass(hint):
+        return writable(hint)  # type: ignore[arg-type]
+    args = typing.get_args(hint)
+    if not args or not any(dataclasses.is_dataclass(a) for a in args):
+        return hint
+    twins = tuple(_twin_hint(a) for a in args)
+    origin = typing.get_origin(hint)
+    if origin in (types.UnionType, typing.Union):
+        return typing.Union[twins]  # noqa: UP007 - built from a tuple
+    return origin[twins]
 
 
 def _value(hint: Any, value: Any) -> Any:
