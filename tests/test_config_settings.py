@@ -91,3 +91,21 @@ def test_a_saved_value_of_the_wrong_type_is_one_line():
     values["bench"]["requests"] = "many"
     with pytest.raises(UserError, match="does not fit the schema"):
         settings.load_saved(yaml.safe_dump(values))
+
+
+def test_a_target_reads_its_typed_record_and_a_plain_mapping_gets_the_schema_defaults(tmp_path):
+    from orchestrator.config.schema import CommandTargetConf
+    from orchestrator.targets.base import NodeContext
+    from orchestrator.targets.registry import make_target
+
+    s = settings.settings_of(compose_config("trial", ["target=command", "target.bench=b --n 3",
+                                                      "target.shell=true", "bench.requests=5"]))
+    node = NodeContext("n0", tmp_path / "node")
+    target = make_target(s.target, s.bench, node)
+    assert target.settings is s.target and target.bench_settings is s.bench
+    assert target.argv("b --n 3") == ["/bin/sh", "-c", "b --n 3"]  # target.shell read typed
+    assert target.conf == settings.as_dict(s.target)  # the plain view holds the same values
+    bare = make_target({"name": "command", "bench": "b"}, {}, node)
+    assert isinstance(bare.settings, CommandTargetConf)
+    assert bare.settings.pythonpath == [".", "src"] and bare.bench_settings.requests == 4
+    assert len(bare.requests()) == 4

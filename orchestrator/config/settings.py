@@ -23,13 +23,14 @@ from typing import Any, TypeVar
 from omegaconf import DictConfig, OmegaConf
 
 from orchestrator.config import params as experiment_params
-from orchestrator.config.schema import TARGET_SCHEMAS, RunSettings, TargetConf
+from orchestrator.config.schema import TARGET_SCHEMAS, BenchConf, RunSettings, TargetConf
 from orchestrator.errors import UserError
 
 T = TypeVar("T")
 
-__all__ = ["RunSettings", "TargetConf", "as_dict", "build", "evolve", "load_saved", "params",
-           "saved_values", "settings_of", "to_yaml"]
+__all__ = ["BenchConf", "RunSettings", "TargetConf", "as_dict", "bench_record", "build",
+           "evolve", "load_saved", "params", "saved_values", "settings_of", "target_record",
+           "to_yaml"]
 
 
 def settings_of(cfg: DictConfig) -> RunSettings:
@@ -101,6 +102,17 @@ def build(values: Mapping[str, Any]) -> RunSettings:
     """`RunSettings` from a plain mapping: missing keys take the schema's defaults, keys the
     schema does not know are dropped (a saved run's; a composed config has none)."""
     return _record(RunSettings, values)
+
+
+def target_record(conf: TargetConf | Mapping[str, Any]) -> TargetConf:
+    """A target's settings as its record; a plain mapping (a sim oracle's, a test's) is built
+    into its target's class with the schema's defaults for what it leaves out."""
+    return conf if isinstance(conf, TargetConf) else _target(conf)
+
+
+def bench_record(bench: BenchConf | Mapping[str, Any]) -> BenchConf:
+    """The benchmark settings as their record (see `target_record`)."""
+    return bench if isinstance(bench, BenchConf) else _record(BenchConf, bench)
 
 
 def params(settings: RunSettings) -> experiment_params.ExperimentParams:

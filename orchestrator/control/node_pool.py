@@ -18,7 +18,7 @@ from pathlib import Path
 
 import ray
 
-from orchestrator.config.settings import RunSettings, as_dict
+from orchestrator.config.settings import RunSettings
 from orchestrator.control.ray_cluster import NODE_RESOURCE, node_name, sleuth_nodes
 from orchestrator.errors import NodeBusy, NodesLost, UserError
 from orchestrator.runner.node import NodeRunner, held_message
@@ -100,7 +100,7 @@ class NodePool:
         return name
 
     def _new_actor(self, name: str, adopt: tuple[str, ...] = (), wait_s: float = 0.0):
-        target, bench = as_dict(self.cfg.target), as_dict(self.cfg.bench)
+        target, bench = self.cfg.target, self.cfg.bench
         state_dir = self.runs_dir / ".nodes" / name
         options: dict = {"num_cpus": 0, "max_concurrency": 4, "max_restarts": 0}
         if name in self.placement:  # pinned to its Ray node; the resource admits one actor

@@ -18,7 +18,7 @@ import sys
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 
-from orchestrator.config.settings import RunSettings, as_dict, evolve
+from orchestrator.config.settings import RunSettings, evolve
 from orchestrator.errors import UserError
 from orchestrator.packages.overlay import (
     OVERLAYS_DIRNAME,
@@ -69,9 +69,9 @@ def interpreter(cfg: RunSettings) -> str:
     from orchestrator.targets.base import NodeContext
     from orchestrator.targets.registry import make_target
 
-    conf, bench = as_dict(cfg.target), as_dict(cfg.bench)
     try:
-        target = make_target(conf, bench, NodeContext("controller", runs_root(cfg) / ".nodes"))
+        target = make_target(cfg.target, cfg.bench,
+                             NodeContext("controller", runs_root(cfg) / ".nodes"))
         return target.python_executable()
     except Exception:
         return sys.executable
