@@ -84,7 +84,7 @@ def run_virtual(cfg: RunSettings, seed: int, *, oracle_seed: int | None = None,
     bench_conf = as_dict(cfg.bench)
     space = setup.space(cfg, target_conf)
     settings = setup.settings(cfg)
-    oracle = SimOracle(target_conf, bench_conf, metric=str(cfg.metric),
+    oracle = SimOracle(target_conf, bench_conf, metric=cfg.metric,
                        seed=seed if oracle_seed is None else oracle_seed)
     sampler = make_sampler(settings.sampler, space, seed=seed,
                            budget=settings.budget,
@@ -93,7 +93,7 @@ def run_virtual(cfg: RunSettings, seed: int, *, oracle_seed: int | None = None,
                        maximize=settings.maximize)
     search = SweepSearch(space, study, base_candidate(), target_conf, settings)
     in_flight: deque = deque()
-    nodes = int(cfg.nodes)
+    nodes = cfg.nodes
     while not search.done:
         in_flight.extend(search.propose(nodes - len(in_flight)))
         if not in_flight:
@@ -135,9 +135,9 @@ def main(argv: list[str] | None = None) -> int:
     cfg = compose_settings("sweep", [*DEFAULTS, *ns.overrides])
     target_conf = as_dict(cfg.target)
     space = setup.space(cfg, target_conf)
-    maximize = setup.maximize(str(cfg.metric), str(cfg.direction))
+    maximize = setup.maximize(cfg.metric, cfg.direction)
     oracle = SimOracle(target_conf, as_dict(cfg.bench),
-                       metric=str(cfg.metric))
+                       metric=cfg.metric)
     t = truth(space, oracle, target_conf, maximize)
     print(f"space {space.name}: {t.size} configurations; metric {cfg.metric}; "
           f"{cfg.trials} trials on {cfg.nodes} node(s); sampler {cfg.sampler}")

@@ -69,15 +69,15 @@ def validate(cfg: RunSettings) -> RunSettings:
     """The settings checked; returned with their paths absolute (`common.check_common`)."""
     cfg = common.check_common(cfg)
     check_metric(cfg.metric, custom=cfg.target.name == "command", target=as_dict(cfg.target))
-    regression_direction(str(cfg.metric), str(cfg.direction))
+    regression_direction(cfg.metric, cfg.direction)
     if not cfg.good or not cfg.bad:
         raise UserError("bisect needs both endpoints: good=REF bad=REF")
     if not isinstance(cfg.good, str | int) or not isinstance(cfg.bad, str | int):
         raise UserError("bisect endpoints are refs (good=REF bad=REF); candidate specs such as"
                         " good.commit=... are for sleuth isolate")
-    if not 0.5 < float(cfg.confidence) < 1.0:
+    if not 0.5 < cfg.confidence < 1.0:
         raise UserError(f"confidence must be between 0.5 and 1 (exclusive), got {cfg.confidence}")
-    if cfg.max_trials is not None and int(cfg.max_trials) < 4:
+    if cfg.max_trials is not None and cfg.max_trials < 4:
         raise UserError(f"max_trials must be at least 4 (got {cfg.max_trials})")
     if bisect_release.name_of(cfg):
         bisect_release.validate(cfg)
@@ -95,7 +95,7 @@ def prior_weights(commits: list[CommitInfo], paths: list[str], ws, untouched: fl
 def plan(cfg: RunSettings) -> tuple[list[CommitInfo], list[Candidate], list[float] | None]:
     ws = common.workspace(cfg)
     good, bad = ws.resolve(str(cfg.good)), ws.resolve(str(cfg.bad))
-    commits = ws.commits_between(good, bad, first_parent=bool(cfg.first_parent))
+    commits = ws.commits_between(good, bad, first_parent=cfg.first_parent)
     if not cfg.first_parent:
         commits = graph_order(commits, ws.commit_infos(boundary_parents(commits)))
     base = common.candidate(evolve(cfg, commit=good), ws)
@@ -112,7 +112,7 @@ def reference_level(cfg: RunSettings) -> tuple[float, str] | None:
     from orchestrator.commands.compare import load_reference
 
     ref = load_reference(cfg, str(cfg.reference))
-    values = [v for v in ref["values"].get(str(cfg.metric), []) if v and v > 0]
+    values = [v for v in ref["values"].get(cfg.metric, []) if v and v > 0]
     if not values:
         raise UserError(f"reference {cfg.reference} has no measured {cfg.metric} value")
     return math.exp(sum(math.log(v) for v in values) / len(values)), str(ref["name"])
@@ -240,7 +240,7 @@ def opening_lines(cfg: RunSettings, strategy: BisectStrategy, reference: tuple[f
         spend = f"budget: {budget} restarts (the default; max_trials=N sets another)"
     else:
         spend = f"budget: {budget} restarts (max_trials)"
-    metric = str(cfg.metric)
+    metric = cfg.metric
     if strategy.min_effect_pct is not None:
         chase = (f"looking for a change of {metric} of at least {strategy.min_effect_pct:g}% "
                  "(experiment.params.min_effect_pct); smaller ones do not count")
@@ -290,7 +290,7 @@ def execute(cfg: RunSettings, ctl: Controller, run_dir: Path, commits, points, w
     out.print(settings.describe())
     prior = None
     if settings.adaptive and settings.prior:
-        prior = load_noise_prior(run_dir, nodes=ctl.nodes, metric=str(cfg.metric))
+        prior = load_noise_prior(run_dir, nodes=ctl.nodes, metric=cfg.metric)
         out.print(prior.describe())
     design = RepetitionDesign(settings, as_dict(cfg.target), cfg.metric,
                               on_change=lambda text: (progress.note if progress is not None
@@ -307,7 +307,7 @@ def execute(cfg: RunSettings, ctl: Controller, run_dir: Path, commits, points, w
     def announce(v: Verdict, say) -> None:
         if "reproduced" not in said and v.status in ("searching", "verifying"):
             said.add("reproduced")
-            for line in reproduction_notice(v, str(cfg.metric), budget, design):
+            for line in reproduction_notice(v, cfg.metric, budget, design):
                 say(line)
         for note in v.notes:  # a withdrawn reproduction, an early stop: said when it happens
             if note.startswith(("retracted", "stopped early")) and note not in said:
@@ -342,14 +342,14 @@ def execute(cfg: RunSettings, ctl: Controller, run_dir: Path, commits, points, w
         on_verdict(v, n)
 
     try:
-        verdict = drive(ctl, strategy, points, metric=str(cfg.metric), on_verdict=remember,
+        verdict = drive(ctl, strategy, points, metric=cfg.metric, on_verdict=remember,
                         on_system_change=system_changed, repetitions=design)
     except (KeyboardInterrupt, RunInterrupted):
         # What is known so far, stored and said before the run stops (`sleuth report` shows
         # it). Best effort: nothing here may turn a clean stop into a crash.
         try:
             last = seen[-1] if seen else strategy.verdict(replay(
-                ctl.store.trials(), FixedPoints(points), str(cfg.metric), ctl.retries))
+                ctl.store.trials(), FixedPoints(points), cfg.metric, ctl.retries))
             doc = provisional_findings(cfg, ctl, run_dir, commits, points, last,
                                        f"interrupted after {last.n_trials} restarts",
                                        findings_name)
@@ -361,15 +361,15 @@ def execute(cfg: RunSettings, ctl: Controller, run_dir: Path, commits, points, w
         raise
     rows = ctl.store.trials()
     _flag_outliers(ctl.store, verdict)
-    doc = findings.bisect_findings(run_id=ctl.store.run_id, metric=str(cfg.metric), verdict=verdict,
+    doc = findings.bisect_findings(run_id=ctl.store.run_id, metric=cfg.metric, verdict=verdict,
                                    commits=commits, keys=[p.key for p in points], rows=rows,
                                    min_effect_pct=experiment_params.of(cfg).min_effect_pct)
     if release is not None:
         doc = bisect_release.rewrite(doc, release, rows, [p.key for p in points],
-                                     metric=str(cfg.metric), direction=str(cfg.direction))
+                                     metric=cfg.metric, direction=cfg.direction)
     if verdict.status == "budget_exhausted":
         doc["answer"] = so_far(doc["answer"], why=stop_reason(verdict),
-                               confidence=float(cfg.confidence))
+                               confidence=cfg.confidence)
         doc["provisional"] = doc["answer"]["provisional"]
     changes = system_changes(rows)
     doc["system_changes"] = [c.to_json() for c in changes]
@@ -395,7 +395,7 @@ def execute(cfg: RunSettings, ctl: Controller, run_dir: Path, commits, points, w
                   f" {run_argument(run_dir)} max_trials={2 * budget}")
     for change in changes:
         out.print(change.warning)
-    silent = unreported(rows, str(cfg.metric), points)
+    silent = unreported(rows, cfg.metric, points)
     if silent:
         out.print(f"warning: {silent}")
     out.print(f"findings: {path}")

@@ -54,13 +54,13 @@ def provisional_findings(cfg: RunSettings, ctl: Controller, run_dir: Path, commi
     """The findings of a bisect stopped before its end, with its answer so far; written where
     the finished run's would be, marked `provisional`."""
     rows = ctl.store.trials()
-    doc = findings.bisect_findings(run_id=ctl.store.run_id, metric=str(cfg.metric),
+    doc = findings.bisect_findings(run_id=ctl.store.run_id, metric=cfg.metric,
                                    verdict=verdict, commits=commits,
                                    keys=[p.key for p in points], rows=rows,
                                    min_effect_pct=experiment_params.of(cfg).min_effect_pct)
     doc["answer"] = so_far(doc["answer"], why=why, searching=not verdict.done or
                            verdict.status == "budget_exhausted",
-                           confidence=float(cfg.confidence), leading=leading(verdict, commits))
+                           confidence=cfg.confidence, leading=leading(verdict, commits))
     doc["provisional"] = doc["answer"]["provisional"]
     findings.write(run_dir, doc, findings_name)
     return doc

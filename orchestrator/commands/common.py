@@ -36,7 +36,7 @@ def check_common(cfg: RunSettings) -> RunSettings:
 
     Numbers (budgets, timeouts, sizes) are range-checked once when the configuration is
     composed (`orchestrator/config/checks.py`), not here."""
-    target_class(str(cfg.target.name))
+    target_class(cfg.target.name)
     cfg = absolute_paths(cfg)
     for env in (cfg.env, cfg.target.env):
         for key in env:
@@ -48,7 +48,7 @@ def check_common(cfg: RunSettings) -> RunSettings:
                 raise UserError(f"{key} looks like a secret: export it in the environment instead"
                                 " of passing it in the configuration (sleuth stores configs)")
         check_env(env)
-    ClockPolicy.parse(str(cfg.clock))
+    ClockPolicy.parse(cfg.clock)
     cfg = packages.check_settings(cfg)
     if cfg.package.name and cfg.command != "bisect":
         raise UserError(f"package={cfg.package.name} searches releases: it is for sleuth bisect"
@@ -57,9 +57,9 @@ def check_common(cfg: RunSettings) -> RunSettings:
     if cfg.command == "sweep":  # a sweep optimises: maximize | minimize (or auto)
         from orchestrator.config.sweep import maximize
 
-        maximize(str(cfg.metric), str(cfg.direction))
+        maximize(cfg.metric, cfg.direction)
     else:  # the others explain a regression: increase | decrease (or auto)
-        regression_direction(str(cfg.metric), str(cfg.direction))
+        regression_direction(cfg.metric, cfg.direction)
     check_target_available(cfg)
     check_nodes_free(cfg)
     root = runs_root(cfg)
@@ -109,13 +109,13 @@ def check_nodes_free(cfg: RunSettings) -> None:
     """Refuse, before Ray starts, a run whose every local node another live run holds (one
     free node is enough: the held ones are skipped with a line once the run starts). On a Ray
     cluster the nodes' own locks decide, once the actors start."""
-    if str(cfg.cluster.kind) != "local":
+    if cfg.cluster.kind != "local":
         return
     from orchestrator.runner.node import held_message, holder_of
 
     root = runs_root(cfg) / ".nodes"
     held = []
-    for i in range(int(cfg.nodes)):
+    for i in range(cfg.nodes):
         holder = holder_of(root / f"local-{i}")
         if holder is None:
             return
@@ -140,7 +140,7 @@ def check_target_available(cfg: RunSettings) -> None:
     target = cfg.target
     if target.name != "sglang" or getattr(target, "engine", None) == "sim":
         return
-    if str(cfg.cluster.kind) != "local":
+    if cfg.cluster.kind != "local":
         return
     python = str(getattr(target, "python", "") or "")
     if python:

@@ -108,7 +108,7 @@ def adopt_reference_config(cfg: RunSettings, ref: dict,
     default = _user_set(cfg)
     conflicts = []
     for key, mine, theirs in (("commit", str(cfg.commit), cand.commit),
-                              ("clock", str(cfg.clock), cand.clock)):
+                              ("clock", cfg.clock, cand.clock)):
         if key == "commit" and resolve is not None and mine != str(getattr(default, key)):
             mine = resolve(mine)
         if mine != str(getattr(default, key)) and mine != theirs:

@@ -139,7 +139,7 @@ def _sweep_check(cfg: RunSettings, scenario_out: Path, space: SearchSpace, doc: 
     top = (max if maximize else min)(truth, key=lambda k: truth[k])
     got, base = truth.get(best["after_key"]), truth.get(best.get("before_key"))
     gap = abs(got / truth[top] - 1.0) * 100.0 if got else math.inf
-    ci = ((best.get("effect") or {}).get(str(cfg.metric)) or {}).get("ci") or [0.0, 0.0]
+    ci = ((best.get("effect") or {}).get(cfg.metric) or {}).get("ci") or [0.0, 0.0]
     resolution = max(2.0, (ci[1] - ci[0]) / 2.0)
     better = got is not None and base is not None and (got > base if maximize else got < base)
     hit = doc.get("verdict") == "found" and better and gap <= resolution

@@ -295,7 +295,7 @@ def _plan(cfg: RunSettings) -> tuple[RunSettings, dict | None, object, dict | No
     compare."""
     cfg = common.check_common(cfg)
     check_metric(cfg.metric, target=as_dict(cfg.target))
-    if not 0.5 < float(cfg.confidence) < 1.0:
+    if not 0.5 < cfg.confidence < 1.0:
         raise UserError(f"confidence must be between 0.5 and 1 (exclusive), got {cfg.confidence}")
     if cfg.max_trials is not None and cfg.max_trials < 4:
         raise UserError(f"max_trials must be at least 4 (got {cfg.max_trials})")

@@ -34,8 +34,8 @@ def run(cfg: RunSettings) -> int:
                         f" [preset={'|'.join(PRESETS)}], or out=DIR apply=reference|now")
     out = Path(str(cfg.out)).expanduser().resolve()
     if cfg.apply:
-        return apply(cfg, out, str(cfg.apply))
-    scenario = generate_scenario(out, int(cfg.commits), int(cfg.seed), str(cfg.preset))
+        return apply(cfg, out, cfg.apply)
+    scenario = generate_scenario(out, cfg.commits, cfg.seed, cfg.preset)
     truth = scenario.truth
     print(f"repo: {scenario.repo}")
     print(f"truth: {scenario.out / 'truth.json'}")
@@ -71,7 +71,7 @@ def apply(cfg: RunSettings, out: Path, when: str) -> int:
                         f" out={out} preset=system_change")
     check_nodes_free(cfg)  # every node held: refused, naming the holder
     root = runs_root(cfg) / ".nodes"
-    names = [f"local-{i}" for i in range(int(cfg.nodes))]
+    names = [f"local-{i}" for i in range(cfg.nodes)]
     for name in names:  # one held by a live run: its run's state is not ours to change
         holder = holder_of(root / name)
         if holder is not None:

@@ -39,7 +39,7 @@ class NodePool:
         self.run_id = run_id
         self.clocks = clocks
         self.on_event = on_event
-        self.want = int(cfg.nodes)
+        self.want = cfg.nodes
         self.actors: dict[str, object] = {}  # ready to run trials
         # cluster=ray: node name -> (Ray node id, address) the node's actor is pinned to.
         self.placement: dict[str, tuple[str, str]] = {}
