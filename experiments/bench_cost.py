@@ -17,7 +17,7 @@ repetition 30 s, 8 GPUs. Regimes:
 Each case: 32 commits, one culprit at a seeded place, a step of ``effect`` (per regime). Every
 design sees the same seeded cases; ``fixed_1``/``fixed_3``/``fixed_10`` run that many
 repetitions in every restart, ``adaptive`` starts at 3 and lets
-:func:`orchestrator.strategies.repetitions.plan_repetitions` choose each restart's count from
+:func:`orchestrator.stats.repetition_plan.plan_repetitions` choose each restart's count from
 the components estimated so far (:func:`orchestrator.stats.variance.variance_components`),
 as the drive loop does. ``adaptive_prior`` is the same with a prior from an earlier run on the
 node: an adaptive bisect of another seeded case of the regime, its sums of squares discounted
@@ -54,10 +54,10 @@ import numpy as np
 
 from orchestrator.control.repetitions import change_size
 from orchestrator.run.noise_prior import PRIOR_BETWEEN_DF, PRIOR_WITHIN_DF
+from orchestrator.stats.repetition_plan import CostModel, plan_repetitions
 from orchestrator.stats.variance import NoiseStats, noise_stats, variance_components
 from orchestrator.strategies.base import Observation
 from orchestrator.strategies.bisect import BisectStrategy
-from orchestrator.strategies.repetitions import CostModel, plan_repetitions
 
 N_COMMITS = 32
 MAX_TRIALS = 600

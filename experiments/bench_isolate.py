@@ -13,7 +13,7 @@ confidence. Cost is compared with one-factor-at-a-time (OFAT): each difference a
 together), and both ways (``(2 D + 2) * r``), which can.
 
 **System cases** (``--system``) run the whole system-level path instead of a bare oracle over
-subsets: a scenario's reference and current node (`orchestrator.targets.sim.scenario_presets`
+subsets: a scenario's reference and current node (`orchestrator.sim_scenarios.presets`
 system stories) are fingerprinted by a virtual trial (`SystemOracle`: the GPU snapshot after
 the candidate's clock policy, the server's environment after the node's launcher wrapper), the
 fingerprints are diffed, the controllable differences become changes, and each candidate the
@@ -186,6 +186,9 @@ def run_system_case(story: str, seed: int, *, k: int = 1, confidence: float = 0.
 
     from orchestrator.commands.isolate_points import IsolatePoints
     from orchestrator.records import Candidate
+    from orchestrator.sim_scenarios import presets as material
+    from orchestrator.sim_scenarios import system_stories as stories
+    from orchestrator.sim_scenarios.system_oracle import SystemOracle
     from orchestrator.system.differences import (
         apply,
         changes_from_system,
@@ -193,9 +196,6 @@ def run_system_case(story: str, seed: int, *, k: int = 1, confidence: float = 0.
         reference_good,
     )
     from orchestrator.system.fingerprint_diff import diff
-    from orchestrator.targets.sim import scenario_presets as material
-    from orchestrator.targets.sim import scenario_system as stories
-    from orchestrator.targets.sim.system_oracle import SystemOracle
 
     rng = random.Random(seed)
     reference, now, _ = stories.system_story(story, random.Random(seed))

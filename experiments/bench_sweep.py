@@ -24,11 +24,11 @@ from orchestrator.config import sweep as setup
 from orchestrator.config.compose import compose_settings
 from orchestrator.config.settings import RunSettings, as_dict, evolve
 from orchestrator.records import Candidate
-from orchestrator.strategies import sweep_importance as importance
-from orchestrator.strategies.sweep_search import SweepResult, SweepSearch
-from orchestrator.strategies.sweep_space import SearchSpace
-from orchestrator.strategies.sweep_study import make_sampler, open_study
-from orchestrator.targets.sim.sweep_oracle import SimOracle, main_effect_shares
+from orchestrator.sim_scenarios.sweep_oracle import SimOracle, main_effect_shares
+from orchestrator.strategies.sweep import importance
+from orchestrator.strategies.sweep.search import SweepResult, SweepSearch
+from orchestrator.strategies.sweep.space import SearchSpace
+from orchestrator.strategies.sweep.study import make_sampler, open_study
 
 DEFAULTS = ["target=sim", "space=nccl_pcie", "metric=output_throughput", "trials=40", "nodes=2"]
 

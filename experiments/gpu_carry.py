@@ -27,7 +27,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_DEST = ROOT / "build" / "gpu-carry"
 # What the trial path, the bisect command and its configuration import that the image lacks.
-CARRIED = ("omegaconf", "hydra-core", "antlr4-python3-runtime", "GitPython", "gitdb", "smmap")
+CARRIED = ("omegaconf", "hydra-core", "antlr4-python3-runtime", "GitPython", "gitdb", "smmap",
+           "prometheus-client")
 LIMIT_BYTES = 64 << 20
 COMPILED = (".so", ".pyd", ".dylib")
 

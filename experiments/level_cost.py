@@ -38,7 +38,7 @@ from experiments.bench_localize import (
     Regime,
     VirtualOracle,
 )
-from orchestrator.strategies.posterior import PointStats, range_posterior
+from orchestrator.strategies.bisect.posterior import PointStats, range_posterior
 
 CONFIDENCE = 0.99
 ENDPOINT_TRIALS = 2

@@ -21,7 +21,7 @@ import numpy as np
 from scipy.special import loggamma, logsumexp
 
 from orchestrator.strategies.base import Culprit, Observation, Proposal, Strategy, Verdict
-from orchestrator.strategies.bisect_history import History
+from orchestrator.strategies.bisect.history import History
 
 
 class BetaBernoulliBisector:

@@ -20,7 +20,7 @@ import numpy as np
 
 from orchestrator.strategies import BisectStrategy, Observation, Proposal, Strategy, Verdict
 from orchestrator.strategies.base import Culprit
-from orchestrator.strategies.bisect_history import History
+from orchestrator.strategies.bisect.history import History
 
 
 class KnownLevelsOracle(Strategy):

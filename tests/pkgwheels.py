@@ -53,7 +53,7 @@ def build_test_wheels(base: Path) -> Path:
     """The tests' wheel directory: `slowimp` 1.0 and 2.0 (80 ms longer to import), built with
     pip, and a simulated node's NCCL 2.27.5 wheel."""
     from orchestrator.packages.wheels import write_wheel
-    from orchestrator.targets.sim.scenario_side import wheel_files
+    from orchestrator.sim_scenarios.side_files import wheel_files
 
     out = base / "dist"
     pip_wheel(base / "src", out, "slowimp", "1.0", {"slowimp/__init__.py": "__version__ = '1.0'\n"})

@@ -22,6 +22,7 @@ from orchestrator.answer.phases import log_change, mechanism
 from orchestrator.answer.provisional import so_far
 from orchestrator.answer.text import change_text, pct_text
 from orchestrator.answer.triage import for_investigation, pick
+from orchestrator.packages.plan import NO_SOURCE
 from orchestrator.ui.report.answer import detail_lines
 
 
@@ -242,17 +243,24 @@ def test_a_bisect_verdict_names_commits_not_positions():
     assert f"commits {shas[12][:12]}..{shas[14][:12]}" in named
     assert f"between commits {shas[0][:12]} and {shas[33][:12]}" in named
     assert name_points("point 99 of 40", shas) == "point 99 of 40"  # never a wrong commit
+    # With the subjects, a commit's first mention says which change it is; later ones do not.
+    subjects = [f"subject {i}" for i in range(40)]
+    named = name_points(message + "; point 35 again", shas, subjects)
+    assert f'commit {shas[35][:12]} "subject 35" is the first bad commit' in named
+    assert named.endswith(f"; commit {shas[35][:12]} again")
+    assert f'(commit {shas[33][:12]} "subject 33" and commit {shas[34][:12]} "subject 34")' \
+        in named
 
 
 def test_a_not_tested_line_says_not_tested_once():
-    doc = {"findings": [{"id": "flashinfer", "untested": "not tested: no package source"
-                         " (packages.find_links=DIR of wheels, or packages.index_url=URL)",
+    doc = {"findings": [{"id": "flashinfer", "untested": NO_SOURCE,
                          "difference": {"label": "flashinfer: 0.2.3 -> 0.2.5"}}]}
     (group,) = not_tested(doc)
     line = detail_lines({"not_tested": [group]})[0]
     assert line.count("not tested") == 1, line
-    assert line == ("not tested: 1 difference: flashinfer 0.2.3 -> 0.2.5 (no package source"
-                    " (packages.find_links=DIR of wheels, or packages.index_url=URL))")
+    # One pair of parentheses: the reason reads as one clause, not "(... (...))".
+    assert line == ("not tested: 1 difference: flashinfer 0.2.3 -> 0.2.5 (no package source:"
+                    " give packages.find_links=DIR of wheels or packages.index_url=URL)")
 
 
 def test_mechanism_says_verify_only_left_its_graph():

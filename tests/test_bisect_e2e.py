@@ -17,9 +17,9 @@ import pytest
 
 from orchestrator.commands import bisect
 from orchestrator.config.compose import compose_settings
+from orchestrator.sim_scenarios.generate import generate_scenario
 from orchestrator.store import RunStore
 from orchestrator.targets.sim import gpu_state
-from orchestrator.targets.sim.scenario import generate_scenario
 from tests.conftest import kill_after_finished
 
 pytestmark = pytest.mark.e2e
@@ -125,7 +125,7 @@ def _outlier_run(tmp_path: Path, seed: int):
                   for c in bad_count}
     alone = {t for t in slow if bad_count[commit_of[t]] < max(good_count[commit_of[t]], 2)}
     # Such an agreeing pair is a replicated level, and so widens the hull a lone reading is
-    # judged against (bisect_outliers): a lone 3x reading next to such a level (a long run can
+    # judged against (strategies/bisect/outliers.py): a lone 3x reading next to such a level (a long run can
     # hold one) is not flagged either. The others must be.
     value = {r.id: sum(m.metrics["verify_ms"] for m in r.result.measurements)
              / len(r.result.measurements) for r in rows}

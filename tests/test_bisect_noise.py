@@ -13,11 +13,11 @@ import pytest
 from experiments.bench_localize import N_COMMITS, VirtualOracle, drive, judge, regime
 from orchestrator.stats.effect import log_difference
 from orchestrator.strategies import BisectStrategy, Observation
-from orchestrator.strategies.bisect_history import History
-from orchestrator.strategies.bisect_levels import fit_levels
-from orchestrator.strategies.bisect_model import StageData, stage_posterior
-from orchestrator.strategies.bisect_outliers import KEPT, OUTLIER, PENDING, flag_trials
-from orchestrator.strategies.posterior import PointStats, range_posterior
+from orchestrator.strategies.bisect.history import History
+from orchestrator.strategies.bisect.levels import fit_levels
+from orchestrator.strategies.bisect.model import StageData, stage_posterior
+from orchestrator.strategies.bisect.outliers import KEPT, OUTLIER, PENDING, flag_trials
+from orchestrator.strategies.bisect.posterior import PointStats, range_posterior
 
 
 def _loop(strategy: BisectStrategy, measure, limit: int = 400) -> list[Observation]:
@@ -251,8 +251,8 @@ def test_a_run_ends_only_once_what_it_leaves_is_shown_or_bounded(name, case):
     """The end condition of the resolution rule: the whole unexplained change excludes zero,
     or its interval lies within a step as large as the one named, or its anchors are measured
     up to the cap."""
-    from orchestrator.strategies.bisect_later import resolution
-    from orchestrator.strategies.bisect_remainders import contrast_weights, unexplained_total
+    from orchestrator.strategies.bisect.later import resolution
+    from orchestrator.strategies.bisect.remainders import contrast_weights, unexplained_total
 
     strategy, verdict, oracle, _ = _run(name, case)
     assert verdict.status == "found"
@@ -269,7 +269,7 @@ def test_a_significant_whole_remainder_with_no_significant_part_is_said_unexplai
     """The sentence for a "total" part: the size with its interval, and that it is not pinned
     to one sub-range, beside the parts that are each not distinguishable from no change."""
     from orchestrator.strategies.base import Culprit, Unexplained
-    from orchestrator.strategies.bisect_verdict import _parts_sentence
+    from orchestrator.strategies.bisect.verdict import _parts_sentence
 
     parts = [Unexplained(0, 99, 3.1, (-0.8, 7.2), False),
              Unexplained(100, 255, 3.4, (-0.6, 7.6), False),

@@ -108,6 +108,40 @@ def test_resume_counts_finished_and_interrupted_trials(tmp_path):
     store.close()
 
 
+def test_every_resumable_command_reopens_its_run_the_same_way(tmp_path, capsys):
+    """The preamble the four resumable commands share: the saved config reaches the command's
+    own preparation; only then are cut-short trials interrupted and the run `running` again.
+    A run of another command, or a preparation that refuses, leaves the store as it was."""
+    from orchestrator.errors import UserError
+    from orchestrator.store import RunStore
+
+    cfg = compose_settings("isolate", ["target=sim", f"runs_dir={tmp_path}", "run_id=r"])
+    run_dir, store = create_run(cfg)
+    cand = Candidate.make("a" * 40)
+    _finish(store, cand, Outcome.OK)
+    cut = store.begin_trial(store.candidate_id(cand), node="local-0", phase="search")
+    store.set_status("interrupted")
+    store.close()
+    with pytest.raises(UserError, match="r is an isolate run, not a bisect"):
+        common.reopen_run(run_dir, "bisect", lambda c: (c, None))
+
+    def refuse(saved):
+        raise UserError("the plan is gone")
+
+    with pytest.raises(UserError, match="the plan is gone"):
+        common.reopen_run(run_dir, "isolate", refuse)
+    untouched = RunStore.open(run_dir / "trials.db", readonly=True)
+    assert untouched.trial(cut).outcome is None and untouched.status() == "interrupted"
+    untouched.close()
+    capsys.readouterr()
+    store, saved, prepared = common.reopen_run(run_dir, "isolate",
+                                               lambda c: (c, ("plan", c.metric)))
+    assert prepared == ("plan", cfg.metric) and saved.run_id == "r"
+    assert store.trial(cut).outcome is Outcome.INTERRUPTED and store.status() == "running"
+    assert "resuming r: 1 finished trial reused, 1 interrupted" in capsys.readouterr().out
+    store.close()
+
+
 @pytest.mark.parametrize("command, resumable", [("bisect", True), ("compare", False)])
 def test_ctrl_c_ends_with_the_resume_line(tmp_path, command, resumable):
     cfg = compose_settings(command, ["target=sim", f"runs_dir={tmp_path}", "run_id=stopped"])

@@ -8,15 +8,15 @@ import random
 import numpy as np
 import pytest
 
-from orchestrator.control.repetitions import components_of
+from orchestrator.control.repetitions import RepetitionDesign, RepetitionSettings, components_of
 from orchestrator.records import Candidate, Measurement, Outcome, TrialResult
-from orchestrator.run.cost import cost_model, gpus_of, time_scale_of, trial_cost
+from orchestrator.run.cost import cost_model, describe_cost, gpus_of, time_scale_of, trial_cost
+from orchestrator.stats.repetition_plan import CostModel, efficiency, plan_repetitions
 from orchestrator.stats.variance import variance_components
 from orchestrator.store import RunStore
 from orchestrator.strategies.base import Observation
-from orchestrator.strategies.bisect_levels import fit_levels
-from orchestrator.strategies.evidence import Evidence
-from orchestrator.strategies.repetitions import CostModel, efficiency, plan_repetitions
+from orchestrator.strategies.bisect.evidence import Evidence
+from orchestrator.strategies.bisect.levels import fit_levels
 
 
 def _data(rng: random.Random, sd_r: float, sd_e: float, commits: int, restarts: int,
@@ -110,6 +110,37 @@ def test_trial_cost_split_and_store_round_trip(tmp_path):
     comp = components_of([row, row], "m")  # the same candidate twice: restarts agree exactly
     assert comp.restarts == 2 and comp.repetition.df == 2
     store.close()
+
+
+def test_progress_states_the_measured_cost_the_closing_line_states(tmp_path):
+    """The progress shows the stored trials' measured GPU time (the figure the run's closing
+    `cost:` line gives), not a model's estimate; the simulator's is called modeled."""
+    store = RunStore.create(tmp_path / "run.db", run_id="r", command="bisect", config_yaml="")
+    cand = store.candidate_id(Candidate.make("abc"))
+    for start in (100.0, 200.0):
+        tid = store.begin_trial(cand, node="n0", phase="search")
+        store.finish_trial(tid, TrialResult(
+            Outcome.OK, measurements=(Measurement(0, {"m": 1.0}, 2.0),
+                                      Measurement(1, {"m": 1.1}, 4.0)),
+            states=(("launching", start), ("done", start + 43.0)), started_at=start,
+            ended_at=start + 43.0, node="n0",
+            fingerprint={"gpu": {"gpus": [{"index": i} for i in range(8)]}}))
+    rows = store.trials()
+    store.close()
+    real = RepetitionDesign(RepetitionSettings(adaptive=False), {"name": "sglang"}, "m")
+    real.update(rows)
+    assert real.spent == pytest.approx(2 * 43.0 * 8 / 60)
+    assert real.spent_line() == "11.5 GPU-min spent, 3 repetitions per restart"
+    assert real.line(rows) == "2 restarts, 11.5 GPU-min"
+    real.tally(rows[:1])  # after each result, not only when repetitions are chosen
+    assert real.spent_line() == "5.7 GPU-min spent, 3 repetitions per restart"
+    sim = RepetitionDesign(RepetitionSettings(adaptive=False), {"name": "sim", "time_scale": 1},
+                           "m")
+    sim.update(rows)
+    assert sim.spent_line().startswith("11.5 modeled GPU-min spent")
+    assert sim.line(rows) == "2 restarts, 11.5 modeled GPU-min"
+    assert describe_cost(1410.0, modeled=True) == "23.5 modeled GPU-h"
+    assert describe_cost(1410.0) == "23.5 GPU-h"
 
 
 def _observations(rng: random.Random, reps_of, n: int = 40) -> list[Observation]:

@@ -10,8 +10,8 @@ import pytest
 
 from orchestrator.commands import bisect
 from orchestrator.config.compose import compose_settings
+from orchestrator.sim_scenarios.generate import generate_scenario
 from orchestrator.store import RunStore
-from orchestrator.targets.sim.scenario import generate_scenario
 from tests.test_bisect_e2e import FAST, _bisect
 
 pytestmark = pytest.mark.e2e

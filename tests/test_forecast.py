@@ -9,7 +9,7 @@ import numpy as np
 from experiments.bench_localize import N_COMMITS, REGIMES, VirtualOracle
 from experiments.forecast_check import ratios
 from orchestrator.strategies import BisectStrategy, Observation
-from orchestrator.strategies.forecast import remaining_trials
+from orchestrator.strategies.bisect.forecast import remaining_trials
 
 
 def test_the_forecast_grows_with_noise_and_with_what_is_unknown():

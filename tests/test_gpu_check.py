@@ -104,7 +104,8 @@ def test_a_ray_import_on_the_trial_path_fails_the_rehearsal(carried, tmp_path):
         shutil.copytree(ROOT / part, tree / part, ignore=ignore)
     trial = tree / "orchestrator" / "runner" / "trial.py"
     text = trial.read_text()
-    trial.write_text(text.replace("import errno\n", "import errno\n\nimport ray\n", 1))
+    assert "\nimport json\n" in text
+    trial.write_text(text.replace("\nimport json\n", "\nimport json\n\nimport ray\n", 1))
     run = subprocess.run([sys.executable, str(tree / "experiments" / "gpu_check.py")],
                          env=image_env(carried, tree, OUT=str(tmp_path / "out")), cwd=tmp_path,
                          capture_output=True, text=True, timeout=300)

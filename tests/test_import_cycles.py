@@ -132,3 +132,23 @@ def test_long_modules_say_why():
             if "Size:" not in doc:
                 long.append(f"{path.relative_to(ROOT)} ({len(lines)} lines)")
     assert not long, f"long modules without a stated reason: {long}"
+
+
+def test_strategies_hold_the_contract_and_one_package_per_strategy():
+    """`strategies/` holds the contract (`base.py`) beside one package per strategy: a module
+    at its top level would be a piece no strategy owns, or one only a single strategy uses."""
+    top = ROOT / PACKAGE / "strategies"
+    loose = sorted(p.name for p in top.glob("*.py") if p.stem not in {"__init__", "base"})
+    assert not loose, f"modules at strategies/ top level: {loose}"
+    packages = {p.name for p in top.iterdir() if (p / "__init__.py").is_file()}
+    assert {"bisect", "isolate", "sweep"} <= packages, packages
+
+
+def test_the_simulated_server_imports_none_of_the_scenarios_it_plays():
+    """`targets/sim/` is the server a trial launches; the scenario generator and the oracles
+    (`sim_scenarios/`) build on its model, never the other way round."""
+    server = f"{PACKAGE}.targets.sim"
+    found = sorted(f"{m} -> {d}" for m, deps in graph().items()
+                   if m == server or m.startswith(server + ".")
+                   for d in deps if d.startswith(f"{PACKAGE}.sim_scenarios"))
+    assert not found, found

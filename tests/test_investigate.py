@@ -32,8 +32,8 @@ from orchestrator.cli import run as cli_run
 from orchestrator.commands import investigate
 from orchestrator.commands import trial as trial_cmd
 from orchestrator.config.compose import compose_settings
+from orchestrator.sim_scenarios.generate import generate_scenario
 from orchestrator.store import RunStore
-from orchestrator.targets.sim.scenario import generate_scenario
 from orchestrator.targets.simnode import set_node_state
 from tests.conftest import kill_after_finished
 
@@ -95,7 +95,7 @@ def test_a_power_cap_and_a_commit_add_up_to_the_change(tmp_path, ray_session, ca
     assert answer["mechanism"]["phase"] == "verify"
     assert answer["mechanism"]["sm_clock_mhz"]["after"] < answer["mechanism"]["sm_clock_mhz"]["before"]
     head = "\n".join((run_dir / "report.md").read_text().splitlines()[:15])
-    assert culprit[:12] in head and "power limit 600 W -&gt; 450 W" in head
+    assert culprit[:12] in head and "power limit 600 W -> 450 W" in head
     assert "simulated node" in head.splitlines()[0]
     assert "answer: verify_ms" in printed and "simulated node" in printed
     assert sorted(d["experiment"] for d in ranked["sources"]) == [

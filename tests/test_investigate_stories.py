@@ -29,9 +29,9 @@ from orchestrator.answer.combine import LogChange
 from orchestrator.commands import investigate
 from orchestrator.commands import trial as trial_cmd
 from orchestrator.config.compose import compose_settings
+from orchestrator.sim_scenarios.generate import generate_scenario
 from orchestrator.store import RunStore
 from orchestrator.targets.sim import gpu_state
-from orchestrator.targets.sim.scenario import generate_scenario
 from orchestrator.targets.simnode import set_node_state
 
 pytestmark = pytest.mark.e2e

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import signal
 import subprocess
 import sys
 import time
+from contextlib import redirect_stdout
 from pathlib import Path
 
 import pytest
@@ -17,9 +19,9 @@ from orchestrator.commands import trial as trial_cmd
 from orchestrator.config.compose import compose_settings
 from orchestrator.packages.plan import NO_SOURCE
 from orchestrator.records import Outcome
+from orchestrator.sim_scenarios.generate import generate_scenario
 from orchestrator.store import RunStore
 from orchestrator.system.redact import REDACTED
-from orchestrator.targets.sim.scenario import generate_scenario
 from orchestrator.targets.simnode import set_node_state
 from tests.conftest import kill_after_finished
 
@@ -162,7 +164,9 @@ def test_seed_like_scenario_compare_ranks_the_clock_and_isolate_names_both_cause
 def test_sigterm_interrupts_an_isolate_and_resume_names_power_limit_and_sm_lock(tmp_path):
     """Power limit 600 -> 450 W and an SM lock at 1900 MHz, both from outside. SIGTERM in
     the middle ends the run `interrupted` with exit 130 (Ray's own SIGTERM handler used to
-    kill it); resumed, it names both, with effects, within 60 restarts."""
+    kill it), after printing and storing its answer as far as it is known, which `sleuth
+    report` opens with (it used to store nothing); resumed, it names both, with effects,
+    within 60 restarts, and its answer is final."""
     sc = generate_scenario(tmp_path / "sc", 30, 4, "clock_pair")
     runs = tmp_path / "runs"
     base = [f"repo={sc.repo}", f"runs_dir={runs}", *FAST]
@@ -173,24 +177,37 @@ def test_sigterm_interrupts_an_isolate_and_resume_names_power_limit_and_sm_lock(
     _set_nodes(tmp_path, sc.out, "now")
     args = [sys.executable, "-m", "orchestrator", "isolate", *base, "reference=reference",
             "run_id=iso"]
-    proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                            start_new_session=True)
+    log = tmp_path / "out.txt"
     db = runs / "iso" / "trials.db"
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
-        time.sleep(0.3)
-        if db.exists():
-            store = RunStore.open(db)
-            phases = [r.phase for r in store.trials() if r.finished]
-            store.close()
-            if len([p for p in phases if p != "compare"]) >= 3:
-                break
-        assert proc.poll() is None, proc.stderr.read().decode()
-    os.kill(proc.pid, signal.SIGTERM)
-    assert proc.wait(timeout=120) == 130, proc.stderr.read().decode()
+    with log.open("w") as sink:
+        proc = subprocess.Popen(args, stdout=sink, stderr=subprocess.STDOUT,
+                                start_new_session=True)
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            time.sleep(0.3)
+            if db.exists():
+                store = RunStore.open(db)
+                phases = [r.phase for r in store.trials() if r.finished]
+                store.close()
+                if len([p for p in phases if p != "compare"]) >= 3:
+                    break
+            assert proc.poll() is None, log.read_text()[-3000:]
+        os.kill(proc.pid, signal.SIGTERM)
+        assert proc.wait(timeout=120) == 130, log.read_text()[-3000:]
     store = RunStore.open(db)
     assert store.status() == "interrupted"
     store.close()
+    printed = log.read_text()
+    assert "answer: so far (interrupted after" in printed, printed[-3000:]
+    assert printed.index("answer: so far") < printed.index("continue with: sleuth resume")
+    stored = json.loads((runs / "iso" / "findings.json").read_text())["answer"]
+    assert stored["status"] == "provisional" and not stored["explains"], stored["sentence"]
+    isolate_doc = json.loads((runs / "iso" / "findings-isolate.json").read_text())
+    assert isolate_doc["provisional"]["why"].startswith("interrupted after")
+    shown = io.StringIO()
+    with redirect_stdout(shown):
+        assert cli_run(["report", "iso", f"runs_dir={runs}"]) == 0
+    assert "answer: so far (interrupted after" in shown.getvalue(), shown.getvalue()[:2000]
     assert cli_run(["resume", str(runs / "iso")]) == 0
     doc = json.loads((runs / "iso" / "findings-isolate.json").read_text())
     assert doc["verdict"] == "found", doc["message"]
@@ -198,6 +215,8 @@ def test_sigterm_interrupts_an_isolate_and_resume_names_power_limit_and_sm_lock(
     assert named == {"power_limit_w", "sm_clock_locked_mhz"}
     for f in doc["findings"]:
         assert f["effect"]["verify_ms"]["ci"][0] > 5
+    final = json.loads((runs / "iso" / "findings.json").read_text())["answer"]
+    assert final["status"] != "provisional" and "so far" not in final["sentence"]
     store = RunStore.open(db)
     isolate_trials = [r for r in store.trials() if r.phase != "compare" and r.finished
                       and r.outcome is not Outcome.INTERRUPTED]

@@ -31,7 +31,7 @@ from orchestrator.control.controller import RETRYABLE
 from orchestrator.control.drive import observation
 from orchestrator.records import Outcome
 from orchestrator.store import RunStore, TrialRow
-from orchestrator.strategies.sweep_work import parse_phase
+from orchestrator.strategies.sweep.work import parse_phase
 from tests.conftest import _our_processes
 
 TRIALS = 200

@@ -7,12 +7,12 @@ from __future__ import annotations
 import random
 
 from orchestrator.records import Candidate
+from orchestrator.sim_scenarios import presets as material
+from orchestrator.sim_scenarios import system_stories as stories
+from orchestrator.sim_scenarios.system_oracle import SystemOracle
 from orchestrator.stats import caveats
 from orchestrator.system import mechanism
 from orchestrator.system.fingerprint_diff import Difference, diff
-from orchestrator.targets.sim import scenario_presets as material
-from orchestrator.targets.sim import scenario_system as stories
-from orchestrator.targets.sim.system_oracle import SystemOracle
 
 CAND = Candidate.make("0" * 40)
 

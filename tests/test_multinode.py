@@ -22,8 +22,8 @@ from pathlib import Path
 import pytest
 
 from orchestrator.records import Outcome
+from orchestrator.sim_scenarios.generate import generate_scenario
 from orchestrator.store import RunStore
-from orchestrator.targets.sim.scenario import generate_scenario
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -23,7 +23,7 @@ from orchestrator.stats.effect import log_difference, weighted_log_difference
 from orchestrator.stats.variance import noise_stats, variance_components
 from orchestrator.store import RunStore
 from orchestrator.strategies.base import Observation
-from orchestrator.strategies.evidence import Evidence
+from orchestrator.strategies.bisect.evidence import Evidence
 
 TARGET = {"name": "sglang", "model_path": "m", "tp_size": 8}
 BENCH = {"repetitions": 3, "requests": 4}

@@ -128,8 +128,8 @@ def test_sim_investigate_names_the_nccl_release(tmp_path, ray_session):
     from orchestrator.commands import investigate as investigate_cmd
     from orchestrator.commands import trial as trial_cmd
     from orchestrator.packages.wheels import write_wheel
-    from orchestrator.targets.sim.scenario import generate_scenario
-    from orchestrator.targets.sim.scenario_side import wheel_files
+    from orchestrator.sim_scenarios.generate import generate_scenario
+    from orchestrator.sim_scenarios.side_files import wheel_files
     from orchestrator.targets.simnode import set_node_state
 
     sc = generate_scenario(tmp_path / "sc", 20, 4, "nccl_upgrade")

@@ -21,12 +21,12 @@ from orchestrator.packages.overlay import OverlayCache, OverlayError, OverlaySet
 from orchestrator.packages.pins import parse_pin, pins_of
 from orchestrator.packages.probe import mapped_libraries, python_invocation, report_of_command
 from orchestrator.records import Candidate
+from orchestrator.sim_scenarios.presets import EAGLE_LAUNCH, effects_of
 from orchestrator.system.differences import apply, changes_between, changes_from_system, level_of
 from orchestrator.system.fingerprint_diff import diff
 from orchestrator.targets.sim import model
 from orchestrator.targets.sim import packages as sim_packages
 from orchestrator.targets.sim.gpu_state import default_state
-from orchestrator.targets.sim.scenario_presets import EAGLE_LAUNCH, effects_of
 
 
 @pytest.fixture(scope="session")
@@ -329,7 +329,7 @@ def test_a_bisect_runs_every_candidate_under_the_fixed_overlay(tmp_path, wheels)
 
 
 def test_a_sweep_keeps_the_fixed_overlay():
-    from orchestrator.strategies.sweep_space import SearchSpace
+    from orchestrator.strategies.sweep.space import SearchSpace
 
     space = SearchSpace.from_conf({"name": "s", "params": {
         "NCCL_PROTO": {"kind": "env", "values": ["LL", "Simple"]}}})

@@ -21,8 +21,8 @@ from orchestrator.commands import isolate as isolate_cmd
 from orchestrator.commands import trial as trial_cmd
 from orchestrator.config.compose import compose_settings
 from orchestrator.records import Outcome
+from orchestrator.sim_scenarios.generate import generate_scenario
 from orchestrator.store import RunStore
-from orchestrator.targets.sim.scenario import generate_scenario
 from orchestrator.targets.simnode import set_node_state
 
 SIM_FAST = ["target=sim", "target.time_scale=0.02", "target.load_seconds=5", "bench.requests=2",

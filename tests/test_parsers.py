@@ -137,3 +137,41 @@ def test_plain_decode_per_step_and_0_5_9_batch_timer():
 
 def test_phase_metrics_absent_without_counters():
     assert prometheus.phase_metrics({}, prometheus.parse("sglang:num_running_reqs 1\n")) == {}
+
+
+def test_label_values_with_escapes_and_braces_are_read_as_prometheus_does():
+    """A quoted label value may hold `}`, `,`, `=` and the escapes `\\"`, `\\\\`, `\\n` (a model
+    path, a LoRA name): the sample is kept, its value unescaped, and its other labels still
+    select it. A pattern that ended the labels at the first `}` dropped such a sample."""
+    text = (
+        "# TYPE sglang:forward_execution_seconds_total counter\n"
+        'sglang:forward_execution_seconds_total{category="target_verify",model_name="m}x,y=z"} 2.5\n'
+        'sglang:forward_execution_seconds_total{category="decode",model_name="a\\"b\\\\c\\nd"} 1.5\n'
+    )
+    samples = prometheus.parse(text)
+    assert samples == {
+        ("sglang:forward_execution_seconds_total",
+         (("category", "target_verify"), ("model_name", "m}x,y=z"))): 2.5,
+        ("sglang:forward_execution_seconds_total",
+         (("category", "decode"), ("model_name", 'a"b\\c\nd'))): 1.5,
+    }
+    assert prometheus.total(samples, prometheus.FORWARD, category="target_verify") == 2.5
+    assert prometheus.total(samples, prometheus.FORWARD, model_name='a"b\\c\nd') == 1.5
+
+
+def test_a_garbled_line_costs_that_line_only():
+    """A page the parser refuses as a whole (a line cut off mid-scrape, a stray word) is read
+    line by line: every well-formed sample around the bad line is kept, as before."""
+    text = (
+        '# TYPE sglang:cuda_graph_passes_total counter\n'
+        'sglang:cuda_graph_passes_total{mode="decode_cuda_graph"} 7\n'
+        'sglang:cuda_graph_passes_total{mode="decode_none"\n'
+        'not a sample at all\n'
+        'sglang:spec_verify_calls_total{model_name="m"} 3e2 1700000000000\n'
+    )
+    samples = prometheus.parse(text)
+    assert samples == {
+        ("sglang:cuda_graph_passes_total", (("mode", "decode_cuda_graph"),)): 7.0,
+        ("sglang:spec_verify_calls_total", (("model_name", "m"),)): 300.0,
+    }
+    assert all(type(v) is float for v in samples.values())

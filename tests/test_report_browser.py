@@ -80,7 +80,7 @@ def test_report_files_of_a_real_bisect(real_run):
         assert (run_dir / name).is_file(), name
     md = (run_dir / "report.md").read_text()
     assert real_run["culprit"][:12] in md
-    assert "&lt;script&gt;" in md and "<script>" not in md
+    assert "&lt;script>" in md and "<script>" not in md
     # The terminal tables name the culprit with its probability, and the paths of both files.
     out = real_run["terminal"]
     assert real_run["culprit"][:12] in out and ">0.999" in out

@@ -95,6 +95,24 @@ def test_rows_count_once_even_with_their_events():
     assert "ETA" not in text
 
 
+def test_a_resumed_run_counts_on_from_its_stored_trials():
+    """The store's finished trials are counted (silently) from the start: a resumed run's
+    count goes on from 2, not from 0, with the store's node names and durations."""
+    buf, clock = io.StringIO(), Clock()
+    stored = [_row(1, "gpu-a", Outcome.OK, 10.0, 14.0), _row(2, "gpu-b", Outcome.CRASHED, 10.0, 16.0),
+              TrialRow(**{**_row(3, "gpu-a", Outcome.OK, 0, 0).__dict__, "outcome": None})]
+    progress = Progress(Console(file=buf, width=300, force_terminal=False), total_hint=6,
+                        clock=clock, done=stored)
+    assert buf.getvalue() == ""  # what was done before is counted, not printed again
+    progress.on_event("trial 4 started on gpu-a: abc123 (search)")
+    progress.on_event("trial 4 on gpu-a ok in 2.0s")
+    s = progress.snapshot()
+    assert (s.done, s.ok, s.failed) == (3, 2, 1)
+    assert s.nodes == ("gpu-a", "gpu-b") and s.done_per_node == {"gpu-a": 2, "gpu-b": 1}
+    assert s.mean_duration == 4.0
+    assert buf.getvalue().splitlines()[-1].startswith("progress: 3/~6 trials done (2 ok, 1 failed)")
+
+
 def test_live_panel_on_a_terminal():
     buf, clock = io.StringIO(), Clock()
     console = Console(file=buf, width=140, force_terminal=True, color_system=None)
@@ -176,7 +194,7 @@ def test_the_reproduction_notice_states_the_change_the_forecast_and_a_budget_it_
 
 
 def _isolate_verdict(status: str, label: str | None = None, probability: float = 0.0):
-    from orchestrator.strategies.isolate_report import IsolateCulprit, IsolateVerdict
+    from orchestrator.strategies.isolate.report import IsolateCulprit, IsolateVerdict
 
     culprits = ([IsolateCulprit((0,), (label,), "single", probability)]
                 if label is not None else [])

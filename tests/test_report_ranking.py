@@ -53,6 +53,23 @@ def test_causes_ranked_by_probability_then_interval_then_size():
     assert doc["findings"][3]["moved"] == {}  # an interval through zero moved nothing
 
 
+def test_the_causes_table_follows_the_answers_order():
+    """An investigation's answer lists its causes in its own order (system first, then code);
+    the ranked causes table lists them in that order too, not by probability and size."""
+    docs = [_doc("bisect", "found", _finding("commit", "c1", 1.0, 54.0, (50.0, 58.0))),
+            _doc("isolate", "found", _finding("clock", "power_limit_w", 1.0, 29.0, (27.0, 31.0)),
+                 _finding("env", "NCCL_PROTO", 0.9999, 4.0, (3.0, 5.0))),
+            _doc("sweep", "found", _finding("env", "NCCL_ALGO=Tree", None, -3.0, (-5.0, -1.0))),
+            {**_doc("investigate", "found"),
+             "answer": {"causes": [{"kind": "clock", "id": "power_limit_w"},
+                                   {"kind": "env", "id": "NCCL_PROTO"},
+                                   {"kind": "commit", "id": "c1"}]}}]
+    order = [f["id"] for f in ranking.rank(docs)["findings"]]
+    assert order == ["power_limit_w", "NCCL_PROTO", "c1", "NCCL_ALGO=Tree"]
+    # Without an answer the ranking rule stands: the larger of two equally probable causes.
+    assert [f["id"] for f in ranking.rank(docs[:3])["findings"]][:2] == ["c1", "power_limit_w"]
+
+
 def test_the_same_cause_from_two_experiments_is_one_finding():
     docs = [_doc("compare", "not_reproduced",
                  _finding("clock", "power_limit_w", None, 0.0, (0.0, 0.0), evidence=[1, 2])),

@@ -15,9 +15,9 @@ import pytest
 
 from orchestrator.commands.scenario import generate as run
 from orchestrator.errors import UserError
+from orchestrator.sim_scenarios.generate import PRESETS, ScenarioInputError, generate_scenario
+from orchestrator.sim_scenarios.presets import BASELINE_LAUNCH, EAGLE_LAUNCH, effects_of
 from orchestrator.targets.sim import gpu_state, model, profile
-from orchestrator.targets.sim.scenario import PRESETS, ScenarioInputError, generate_scenario
-from orchestrator.targets.sim.scenario_presets import BASELINE_LAUNCH, EAGLE_LAUNCH, effects_of
 
 PERF_KEYS = (
     "verify_mult", "draft_mult", "decode_mult", "prefill_mult", "allreduce_mult",
@@ -298,16 +298,16 @@ def test_every_preset_fits_in_twenty_commits(tmp_path: Path, preset: str) -> Non
 def test_thousand_commits_are_fast(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Fast by construction, counted rather than timed: the git processes a scenario starts do
     not grow with its commits (one fast-import stream), whatever the machine's load."""
-    from orchestrator.targets.sim import scenario_git
+    from orchestrator.sim_scenarios import git_repo
 
     commands: list[tuple[str, ...]] = []
-    real_run = scenario_git.subprocess.run
+    real_run = git_repo.subprocess.run
 
     def counting_run(command, *args, **kwargs):
         commands.append(tuple(command))
         return real_run(command, *args, **kwargs)
 
-    monkeypatch.setattr(scenario_git.subprocess, "run", counting_run)
+    monkeypatch.setattr(git_repo.subprocess, "run", counting_run)
     small = generate_scenario(tmp_path / "small", 20, 9, "seed_story")
     calls_for_20 = len(commands)
     commands.clear()

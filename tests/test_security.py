@@ -357,7 +357,7 @@ def test_a_hostile_ref_is_not_echoed_raw_in_the_error_line(tmp_path, capsys):
 
 
 def test_server_log_tails_are_cleaned(tmp_path):
-    from orchestrator.runner.trial import last_lines, log_tail
+    from orchestrator.runner.trial_checks import last_lines, log_tail
 
     log = tmp_path / "server.log"
     log.write_bytes(b"starting\n\x1b[2J\x1b]0;owned\x07fatal: \x1b[31mCUDA error\x1b[0m\r\n")

@@ -176,3 +176,122 @@ def test_a_full_disk_still_keeps_the_trial_that_just_finished(tiny_disk):
     store.ensure_reserve()
     assert store.reserve_path.stat().st_size >= 1 << 20
     store.close()
+
+
+# The previous release's tables, verbatim: written by one script at creation, no user_version;
+# trial_flags and repetition_times appeared only once a write needed them.
+_PREVIOUS_RELEASE_SCHEMA = """
+CREATE TABLE IF NOT EXISTS meta(key TEXT PRIMARY KEY, value TEXT);
+CREATE TABLE IF NOT EXISTS runs(
+    id TEXT PRIMARY KEY, command TEXT NOT NULL, status TEXT NOT NULL,
+    created_at REAL NOT NULL, updated_at REAL NOT NULL, config_yaml TEXT, summary_json TEXT);
+CREATE TABLE IF NOT EXISTS candidates(
+    id INTEGER PRIMARY KEY, key TEXT UNIQUE NOT NULL, spec_json TEXT NOT NULL, label TEXT);
+CREATE TABLE IF NOT EXISTS trials(
+    id INTEGER PRIMARY KEY, candidate_id INTEGER NOT NULL REFERENCES candidates(id),
+    node TEXT, phase TEXT, attempt INTEGER NOT NULL DEFAULT 1, state TEXT NOT NULL,
+    outcome TEXT, detail TEXT, created_at REAL NOT NULL, started_at REAL, ended_at REAL,
+    log_path TEXT, suspect INTEGER NOT NULL DEFAULT 0, suspect_reason TEXT);
+CREATE TABLE IF NOT EXISTS trial_states(
+    trial_id INTEGER NOT NULL REFERENCES trials(id), state TEXT NOT NULL, at REAL NOT NULL);
+CREATE TABLE IF NOT EXISTS measurements(
+    trial_id INTEGER NOT NULL REFERENCES trials(id), repetition INTEGER NOT NULL,
+    metric TEXT NOT NULL, value REAL, PRIMARY KEY (trial_id, repetition, metric));
+CREATE TABLE IF NOT EXISTS fingerprints(
+    trial_id INTEGER PRIMARY KEY REFERENCES trials(id), json TEXT NOT NULL);
+CREATE INDEX IF NOT EXISTS trials_by_candidate ON trials(candidate_id);
+"""
+_PREVIOUS_RELEASE_FLAGS = """CREATE TABLE IF NOT EXISTS trial_flags(
+    trial_id INTEGER NOT NULL REFERENCES trials(id), kind TEXT NOT NULL, detail TEXT,
+    PRIMARY KEY (trial_id, kind))"""
+
+
+def _previous_release_store(db, *, with_flags: bool):
+    """A store as the previous release left it: one finished trial, one still running when
+    the controller died; with `with_flags`, the lazily created flags table too."""
+    conn = sqlite3.connect(db, isolation_level=None)
+    conn.execute("PRAGMA journal_mode=WAL")
+    conn.executescript(_PREVIOUS_RELEASE_SCHEMA)
+    conn.executemany("INSERT INTO meta VALUES (?, ?)", [("schema_version", "1"), ("run_id", "old"),
+                                                        ("command", "bisect"), ("created_at", "1")])
+    conn.execute("INSERT INTO runs VALUES ('old', 'bisect', 'running', 1, 1, 'a: 1\n', NULL)")
+    cand = Candidate.make("c" * 40)
+    import json
+
+    conn.execute("INSERT INTO candidates VALUES (1, ?, ?, ?)",
+                 (cand.key, json.dumps(cand.to_json(), sort_keys=True), cand.label))
+    conn.execute("INSERT INTO trials(candidate_id, node, state, outcome, created_at, started_at,"
+                 " ended_at) VALUES (1, 'n0', 'done', 'ok', 1, 1, 2)")
+    conn.execute("INSERT INTO trial_states VALUES (1, 'pending', 1)")
+    conn.execute("INSERT INTO measurements VALUES (1, 0, 'verify_ms', 19.5)")
+    conn.execute("INSERT INTO trials(candidate_id, node, state, created_at) VALUES (1, 'n1',"
+                 " 'pending', 3)")
+    if with_flags:
+        conn.execute(_PREVIOUS_RELEASE_FLAGS)
+        conn.execute("INSERT INTO trial_flags VALUES (1, 'outlier', 'far off')")
+    conn.close()
+    return cand
+
+
+@pytest.mark.parametrize("with_flags", [False, True])
+def test_a_store_of_the_previous_release_opens_resumes_and_reads(tmp_path, with_flags):
+    """A store written before the tables were versioned (user_version 0, tables created
+    lazily or not yet) opens, is brought to the current version once, resumes (the dead
+    trial interrupted, new trials written with every table) and reads back what it had."""
+    from orchestrator.store.schema import SCHEMA_VERSION
+
+    db = tmp_path / "trials.db"
+    cand = _previous_release_store(db, with_flags=with_flags)
+    store = RunStore.open(db)
+    assert store.run_id == "old" and store.command == "bisect" and store.config_yaml() == "a: 1\n"
+    assert sqlite3.connect(db).execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
+    assert store.interrupt_unfinished() == [2]
+    first = store.trial(1)
+    assert first.outcome is Outcome.OK and first.candidate == cand
+    assert first.result.measurements == (Measurement(0, {"verify_ms": 19.5}, None),)
+    assert store.trial_flags("outlier") == ({1: {"outlier": "far off"}} if with_flags else {})
+    tid = store.begin_trial(store.candidate_id(cand), node="n0")
+    store.finish_trial(tid, TrialResult(Outcome.OK, measurements=(Measurement(0, {"verify_ms": 20.0},
+                                                                              1.5),)))
+    store.set_trial_flags("outlier", {tid: "new"})
+    store.close()
+    again = RunStore.open(db)  # a second open finds nothing left to migrate
+    assert again.trial(tid).result.measurements == (Measurement(0, {"verify_ms": 20.0}, 1.5),)
+    assert again.trial_flags("outlier") == {tid: {"outlier": "new"}}
+    assert [r.outcome for r in again.trials()] == [Outcome.OK, Outcome.INTERRUPTED, Outcome.OK]
+
+
+def test_a_previous_release_store_reads_read_only_without_being_changed(tmp_path):
+    """Read-only (a report, a noise prior from an old run) the migration runs on a copy in
+    memory: the file keeps its bytes, and every table reads as in a current store."""
+    db = tmp_path / "trials.db"
+    _previous_release_store(db, with_flags=False)
+    before = db.read_bytes()
+    store = RunStore.open(db, readonly=True)
+    assert [r.outcome for r in store.trials()] == [Outcome.OK, None]
+    assert store.trial(1).result.measurements[0].seconds is None
+    assert store.trial_flags() == {}
+    store.close()
+    assert db.read_bytes() == before
+
+
+def test_a_store_from_a_newer_release_is_refused_in_one_line(tmp_path):
+    from orchestrator.store.schema import SCHEMA_VERSION
+
+    _store(tmp_path).close()
+    sqlite3.connect(tmp_path / "trials.db").execute(f"PRAGMA user_version={SCHEMA_VERSION + 1}")
+    with pytest.raises(UserError, match="written by a newer sleuth"):
+        RunStore.open(tmp_path / "trials.db")
+    with pytest.raises(UserError, match="written by a newer sleuth"):
+        RunStore.open(tmp_path / "trials.db", readonly=True)
+
+
+def test_a_new_store_is_at_the_current_version_with_every_table(tmp_path):
+    from orchestrator.store.schema import MIGRATIONS, SCHEMA_VERSION
+
+    _store(tmp_path).close()
+    conn = sqlite3.connect(tmp_path / "trials.db")
+    assert conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == len(MIGRATIONS)
+    tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+    assert {"meta", "runs", "candidates", "trials", "trial_states", "measurements",
+            "fingerprints", "trial_flags", "repetition_times"} <= tables

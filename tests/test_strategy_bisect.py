@@ -12,7 +12,7 @@ import pytest
 from experiments.bench_localize import N_COMMITS, REGIMES, VirtualOracle, drive, run_benchmark
 from orchestrator.strategies import BisectStrategy, Observation
 from orchestrator.strategies.bisect import BisectSettings
-from orchestrator.strategies.bisect_reproduce import fresh_endpoint_ratio
+from orchestrator.strategies.bisect.reproduce import fresh_endpoint_ratio
 
 
 def _regime(name: str):
@@ -136,8 +136,8 @@ def test_the_benchmark_reports_every_method_and_how_runs_ended():
     report = run_benchmark(2, workers=1, regimes=["seed_verify", "no_change"])
     assert set(report) == {"seed_verify", "no_change"}
     assert set(report["seed_verify"]) == {
-        "sleuth", "sleuth_ref", "sleuth_k4", "bisect", "bayesect", "oracle", "oracle_placed"
-    }
+        "sleuth", "sleuth_ref", "sleuth_k4", "bisect", "bayesect", "oracle", "oracle_placed",
+        "sleuth_prior"}
     assert set(report["no_change"]) == {"sleuth", "sleuth_ref", "bisect"}
     for methods in report.values():
         for row in methods.values():

@@ -12,13 +12,13 @@ import random
 import numpy as np
 import pytest
 
-from orchestrator.strategies import posterior as posterior_module
 from orchestrator.strategies.base import Observation
 from orchestrator.strategies.bisect import BisectStrategy
-from orchestrator.strategies.bisect_model import _cell_log_prior
-from orchestrator.strategies.forecast import mean_squared_step
-from orchestrator.strategies.placement import _member, _sorted_unique
-from orchestrator.strategies.posterior import (
+from orchestrator.strategies.bisect import posterior as posterior_module
+from orchestrator.strategies.bisect.forecast import mean_squared_step
+from orchestrator.strategies.bisect.model import _cell_log_prior
+from orchestrator.strategies.bisect.placement import _member, _sorted_unique
+from orchestrator.strategies.bisect.posterior import (
     PointStats,
     range_data,
     range_log_prior,
@@ -121,7 +121,7 @@ def test_a_decision_over_many_commits_evaluates_the_t_tail_per_cell(monkeypatch)
             seen.append(int(np.size(x)))
             return real.logcdf(x, df)
 
-    from orchestrator.strategies import bisect_model
+    from orchestrator.strategies.bisect import model as bisect_model
 
     monkeypatch.setattr(posterior_module, "_student_t", Recording())
     monkeypatch.setattr(bisect_model, "_student_t", Recording())

@@ -16,8 +16,8 @@ import pytest
 from orchestrator.stats.effect import log_difference
 from orchestrator.strategies.base import Observation, Strategy
 from orchestrator.strategies.isolate import IsolateStrategy
-from orchestrator.strategies.isolate_report import IsolateVerdict
-from orchestrator.strategies.isolate_stats import (
+from orchestrator.strategies.isolate.report import IsolateVerdict
+from orchestrator.strategies.isolate.stats import (
     Contrast,
     EffectPrior,
     SubsetEvidence,
@@ -428,7 +428,7 @@ def test_a_significant_remainder_is_said_unexplained_not_cleared() -> None:
         assert "are cleared" not in verdict.message
         assert (f"without the named causes bad still measures {verdict.residual_pct:+.1f}%"
                 in verdict.message and "that remainder is unexplained" in verdict.message)
-        from orchestrator.commands.isolate import _remainder
+        from orchestrator.commands.isolate_findings import remainder as _remainder
 
         rest = _remainder(verdict)["remainder"]  # what the findings carry
         assert rest["unexplained"] and rest["ci"][1] < 0 and rest["pct"] < -20

@@ -17,7 +17,7 @@ from experiments import bench_sweep as benchmark
 from orchestrator.config import sweep as setup
 from orchestrator.config.compose import compose_settings
 from orchestrator.config.settings import as_dict
-from orchestrator.targets.sim.sweep_oracle import SimOracle
+from orchestrator.sim_scenarios.sweep_oracle import SimOracle
 
 SEEDS = range(12)
 

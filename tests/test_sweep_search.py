@@ -14,11 +14,11 @@ import pytest
 from optuna.trial import TrialState
 
 from orchestrator.records import Candidate
-from orchestrator.strategies.sweep_noise import prune_decision, restart_sd
-from orchestrator.strategies.sweep_search import SweepSearch, SweepSettings, Work
-from orchestrator.strategies.sweep_space import SearchSpace
-from orchestrator.strategies.sweep_study import make_sampler, open_study
-from orchestrator.targets.sim.sweep_oracle import SimOracle
+from orchestrator.sim_scenarios.sweep_oracle import SimOracle
+from orchestrator.strategies.sweep.noise import prune_decision, restart_sd
+from orchestrator.strategies.sweep.search import SweepSearch, SweepSettings, Work
+from orchestrator.strategies.sweep.space import SearchSpace
+from orchestrator.strategies.sweep.study import make_sampler, open_study
 
 TARGET = {"name": "sim", "model_path": "m", "host": "127.0.0.1", "tp_size": 8,
           "speculative_algorithm": "EAGLE3", "speculative_draft_model_path": "d",
@@ -236,3 +236,30 @@ def test_a_grid_runs_every_point_once_before_any_repeat(nodes, budget):
     assert len(set(order[:12])) == 12, "a point was repeated before every point ran once"
     assert set(order) == set(order[:12])
     assert search.result().n_configurations == 12
+
+
+def test_a_sweep_stopped_mid_search_says_its_leading_configuration_so_far():
+    """Interrupted before its confirmation, a sweep used to store nothing; its answer so far
+    is the search's leading configuration against the baseline, said as not confirmed (a
+    better setting, never a cause), and marked provisional."""
+    from types import SimpleNamespace
+
+    from orchestrator.commands.sweep import stopped_findings
+
+    search = _search(seed=3)
+    _drive(search, SimOracle(TARGET, BENCH, seed=3), stop_after=8)
+    assert not search.search_over and search.ranking()
+    ctl = SimpleNamespace(store=SimpleNamespace(trials=list, run_id="t"))
+    doc = stopped_findings(ctl, search, "output_throughput", "interrupted after 8 restarts",
+                           0.99)
+    answer = doc["answer"]
+    assert answer["status"] == "provisional" and not answer["explains"]
+    assert doc["provisional"]["why"] == "interrupted after 8 restarts"
+    lead = search.ranking()[0]
+    change = 100.0 * (lead.mean() / search.baseline.mean() - 1.0)
+    assert answer["sentence"] == (
+        f"so far (interrupted after 8 restarts): leading configuration of the search:"
+        f" {lead.label}: output_throughput {change:+.1f}% against the baseline"
+        f" ({len(lead.search)} and {len(search.baseline.search)} search restarts, not"
+        " confirmed)")
+    assert answer["causes"] == []

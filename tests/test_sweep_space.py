@@ -10,7 +10,7 @@ from orchestrator.config.compose import compose_settings
 from orchestrator.config.settings import as_dict
 from orchestrator.errors import UserError
 from orchestrator.records import Candidate
-from orchestrator.strategies.sweep_space import SearchSpace
+from orchestrator.strategies.sweep.space import SearchSpace
 
 BASE = Candidate.make("a" * 40, env={"NCCL_DEBUG": "WARN"})
 
@@ -110,7 +110,7 @@ def test_bad_spaces_are_rejected_with_the_parameter_named(params, message):
 def test_server_parameter_must_be_a_target_setting():
     space = SearchSpace.from_conf(
         {"name": "s", "params": {"speculative_num_step": {"kind": "server", "values": [1, 2]}}})
-    from orchestrator.strategies.sweep_space import check_server_params
+    from orchestrator.strategies.sweep.space import check_server_params
 
     with pytest.raises(UserError, match="speculative_num_step.*not a setting"):
         check_server_params(space, {"name": "sim", "speculative_num_steps": 2})

@@ -26,6 +26,7 @@ from orchestrator.config.compose import compose_settings
 from orchestrator.config.settings import as_dict
 from orchestrator.errors import UserError
 from orchestrator.records import Outcome
+from orchestrator.sim_scenarios.generate import generate_scenario
 from orchestrator.store import RunStore
 from orchestrator.targets import sglang_versions as v
 from orchestrator.targets.base import NodeContext
@@ -37,7 +38,6 @@ from orchestrator.targets.sglang import (
 from orchestrator.targets.sim import args as sim_args
 from orchestrator.targets.sim import gpu_state, model
 from orchestrator.targets.sim.args import build_parser
-from orchestrator.targets.sim.scenario import generate_scenario
 from tests import sglang_facts as sf
 
 FAST = ["target.time_scale=0.02", "target.load_seconds=5", "bench.requests=2",

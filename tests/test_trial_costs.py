@@ -18,7 +18,12 @@ from orchestrator.control import ray_cluster
 from orchestrator.gpu.base import NoGpuControl
 from orchestrator.records import Candidate
 from orchestrator.runner.telemetry import TelemetrySampler
-from orchestrator.runner.trial import READY_FAST_S, READY_MAX_POLL_S, READY_POLL_S, ready_delay
+from orchestrator.runner.trial_checks import (
+    READY_FAST_S,
+    READY_MAX_POLL_S,
+    READY_POLL_S,
+    ready_delay,
+)
 from orchestrator.store import RunStore
 
 
@@ -40,25 +45,62 @@ def test_telemetry_without_gpus_neither_samples_nor_scans_processes():
     assert summary["n_samples"] == 0 and not summary["suspect"] and summary["errors"] == []
 
 
-def test_one_tls_context_serves_every_call():
-    assert http.tls_context() is http.tls_context()
+class _KeepAlive(BaseHTTPRequestHandler):
+    """An HTTP/1.1 server that keeps connections open and notes each one's client port."""
 
-    class Ok(BaseHTTPRequestHandler):
-        def do_GET(self):  # noqa: N802 - the stdlib's name
-            self.send_response(200)
-            self.end_headers()
-            self.wfile.write(b"ok")
+    protocol_version = "HTTP/1.1"
+    connections: list[int] = []
 
-        def log_message(self, *args):
-            pass
+    def do_GET(self):  # noqa: N802 - the stdlib's name
+        type(self).connections.append(self.client_address[1])
+        body = b"ok" if self.path != "/metrics" else b'sglang:num_running_reqs{a="b"} 1\n'
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
 
-    server = HTTPServer(("127.0.0.1", 0), Ok)
+    def log_message(self, *args):
+        pass
+
+
+@pytest.fixture()
+def keep_alive_server():
+    _KeepAlive.connections = []
+    server = HTTPServer(("127.0.0.1", 0), _KeepAlive)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
-        r = http.get(f"http://127.0.0.1:{server.server_port}/health", timeout=5)
-        assert r.status_code == 200 and r.text == "ok"
+        yield f"http://127.0.0.1:{server.server_port}"
     finally:
         server.shutdown()
+        server.server_close()
+
+
+def test_one_tls_context_serves_every_client(keep_alive_server):
+    assert http.tls_context() is http.tls_context()
+    with http.client() as client:
+        r = client.get(f"{keep_alive_server}/health", timeout=5)
+    assert r.status_code == 200 and r.text == "ok"
+
+
+def test_a_target_reuses_one_connection_until_it_is_closed(tmp_path, keep_alive_server):
+    """Readiness polls and scrapes of a trial share the target's client (one connection, not
+    one per call); `close` ends it, and a later call opens a new one."""
+    from orchestrator.targets.base import NodeContext, Target
+
+    class Probed(Target):  # the base class's readiness probe and scrape
+        def command(self, worktree, port):
+            return []
+
+    target = Probed({}, {}, NodeContext("n0", tmp_path))
+    assert target.is_ready(keep_alive_server) and target.is_ready(keep_alive_server)
+    assert target.scrape(keep_alive_server) == {("sglang:num_running_reqs", (("a", "b"),)): 1.0}
+    assert len(_KeepAlive.connections) == 3 and len(set(_KeepAlive.connections)) == 1
+    first = target.http
+    target.close()
+    assert first.is_closed
+    assert target.is_ready(keep_alive_server)
+    assert len(set(_KeepAlive.connections)) == 2 and target.http is not first
+    target.close()
 
 
 def test_prompts_are_made_once_and_each_caller_gets_its_own_list():

@@ -21,7 +21,7 @@ def _relation(p: float) -> str:
 
 
 def so_far(answer: Mapping, *, why: str, searching: bool = True,
-           confidence: float = 0.99, leading: str = "") -> dict:
+           confidence: float = 0.99, leading: str = "", keep_sentence: bool = False) -> dict:
     """The answer of a run that stopped before its end (interrupted, at its cap or its
     budget), as far as it is known: "so far (interrupted after 73 restarts): commit X +y%
     [..] at P > 0.999; searching for a further step of up to +z%".
@@ -30,7 +30,9 @@ def so_far(answer: Mapping, *, why: str, searching: bool = True,
     guess with their probability, never a cause. `searching`: the run was still looking for
     more, and the remainder's interval says how large a further step can be. The answer keeps
     its numbers; `provisional` says why it is not final, and it never counts as explained.
-    `leading`: where the search points now ("commit X (P = 0.62)"), said as that."""
+    `leading`: where the search points now ("commit X (P = 0.62)"), said as that.
+    `keep_sentence`: the answer's own sentence is what is known (a compare's undecided
+    interval, a sweep's leading setting: they name no causes)."""
     doc = dict(answer)
     metric = str(doc.get("metric", ""))
     causes = list(doc.get("causes") or [])
@@ -43,6 +45,8 @@ def so_far(answer: Mapping, *, why: str, searching: bool = True,
     total_ = doc.get("total")
     if parts:
         text = f"{lead}: " + "; ".join(parts)
+    elif keep_sentence:
+        text = f"{lead}: {doc.get('sentence') or 'nothing measured yet'}"
     elif total_:
         text = f"{lead}: no cause named yet; {metric} {T.change_text(total_, metric)}"
     else:
@@ -62,7 +66,7 @@ def so_far(answer: Mapping, *, why: str, searching: bool = True,
             further = "a further step" if named else "a step"
             text += f"; searching for {further} of up to {T.pct_text(edge)}"
     doc["sentence"] = text
-    doc["provisional"] = {"why": why, "searching": searching,
+    doc["provisional"] = {"why": why, "searching": searching, "confidence": confidence,
                           "status": doc.get("status"), "leading": leading}
     doc["status"] = "provisional"
     doc["explains"] = False

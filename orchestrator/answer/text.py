@@ -105,9 +105,13 @@ _POINT_RANGE = re.compile(r"\bpoints (\d+)(\.\.| and )(\d+)\b")
 _POINT = re.compile(r"\bpoint (\d+)\b")
 
 
-def name_points(message: str, shas: Sequence[str]) -> str:
+def name_points(message: str, shas: Sequence[str],
+                subjects: Sequence[str] | None = None) -> str:
     """A bisect strategy speaks of positions in its range ("point 35"), being pure; a user
-    reads commits: each position becomes `commit <12 hex>` (one outside the range is kept)."""
+    reads commits: each position becomes `commit <12 hex>` (one outside the range is kept).
+    With `subjects`, a single commit's first mention also gets its subject, so the verdict
+    says which change it is (`commit b2d8735bb927 "Refactor verify input..."`)."""
+    named: set[int] = set()
 
     def commit(index: str) -> str | None:
         i = int(index)
@@ -118,8 +122,15 @@ def name_points(message: str, shas: Sequence[str]) -> str:
         return f"commits {lo}{m[2]}{hi}" if lo and hi else m[0]
 
     def one(m: re.Match) -> str:
-        sha = commit(m[1])
-        return f"commit {sha}" if sha else m[0]
+        sha, i = commit(m[1]), int(m[1])
+        if not sha:
+            return m[0]
+        subject = printable(subjects[i], newlines=False) if subjects and i < len(subjects) \
+            else ""
+        if not subject or i in named:
+            return f"commit {sha}"
+        named.add(i)
+        return f'commit {sha} "{subject if len(subject) <= 60 else subject[:57] + "..."}"'
 
     return _POINT.sub(one, _POINT_RANGE.sub(pair, message))
 

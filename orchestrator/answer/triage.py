@@ -21,6 +21,7 @@ from orchestrator.answer.compose import (
     for_sweep,
     not_tested,
 )
+from orchestrator.answer.provisional import so_far
 
 
 def for_system(compare_doc: Mapping, isolate_doc: Mapping | None, *,
@@ -112,7 +113,13 @@ def pick(docs: Sequence[Mapping]) -> dict | None:
     compare, isolate = by_kind.get("compare"), by_kind.get("isolate")
     if compare and isolate and compare.get("verdict") == "not_reproduced" \
             and "bisect" not in by_kind:
-        return for_system(compare, isolate)
+        joined = for_system(compare, isolate)
+        stop = isolate.get("provisional") or (isolate.get("answer") or {}).get("provisional")
+        if stop:  # an isolate stopped before its end: the joined answer is as far as known
+            joined = so_far(joined, why=str(stop.get("why", "")),
+                            searching=bool(stop.get("searching", True)),
+                            confidence=float(stop.get("confidence") or 0.99))
+        return joined
     with_answer = [d for d in docs if d.get("answer")]
     if len(with_answer) == 1:
         return dict(with_answer[0]["answer"])

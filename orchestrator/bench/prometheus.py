@@ -10,34 +10,41 @@ benchmark repetition. Counters are cumulative since start, so only deltas mean a
 from __future__ import annotations
 
 import math
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-Sample = tuple[str, tuple[tuple[str, str], ...]]
+from prometheus_client.parser import text_string_to_metric_families
 
-_LINE = re.compile(
-    r"^(?P<name>[a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(?P<labels>[^}]*)\})?\s+(?P<value>\S+)(?:\s+\d+)?$"
-)
-_LABEL = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"')
+Sample = tuple[str, tuple[tuple[str, str], ...]]
 
 
 def parse(text: str) -> dict[Sample, float]:
-    """`{(name, sorted label pairs): value}` for every sample line; comments skipped."""
+    """`{(name, sorted label pairs): value}` for every sample line; comments skipped.
+
+    prometheus_client's parser reads the exposition format as Prometheus does (escaped quotes,
+    backslashes and newlines in label values, `}` or `,` inside a quoted value): a hand-written
+    pattern got those wrong. A page it refuses as a whole (one garbled line, a scrape cut off
+    mid-line) is read line by line, keeping every line it accepts, so one bad line costs that
+    line only, not the repetition's phase metrics."""
+    try:
+        return _samples(text)
+    except ValueError:
+        out: dict[Sample, float] = {}
+        for line in text.splitlines():
+            try:
+                out.update(_samples(line))
+            except ValueError:
+                continue
+        return out
+
+
+def _samples(text: str) -> dict[Sample, float]:
+    """Every sample of `text` keyed by its own name (a counter's `_total` included); ValueError
+    on a line the parser refuses."""
     out: dict[Sample, float] = {}
-    for raw in text.splitlines():
-        line = raw.strip()
-        if not line or line.startswith("#"):
-            continue
-        m = _LINE.match(line)
-        if not m:
-            continue
-        labels = tuple(sorted(_LABEL.findall(m.group("labels") or "")))
-        try:
-            value = float(m.group("value"))
-        except ValueError:
-            continue
-        out[(m.group("name"), labels)] = value
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            out[(sample.name, tuple(sorted(sample.labels.items())))] = float(sample.value)
     return out
 
 

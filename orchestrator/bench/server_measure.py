@@ -29,7 +29,7 @@ from pathlib import Path
 
 import httpx
 
-from orchestrator.bench import http, prometheus
+from orchestrator.bench import prometheus
 from orchestrator.bench.client import RequestSpec, run_repetition
 from orchestrator.bench.sglang_log import log_metrics
 
@@ -41,9 +41,9 @@ ACCEPT_SOURCES = (
 )
 
 
-def flush_cache(base_url: str) -> bool:
+def flush_cache(client: httpx.Client, base_url: str) -> bool:
     try:
-        r = http.post(f"{base_url}/flush_cache", timeout=30.0)
+        r = client.post(f"{base_url}/flush_cache", timeout=30.0)
     except httpx.HTTPError:
         return False
     return r.status_code == 200
@@ -57,10 +57,11 @@ def server_accept_length(info: Mapping) -> float | None:
     return sum(values) / len(values) if values else None
 
 
-def prefill_probe(base_url: str, requests: list[RequestSpec], *, concurrency: int,
-                  timeout_s: float, time_scale: float, scrape: Callable[[str], dict | None]) -> float | None:
+def prefill_probe(client: httpx.Client, base_url: str, requests: list[RequestSpec], *,
+                  concurrency: int, timeout_s: float, time_scale: float,
+                  scrape: Callable[[str], dict | None]) -> float | None:
     """`extend` seconds per computed prompt token, from the same prompts prefilled alone."""
-    if not flush_cache(base_url):
+    if not flush_cache(client, base_url):
         return None  # a warm cache would make prefill look free
     before = scrape(base_url)
     run_repetition(base_url, [RequestSpec(r.input_ids, 1) for r in requests],
@@ -75,9 +76,9 @@ def measure(target, base_url: str, requests: list[RequestSpec], log_path: Path,
             *, server_info: Callable[[str], dict | None] | None = None) -> dict[str, float]:
     """Client metrics of one repetition plus the server's phase metrics bracketing it.
 
-    `target` provides `benchmark`, `scrape`, `conf`, `bench` and `time_scale` (see
+    `target` provides `http`, `benchmark`, `scrape`, `conf`, `bench` and `time_scale` (see
     `orchestrator.targets.base.Target`); `server_info` reads `/server_info`."""
-    flushed = flush_cache(base_url)
+    flushed = flush_cache(target.http, base_url)
     before = target.scrape(base_url)
     log_start = log_path.stat().st_size if log_path.exists() else 0
     metrics = dict(target.benchmark(base_url, requests, log_path))
@@ -92,7 +93,7 @@ def measure(target, base_url: str, requests: list[RequestSpec], log_path: Path,
         per_token = None
         if d.needs_prefill_probe(speculative):
             per_token = prefill_probe(
-                base_url, requests, concurrency=int(target.bench["concurrency"]),
+                target.http, base_url, requests, concurrency=int(target.bench["concurrency"]),
                 timeout_s=float(target.bench["request_timeout_s"]),
                 time_scale=target.time_scale, scrape=target.scrape)
             sources["draft_ms"] = ("eager draft: (decode + extend - prefill) / decode passes;"

@@ -17,7 +17,6 @@ import statistics
 from dataclasses import dataclass
 
 _DECODE = re.compile(r"Decode batch(?: \[\d+\])?[.,] (?P<fields>.*)$")
-_PREFILL = re.compile(r"Prefill batch(?: \[\d+\])?[.,] (?P<fields>.*)$")
 _GRAPH_KEY = re.compile(r"[a-z]+ graph")  # cuda graph, cpu graph, npu graph, musa graph
 _FIELD = re.compile(r"(?P<key>[#A-Za-z][#A-Za-z _\-()/]*?): (?P<value>[^,]+)")
 
@@ -54,10 +53,6 @@ def parse_decode(line: str) -> DecodeLine | None:
         cuda_graph=None if graph is None else graph == "True",
         gen_throughput=_num(f, "gen throughput (token/s)"),
     )
-
-
-def is_prefill(line: str) -> bool:
-    return _PREFILL.search(line) is not None
 
 
 def log_metrics(text: str) -> dict[str, float]:

@@ -40,14 +40,13 @@ from orchestrator.commands.bisect_stop import (
 )
 from orchestrator.config import params as experiment_params
 from orchestrator.config.bisect import bisect_strategy
-from orchestrator.config.settings import RunSettings, as_dict, evolve, load_saved
+from orchestrator.config.settings import RunSettings, as_dict, evolve
 from orchestrator.control.drive import FixedPoints, drive, replay, unreported
 from orchestrator.control.repetitions import RepetitionDesign, RepetitionSettings
 from orchestrator.errors import RunInterrupted, UserError
 from orchestrator.metrics import check_metric, regression_direction
 from orchestrator.records import Candidate
 from orchestrator.run import findings
-from orchestrator.run.cost import describe_cost
 from orchestrator.run.noise_prior import load_noise_prior
 from orchestrator.run.rundir import create_run, pin_run, run_argument, running, runs_root
 from orchestrator.store import RunStore
@@ -161,19 +160,12 @@ def run(cfg: RunSettings) -> int:
 
 def resume(run_dir: Path, max_trials: int | None = None) -> int:
     """Continue a bisect; ``max_trials`` replaces the budget it was started with."""
-    store = RunStore.open(run_dir / "trials.db")
-    if store.command != "bisect":
-        command = store.command
-        store.close()
-        raise UserError(f"{run_dir.name} is a {command or 'unknown'} run, not a bisect")
-    cfg = load_saved(store.config_yaml())
-    if max_trials is not None:
-        cfg = evolve(cfg, max_trials=max_trials)
-    store.interrupt_unfinished()
-    commits, points, weights = _load_plan(run_dir)
-    out = render.console()
-    out.print(common.resume_notice(run_dir, store))
-    store.set_status("running")
+    def prepare(cfg: RunSettings) -> tuple[RunSettings, tuple]:
+        if max_trials is not None:
+            cfg = evolve(cfg, max_trials=max_trials)
+        return cfg, _load_plan(run_dir)
+
+    store, cfg, (commits, points, weights) = common.reopen_run(run_dir, "bisect", prepare)
     return _execute(cfg, run_dir, store, commits, points, weights, _load_release(run_dir))
 
 
@@ -208,7 +200,7 @@ def reproduction_notice(verdict: Verdict, metric: str, budget: int | None,
     if left is None:
         return [line]  # the noise is not measured yet
     cost = design.cost if design is not None else None
-    minutes = (f", about {describe_cost(cost.gpu_minutes(design.current, left))} at "
+    minutes = (f", about {design.describe(cost.gpu_minutes(design.current, left))} at "
                f"{design.current} repetitions per restart" if cost is not None else "")
     lines = [line, f"forecast: about {left} more trials{minutes} to name the culprit "
                    "(a rough figure, often off by a factor of two)"]
@@ -282,15 +274,17 @@ def execute(cfg: RunSettings, ctl: Controller, run_dir: Path, commits, points, w
                   f"{commits[-1].sha[:10]}{graph} on {cfg.metric} with {len(ctl.nodes)} node(s)")
     if reference is None:
         reference = reference_level(cfg)
-    strategy = bisect_strategy(cfg, len(points), weights, commits,
-                         reference_value=reference[0] if reference else None)
-    for line in opening_lines(cfg, strategy, reference):
-        out.print(line)
     settings = RepetitionSettings.from_conf(cfg.bench)
-    out.print(settings.describe())
     prior = None
     if settings.adaptive and settings.prior:
         prior = load_noise_prior(run_dir, nodes=ctl.nodes, metric=cfg.metric)
+    strategy = bisect_strategy(
+        cfg, len(points), weights, commits, reference_value=reference[0] if reference else None,
+        noise_prior=prior.trial_noise(settings.start) if prior is not None else None)
+    for line in opening_lines(cfg, strategy, reference):
+        out.print(line)
+    out.print(settings.describe())
+    if prior is not None:
         out.print(prior.describe())
     design = RepetitionDesign(settings, as_dict(cfg.target), cfg.metric,
                               on_change=lambda text: (progress.note if progress is not None
@@ -312,7 +306,7 @@ def execute(cfg: RunSettings, ctl: Controller, run_dir: Path, commits, points, w
         for note in v.notes:  # a withdrawn reproduction, an early stop: said when it happens
             if note.startswith(("retracted", "stopped early")) and note not in said:
                 said.add(note)
-                say(name_points(note, shas))
+                say(name_points(note, shas, None if release else [c.subject for c in commits]))
 
     def system_changed(change: SystemChange) -> None:
         (progress.note if progress is not None else out.print)(change.warning)
@@ -324,17 +318,12 @@ def execute(cfg: RunSettings, ctl: Controller, run_dir: Path, commits, points, w
             if v.expected_remaining is not None:  # measured change and noise: a better ETA
                 progress.set_remaining(v.expected_remaining)
             announce(v, progress.note)
-            if design.cost is not None:
-                progress.set_cost(f"~{describe_cost(design.cost.gpu_minutes(design.current, _n))}"
-                                  f" at {design.current} repetitions per restart")
+            progress.set_cost(design.spent_line())
             progress.on_verdict(v.status, *verdict_best(v, labels))
     else:
         def on_verdict(v: Verdict, n: int) -> None:
             announce(v, out.print)
-            cost = design.cost
-            spent = (f", ~{describe_cost(cost.gpu_minutes(design.current, n))}"
-                     if cost is not None else "")
-            out.print(f"  {_progress_line(v, commits, n, spent)}")
+            out.print(f"  {_progress_line(v, commits, n, ', ' + design.spent_line())}")
     seen: list[Verdict] = []
 
     def remember(v: Verdict, n: int) -> None:
@@ -359,11 +348,15 @@ def execute(cfg: RunSettings, ctl: Controller, run_dir: Path, commits, points, w
         except Exception as exc:  # noqa: BLE001 - the interrupt is what the user must see
             out.print(f"(the answer so far could not be stored: {exc})")
         raise
+    finally:
+        if progress is not None:  # the next step's trials are not this bisect's to cost
+            progress.set_cost("")
     rows = ctl.store.trials()
     _flag_outliers(ctl.store, verdict)
     doc = findings.bisect_findings(run_id=ctl.store.run_id, metric=cfg.metric, verdict=verdict,
                                    commits=commits, keys=[p.key for p in points], rows=rows,
-                                   min_effect_pct=experiment_params.of(cfg).min_effect_pct)
+                                   min_effect_pct=experiment_params.of(cfg).min_effect_pct,
+                                   subjects=release is None)
     if release is not None:
         doc = bisect_release.rewrite(doc, release, rows, [p.key for p in points],
                                      metric=cfg.metric, direction=cfg.direction)
@@ -408,7 +401,7 @@ def _execute(cfg: RunSettings, run_dir: Path, store: RunStore, commits, points, 
 
     out = render.console()
     with running(store, run_dir, out) as run:
-        with Progress(out) as progress, \
+        with Progress(out, done=store.trials()) as progress, \
                 Controller(cfg, store, run_dir, on_event=progress.on_event) as ctl:
             verdict, doc = execute(cfg, ctl, run_dir, commits, points, weights, out,
                                    progress=progress, release=release)

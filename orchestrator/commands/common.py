@@ -1,22 +1,29 @@
-"""Validation shared by commands: everything is checked before a run directory exists."""
+"""Validation shared by commands: everything is checked before a run directory exists; and the
+reopening every resumable command shares (`reopen_run`)."""
 
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
 
-from orchestrator.config.settings import RunSettings, evolve
+from orchestrator.config.settings import RunSettings, evolve, load_saved
 from orchestrator.errors import UserError
 from orchestrator.gpu.base import ClockPolicy
 from orchestrator.metrics import regression_direction
 from orchestrator.packages import plan as packages
 from orchestrator.records import Candidate
 from orchestrator.run.rundir import runs_root
+from orchestrator.store import RunStore
 from orchestrator.system.envcheck import check_env
 from orchestrator.system.fingerprint import is_secret
 from orchestrator.system.redact import secret_in_value
 from orchestrator.targets.registry import target_class
+from orchestrator.ui import render
 from orchestrator.workspace import Workspace
+
+_T = TypeVar("_T")
 
 _ENV_NAME_OK = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_")
 
@@ -171,3 +178,33 @@ def resume_notice(run_dir: Path, store) -> str:
     finished = sum(1 for r in rows if r.finished) - interrupted
     return (f"resuming {run_dir.name}: {finished} finished trial{'s' if finished != 1 else ''}"
             f" reused, {interrupted} interrupted (not evidence; what is still needed runs again)")
+
+
+def article(word: str) -> str:
+    return ("an " if word[:1] in "aeiou" else "a ") + word
+
+
+def reopen_run(run_dir: Path, command: str,
+               prepare: Callable[[RunSettings], tuple[RunSettings, _T]]
+               ) -> tuple[RunStore, RunSettings, _T]:
+    """An interrupted `command` run, ready to continue: its store, its saved configuration
+    (merged onto today's schema, `settings.load_saved`) and what `prepare(cfg)` rebuilt from
+    it (the plan, the search space). `prepare` returns the settings the run continues with
+    (the saved ones, or a new record: a budget replaced, a reference's settings adopted) and
+    what it rebuilt. A run of another command, or one `prepare` refuses, closes the store
+    again and raises; otherwise the trials left running are marked interrupted, the notice
+    says what is reused, and the run is `running` again. One place, so the four resumable
+    commands cannot drift apart."""
+    store = RunStore.open(run_dir / "trials.db")
+    try:
+        if store.command != command:
+            raise UserError(f"{run_dir.name} is {article(store.command or 'unknown')} run,"
+                            f" not {article(command)}")
+        cfg, prepared = prepare(load_saved(store.config_yaml()))
+    except BaseException:
+        store.close()
+        raise
+    store.interrupt_unfinished()
+    render.console().print(resume_notice(run_dir, store))
+    store.set_status("running")
+    return store, cfg, prepared

@@ -21,12 +21,13 @@ from pathlib import Path
 
 from orchestrator import answer
 from orchestrator.answer import phases
-from orchestrator.answer.text import change_text
+from orchestrator.answer.provisional import so_far
 from orchestrator.commands import common, next_step
+from orchestrator.commands.compare_findings import CHANGE_CONFIDENCE, findings_doc, print_findings
 from orchestrator.config import params as experiment_params
 from orchestrator.config.settings import RunSettings, as_dict, evolve, saved_values
 from orchestrator.control.controller import Controller
-from orchestrator.errors import UserError
+from orchestrator.errors import RunInterrupted, UserError
 from orchestrator.metrics import EFFECT_METRICS, check_metric
 from orchestrator.packages import plan as packages
 from orchestrator.packages.pins import pin_list
@@ -173,7 +174,6 @@ def _redacted(value: object) -> bool:
 # pooled restart noise rests on this many degrees of freedom: a reference is often one restart,
 # and two or three restarts now can show almost no spread by chance, which once made a 3% luck
 # of the reference's single restart read as "system level: +3.5% [+2.9, +4.0]".
-CHANGE_CONFIDENCE = 0.99
 MIN_DF = 4
 
 
@@ -240,7 +240,7 @@ def run(cfg: RunSettings) -> int:
     with running(store, run_dir, out) as run:
         if adopted:
             out.print("measuring with the reference's settings: " + ", ".join(adopted))
-        with Progress(out) as progress, \
+        with Progress(out, done=store.trials()) as progress, \
                 Controller(cfg, store, run_dir, on_event=progress.on_event) as ctl:
             doc = execute(cfg, ctl, run_dir, ref, out, progress=progress)
         print_answer(out, doc.get("answer"))
@@ -277,14 +277,48 @@ def execute(cfg: RunSettings, ctl: Controller, run_dir: Path, ref: dict, out,
 
     if now_rows:
         verdict, eff = decide_now()
-    while verdict == "unresolved" and len(now_rows) < max_trials:
-        for _ in range(min(batch, max_trials - len(now_rows))):
-            while not ctl.idle_nodes():
+    try:
+        while verdict == "unresolved" and len(now_rows) < max_trials:
+            for _ in range(min(batch, max_trials - len(now_rows))):
+                while not ctl.idle_nodes():
+                    now_rows += ctl.wait()
+                ctl.submit(cand, phase="compare")
+            while ctl.in_flight():
                 now_rows += ctl.wait()
-            ctl.submit(cand, phase="compare")
-        while ctl.in_flight():
-            now_rows += ctl.wait()
-        verdict, eff = decide_now()
+            verdict, eff = decide_now()
+    except (KeyboardInterrupt, RunInterrupted):
+        # What is known so far, stored before the run stops (`sleuth report` shows it).
+        # Best effort: nothing here may turn a clean stop into a crash.
+        try:
+            now_rows[:] = [r for r in ctl.store.trials() if r.phase == "compare" and r.finished
+                           and r.candidate.key == cand.key
+                           and r.outcome is not Outcome.INTERRUPTED]
+            doc, _ = _document(cfg, ctl, ref, now_rows, *decide_now(), min_effect)
+            doc["answer"] = so_far(doc["answer"], why=f"interrupted after {len(now_rows)}"
+                                   " restarts", searching=False, keep_sentence=True)
+            doc["provisional"] = doc["answer"]["provisional"]
+            findings.write(run_dir, doc, findings_name)
+            if findings_name is None:  # its own run (a longer one says the whole answer)
+                out.print("")
+                print_answer(out, doc["answer"])
+        except Exception as exc:  # noqa: BLE001 - the interrupt is what the user must see
+            out.print(f"(the answer so far could not be stored: {exc})")
+        raise
+    doc, ranked = _document(cfg, ctl, ref, now_rows, verdict, eff, min_effect)
+    if progress is not None:
+        progress.on_verdict(verdict.replace("_", " "), None, None)
+    path = findings.write(run_dir, doc, findings_name)
+    print_findings(out, doc, ranked)
+    out.print(f"findings: {path}")
+    return doc
+
+
+def _document(cfg: RunSettings, ctl: Controller, ref: dict, now_rows: list, verdict: str,
+              eff: dict, min_effect: float) -> tuple[dict, list[tuple[Difference, str]]]:
+    """The compare's findings document (with its answer) from the restarts measured now, and
+    the fingerprint differences ranked by mechanism; the same for a finished compare and for
+    one interrupted before it decided."""
+    metric = cfg.metric
     measured = [r for r in now_rows if r.outcome and r.outcome.measured and not r.suspect]
     effects = {}
     for m in EFFECT_METRICS:
@@ -303,10 +337,8 @@ def execute(cfg: RunSettings, ctl: Controller, run_dir: Path, ref: dict, out,
         ref_telemetry = ref.get("telemetry") or [fp.get("telemetry") for fp in ref_fps]
         s = mechanism.signals(effects, ref_telemetry, [fp.get("telemetry") for fp in now_fps])
         ranked = mechanism.rank(diffs, s)
-    doc = _findings(ctl.store.run_id, metric, verdict, eff, effects, ranked, ref,
-                    [r.id for r in now_rows])
-    if progress is not None:
-        progress.on_verdict(verdict.replace("_", " "), None, None)
+    doc = findings_doc(ctl.store.run_id, metric, verdict, eff, effects, ranked, ref,
+                       [r.id for r in now_rows])
     doc["differences"] = [d.to_json() for d, _ in ranked]
     doc["min_effect_pct"] = min_effect  # what "reproduces" was judged against
     doc["answer"] = answer.for_compare(
@@ -318,10 +350,18 @@ def execute(cfg: RunSettings, ctl: Controller, run_dir: Path, ref: dict, out,
             after_label="now"),
         next_step=(next_step.command(cfg, "isolate", f"reference={_reference_arg(cfg, ref)}")
                    if verdict == "not_reproduced" else ""))
-    path = findings.write(run_dir, doc, findings_name)
-    _print(out, doc, ranked)
-    out.print(f"findings: {path}")
-    return doc
+    return doc, ranked
+
+
+def finished(run_dir: Path, name: str = "compare") -> dict | None:
+    """The findings of a compare that finished in an earlier part of a resumed run, or None:
+    one interrupted before it decided stored its answer so far (`provisional`), and is
+    measured again (its finished restarts count)."""
+    path = run_dir / f"findings-{name}.json"
+    if not path.exists():
+        return None
+    doc = json.loads(path.read_text())
+    return None if doc.get("provisional") else doc
 
 
 def _reference_arg(cfg: RunSettings, ref: dict) -> str:
@@ -349,74 +389,3 @@ def _not_reaching(now_fp: dict) -> list[Difference]:
                        " environment: the node does not inherit it")
             for var, value in sorted(relevant_env(dict(os.environ)).items())
             if var not in server and var not in dropped]
-
-
-def _findings(run_id, metric, verdict, eff, effects, ranked, ref, trial_ids) -> dict:
-    pct = eff.get("pct")
-    assumption = (effects.get(metric) or {}).get("assumption")
-    if verdict == "not_reproduced":
-        message = (f"same code, same configuration, different result -> system level: {metric}"
-                   f" is {change_text(eff, metric)} against the"
-                   f" reference; {len(ranked)} difference(s) in the fingerprint, the most"
-                   " likely mechanism first")
-    elif verdict == "reproduced" and eff.get("bounded"):
-        n_ref, n_now = eff["n"]
-        lo, hi = eff["ci"]
-        small = ("no change detected" if lo <= 0 <= hi else
-                 f"a small change may remain (not confirmed at {CHANGE_CONFIDENCE:.0%})")
-        message = (f"the reference reproduces as far as {n_ref} + {n_now} restarts can tell: "
-                   f"{metric} {pct:+.1f}% [{lo:+.1f}, {hi:+.1f}], {small}; a change beyond"
-                   f" {lo:+.1f}% or {hi:+.1f}% is ruled out (more reference restarts would"
-                   " narrow it)")
-    elif verdict == "reproduced":
-        message = f"the reference reproduces: {metric} {pct:+.1f}% [{eff['ci'][0]:+.1f}, {eff['ci'][1]:+.1f}]"
-    else:
-        message = "could not decide within the trial budget whether the reference reproduces"
-        if eff:
-            message += (f": {metric} {pct:+.1f}% [{eff['ci'][0]:+.1f}, {eff['ci'][1]:+.1f}]"
-                        f" over {eff['n'][0]} + {eff['n'][1]} restarts (more reference restarts,"
-                        " or max_trials=N, would narrow it)")
-    if assumption:
-        message += f" ({assumption})"
-    items = []
-    if ranked:
-        for i, (d, why) in enumerate(ranked, 1):
-            items.append({
-                "rank": i, "kind": "system" if d.category not in ("env", "clock", "package") else d.category,
-                "id": d.key, "summary": f"{d.label} ({d.category}{', ' + d.detail if d.detail else ''})"
-                + ("; controllable" if d.controllable else ""),
-                # A fingerprint difference is a suspect, not a measured cause: no probability
-                # until `sleuth isolate` has tested it.
-                "probability": None, "effect": {}, "difference": d.to_json(), "why": why,
-            })
-    return {"run": run_id, "experiment": "compare", "metric": metric, "verdict": verdict,
-            "message": message, "reference": {"name": ref["name"], "trials": ref.get("trials", []),
-                          "run": ref.get("run", True)},
-            "total_effect": {m: {k: e[k] for k in ("pct", "ci", "n", "evidence", "caveat",
-                                                   "assumption", "log", "before", "after")
-                                 if k in e}
-                             for m, e in effects.items()},
-            "n_trials": len(trial_ids), "findings": items}
-
-
-def _print(out, doc: dict, ranked: list[tuple[Difference, str]]) -> None:
-    from rich.table import Table
-
-    t = Table(title="now vs reference (same candidate, same configuration)")
-    for col in ("metric", "change", "interval", "restarts", "note"):
-        t.add_column(col)
-    for m, e in doc["total_effect"].items():
-        n = e.get("n") or ["?", "?"]
-        note = f"not evidence: {e['caveat']}" if not e.get("evidence", True) else ""
-        t.add_row(m, f"{e['pct']:+.1f}%", f"[{e['ci'][0]:+.1f}, {e['ci'][1]:+.1f}]",
-                  f"{n[0]} then, {n[1]} now", note)
-    out.print(t)
-    out.print(doc["message"])
-    if ranked:
-        d = Table(title="what changed since the reference (most likely mechanism first)")
-        for col in ("#", "category", "difference", "where", "controllable"):
-            d.add_column(col)
-        for i, (x, _) in enumerate(ranked, 1):
-            d.add_row(str(i), x.category, x.label, x.detail, "yes" if x.controllable else "no")
-        out.print(d)
-        out.print(f"why #1: {ranked[0][1]}")

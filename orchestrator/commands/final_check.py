@@ -27,6 +27,7 @@ from orchestrator.control.controller import Controller
 from orchestrator.records import Candidate, Outcome
 from orchestrator.run import findings
 from orchestrator.store import TrialRow
+from orchestrator.system.watch import epochs, latest_epoch
 from orchestrator.ui.progress import Progress
 
 FINAL_PHASE = "final"
@@ -44,29 +45,37 @@ def final_check(ctl: Controller, endpoints: Sequence[Candidate],
     With two endpoints (both measurable now) the first :data:`FINAL_MIN_ROUNDS` rounds measure
     them interleaved whatever the answer, so that the total comes from one time window; with
     one (a reference) the check runs only while the answer is undecided. Every later round
-    measures the term an added restart narrows most (:func:`next_round`). A budget spent
-    undecided is said in the sentence, with the interval; finished final-check restarts of an
-    interrupted run count when it is resumed."""
+    measures the term an added restart narrows most (:func:`next_round`). All of it within
+    one system epoch: when the node's system changes during the check, its restarts from
+    before are set aside (never pooled with those after) and the endpoints are measured
+    again on the new state (:func:`owed`), within the same budget; a budget spent first
+    leaves the total from the last epoch that measured them, which the answer states as not
+    comparable. A budget spent undecided is said in the sentence, with the interval; finished
+    final-check restarts of an interrupted run count when it is resumed."""
     rows = ctl.store.trials()
     spent = [r for r in rows if r.phase == FINAL_PHASE and r.finished
              and r.outcome is not Outcome.INTERRUPTED]
-    least = FINAL_MIN_ROUNDS * len(endpoints) if len(endpoints) > 1 else 0
     said = False
     while True:
         check = {"budget": budget, "spent": len(spent)} if budget else None
+        aside = set_aside(rows)
+        if check and aside:
+            check["set_aside"] = aside
         result = answer_of(rows, check)
-        if len(spent) >= budget or (len(spent) >= least and result["status"] != "undecided"):
+        missing = owed(rows, endpoints, metric)
+        if len(spent) >= budget or (not missing and result["status"] != "undecided"):
             return result
         if not said:
             said = True
-            lead = "the endpoints interleaved in one time window, then " if least else ""
+            lead = ("the endpoints interleaved in one time window, then "
+                    if len(endpoints) > 1 else "")
             out.print(f"\n== final check: {lead}whichever estimate an added restart narrows"
                       f" most, until the answer's interval decides (up to {budget} restarts)"
                       " ==")
             if progress is not None:
                 progress.set_total(None)
                 progress.on_verdict("final check", None, None)
-        batch = list(endpoints) if len(spent) < least else next_round(
+        batch = list(endpoints) if missing else next_round(
             rows, result, endpoints, metric, window=len(endpoints) > 1)
         if len(batch) == 1:
             batch *= max(len(ctl.nodes), 1)
@@ -91,15 +100,17 @@ def next_round(rows: Sequence[TrialRow], answer: Mapping, endpoints: Sequence[Ca
     """One restart on each side of the remainder's term that an added restart narrows most:
     the total (its measurable endpoints; with `window`, counted in the final check's window
     only, which is where its total is read) or a cause (the two candidates its effect
-    compares, found among the run's trials)."""
+    compares, found among the run's trials). Restarts count on the latest system epoch only:
+    the answer reads its estimates there."""
     by_key = {r.candidate.key: r.candidate for r in rows}
-    scope = [r for r in rows if r.phase == FINAL_PHASE] if window else rows
+    now = latest_epoch(rows)
+    scope = [r for r in now if r.phase == FINAL_PHASE] if window else now
     best = (_gain([len(findings.trial_values(scope, c.key, metric)) for c in endpoints]),
             list(endpoints))
     for cause in answer.get("causes") or []:
         keys = cause.get("keys") or []
         if len(keys) == 2 and all(k in by_key for k in keys):
-            gain = _gain([len(findings.trial_values(rows, k, metric)) for k in keys])
+            gain = _gain([len(findings.trial_values(now, k, metric)) for k in keys])
             if gain > best[0]:
                 best = (gain, [by_key[k] for k in keys])
     return best[1]
@@ -107,10 +118,13 @@ def next_round(rows: Sequence[TrialRow], answer: Mapping, endpoints: Sequence[Ca
 
 def refreshed(doc: Mapping | None, rows: Sequence[TrialRow], metric: str) -> Mapping | None:
     """A step's findings with each cause's effect on `metric` read again from every restart
-    of the two candidates it compares, where the final check measured one of them (the same
-    estimator the step used; a bisect's outlier restarts stay out)."""
+    of the two candidates it compares on the latest system epoch, where the final check
+    measured one of them there (the same estimator the step used; a bisect's outlier restarts
+    stay out). A cause whose two sides were not both measured on that epoch keeps the step's
+    own effect: restarts of two systems are never pooled into one."""
     if not doc:
         return doc
+    rows = latest_epoch(rows)
     measured = {r.candidate.key for r in rows if r.phase == FINAL_PHASE}
     exclude = frozenset(o["trial"] for o in doc.get("outliers") or []
                         if o.get("trial") is not None)
@@ -124,3 +138,40 @@ def refreshed(doc: Mapping | None, rows: Sequence[TrialRow], metric: str) -> Map
                 f = {**f, "effect_detail": {**(f.get("effect_detail") or {}), metric: e}}
         out.append(f)
     return {**doc, "findings": out}
+
+
+def owed(rows: Sequence[TrialRow], endpoints: Sequence[Candidate],
+         metric: str) -> list[Candidate]:
+    """The endpoints the check must measure before it reads a total: with two, those with
+    fewer than :data:`FINAL_MIN_ROUNDS` final-check restarts on the latest system epoch (its
+    one time window); with one (a reference), only once the node's system changed, the
+    endpoint when the new state has fewer than that many of its restarts."""
+    parts = epochs(rows)
+    if len(endpoints) > 1:
+        scope = [r for r in parts[-1] if r.phase == FINAL_PHASE]
+    elif len(parts) > 1:
+        scope = parts[-1]
+    else:
+        return []
+    return [c for c in endpoints
+            if len(findings.trial_values(scope, c.key, metric)) < FINAL_MIN_ROUNDS]
+
+
+def set_aside(rows: Sequence[TrialRow]) -> int:
+    """Final-check restarts measured before the node's latest system change: kept in the
+    store, never pooled with the new state's."""
+    return sum(1 for part in epochs(rows)[:-1] for r in part
+               if r.phase == FINAL_PHASE and r.outcome is not None and r.outcome.measured)
+
+
+def total_rows(rows: Sequence[TrialRow], keys: Sequence[str],
+               metric: str) -> tuple[list[TrialRow], bool]:
+    """The rows a total is read from, all of one system epoch: the latest one where every
+    endpoint in `keys` was measured, and whether that is the latest epoch (False: the total is
+    from before the node's change and not comparable with what was measured after it). The
+    latest epoch, marked current, when none holds them all."""
+    parts = epochs(rows)
+    for n, part in enumerate(reversed(parts)):
+        if all(findings.trial_values(part, k, metric) for k in keys):
+            return part, n == 0
+    return parts[-1], True

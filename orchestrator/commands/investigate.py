@@ -50,7 +50,7 @@ from orchestrator.commands.final_check import final_check
 from orchestrator.commands.investigate_answer import Plan
 from orchestrator.config import params as experiment_params
 from orchestrator.config.bisect import bisect_strategy
-from orchestrator.config.settings import RunSettings, as_dict, evolve, load_saved
+from orchestrator.config.settings import RunSettings, as_dict, evolve
 from orchestrator.control.controller import Controller
 from orchestrator.errors import RunInterrupted, UserError
 from orchestrator.evidence import collect as evidence
@@ -135,9 +135,9 @@ def execute(cfg: RunSettings, ctl: Controller, run_dir: Path, p: Plan, ws, out,
             step[0] = "compare"
             out.print("\n== the reference, re-measured now ==")
             mark("compare")
-            done = run_dir / "findings-compare.json"
-            if done.exists():  # a resumed run: the compare finished before
-                docs["compare"] = json.loads(done.read_text())
+            earlier = compare.finished(run_dir)
+            if earlier is not None:  # a resumed run: the compare finished before
+                docs["compare"] = earlier
                 out.print(f"the compare finished before: {docs['compare']['message']}")
             else:
                 docs["compare"] = compare.execute(_step_cfg(cfg, max_trials=None), ctl, run_dir,
@@ -172,7 +172,8 @@ def execute(cfg: RunSettings, ctl: Controller, run_dir: Path, p: Plan, ws, out,
             mark("sweep")
             space, settings = p.sweep
             _, docs["sweep"] = sweep.execute(cfg, ctl, run_dir, space, settings,
-                                             p.bad_candidate, out, progress=progress)
+                                             p.bad_candidate, out, progress=progress,
+                                             findings_name="sweep")
             findings.write(run_dir, docs["sweep"], "sweep")
         step[0] = "final check"
         both = p.reference is None and p.bad_candidate.key != p.base.key
@@ -269,19 +270,12 @@ def run(cfg: RunSettings) -> int:
 
 
 def resume(run_dir: Path) -> int:
-    store = RunStore.open(run_dir / "trials.db")
-    try:
-        if store.command != "investigate":
-            raise UserError(f"{run_dir.name} is not an investigate run")
-        cfg = load_saved(store.config_yaml())
+    def prepare(cfg: RunSettings) -> tuple[RunSettings, tuple]:
         isolate.refuse_redacted(cfg, run_dir.name)
         cfg, p, ws = plan(cfg)
-    except BaseException:
-        store.close()
-        raise
-    store.interrupt_unfinished()
-    render.console().print(common.resume_notice(run_dir, store))
-    store.set_status("running")
+        return cfg, (p, ws)
+
+    store, cfg, (p, ws) = common.reopen_run(run_dir, "investigate", prepare)
     return _execute(cfg, run_dir, store, p, ws)
 
 
@@ -292,7 +286,7 @@ def _execute(cfg: RunSettings, run_dir: Path, store: RunStore, p: Plan, ws) -> i
         if p.reference is not None and p.reference.get("adopted"):
             out.print("measuring with the reference's settings: "
                       + ", ".join(p.reference["adopted"]))
-        with Progress(out) as progress, \
+        with Progress(out, done=store.trials()) as progress, \
                 Controller(cfg, store, run_dir, on_event=progress.on_event) as ctl:
             doc, _ = execute(cfg, ctl, run_dir, p, ws, out, progress=progress)
         code = finish(cfg, run_dir, store, doc, out)

@@ -20,7 +20,7 @@ from orchestrator.answer.phases import log_change, mechanism
 from orchestrator.answer.text import commit_label
 from orchestrator.answer.triage import for_investigation
 from orchestrator.commands import next_step
-from orchestrator.commands.final_check import FINAL_PHASE, refreshed
+from orchestrator.commands.final_check import FINAL_PHASE, refreshed, total_rows
 from orchestrator.config import params as experiment_params
 from orchestrator.config.settings import RunSettings
 from orchestrator.errors import UserError
@@ -28,7 +28,7 @@ from orchestrator.records import Candidate
 from orchestrator.run import findings
 from orchestrator.run.rundir import runs_root
 from orchestrator.store import RunStore
-from orchestrator.system.watch import latest_epoch, system_changes
+from orchestrator.system.watch import system_changes
 from orchestrator.workspace import CommitInfo
 
 
@@ -124,9 +124,9 @@ def answer(cfg: RunSettings, rows, p: Plan, docs: dict[str, dict], ws,
     system: the latest epoch, where the bad state was measured (a node that changed during
     the run is said in the answer, with what was measured again and what is not comparable)."""
     metric = cfg.metric
-    now_rows = latest_epoch(rows)
-    if not findings.trial_values(now_rows, p.bad_candidate.key, metric):
-        now_rows = rows
+    ends = [p.bad_candidate.key] if p.reference is not None else [p.base.key,
+                                                                   p.bad_candidate.key]
+    now_rows, total_now = total_rows(rows, ends, metric)  # never two systems pooled
     change, extra = whole(cfg, now_rows, p)
     bad_label = label(p.bad_candidate, p.commits, ws) + " now"
     if p.reference is not None:
@@ -144,17 +144,26 @@ def answer(cfg: RunSettings, rows, p: Plan, docs: dict[str, dict], ws,
         result["hint"] = hint
     changed = [c.to_json() for c in system_changes(rows)]
     if changed:
-        mark_system_change(result, changed, **epoch_parts(rows, changed[-1], marks or {}))
+        mark_system_change(result, changed, **epoch_parts(
+            rows, changed[-1], marks or {}, total_now=total_now,
+            set_aside=int((check or {}).get("set_aside") or 0)))
     if yardstick is not None:
         result["code_yardstick"] = {k: v for k, v in yardstick.items() if k != "level"}
         result["sentence"] += f"; {yardstick['said']}"
     return result
 
 
-def epoch_parts(rows, change: dict, marks: dict[str, int]) -> dict[str, list[str]]:
+def epoch_parts(rows, change: dict, marks: dict[str, int], *, total_now: bool = True,
+                set_aside: int = 0) -> dict[str, list[str]]:
     """Which steps ran on the new state after a node changed (the isolate and the bisect take
     their decisions again on the new system's trials) and which ran only before it, from the
-    first trial id of each step (`marks`, in the order the steps ran)."""
+    first trial id of each step (`marks`, in the order the steps ran).
+
+    The total is re-measured when the final check measured its endpoints on the new state
+    (`total_now`), else it is from before the change and not comparable; `set_aside` final-check
+    restarts from before the change were not pooled with the new ones. The remainder (the total
+    less the causes) is comparable only when the total and every cause-naming step are from
+    the new state."""
     after = int(change.get("after_trial") or 0)
     names = {"compare": "the reference re-measured now (the system's part)"}
     steps = list(marks.items())
@@ -167,8 +176,17 @@ def epoch_parts(rows, change: dict, marks: dict[str, int]) -> dict[str, list[str
             stale.append(names.get(step, step))
         else:
             remeasured.append(step)
-    return {"remeasured": [*remeasured, "the total (the bad state now)"],
-            "not_comparable": stale}
+    if set_aside:
+        remeasured.append(f"the final check ({set_aside} restart{'s' if set_aside > 1 else ''}"
+                          " from before the change set aside)")
+    if total_now:
+        remeasured.append("the total (the bad state now)")
+    else:
+        stale.append("the total (the final check's budget ran out before it measured the"
+                     " endpoints on the new state)")
+    if not total_now or {"isolate", "bisect"} & set(stale):
+        stale.append("the remainder (the total less causes measured on another system)")
+    return {"remeasured": remeasured, "not_comparable": stale}
 
 
 def code_yardstick(cfg: RunSettings, rows, p: Plan, compare_doc: dict | None) -> dict | None:

@@ -14,36 +14,31 @@ differences to test, the reference side set per trial and the "now" side being t
 is. A difference the record cannot restore (a redacted value) is listed,
 never tested; a patch that does not apply is bad input before anything is written. Each test is a
 set of repeated, interleaved restarts with a statistical decision (noisy delta debugging, see
-`orchestrator/strategies/isolate.py`).
+`orchestrator/strategies/isolate/`).
 """
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
-from orchestrator import answer
 from orchestrator.answer.epochs import mark_system_change
-from orchestrator.answer.provisional import so_far
 from orchestrator.commands import common, compare
+from orchestrator.commands.isolate_findings import document
 from orchestrator.commands.isolate_points import IsolatePoints
 from orchestrator.config import params as experiment_params
-from orchestrator.config.settings import RunSettings, as_dict, evolve, load_saved
+from orchestrator.config.settings import RunSettings, as_dict, evolve
 from orchestrator.control.controller import Controller
-from orchestrator.control.drive import drive, unreported
-from orchestrator.errors import UserError
-from orchestrator.metrics import EFFECT_METRICS, check_metric, regression_direction
+from orchestrator.control.drive import drive, replay, unreported
+from orchestrator.errors import RunInterrupted, UserError
+from orchestrator.metrics import check_metric, regression_direction
 from orchestrator.packages import plan as packages
 from orchestrator.packages.pins import pins_of
 from orchestrator.run import findings
-from orchestrator.run.attribution import isolate_attribution
 from orchestrator.run.rundir import create_run, pin_run, running
-from orchestrator.stats import caveats
 from orchestrator.store import RunStore
 from orchestrator.strategies.base import Verdict, probability_relation
 from orchestrator.strategies.isolate import IsolateStrategy
-from orchestrator.strategies.isolate_report import remainder_stands
 from orchestrator.system.differences import (
     KINDS,
     Change,
@@ -119,16 +114,6 @@ def _reporter(out, progress: Progress | None) -> Callable[[Verdict, int], None]:
     return plain
 
 
-def _qualified(effects: dict, metric: str, rows, keys: tuple[str, str]) -> dict:
-    """Effects with the caveats that make some of them not evidence (too few restarts,
-    client-side timings that follow the host's load; :mod:`orchestrator.stats.caveats`)."""
-    fps = {k: [r.result.fingerprint for r in rows if r.candidate.key == k and r.result
-               and r.result.fingerprint] for k in keys}
-    cpus = next(((fp.get("host") or {}).get("cpus") for k in keys for fp in fps[k]), None)
-    return caveats.qualify(effects, headline=metric, cpus=cpus,
-                           loads=(caveats.mean_load(fps[keys[0]]), caveats.mean_load(fps[keys[1]])))
-
-
 def execute(cfg: RunSettings, ctl: Controller, run_dir: Path, good: dict, changes: list[Change],
             resolve, out, findings_name: str | None = None, progress: Progress | None = None):
     metric = cfg.metric
@@ -142,68 +127,23 @@ def execute(cfg: RunSettings, ctl: Controller, run_dir: Path, good: dict, change
     out.print(f"isolating {len(changes)} difference(s) on {metric}: "
               + "; ".join(labels[:6]) + (" ..." if len(labels) > 6 else ""))
     say = progress.note if progress is not None else out.print
-    verdict = drive(ctl, strategy, points, metric=metric, on_verdict=_reporter(out, progress),
-                    on_system_change=lambda c: say(c.warning))
+    try:
+        verdict = drive(ctl, strategy, points, metric=metric, on_verdict=_reporter(out, progress),
+                        on_system_change=lambda c: say(c.warning))
+    except (KeyboardInterrupt, RunInterrupted):
+        # What is known so far, stored before the run stops (`sleuth report` shows it; the
+        # command says it). Best effort: nothing here may turn a clean stop into a crash.
+        try:
+            last = strategy.verdict(replay(ctl.store.trials(), points, metric, ctl.retries))
+            findings.write(run_dir, document(cfg, ctl, strategy, points, changes, last,
+                                             stopped=f"interrupted after {last.n_trials}"
+                                             " restarts"), findings_name)
+        except Exception as exc:  # noqa: BLE001 - the interrupt is what the user must see
+            out.print(f"(the answer so far could not be stored: {exc})")
+        raise
+    doc = document(cfg, ctl, strategy, points, changes, verdict)
     all_rows = ctl.store.trials()
-    rows = latest_epoch(all_rows)  # every effect, total and share on one system
-    good_key = points.candidate(0).key
-    # The run's own metric too (a command target's `value` is none of the SGLang metrics).
-    measured = (*EFFECT_METRICS, *([metric] if metric not in EFFECT_METRICS else []))
-    items = []
-    for culprit in sorted(verdict.culprits, key=lambda c: -c.probability):
-        subset = frozenset(culprit.differences)
-        with_key = points.candidate(strategy.point_of(subset)).key
-        effects = _qualified(findings.effects_between(rows, good_key, with_key, measured),
-                             metric, rows, (good_key, with_key))
-        first = changes[culprit.differences[0]]
-        pair = len(culprit.differences) > 1
-        items.append({
-            "kind": first.kind,
-            "id": " + ".join(changes[i].name for i in culprit.differences),
-            "summary": (" together with ".join(culprit.labels)
-                        + (" (only together)" if culprit.kind == "interaction" else "")),
-            "probability": round(float(culprit.probability), 4),
-            "effect": caveats.evidence_only(effects),
-            "not_evidence": caveats.not_evidence(effects),
-            "phase": findings.phase_moved(caveats.evidence_only(effects)),
-            "interaction": pair and culprit.kind == "interaction",
-            "differences": [changes[i].to_json() for i in culprit.differences],
-            "verified": culprit.verified,
-            "evidence": [r.id for r in rows if r.candidate.key in (good_key, with_key)],
-            "effect_detail": effects,
-            "before_key": good_key, "after_key": with_key,
-        })
-    for rank, item in enumerate(items, 1):
-        item["rank"] = rank
-    doc = {"run": ctl.store.run_id, "experiment": "isolate", "metric": metric,
-           "verdict": verdict.status, "message": verdict.message,
-           "confidence": float(verdict.probability), "n_trials": verdict.n_trials,
-           "cleared": [changes[i].to_json() for i in verdict.cleared],
-           **_remainder(verdict),
-           "differences": [c.to_json() for c in changes],
-           "findings": [{"rank": i.pop("rank"), **i} for i in items],
-           "min_effect_pct": experiment_params.of(cfg).min_effect_pct}
-    system = system_changes(all_rows)
-    doc["system_changes"] = [c.to_json() for c in system]
-    if system:
-        doc["epoch_note"] = (f"the node's system changed during the run ({system[-1].summary}):"
-                             f" every effect here is from the {len(rows)} trials on the new"
-                             " system, measured again there")
-    attribution = isolate_attribution(rows, points.point, strategy.subset, changes,
-                                      verdict.culprits, items, metric)
-    if attribution is not None:
-        doc["attribution"] = attribution
-    bad_key = points.candidate(strategy.point_of(frozenset(range(len(changes))))).key
-    total = findings.effects_between(rows, good_key, bad_key)
-    if total:
-        doc["total_effect"] = total
-    doc["answer"] = answer.for_isolate(
-        doc, mechanism=findings.mechanism_between(rows, good_key, bad_key, "good", "bad"))
-    if verdict.status in ("budget_exhausted", "inconclusive"):  # at its budget or its cap
-        doc["answer"] = so_far(doc["answer"], confidence=cfg.confidence, why=(
-            f"budget spent after {verdict.n_trials} restarts" if verdict.status ==
-            "budget_exhausted" else f"inconclusive after {verdict.n_trials} restarts"))
-        doc["provisional"] = doc["answer"]["provisional"]
+    rows, system = latest_epoch(all_rows), system_changes(all_rows)
     path = findings.write(run_dir, doc, findings_name)
     out.print(render.findings_table(doc))
     out.print(verdict.message)
@@ -221,17 +161,6 @@ def execute(cfg: RunSettings, ctl: Controller, run_dir: Path, good: dict, change
                      f" {rest['ci'][1]:+.1f}%] stands unexplained" if rest else ""))
     out.print(f"findings: {path}")
     return verdict, doc
-
-
-def _remainder(verdict) -> dict:
-    """`{"remainder": ...}` when bad without the named causes still measures apart from good:
-    differences listed as cleared do not then explain the rest, and the findings say how
-    large the unexplained part is."""
-    ci = getattr(verdict, "residual_ci", None)
-    if verdict.status != "found" or not remainder_stands(ci):
-        return {}
-    return {"remainder": {"pct": round(float(verdict.residual_pct), 3),
-                          "ci": [round(float(x), 3) for x in ci], "unexplained": True}}
 
 
 def isolate_system(cfg: RunSettings, ctl: Controller, run_dir: Path, ref: dict, cdoc: dict,
@@ -354,19 +283,12 @@ def resume(run_dir: Path) -> int:
     """Finish an interrupted isolate: every finished trial is evidence again (the points are
     found back from the trials' candidates), interrupted ones are run again. With a reference,
     a compare that had finished is not repeated."""
-    store = RunStore.open(run_dir / "trials.db")
-    try:
-        if store.command != "isolate":
-            raise UserError(f"{run_dir.name} is not an isolate run")
-        cfg = load_saved(store.config_yaml())
+    def prepare(cfg: RunSettings) -> tuple[RunSettings, tuple]:
         refuse_redacted(cfg, run_dir.name)
         cfg, ref, ws, good, changes = _plan(cfg)
-    except BaseException:
-        store.close()
-        raise
-    store.interrupt_unfinished()
-    render.console().print(common.resume_notice(run_dir, store))
-    store.set_status("running")
+        return cfg, (ref, ws, good, changes)
+
+    store, cfg, (ref, ws, good, changes) = common.reopen_run(run_dir, "isolate", prepare)
     return _execute(cfg, run_dir, store, ref, ws, good, changes)
 
 
@@ -376,42 +298,66 @@ def _execute(cfg: RunSettings, run_dir: Path, store: RunStore, ref: dict | None,
     with running(store, run_dir, out) as run:
         if ref is not None and ref.get("adopted"):
             out.print("measuring with the reference's settings: " + ", ".join(ref["adopted"]))
-        with Progress(out) as progress, \
-                Controller(cfg, store, run_dir, on_event=progress.on_event) as ctl:
-            if ref is not None:
-                done = run_dir / "findings-compare.json"
-                if done.exists():  # a resumed run: the compare finished before
-                    cdoc = json.loads(done.read_text())
-                    out.print(f"the compare finished before: {cdoc['message']}")
+        try:
+            with Progress(out, done=store.trials()) as progress, \
+                    Controller(cfg, store, run_dir, on_event=progress.on_event) as ctl:
+                if ref is not None:
+                    cdoc = _compare(cfg, ctl, run_dir, ref, out, progress)
+                    if cdoc["verdict"] != "not_reproduced":
+                        run.status = "done" if cdoc["verdict"] == "reproduced" else "inconclusive"
+                        out.print("nothing to isolate: the reference "
+                                  + ("reproduces" if cdoc["verdict"] == "reproduced" else
+                                     "could not be decided"))
+                        return 0 if cdoc["verdict"] == "reproduced" else 3
+                    result = isolate_system(cfg, ctl, run_dir, ref, cdoc, ws.resolve, out,
+                                            progress)
+                    if result is None:
+                        run.status = "inconclusive"
+                        return 3
+                    verdict, _ = result
                 else:
-                    cdoc = compare.execute(cfg, ctl, run_dir, ref, out, findings_name="compare",
-                                           progress=progress)
-                if cdoc["verdict"] != "not_reproduced":
-                    run.status = "done" if cdoc["verdict"] == "reproduced" else "inconclusive"
-                    out.print("nothing to isolate: the reference "
-                              + ("reproduces" if cdoc["verdict"] == "reproduced" else
-                                 "could not be decided"))
-                    return 0 if cdoc["verdict"] == "reproduced" else 3
-                result = isolate_system(cfg, ctl, run_dir, ref, cdoc, ws.resolve, out, progress)
-                if result is None:
-                    run.status = "inconclusive"
-                    return 3
-                verdict, _ = result
-            else:
-                assert good is not None and changes is not None
-                verdict, _ = execute(cfg, ctl, run_dir, good, changes, ws.resolve, out,
-                                     progress=progress)
-        from orchestrator.ui.report.ranking import load_docs, rank
-        from orchestrator.ui.report.terminal import print_answer
-
-        ranked = rank(load_docs(run_dir), store.trials())
-        changed = [c.to_json() for c in system_changes(store.trials())]
-        if changed and ranked.get("answer"):  # one system per comparison (answer/epochs.py)
-            mark_system_change(ranked["answer"], changed, remeasured=["isolate"],
-                               not_comparable=["the reference re-measured now"] if ref else ())
-        if ref is not None:
-            findings.write(run_dir, ranked)
-        print_answer(out, ranked.get("answer"))
+                    assert good is not None and changes is not None
+                    verdict, _ = execute(cfg, ctl, run_dir, good, changes, ws.resolve, out,
+                                         progress=progress)
+        except (KeyboardInterrupt, RunInterrupted):
+            try:  # the answer so far (stored by `execute`), said before the resume line
+                _answer(run_dir, store, ref, out)
+            except Exception as exc:  # noqa: BLE001 - the interrupt is what the user must see
+                out.print(f"(the answer so far could not be shown: {exc})")
+            raise
+        changed = _answer(run_dir, store, ref, out)
         ok = verdict.status == "found" and not changed
         run.status = "done" if ok else "inconclusive"
         return 0 if ok else 3
+
+
+def _compare(cfg: RunSettings, ctl: Controller, run_dir: Path, ref: dict, out,
+             progress: Progress) -> dict:
+    """The reference re-measured now; a resumed run's finished compare is read back."""
+    cdoc = compare.finished(run_dir)
+    if cdoc is not None:  # a resumed run: the compare finished before
+        out.print(f"the compare finished before: {cdoc['message']}")
+        return cdoc
+    return compare.execute(cfg, ctl, run_dir, ref, out, findings_name="compare",
+                           progress=progress)
+
+
+def _answer(run_dir: Path, store: RunStore, ref: dict | None, out) -> list[dict]:
+    """Rank the run's documents, store the ranking beside a compare's, and print the answer
+    (a run stopped before its end: the answer so far); returns the node's system changes."""
+    from orchestrator.ui.report.ranking import load_docs, rank
+    from orchestrator.ui.report.terminal import print_answer
+
+    rows = store.trials()
+    docs = load_docs(run_dir)
+    ranked = rank(docs, rows)
+    changed = [c.to_json() for c in system_changes(rows)]
+    if changed and ranked.get("answer"):  # one system per comparison (answer/epochs.py)
+        mark_system_change(ranked["answer"], changed, remeasured=["isolate"],
+                           not_comparable=["the reference re-measured now"] if ref else ())
+    if ref is not None and docs:
+        findings.write(run_dir, ranked)
+    if ranked.get("answer"):
+        out.print("")
+        print_answer(out, ranked["answer"])
+    return changed

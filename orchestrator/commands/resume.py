@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from orchestrator.commands.common import article
 from orchestrator.config.settings import RunSettings
 from orchestrator.errors import UserError
 from orchestrator.run.rundir import find_run
@@ -37,8 +38,4 @@ def run(cfg: RunSettings) -> int:
         from orchestrator.commands import sweep
 
         return sweep.resume(run_dir)
-    raise UserError(f"{run_dir.name} is {_article(command or 'unknown')} run: it cannot be resumed")
-
-
-def _article(word: str) -> str:
-    return ("an " if word[:1] in "aeiou" else "a ") + word
+    raise UserError(f"{run_dir.name} is {article(command or 'unknown')} run: it cannot be resumed")

@@ -18,7 +18,7 @@ from pathlib import Path
 from orchestrator.config.settings import RunSettings
 from orchestrator.errors import UserError
 from orchestrator.run.rundir import runs_root
-from orchestrator.targets.sim.scenario import DEFAULT_PRESET, PRESETS, generate_scenario
+from orchestrator.sim_scenarios.generate import DEFAULT_PRESET, PRESETS, generate_scenario
 
 STATE_FILES = ("gpu_state", "env", "packages", "launcher")
 

@@ -17,20 +17,21 @@ import json
 from pathlib import Path
 
 from orchestrator import answer
+from orchestrator.answer.provisional import so_far
 from orchestrator.commands import common
 from orchestrator.config import params as experiment_params
 from orchestrator.config import sweep as setup
-from orchestrator.config.settings import RunSettings, as_dict, load_saved
+from orchestrator.config.settings import RunSettings, as_dict
 from orchestrator.control.controller import Controller
 from orchestrator.control.drive import observation
-from orchestrator.errors import UserError
+from orchestrator.errors import RunInterrupted, UserError
 from orchestrator.records import Candidate
 from orchestrator.run import findings
 from orchestrator.run import sweep_findings as report
 from orchestrator.run.rundir import create_run, pin_run, running, runs_root
 from orchestrator.store import RunStore
-from orchestrator.strategies import sweep_importance as importance
-from orchestrator.strategies.sweep_search import (
+from orchestrator.strategies.sweep import importance
+from orchestrator.strategies.sweep.search import (
     MAX_GRID,
     SweepResult,
     SweepSearch,
@@ -38,8 +39,8 @@ from orchestrator.strategies.sweep_search import (
     Work,
     parse_phase,
 )
-from orchestrator.strategies.sweep_space import SearchSpace
-from orchestrator.strategies.sweep_study import make_sampler, open_study, storage_url
+from orchestrator.strategies.sweep.space import SearchSpace
+from orchestrator.strategies.sweep.study import make_sampler, open_study, storage_url
 from orchestrator.system.watch import SystemWatch, system_changes
 from orchestrator.ui import render
 from orchestrator.ui.progress import Progress
@@ -82,17 +83,12 @@ def run(cfg: RunSettings) -> int:
 
 
 def resume(run_dir: Path) -> int:
-    store = RunStore.open(run_dir / "trials.db")
-    if store.command != "sweep":
-        store.close()
-        raise UserError(f"{run_dir.name} is a {store.command or 'unknown'} run, not a sweep")
-    cfg = load_saved(store.config_yaml())
-    space, settings = validate(cfg)
-    base = Candidate.from_json(json.loads((run_dir / PLAN_FILE).read_text())["base"])
-    store.interrupt_unfinished()
-    out = render.console()
-    out.print(common.resume_notice(run_dir, store))
-    store.set_status("running")
+    def prepare(cfg: RunSettings) -> tuple[RunSettings, tuple]:
+        space, settings = validate(cfg)
+        base = Candidate.from_json(json.loads((run_dir / PLAN_FILE).read_text())["base"])
+        return cfg, (space, settings, base)
+
+    store, cfg, (space, settings, base) = common.reopen_run(run_dir, "sweep", prepare)
     return _execute(cfg, run_dir, store, space, settings, base)
 
 
@@ -117,9 +113,11 @@ def _progress_state(search: SweepSearch) -> tuple[str, str | None]:
 
 def execute(cfg: RunSettings, ctl: Controller, run_dir: Path, space: SearchSpace,
             settings: SweepSettings, base: Candidate, out,
-            progress: Progress | None = None) -> tuple[SweepResult, dict]:
+            progress: Progress | None = None,
+            findings_name: str | None = None) -> tuple[SweepResult, dict]:
     """Run (or continue) the sweep on a running controller; returns the result and the
-    findings document (the caller writes it: a run holding several experiments names it)."""
+    findings document (the caller writes it: a run holding several experiments names it
+    `findings_name`). Interrupted, it writes its answer so far there itself."""
     metric = cfg.metric
     target_conf = as_dict(cfg.target)
     sampler = make_sampler(settings.sampler, space, seed=settings.seed,
@@ -139,29 +137,43 @@ def execute(cfg: RunSettings, ctl: Controller, run_dir: Path, space: SearchSpace
     if progress is not None:
         confirm = settings.confirm_min_rounds * (settings.confirm_top + 1)
         progress.set_total(settings.budget + confirm + len(ctl.store.trials()) - search.spent)
-    while not search.done:
-        idle = ctl.idle_nodes()
-        for work in search.propose(len(idle)):
-            ctl.submit(work.candidate, phase=work.phase)
-        if not ctl.in_flight():
-            break
-        for row in ctl.wait():
-            change = watch.feed(row)
-            if change is not None:
-                (progress.note if progress is not None else out.print)(change.warning)
-            if parse_phase(row.phase or "") is None:
-                continue  # not one of ours (a controller shared with another experiment)
-            o = observation(row, 0, metric, final_attempt)
-            work = Work(row.candidate, row.phase or "")
-            if o is None:
-                search.record(work, None, evidence=False)
-            else:
-                search.record(work, o.value, suspect=o.suspect)
-        for event in search.events[shown:]:
-            out.print(f"  {event}")
-        shown = len(search.events)
-        if progress is not None:
-            progress.on_verdict(*_progress_state(search), None)
+    try:
+        while not search.done:
+            idle = ctl.idle_nodes()
+            for work in search.propose(len(idle)):
+                ctl.submit(work.candidate, phase=work.phase)
+            if not ctl.in_flight():
+                break
+            for row in ctl.wait():
+                change = watch.feed(row)
+                if change is not None:
+                    (progress.note if progress is not None else out.print)(change.warning)
+                if parse_phase(row.phase or "") is None:
+                    continue  # not one of ours (a controller shared with another experiment)
+                o = observation(row, 0, metric, final_attempt)
+                work = Work(row.candidate, row.phase or "")
+                if o is None:
+                    search.record(work, None, evidence=False)
+                else:
+                    search.record(work, o.value, suspect=o.suspect)
+            for event in search.events[shown:]:
+                out.print(f"  {event}")
+            shown = len(search.events)
+            if progress is not None:
+                progress.on_verdict(*_progress_state(search), None)
+    except (KeyboardInterrupt, RunInterrupted):
+        # What is known so far, stored before the run stops (`sleuth report` shows it).
+        # Best effort: nothing here may turn a clean stop into a crash.
+        try:
+            doc = stopped_findings(ctl, search, metric, f"interrupted after {search.spent}"
+                                   " restarts", cfg.confidence)
+            findings.write(run_dir, doc, findings_name)
+            if findings_name is None:  # its own run (an investigation says the whole answer)
+                out.print("")
+                print_answer(out, doc["answer"])
+        except Exception as exc:  # noqa: BLE001 - the interrupt is what the user must see
+            out.print(f"(the answer so far could not be stored: {exc})")
+        raise
     result = search.result()
     importances = importance.of_search(search, experiment_params.of(cfg).importance)
     rows = ctl.store.trials()
@@ -182,11 +194,39 @@ def execute(cfg: RunSettings, ctl: Controller, run_dir: Path, space: SearchSpace
     return result, doc
 
 
+def stopped_findings(ctl: Controller, search: SweepSearch, metric: str, why: str,
+                     confidence: float) -> dict:
+    """The findings of a sweep stopped before its end, with its answer so far: the confirmed
+    best when the confirmation had begun, else the search's leading configuration against
+    the baseline's search restarts, said as not confirmed (a better setting, never a
+    cause). No parameter importance: that is the finished search's."""
+    rows = ctl.store.trials()
+    result = search.result()
+    doc = report.sweep_findings(run_id=ctl.store.run_id, metric=metric, search=search,
+                                result=result, rows=rows,
+                                importances=importance.Importances("none", {}, why))
+    doc["system_changes"] = [c.to_json() for c in system_changes(rows)]
+    doc["answer"] = answer.for_sweep(doc)
+    leaders, base = search.ranking()[:1], search.baseline
+    if not doc["answer"]["settings"] and leaders and base.mean():
+        lead = leaders[0]
+        doc["answer"]["sentence"] = (
+            f"leading configuration of the search: {lead.label}: {metric}"
+            f" {100.0 * (lead.mean() / base.mean() - 1.0):+.1f}% against the baseline"
+            f" ({len(lead.search)} and {len(base.search)} search restarts, not confirmed)")
+    elif not doc["answer"]["settings"]:
+        doc["answer"]["sentence"] = ""
+    doc["answer"] = so_far(doc["answer"], why=why, searching=False, confidence=confidence,
+                           keep_sentence=True)
+    doc["provisional"] = doc["answer"]["provisional"]
+    return doc
+
+
 def _execute(cfg: RunSettings, run_dir: Path, store: RunStore, space: SearchSpace,
              settings: SweepSettings, base: Candidate) -> int:
     out = render.console()
     with running(store, run_dir, out) as run:
-        with Progress(out) as progress, \
+        with Progress(out, done=store.trials()) as progress, \
                 Controller(cfg, store, run_dir, on_event=progress.on_event) as ctl:
             result, doc = execute(cfg, ctl, run_dir, space, settings, base, out,
                                   progress=progress)

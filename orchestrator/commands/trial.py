@@ -18,15 +18,28 @@ from orchestrator.run.rundir import create_run, pin_run, running
 from orchestrator.ui import render
 
 
+def nodes_for(restarts: int, asked: int) -> tuple[int, str | None]:
+    """The nodes worth starting for `restarts` restarts, and the line that says why when
+    fewer than the `nodes=` asked (a node with no restart to run would stand idle)."""
+    used = max(1, min(asked, restarts))
+    if used < asked:
+        return used, (f"restarts={restarts}: {used} of nodes={asked} used (one restart per node;"
+                      " the others would have none to run)")
+    return used, None
+
+
 def run(cfg: RunSettings) -> int:
     cfg = common.check_common(cfg)
     ws = common.workspace(cfg)
     cand = common.candidate(cfg, ws)
     restarts = cfg.restarts
-    cfg = pin_run(evolve(cfg, nodes=max(1, min(cfg.nodes, restarts))))
+    nodes, why = nodes_for(restarts, cfg.nodes)
+    cfg = pin_run(evolve(cfg, nodes=nodes))
     run_dir, store = create_run(cfg)
     out = render.console()
     with running(store, run_dir, out) as run:
+        if why:
+            out.print(why)
         rows = []
         with Controller(cfg, store, run_dir, on_event=lambda m: out.print(f"  {m}")) as ctl:
             submitted = 0

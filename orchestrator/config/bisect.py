@@ -18,11 +18,13 @@ from orchestrator.workspace.commits import parent_points
 
 def bisect_strategy(cfg: RunSettings, n: int, weights: list[float] | None,
                     commits: list[CommitInfo] | None = None, replay: bool = False,
-                    reference_value: float | None = None) -> BisectStrategy:
+                    reference_value: float | None = None,
+                    noise_prior: tuple[float, float] | None = None) -> BisectStrategy:
     """The strategy as the run uses it. ``commits``: the plan's commits (their parents make
     the graph when ``first_parent`` is off); ``replay``: rebuilding a finished run's
     posterior history (the report), where no budget applies; ``reference_value``: the
-    metric in a reference run, which sets the change being chased."""
+    metric in a reference run, which sets the change being chased; ``noise_prior``: a
+    trial's noise as the node's earlier runs measured it, ``(sigma, df)`` on the log scale."""
     params = experiment_params.of(cfg)
     parents = assumed_good = None
     if commits is not None and not cfg.first_parent:
@@ -37,4 +39,5 @@ def bisect_strategy(cfg: RunSettings, n: int, weights: list[float] | None,
         parents=parents,
         assumed_good=assumed_good or (),
         reference_value=reference_value,
+        noise_prior=noise_prior,
     )

@@ -314,7 +314,7 @@ class ExperimentConf:
 
 @dataclass(frozen=True)
 class SpaceParamConf:
-    """One dimension of a sweep's search space (see `orchestrator/strategies/sweep_space.py`).
+    """One dimension of a sweep's search space (see `orchestrator/strategies/sweep/space.py`).
 
     `kind` says which candidate factor the value sets: an environment variable (`env`), a
     server setting applied over the target config (`server`), or the clock policy (`clock`).

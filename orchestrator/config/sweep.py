@@ -27,9 +27,9 @@ from orchestrator.config.schema import RunSettings
 from orchestrator.config.settings import as_dict
 from orchestrator.errors import UserError
 from orchestrator.metrics import check_metric
-from orchestrator.strategies.sweep_search import SweepSettings
-from orchestrator.strategies.sweep_space import SearchSpace, check_server_params
-from orchestrator.strategies.sweep_study import SAMPLERS
+from orchestrator.strategies.sweep.search import SweepSettings
+from orchestrator.strategies.sweep.space import SearchSpace, check_server_params
+from orchestrator.strategies.sweep.study import SAMPLERS
 
 
 def maximize(metric: str, direction: str) -> bool:

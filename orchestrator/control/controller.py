@@ -26,6 +26,7 @@ from pathlib import Path
 import ray
 
 from orchestrator.config.settings import RunSettings, as_dict
+from orchestrator.control.concurrency import HeldBack
 from orchestrator.control.node_pool import NodePool, first_line
 from orchestrator.control.ray_cluster import (
     NODE_RESOURCE,
@@ -39,7 +40,7 @@ from orchestrator.errors import DiskFull
 from orchestrator.packages import plan as packages
 from orchestrator.records import RETRYABLE, Candidate, Outcome, TrialResult
 from orchestrator.run.rundir import runs_root
-from orchestrator.runner.trial import NO_SPACE, is_no_space
+from orchestrator.runner.trial_checks import NO_SPACE, is_no_space
 from orchestrator.store import RunStore, TrialRow
 from orchestrator.system import wallclock
 from orchestrator.ui.safe_text import printable
@@ -97,6 +98,7 @@ class Controller:
         self._busy: dict[str, _InFlight] = {}
         self._by_ref: dict[object, _InFlight] = {}
         self._queue: list[_Queued] = []
+        self._held_back = HeldBack()  # fewer trials at once than nodes: said once, with why
         self._candidate_ids: dict[str, int] = {}
         self.retries = cfg.trial.retries
         self._interrupted = False
@@ -241,6 +243,9 @@ class Controller:
         self._busy[node] = inflight
         self._by_ref[ref] = inflight
         self.on_event(f"trial {trial_id} started on {node}: {candidate.label} ({phase or 'trial'})")
+        fresh = attempt == 1 and losses == 0  # the experiment's choice, not a retry
+        if fresh and (why := self._held_back.submitted()) is not None:
+            self.on_event(why)
         return trial_id
 
     def wait(self, timeout: float | None = None) -> list[TrialRow]:
@@ -252,6 +257,7 @@ class Controller:
         at once, unless there is no node at all: then it waits for one to join."""
         done_rows: list[TrialRow] = []
         deadline = None if timeout is None else time.monotonic() + timeout
+        self._held_back.waiting([f.trial_id for f in self._busy.values()], len(self._actors))
         while not done_rows:
             if self._interrupted:
                 raise KeyboardInterrupt

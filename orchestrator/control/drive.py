@@ -181,6 +181,8 @@ def drive(
             o = observation(row, pmap.point(row.candidate), metric, final_attempt, epoch)
             if o is not None:
                 observations.append(o)
+        if repetitions is not None:
+            repetitions.tally(rows)
         verdict = strategy.verdict(observations)
         if on_verdict:
             on_verdict(verdict, len(observations))

@@ -4,7 +4,7 @@ The store has, per trial, every repetition's reading and wall time and the step 
 (:mod:`orchestrator.run.cost`); from those this estimates the two noise levels of the metric on
 this run's nodes (:func:`orchestrator.stats.variance.variance_components`, restarts of one
 candidate compared only with each other) and what a restart and a repetition cost, and asks
-:func:`orchestrator.strategies.repetitions.plan_repetitions` for the next trials' count.
+:func:`orchestrator.stats.repetition_plan.plan_repetitions` for the next trials' count.
 Restarts the strategy flagged as outliers are left out (one 3x restart would make restarts
 look like the dominant noise).
 """
@@ -16,11 +16,11 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from orchestrator.config.schema import BenchConf
-from orchestrator.run.cost import cost_model, describe_cost, gpu_minutes
+from orchestrator.run.cost import cost_model, describe_cost, gpu_minutes, simulated
 from orchestrator.run.noise_prior import NoisePrior, logs_by_candidate
+from orchestrator.stats.repetition_plan import CostModel, RepetitionPlan, plan_repetitions
 from orchestrator.stats.variance import NoiseStats, VarianceComponents, variance_components
 from orchestrator.store import TrialRow
-from orchestrator.strategies.repetitions import CostModel, RepetitionPlan, plan_repetitions
 
 
 @dataclass(frozen=True)
@@ -80,12 +80,14 @@ class RepetitionDesign:
         self.changes: list[str] = []
         self.cost: CostModel | None = None
         self.components: VarianceComponents | None = None
+        self.spent = 0.0  # GPU-minutes of the stored trials at the last update (measured)
 
     def update(self, rows: Sequence[TrialRow], outliers: Iterable[int] = (),
                effect: float | None = None) -> int:
         """Re-estimate from the stored trials; returns the count for the next trial.
         ``effect``: the reproduced change's size (signed log), when known."""
         prior = self.prior
+        self.tally(rows)
         self.cost = cost_model(rows, self.target, prior.costs if prior is not None else ())
         self.components = components_of(rows, self.metric, outliers,
                                         prior.stats if prior is not None else None)
@@ -133,10 +135,24 @@ class RepetitionDesign:
             }
         return doc
 
+    def tally(self, rows: Sequence[TrialRow]) -> None:
+        """The GPU time of the stored trials, after each result: the progress line then says
+        what the run's closing `cost:` line will (it reads the same rows)."""
+        self.spent = gpu_minutes(rows, self.target)
+
+    def describe(self, minutes: float) -> str:
+        """GPU-minutes as every line of this run says them (modeled on the simulator)."""
+        return describe_cost(minutes, modeled=simulated(self.target))
+
+    def spent_line(self) -> str:
+        """What the progress shows: the stored trials' measured GPU time, the figure the run's
+        closing ``cost:`` line and the report total, not a model's estimate of it."""
+        return f"{self.describe(self.spent)} spent, {self.current} repetitions per restart"
+
     def line(self, rows: Sequence[TrialRow]) -> str:
         """One line: ``12 restarts, 31.4 GPU-min; 3 -> 8 repetitions per restart: ...``."""
         doc = self.summary(rows)
-        text = f"{doc['restarts']} restarts, {describe_cost(doc['gpu_minutes'])}"
+        text = f"{doc['restarts']} restarts, {self.describe(doc['gpu_minutes'])}"
         if self.changes:
             text += f"; {self.changes[-1].split(': ', 1)[1]}"
         return text

@@ -46,22 +46,23 @@ def start_request(output_dir: Path, profile_id: str) -> dict[str, Any]:
             "record_shapes": False, "profile_id": profile_id}
 
 
-def capture_http(base_url: str, trial_dir: Path, run_load: Callable[[], None],
-                 timeout_s: float = 120.0) -> dict[str, Any]:
-    """Profile `run_load()` on a running server; returns the trace's summary (see `summary`)."""
+def capture_http(client: httpx.Client, base_url: str, trial_dir: Path,
+                 run_load: Callable[[], None], timeout_s: float = 120.0) -> dict[str, Any]:
+    """Profile `run_load()` on a running server through the target's `client`; returns the
+    trace's summary (see `summary`)."""
     raw = trial_dir / RAW_DIR
     raw.mkdir(parents=True, exist_ok=True)
     profile_id = f"sleuth-{trial_dir.name}-{int(time.time())}"
-    with httpx.Client(timeout=timeout_s) as client:
-        r = client.post(base_url + "/start_profile", json=start_request(raw.resolve(), profile_id))
-        if r.status_code != 200:
-            raise CaptureError(f"/start_profile answered {r.status_code}: {r.text.strip()[:200]}")
-        try:
-            run_load()
-        finally:
-            r = client.post(base_url + "/stop_profile")
-        if r.status_code != 200:
-            raise CaptureError(f"/stop_profile answered {r.status_code}: {r.text.strip()[:200]}")
+    r = client.post(base_url + "/start_profile", json=start_request(raw.resolve(), profile_id),
+                    timeout=timeout_s)
+    if r.status_code != 200:
+        raise CaptureError(f"/start_profile answered {r.status_code}: {r.text.strip()[:200]}")
+    try:
+        run_load()
+    finally:
+        r = client.post(base_url + "/stop_profile", timeout=timeout_s)
+    if r.status_code != 200:
+        raise CaptureError(f"/stop_profile answered {r.status_code}: {r.text.strip()[:200]}")
     files = sorted(raw.glob(f"*{profile_id}-TP-*.trace.json*"))
     if not files:
         raise CaptureError(f"the server wrote no trace for profile id {profile_id}")

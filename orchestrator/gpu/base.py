@@ -2,7 +2,8 @@
 
 Why a seam: the same trial code must run on a real node (NVML through `pynvml`) and on the
 simulated node (a JSON GPU-state file the sim server reads), and tests can only exercise the
-latter here. Both backends pass the same conformance suite (`tests/test_gpu_control.py`).
+latter here. Both backends pass the same conformance suite
+(`tests/conformance/test_gpu_control.py`; NVML against an in-memory `pynvml`).
 
 Clock policy is a factor of a candidate: `default` leaves the node as it is (a power limit
 someone lowered stays lowered: that may be the cause being looked for); otherwise a policy sets
@@ -154,11 +155,14 @@ class GpuControl(ABC):
 
     @abstractmethod
     def apply(self, policy: ClockPolicy) -> object:
-        """Apply a policy; return what `restore` needs to put the previous state back."""
+        """Apply a policy; return what `restore` needs to put the previous state back (a value
+        that survives JSON: the node persists it so a later actor can restore a killed one's).
+        A policy the GPUs cannot take raises, leaving no GPU half-set."""
 
     @abstractmethod
     def restore(self, token: object) -> None:
-        """Undo an `apply` (idempotent)."""
+        """Undo an `apply`: only what it changed (idempotent). Raises when the node could not
+        be put back, so the trial says so instead of the next one running on these clocks."""
 
 
 class NoGpuControl(GpuControl):

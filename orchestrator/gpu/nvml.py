@@ -12,6 +12,12 @@ ranks on. Restoring a policy puts back what NVML can read (power limit, applicat
 persistence mode) and releases the locks this policy set; a lock the policy released
 (`locked:off`, asked for explicitly: a compare on NVML never proposes it, having no lock value
 to restore) stays released, since its value cannot be read.
+
+A policy that one GPU refuses halfway (a power limit beyond that board's maximum, no
+permission) is undone before the error is raised, so a refused policy leaves no GPU half-set;
+a restore that fails tries every other part and GPU, then raises, so the trial reports the
+clocks as not restored. The snapshot carries each board's maximum power limit, which the trial
+checks a power policy against before setting anything (`runner/trial.py: clock_problem`).
 """
 
 from __future__ import annotations
@@ -80,6 +86,7 @@ class NvmlGpuControl(GpuControl):
         for i, h in self.handles.items():
             power = _try(nv.nvmlDeviceGetPowerManagementLimit, h)
             default_power = _try(nv.nvmlDeviceGetPowerManagementDefaultLimit, h)
+            constraints = _try(nv.nvmlDeviceGetPowerManagementLimitConstraints, h)
             gpus.append({
                 "index": i,
                 "name": _text(_try(nv.nvmlDeviceGetName, h, default="")),
@@ -97,6 +104,8 @@ class NvmlGpuControl(GpuControl):
                                                    nv.NVML_CLOCK_MEM),
                 "power_limit_w": power / 1000 if power else None,
                 "power_limit_default_w": default_power / 1000 if default_power else None,
+                # What `clock_problem` checks a power policy against before anything is set.
+                "power_limit_max_w": constraints[1] / 1000 if constraints else None,
                 "persistence_mode": bool(_try(nv.nvmlDeviceGetPersistenceMode, h, default=0)),
                 "pcie_gen": _try(nv.nvmlDeviceGetCurrPcieLinkGeneration, h),
                 "pcie_gen_max": _try(nv.nvmlDeviceGetMaxPcieLinkGeneration, h),
@@ -155,6 +164,20 @@ class NvmlGpuControl(GpuControl):
         if policy.persistence is not None:
             token["persistence"] = {i: _try(nv.nvmlDeviceGetPersistenceMode, h)
                                     for i, h in self.handles.items()}
+        try:
+            self._set(policy, token)
+        except BaseException as exc:
+            # A policy one GPU refuses (a limit beyond its board, no permission) must not leave
+            # the GPUs before it half-set: the trial fails as prepare_failed on the node as it was.
+            try:
+                self.restore(token)
+            except Exception as undo:
+                exc.add_note(f"putting back what was already set failed too: {undo}")
+            raise
+        return token
+
+    def _set(self, policy: ClockPolicy, token: dict) -> None:
+        nv = self.nv
         for i, h in self.handles.items():
             if policy.reset or policy.sm_unlock:
                 nv.nvmlDeviceResetGpuLockedClocks(h)
@@ -176,7 +199,6 @@ class NvmlGpuControl(GpuControl):
             if policy.persistence is not None:
                 nv.nvmlDeviceSetPersistenceMode(h, nv.NVML_FEATURE_ENABLED if policy.persistence
                                                 else nv.NVML_FEATURE_DISABLED)
-        return token
 
     def restore(self, token: object) -> None:
         if not token:
@@ -187,17 +209,27 @@ class NvmlGpuControl(GpuControl):
             values = token.get(key) or {}  # type: ignore[union-attr]
             return values.get(i, values.get(str(i)))  # JSON round trips turn keys into strings
 
+        failed: list[str] = []
+
+        def put_back(i: int, fn: Callable, *args) -> None:
+            try:
+                fn(*args)
+            except Exception as exc:  # the other parts and GPUs are still put back
+                failed.append(f"GPU {i} {getattr(fn, '__name__', 'call')}: {exc}")
+
         for i, h in self.handles.items():
             if token["unlock"]:  # type: ignore[index]
-                _try(nv.nvmlDeviceResetGpuLockedClocks, h)
+                put_back(i, nv.nvmlDeviceResetGpuLockedClocks, h)
             if token.get("mem_unlock"):  # type: ignore[union-attr]
-                _try(nv.nvmlDeviceResetMemoryLockedClocks, h)
+                put_back(i, nv.nvmlDeviceResetMemoryLockedClocks, h)
             app = saved("app_clocks", i)
             if app and app[0] and app[1]:
-                _try(nv.nvmlDeviceSetApplicationsClocks, h, app[0], app[1])
+                put_back(i, nv.nvmlDeviceSetApplicationsClocks, h, app[0], app[1])
             persistence = saved("persistence", i)
             if persistence is not None:
-                _try(nv.nvmlDeviceSetPersistenceMode, h, persistence)
+                put_back(i, nv.nvmlDeviceSetPersistenceMode, h, persistence)
             mw = saved("power_mw", i)
             if mw:
-                _try(nv.nvmlDeviceSetPowerManagementLimit, h, mw)
+                put_back(i, nv.nvmlDeviceSetPowerManagementLimit, h, mw)
+        if failed:  # the trial then says "clock policy NOT restored", never runs on silently
+            raise RuntimeError("could not restore " + "; ".join(failed))

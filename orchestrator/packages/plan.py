@@ -29,8 +29,8 @@ from orchestrator.packages.overlay import (
 from orchestrator.packages.pins import format_pin, pins_of
 from orchestrator.run.rundir import runs_root
 
-NO_SOURCE = ("not tested: no package source (packages.find_links=DIR of wheels, or"
-             " packages.index_url=URL)")
+NO_SOURCE = ("not tested: no package source: give packages.find_links=DIR of wheels or"
+             " packages.index_url=URL")
 
 
 def check_settings(cfg: RunSettings) -> RunSettings:

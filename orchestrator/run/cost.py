@@ -19,8 +19,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from orchestrator.records import TrialResult, TrialState
+from orchestrator.stats.repetition_plan import CostModel
 from orchestrator.store import TrialRow
-from orchestrator.strategies.repetitions import CostModel
 
 
 @dataclass(frozen=True)
@@ -45,11 +45,15 @@ class TrialCost:
         return self.total * self.gpus / 60.0
 
 
+def simulated(target: Mapping) -> bool:
+    """True for the simulated server: its GPU time is modeled, and every figure says so."""
+    name = str(target.get("name", ""))
+    return name == "sim" or (name == "sglang" and target.get("engine") == "sim")
+
+
 def time_scale_of(target: Mapping) -> float:
     """Wall seconds per modeled second of the configured target (1 for a real server)."""
-    name = str(target.get("name", ""))
-    simulated = name == "sim" or (name == "sglang" and target.get("engine") == "sim")
-    scale = float(target.get("time_scale") or 1.0) if simulated else 1.0
+    scale = float(target.get("time_scale") or 1.0) if simulated(target) else 1.0
     return scale if scale > 0 else 1.0
 
 
@@ -124,6 +128,8 @@ def gpu_minutes(rows: Sequence[TrialRow], target: Mapping) -> float:
     return sum(c.gpu_minutes for c in costs(rows, target))
 
 
-def describe_cost(minutes: float) -> str:
-    """``42.5 GPU-min`` or ``3.1 GPU-h``."""
-    return f"{minutes / 60.0:.1f} GPU-h" if minutes >= 600 else f"{minutes:.1f} GPU-min"
+def describe_cost(minutes: float, modeled: bool = False) -> str:
+    """``42.5 GPU-min`` or ``3.1 GPU-h``; ``3.1 modeled GPU-h`` for the simulated server, whose
+    hours no GPU spent (a bare "23.5 GPU-h" would read as a real bill)."""
+    unit = "modeled GPU" if modeled else "GPU"
+    return f"{minutes / 60.0:.1f} {unit}-h" if minutes >= 600 else f"{minutes:.1f} {unit}-min"

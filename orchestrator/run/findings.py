@@ -19,8 +19,8 @@ from orchestrator.metrics import EFFECT_METRICS, METRICS, effect_metrics
 from orchestrator.records import NOT_EVIDENCE_PHASES
 from orchestrator.stats.effect import effect, log_difference
 from orchestrator.store import TrialRow
-from orchestrator.strategies import sweep_noise as noise
 from orchestrator.strategies.base import Verdict
+from orchestrator.strategies.sweep import noise
 from orchestrator.workspace import CommitInfo
 
 
@@ -114,7 +114,11 @@ def bisect_findings(
     keys: Sequence[str],
     rows: Sequence[TrialRow],
     min_effect_pct: float | None = None,
+    subjects: bool = True,
 ) -> dict:
+    """`subjects`: name a commit with its subject too (not for a package's releases, whose
+    "commits" are versions the release rewrite names)."""
+    said = [c.subject for c in commits] if subjects else None
     findings = []
     outliers = {o.trial_id for o in verdict.outliers if o.trial_id is not None}
     for culprit in sorted(verdict.culprits, key=lambda c: -c.probability):
@@ -162,7 +166,7 @@ def bisect_findings(
         "experiment": "bisect",
         "metric": metric,
         "verdict": verdict.status,
-        "message": text.name_points(verdict.message, [c.sha for c in commits]),
+        "message": text.name_points(verdict.message, [c.sha for c in commits], said),
         "confidence": verdict.confidence,
         "n_trials": len(rows),
         "total_effect": ({"pct": verdict.total_effect_pct, "ci": list(verdict.total_effect_ci)}
@@ -171,7 +175,7 @@ def bisect_findings(
         "unexplained": [_unexplained_json(u, commits) for u in verdict.unexplained],
         "outliers": [{"trial": o.trial_id, "commit": commits[o.point].sha, "status": o.status,
                       "ratio": round(o.ratio, 4)} for o in verdict.outliers],
-        "notes": [text.name_points(n, [c.sha for c in commits]) for n in verdict.notes],
+        "notes": [text.name_points(n, [c.sha for c in commits], said) for n in verdict.notes],
         "budget": verdict.budget,
         "min_effect_pct": min_effect_pct,
     }

@@ -48,6 +48,19 @@ class NoisePrior:
     costs: tuple[TrialCost, ...]
     runs: tuple[str, ...]
 
+    def trial_noise(self, repetitions: int) -> tuple[float, float] | None:
+        """``(sigma, df)`` of one trial's value (the mean of ``repetitions``) on the log
+        scale: the bisect posterior's noise prior. Its degrees of freedom are those of the
+        restart component, at most :data:`PRIOR_BETWEEN_DF` (the node may have changed since);
+        None while the earlier runs replicated no restart."""
+        comp = components_from_stats(self.stats) if self.stats is not None else None
+        if comp is None or comp.restart.df < 2 or not math.isfinite(comp.restart.var):
+            return None
+        var = max(comp.restart.var, 0.0) + comp.repetition.var / max(repetitions, 1)
+        if var <= 0.0:
+            return None
+        return math.sqrt(var), min(comp.restart.df, PRIOR_BETWEEN_DF)
+
     def describe(self) -> str:
         """One line for the run's opening: where the prior comes from and what it says."""
         if not self.runs:

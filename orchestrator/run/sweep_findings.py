@@ -22,8 +22,8 @@ from rich.table import Table
 from orchestrator.metrics import METRICS
 from orchestrator.run.findings import effects_between, phase_moved
 from orchestrator.store import TrialRow
-from orchestrator.strategies.sweep_importance import Importances
-from orchestrator.strategies.sweep_search import SweepResult, SweepSearch, parse_phase
+from orchestrator.strategies.sweep.importance import Importances
+from orchestrator.strategies.sweep.search import SweepResult, SweepSearch, parse_phase
 
 
 def _unit(metric: str) -> str:

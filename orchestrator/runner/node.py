@@ -41,7 +41,8 @@ from orchestrator.config.settings import (
 from orchestrator.gpu.base import ClockPolicy
 from orchestrator.records import Outcome, TrialResult, TrialState
 from orchestrator.runner.process import ServerProcess, group_members, start_time
-from orchestrator.runner.trial import TrialSpec, clock_problem, run_trial
+from orchestrator.runner.trial import TrialSpec, run_trial
+from orchestrator.runner.trial_checks import clock_problem
 from orchestrator.system import wallclock
 from orchestrator.targets.base import NodeContext
 from orchestrator.targets.registry import make_target
@@ -305,6 +306,7 @@ class NodeRunner:
         the same command would find its own node held. False if a trial is still running."""
         if not self._lock.acquire(timeout=max(0.0, timeout_s)):
             return False  # kept: no trial can start after close
+        self.target.close()  # an HTTP client a call outside a trial made
         if self.held_by is None:
             self.held_by = {"pid": os.getpid(), "closed": True}
             if self._node_lock is not None:

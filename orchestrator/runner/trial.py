@@ -1,26 +1,24 @@
 """One trial: prepare -> launch -> ready -> warm-up -> k repetitions -> teardown -> verify clean.
 
 The trial (one server lifetime) is the statistical unit, so each step that can fail maps to a
-distinct `Outcome`. A failure is recorded with its evidence (exit code, last log lines) and the
-candidate counts as untestable for that trial, never as slow. Teardown always runs.
+distinct `Outcome` (the checks and the classification are in `trial_checks.py`). A failure is
+recorded with its evidence (exit code, last log lines) and the candidate counts as untestable
+for that trial, never as slow. Teardown always runs: every resource's release is on one
+ExitStack, so each runs even when one released before it raises.
 
 Two things are not the candidate's fault and must never make it untestable: a full disk (a
 write under the run or the worktree cache fails with ENOSPC, or a failed trial finds its disk
 nearly full) ends the trial `interrupted` with a detail starting with `NO_SPACE`, which stops
 the run (resumable); and a clock or power limit that changes during the trial without this
 trial setting it (another tool, another run on the same GPUs) marks the trial suspect.
-
-Size: the one sequence of a server lifetime, step by step; each step's failure handling sits
-beside the step it belongs to, so the ordering reads top to bottom.
 """
 
 from __future__ import annotations
 
-import errno
 import json
-import os
 import time
 from collections.abc import Callable, Mapping
+from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -28,32 +26,38 @@ from orchestrator.bench.client import BenchError
 from orchestrator.evidence import capture
 from orchestrator.gpu.base import ClockPolicy, GpuControl
 from orchestrator.packages import trial as packages
+from orchestrator.packages.overlay import OverlaySet
 from orchestrator.records import Candidate, Measurement, Outcome, TrialResult, TrialState
-from orchestrator.runner.exits import killed_from_outside, oom_kills
+from orchestrator.runner.exits import oom_kills
 from orchestrator.runner.process import (
     ServerProcess,
     TeardownReport,
     free_port,
     group_members,
     launch,
-    read_environ,
 )
 from orchestrator.runner.telemetry import TelemetrySampler
+from orchestrator.runner.trial_checks import (
+    LOW_SPACE_BYTES,
+    NO_SPACE,
+    TrialFailure,
+    classify_bench_error,
+    clock_changes,
+    clock_problem,
+    died,
+    env_mismatches,
+    free_bytes,
+    is_no_space,
+    log_tail,
+    scrub_log,
+    server_environ,
+    wait_ready,
+)
 from orchestrator.system import fingerprint, wallclock
-from orchestrator.system.redact import redact_argv, scrub, secret_values
-from orchestrator.targets.base import UNSET, Target
+from orchestrator.system.redact import redact_argv
+from orchestrator.targets.base import Target
 from orchestrator.ui.safe_text import printable
 from orchestrator.workspace import Workspace
-
-LOG_TAIL_BYTES = 16_384
-
-# A trial that ran out of disk has a detail starting with this (and ends `interrupted`, unless
-# it measured everything and only a last file could not be written); the controller stops the
-# run (resumable) instead of retrying or counting the candidate untestable.
-NO_SPACE = "no space left on device"
-# A failed trial whose disk has less free space than this is taken to have failed for lack of
-# it (a server that could not write its log dies in many ways).
-LOW_SPACE_BYTES = 2 << 20
 
 
 @dataclass(frozen=True)
@@ -75,192 +79,58 @@ class TrialSpec:
     cache_max_bytes: int | None = None
 
 
-class TrialFailure(Exception):
-    def __init__(self, outcome: Outcome, detail: str):
-        super().__init__(detail)
-        self.outcome = outcome
-        self.detail = detail
+@dataclass
+class _Trial:
+    """What one trial's steps share: its spec and callbacks, what each step acquired or found,
+    and the outcome so far. Each step reads and fills it; `_result` turns it into the record."""
 
+    spec: TrialSpec
+    target: Target
+    node: str
+    on_state: Callable[[TrialState], None] | None
+    on_process: Callable[[ServerProcess | None], None] | None
+    on_clock: Callable[[object], None] | None
+    started: float = field(default_factory=wallclock.now)
+    states: list[tuple[str, float]] = field(default_factory=list)
+    outcome: Outcome = Outcome.OK
+    detail: str = ""
+    measurements: list[Measurement] = field(default_factory=list)
+    ws: Workspace | None = None
+    worktree: Path = Path()
+    gpu: GpuControl | None = None
+    gpu_snapshot: dict = field(default_factory=dict)
+    clock_token: object = None
+    overlays: OverlaySet | None = None
+    env: dict[str, str] = field(default_factory=dict)
+    argv: list[str] = field(default_factory=list)
+    proc: ServerProcess | None = None
+    oom_at_launch: int | None = None
+    report: TeardownReport | None = None
+    fp: dict = field(default_factory=dict)
+    telemetry: dict = field(default_factory=dict)
+    changed: list[str] = field(default_factory=list)
+    no_space: bool = False
 
-def log_tail(path: Path, n_bytes: int = LOG_TAIL_BYTES) -> str:
-    """The end of a server log, without terminal control sequences (it is shown to people)."""
-    if not path.exists():
-        return ""
-    with open(path, "rb") as f:
-        f.seek(0, 2)
-        size = f.tell()
-        f.seek(max(0, size - n_bytes))
-        return printable(f.read().decode(errors="replace"))
+    @property
+    def trial_dir(self) -> Path:
+        return Path(self.spec.trial_dir)
 
+    @property
+    def log_path(self) -> Path:
+        return self.trial_dir / "server.log"
 
-def last_lines(path: Path, n: int = 3) -> str:
-    lines = [ln.strip() for ln in log_tail(path, 4096).splitlines() if ln.strip()]
-    return " | ".join(lines[-n:])
+    @property
+    def base_url(self) -> str:
+        return self.proc.base_url if self.proc is not None else ""
 
+    def enter(self, state: TrialState) -> None:
+        self.states.append((state.value, wallclock.now()))
+        if self.on_state:
+            self.on_state(state)
 
-def is_no_space(exc: BaseException) -> bool:
-    """An error that means the disk (or quota) is full: ENOSPC/EDQUOT anywhere in its chain,
-    or git's / SQLite's words for it (they report it in text, not as an errno)."""
-    seen: BaseException | None = exc
-    while seen is not None:
-        if isinstance(seen, OSError) and seen.errno in (errno.ENOSPC, errno.EDQUOT):
-            return True
-        text = str(seen)
-        if ("No space left on device" in text or "Disk quota exceeded" in text
-                or "database or disk is full" in text):
-            return True
-        seen = seen.__cause__ or seen.__context__
-    return False
-
-
-def _free_bytes(path: Path) -> int | None:
-    try:
-        st = os.statvfs(path)
-    except OSError:
-        return None
-    return st.f_bavail * st.f_frsize
-
-
-def clock_problem(policy: ClockPolicy, snapshot: Mapping) -> str:
-    """Why a node's GPUs cannot take `policy` (one line), or "" when they can (or when the
-    snapshot does not say: NVML fields it does not support are left out)."""
-    for g in snapshot.get("gpus", []) or []:
-        top = g.get("sm_clock_max_mhz")
-        if policy.locked_mhz is not None and top and policy.locked_mhz > top:
-            return (f"clock=locked:{policy.locked_mhz} is beyond GPU {g.get('index')}'s maximum"
-                    f" SM clock of {top} MHz")
-        power_max = g.get("power_limit_max_w")
-        if policy.power_w is not None and power_max and policy.power_w > power_max:
-            return (f"clock=power:{policy.power_w} is above GPU {g.get('index')}'s maximum power"
-                    f" limit of {power_max:g} W")
-    return ""
-
-
-# Per-GPU readings that only change when someone sets them.
-_CLOCK_SETTINGS = ("sm_clock_locked_mhz", "applications_clock_sm_mhz", "power_limit_w")
-
-
-def clock_changes(before: Mapping, after: Mapping) -> list[str]:
-    """Clock/power settings that differ between two snapshots of the same trial."""
-    was = {g.get("index"): g for g in before.get("gpus", []) or []}
-    out = []
-    for g in after.get("gpus", []) or []:
-        old = was.get(g.get("index"))
-        if old is None:
-            continue
-        for key in _CLOCK_SETTINGS:
-            if key in g and key in old and g[key] != old[key]:
-                out.append(f"GPU {g.get('index')} {key} {old[key]} -> {g[key]}")
-    return out
-
-
-def _env_mismatches(proc: ServerProcess, wanted: Mapping[str, str]) -> list[str]:
-    """Requested variables that are missing or different in any process of the server group."""
-    problems = []
-    for pid in [proc.pid, *[p for p in group_members(proc.pgid) if p != proc.pid]]:
-        try:
-            env = read_environ(pid)
-        except OSError:
-            continue  # exited meanwhile; the next step notices if it mattered
-        for key, value in wanted.items():
-            got = env.get(key)
-            if value == UNSET:
-                if got is not None:
-                    problems.append(f"{key} requested unset but {got!r} in pid {pid}")
-            elif got != value:
-                shown = "missing" if got is None else f"{got!r}"
-                problems.append(f"{key}={value!r} requested but {shown} in pid {pid}")
-    return problems
-
-
-def _scrub_log(log_path: Path, argv: list[str], env: dict[str, str]) -> None:
-    """The server is gone: take out of its log the credentials it was handed (a server prints
-    its arguments, `api_key='...'`), before the log's tail is kept in the store."""
-    secrets = secret_values(argv, env)
-    if not secrets or not log_path.exists():
-        return
-    try:
-        text = log_path.read_text(errors="replace")
-        clean = scrub(text, secrets)
-        if clean != text:
-            log_path.write_text(clean)
-    except OSError:
-        pass
-
-
-def _server_environ(proc: ServerProcess) -> dict[str, str] | None:
-    """The server's own environment, read once it is ready (a launcher that execs it has
-    done so by then); None when it cannot be read (another user's process)."""
-    try:
-        return read_environ(proc.pid)
-    except OSError:
-        return None
-
-
-# Readiness is polled every READY_POLL_S for the first READY_FAST_S (a fast server, the sim, a
-# small model: each poll's latency is added to every trial), then less and less often, up to
-# once a second (a large model loading for minutes does not need 20 probes a second).
-READY_POLL_S = 0.05
-READY_FAST_S = 10.0
-READY_MAX_POLL_S = 1.0
-
-
-def ready_delay(waited_s: float) -> float:
-    """Seconds until the next readiness probe, `waited_s` after the launch."""
-    if waited_s < READY_FAST_S:
-        return READY_POLL_S
-    return min(READY_MAX_POLL_S, READY_POLL_S * 1.5 ** ((waited_s - READY_FAST_S) / 2.0 + 1))
-
-
-def _died(proc: ServerProcess, oom_at_launch: int | None, outcome: Outcome, when: str,
-          evidence: str = "") -> TrialFailure:
-    """The candidate's failure (`outcome`), unless the server was killed from outside (see
-    `exits.py`): then the trial is `interrupted` and runs again."""
-    code = proc.poll()
-    sig = killed_from_outside(code, oom_at_launch, oom_kills())
-    if sig is not None:
-        return TrialFailure(Outcome.INTERRUPTED, f"the server was killed from outside ({sig})"
-                            f" {when}; not the candidate's doing, it runs again")
-    return TrialFailure(outcome, f"server exited with code {code} {when}"
-                        + (f": {evidence}" if evidence else ""))
-
-
-def _wait_ready(target: Target, proc: ServerProcess, timeout_s: float,
-                oom_at_launch: int | None = None) -> None:
-    started = time.monotonic()
-    deadline = started + timeout_s
-    while True:
-        code = proc.poll()
-        if code is not None:
-            raise _died(proc, oom_at_launch, Outcome.LAUNCH_FAILED, "before it was ready",
-                        last_lines(proc.log_path))
-        if target.is_ready(proc.base_url):
-            return
-        if time.monotonic() > deadline:
-            raise TrialFailure(
-                Outcome.NOT_READY, f"server alive but not ready after {timeout_s:g}s"
-            )
-        time.sleep(ready_delay(time.monotonic() - started))
-
-
-def _classify_bench_error(exc: BenchError, proc: ServerProcess | None, what: str,
-                          oom_at_launch: int | None = None) -> TrialFailure:
-    if proc is None:  # a benchmark command without a server: nothing else can have died
-        if exc.kind == "hung":
-            return TrialFailure(Outcome.HUNG, f"benchmark stalled during {what}: {exc}")
-        return TrialFailure(Outcome.BENCH_FAILED, f"{what} failed: {exc}")
-    # Give a dying server a moment to be reaped, so a crash is not misread as a hang.
-    for _ in range(20):
-        if proc.poll() is not None:
-            break
-        time.sleep(0.05)
-    code = proc.poll()
-    if code is not None:
-        return _died(proc, oom_at_launch, Outcome.CRASHED, f"during {what}",
-                     last_lines(proc.log_path))
-    if exc.kind == "hung":
-        return TrialFailure(Outcome.HUNG, f"server alive but stalled during {what}: {exc}")
-    return TrialFailure(Outcome.BENCH_FAILED, f"{what} failed with the server alive: {exc}")
+    def fail(self, outcome: Outcome, detail: str) -> None:
+        """The trial ends `outcome`: nothing it measured counts."""
+        self.outcome, self.detail, self.measurements = outcome, detail, []
 
 
 def run_trial(
@@ -275,190 +145,211 @@ def run_trial(
 ) -> tuple[TrialResult, TeardownReport | None]:
     """Run one trial to completion. Never raises for server misbehaviour: it is the result.
 
+    Each step pushes the release of what it acquires onto one ExitStack as soon as it holds
+    it (the target's HTTP client, worktree lease, clock policy, package overlays, log scrub,
+    server, telemetry), and the stack releases them last-acquired first at teardown. Every
+    release runs even when one before it raises (that error then propagates, as before, after
+    the last release): the clock policy is restored and the worktree lease given back
+    whatever happened earlier.
+
     `workspace` gives the spec's Workspace; a node passes one it keeps across its trials, so a
     worktree it verified and nothing touched since is not verified by git again."""
-    trial_dir = Path(spec.trial_dir)
-    log_path = trial_dir / "server.log"
-    states: list[tuple[str, float]] = []
-    started = wallclock.now()
-
-    def enter(state: TrialState) -> None:
-        states.append((state.value, wallclock.now()))
-        if on_state:
-            on_state(state)
-
-    outcome, detail = Outcome.OK, ""
-    measurements: list[Measurement] = []
-    proc: ServerProcess | None = None
-    report: TeardownReport | None = None
-    fp: dict = {}
-    argv: list[str] = []
-    env: dict[str, str] = {}
-    cand = spec.candidate
-    gpu: GpuControl | None = None
-    gpu_snapshot: dict = {}
-    clock_token = None
-    sampler: TelemetrySampler | None = None
-    telemetry: dict = {}
-    lease = None
-    overlays = None
-    oom_at_launch: int | None = None
-    changed: list[str] = []
-    no_space = False
-    try:
-        enter(TrialState.PREPARING)
+    t = _Trial(spec, target, node, on_state, on_process, on_clock)
+    with ExitStack() as teardown:
         try:
-            trial_dir.mkdir(parents=True, exist_ok=True)
-            ws = (workspace(spec) if workspace is not None else
-                  Workspace(spec.repo, spec.cache_dir, max_bytes=spec.cache_max_bytes))
-            held = ws.lease(cand.commit, cand.patches)
-            worktree = held.__enter__()  # held until teardown: the cache cap leaves it alone
-            lease = held
-            target.prepare(worktree, trial_dir)
-            gpu = target.gpu_control()
-            policy = ClockPolicy.parse(cand.clock)
-            if not policy.is_default:
-                problem = clock_problem(policy, gpu.snapshot())
-                if problem:
-                    raise ValueError(problem)
-            clock_token = gpu.apply(policy)
-            if on_clock and clock_token is not None:
-                on_clock(clock_token)  # persisted, so a killed node still gets it restored
-            gpu_snapshot = gpu.snapshot()
-            overlays = packages.lease(spec.extra, cand.package_dict, target.python_executable())
-        except Exception as exc:  # checkout, patch, build, clocks, overlays: cannot be tested
-            if is_no_space(exc):
-                raise
-            raise TrialFailure(Outcome.PREPARE_FAILED, f"{type(exc).__name__}: {exc}") from exc
+            _prepare(t, teardown, workspace)
+            _launch(t, teardown)
+            _check_server(t)
+            _benchmark(t)
+        except TrialFailure as failure:
+            t.fail(failure.outcome, failure.detail)
+        except KeyboardInterrupt:
+            t.fail(Outcome.INTERRUPTED, "interrupted")
+        except Exception as exc:  # our bug: recorded as such, never as a measurement
+            t.no_space = is_no_space(exc)
+            t.fail(Outcome.ERROR, f"{type(exc).__name__}: {exc}")
+        finally:
+            t.enter(TrialState.TEARING_DOWN)
+    t.enter(TrialState.DONE)
+    return _result(t), t.report
 
-        env = target.environment(cand.env_dict)
-        if overlays is not None:  # pinned packages first on PYTHONPATH / LD_LIBRARY_PATH
-            env = target.environment({**cand.env_dict, **overlays.variables(env)})
-        if target.has_server:
-            enter(TrialState.LAUNCHING)
-            port = free_port(target.host)
-            oom_at_launch = oom_kills()
-            argv = target.command(worktree, port)
-            (trial_dir / "command.txt").write_text(" ".join(redact_argv(argv)) + "\n")
-            proc = launch(argv, cwd=worktree, env=env, log_path=log_path, host=target.host,
-                          port=port)
-            if on_process:
-                on_process(proc)
-        else:  # only a benchmark command: no process to launch, probe or tear down
-            argv = target.command(worktree, 0)
-            (trial_dir / "command.txt").write_text(" ".join(redact_argv(argv)) + "\n")
-        server = proc
-        sampler = TelemetrySampler(gpu, spec.telemetry_interval_s, lambda: [
-            *(group_members(server.pgid) if server is not None else []), *target.own_pids()
-        ]).start()
-        fp = fingerprint.collect(
-            commit=cand.commit, patches=cand.patches, requested_env=cand.env_dict,
-            server_env=env, node=node, gpu=gpu_snapshot, clock=cand.clock,
-            dirty_diff=ws.worktree_diff_hash(worktree), packages=target.node_packages(),
-        )
 
-        if proc is not None:
-            enter(TrialState.WAITING_READY)
-            _wait_ready(target, proc, spec.ready_timeout_s, oom_at_launch)
-            fingerprint.record_server_env(fp, env, _server_environ(proc))
-            wanted = {**{str(k): str(v) for k, v in target.conf.get("env", {}).items()},
-                      **cand.env_dict}
-            problems = _env_mismatches(proc, wanted)
-            if problems:
-                raise TrialFailure(Outcome.ENV_MISMATCH, "; ".join(problems[:5]))
-        base_url = proc.base_url if proc is not None else ""
-        if overlays is not None:  # what the server really imported, before any measurement
-            problems = packages.verify(target, overlays, proc, base_url, env, worktree, fp)
-            if problems:
-                raise TrialFailure(Outcome.ENV_MISMATCH, "; ".join(problems[:5]))
+def _prepare(t: _Trial, teardown: ExitStack, workspace: Callable[[TrialSpec], Workspace] | None,
+             ) -> None:
+    """Worktree, build, clock policy, package overlays. A failure here means the candidate
+    cannot be tested (PREPARE_FAILED), unless the disk is full."""
+    t.enter(TrialState.PREPARING)
+    spec, cand, target = t.spec, t.spec.candidate, t.target
+    teardown.callback(target.close)  # its HTTP client: last, after the server is gone
+    try:
+        t.trial_dir.mkdir(parents=True, exist_ok=True)
+        t.ws = (workspace(spec) if workspace is not None else
+                Workspace(spec.repo, spec.cache_dir, max_bytes=spec.cache_max_bytes))
+        # Held until teardown: the cache's size cap leaves the worktree alone meanwhile.
+        t.worktree = teardown.enter_context(t.ws.lease(cand.commit, cand.patches))
+        target.prepare(t.worktree, t.trial_dir)
+        t.gpu = target.gpu_control()
+        teardown.callback(_restore_clock, t)
+        policy = ClockPolicy.parse(cand.clock)
+        if not policy.is_default:
+            problem = clock_problem(policy, t.gpu.snapshot())
+            if problem:
+                raise ValueError(problem)
+        t.clock_token = t.gpu.apply(policy)
+        if t.on_clock and t.clock_token is not None:
+            t.on_clock(t.clock_token)  # persisted, so a killed node still gets it restored
+        t.gpu_snapshot = t.gpu.snapshot()
+        t.overlays = packages.lease(spec.extra, cand.package_dict, target.python_executable())
+        if t.overlays is not None:
+            teardown.callback(t.overlays.release)
+    except Exception as exc:  # checkout, patch, build, clocks, overlays: cannot be tested
+        if is_no_space(exc):
+            raise
+        raise TrialFailure(Outcome.PREPARE_FAILED, f"{type(exc).__name__}: {exc}") from exc
 
-        enter(TrialState.WARMING_UP)
-        if spec.warmup_requests > 0:
-            try:
-                target.warm_up(base_url, spec.warmup_requests)
-            except BenchError as exc:
-                raise _classify_bench_error(exc, proc, "warm-up", oom_at_launch) from exc
 
-        enter(TrialState.BENCHMARKING)
-        requests = target.requests()
-        for rep in range(spec.repetitions):
-            began = time.monotonic()
-            try:
-                metrics = target.measure(base_url, requests, log_path)
-            except BenchError as exc:
-                raise _classify_bench_error(exc, proc, f"repetition {rep + 1}",
-                                            oom_at_launch) from exc
-            measurements.append(Measurement(rep, metrics, time.monotonic() - began))
-        if proc is not None and proc.poll() is not None:
-            raise _died(proc, oom_at_launch, Outcome.CRASHED, "right after the benchmark")
-        if gpu is not None:
-            changed = clock_changes(gpu_snapshot, gpu.snapshot())
-        profile = capture.wanted(spec.extra)
-        if profile is not None:  # after the measured repetitions: it never touches the metric
-            fp["profile"] = target.profile(base_url, trial_dir, profile)
-    except TrialFailure as failure:
-        outcome, detail = failure.outcome, failure.detail
-        measurements = []
-    except KeyboardInterrupt:
-        outcome, detail, measurements = Outcome.INTERRUPTED, "interrupted", []
-    except Exception as exc:  # our bug: recorded as such, never as a measurement
-        no_space = is_no_space(exc)
-        outcome, detail, measurements = Outcome.ERROR, f"{type(exc).__name__}: {exc}", []
-    finally:
-        enter(TrialState.TEARING_DOWN)
-        if sampler is not None:
-            telemetry = sampler.stop()
-            fp["telemetry"] = {k: v for k, v in telemetry.items() if k != "samples"}
-            try:
-                (trial_dir / "telemetry.json").write_text(json.dumps(telemetry, indent=1))
-            except OSError as exc:
-                no_space = no_space or is_no_space(exc)
-        if proc is not None:
-            report = proc.teardown(grace_s=spec.grace_s)
-            if on_process:
-                on_process(None)
-            if not report.clean and outcome is Outcome.OK:
-                outcome = Outcome.TEARDOWN_FAILED
-                detail = (f"after {report.signal_used}: leftover pids {list(report.leftover_pids)},"
-                          f" port {'free' if report.port_free else 'still in use'}")
-            fp["teardown"] = {"signal": report.signal_used, "exit_code": report.exit_code,
-                              "clean": report.clean}
-        _scrub_log(log_path, argv, env)
-        if gpu is not None:
-            try:
-                gpu.restore(clock_token)  # always, also after a crash or an interrupt
-                if on_clock and clock_token is not None:
-                    on_clock(None)
-            except Exception as exc:
-                detail = f"{detail}; clock policy NOT restored: {exc}".lstrip("; ")
-                outcome = Outcome.ERROR if outcome is Outcome.OK else outcome
-        if lease is not None:
-            lease.__exit__(None, None, None)
-        if overlays is not None:
-            overlays.release()
-        enter(TrialState.DONE)
+def _restore_clock(t: _Trial) -> None:
+    """Always, also after a crash or an interrupt; a failure is said in the trial's detail."""
+    assert t.gpu is not None
+    try:
+        t.gpu.restore(t.clock_token)
+        if t.on_clock and t.clock_token is not None:
+            t.on_clock(None)
+    except Exception as exc:
+        t.detail = f"{t.detail}; clock policy NOT restored: {exc}".lstrip("; ")
+        t.outcome = Outcome.ERROR if t.outcome is Outcome.OK else t.outcome
+
+
+def _launch(t: _Trial, teardown: ExitStack) -> None:
+    """The server's environment and command, the server itself (a target without one only
+    writes its command down), telemetry sampling and the trial's fingerprint."""
+    cand, target = t.spec.candidate, t.target
+    t.env = target.environment(cand.env_dict)
+    if t.overlays is not None:  # pinned packages first on PYTHONPATH / LD_LIBRARY_PATH
+        t.env = target.environment({**cand.env_dict, **t.overlays.variables(t.env)})
+    # Runs after the server is gone: its log loses the credentials it was handed.
+    teardown.callback(scrub_log, t.log_path, t.argv, t.env)
+    port = 0
+    if target.has_server:
+        t.enter(TrialState.LAUNCHING)
+        port = free_port(target.host)
+        t.oom_at_launch = oom_kills()
+    t.argv[:] = target.command(t.worktree, port)
+    (t.trial_dir / "command.txt").write_text(" ".join(redact_argv(t.argv)) + "\n")
+    if target.has_server:
+        t.proc = launch(t.argv, cwd=t.worktree, env=t.env, log_path=t.log_path,
+                        host=target.host, port=port)
+        teardown.callback(_stop_server, t)
+        if t.on_process:
+            t.on_process(t.proc)
+    server = t.proc
+    sampler = TelemetrySampler(t.gpu, t.spec.telemetry_interval_s, lambda: [
+        *(group_members(server.pgid) if server is not None else []), *target.own_pids()
+    ]).start()
+    teardown.callback(_stop_telemetry, t, sampler)
+    assert t.ws is not None
+    t.fp.update(fingerprint.collect(
+        commit=cand.commit, patches=cand.patches, requested_env=cand.env_dict,
+        server_env=t.env, node=t.node, gpu=t.gpu_snapshot, clock=cand.clock,
+        dirty_diff=t.ws.worktree_diff_hash(t.worktree), packages=target.node_packages(),
+    ))
+
+
+def _stop_server(t: _Trial) -> None:
+    assert t.proc is not None
+    t.report = report = t.proc.teardown(grace_s=t.spec.grace_s)
+    if t.on_process:
+        t.on_process(None)
+    if not report.clean and t.outcome is Outcome.OK:
+        t.outcome = Outcome.TEARDOWN_FAILED
+        t.detail = (f"after {report.signal_used}: leftover pids {list(report.leftover_pids)},"
+                    f" port {'free' if report.port_free else 'still in use'}")
+    t.fp["teardown"] = {"signal": report.signal_used, "exit_code": report.exit_code,
+                        "clean": report.clean}
+
+
+def _stop_telemetry(t: _Trial, sampler: TelemetrySampler) -> None:
+    t.telemetry = sampler.stop()
+    t.fp["telemetry"] = {k: v for k, v in t.telemetry.items() if k != "samples"}
+    try:
+        (t.trial_dir / "telemetry.json").write_text(json.dumps(t.telemetry, indent=1))
+    except OSError as exc:
+        t.no_space = t.no_space or is_no_space(exc)
+
+
+def _check_server(t: _Trial) -> None:
+    """Ready, with the environment asked for, and importing the pinned packages."""
+    proc, cand, target = t.proc, t.spec.candidate, t.target
+    if proc is not None:
+        t.enter(TrialState.WAITING_READY)
+        wait_ready(target, proc, t.spec.ready_timeout_s, t.oom_at_launch)
+        fingerprint.record_server_env(t.fp, t.env, server_environ(proc))
+        wanted = {**{str(k): str(v) for k, v in target.conf.get("env", {}).items()},
+                  **cand.env_dict}
+        problems = env_mismatches(proc, wanted)
+        if problems:
+            raise TrialFailure(Outcome.ENV_MISMATCH, "; ".join(problems[:5]))
+    if t.overlays is not None:  # what the server really imported, before any measurement
+        problems = packages.verify(target, t.overlays, proc, t.base_url, t.env, t.worktree, t.fp)
+        if problems:
+            raise TrialFailure(Outcome.ENV_MISMATCH, "; ".join(problems[:5]))
+
+
+def _benchmark(t: _Trial) -> None:
+    """Warm-up, the measured repetitions, then (outside them) a profile if one is wanted."""
+    spec, proc, target, base_url = t.spec, t.proc, t.target, t.base_url
+    t.enter(TrialState.WARMING_UP)
+    if spec.warmup_requests > 0:
+        try:
+            target.warm_up(base_url, spec.warmup_requests)
+        except BenchError as exc:
+            raise classify_bench_error(exc, proc, "warm-up", t.oom_at_launch) from exc
+    t.enter(TrialState.BENCHMARKING)
+    requests = target.requests()
+    for rep in range(spec.repetitions):
+        began = time.monotonic()
+        try:
+            metrics = target.measure(base_url, requests, t.log_path)
+        except BenchError as exc:
+            raise classify_bench_error(exc, proc, f"repetition {rep + 1}",
+                                        t.oom_at_launch) from exc
+        t.measurements.append(Measurement(rep, metrics, time.monotonic() - began))
+    if proc is not None and proc.poll() is not None:
+        raise died(proc, t.oom_at_launch, Outcome.CRASHED, "right after the benchmark")
+    if t.gpu is not None:
+        t.changed = clock_changes(t.gpu_snapshot, t.gpu.snapshot())
+    profile = capture.wanted(spec.extra)
+    if profile is not None:  # after the measured repetitions: it never touches the metric
+        t.fp["profile"] = target.profile(base_url, t.trial_dir, profile)
+
+
+def _result(t: _Trial) -> TrialResult:
+    """The record: a full disk makes a failed trial `interrupted` (the run stops, resumable);
+    a clock changed from outside makes it suspect."""
+    outcome, detail, measurements, no_space = t.outcome, t.detail, t.measurements, t.no_space
+    trial_dir = t.trial_dir
     if outcome is not Outcome.OK and outcome is not Outcome.INTERRUPTED and not no_space:
-        free = _free_bytes(trial_dir if trial_dir.exists() else trial_dir.parent)
+        free = free_bytes(trial_dir if trial_dir.exists() else trial_dir.parent)
         no_space = free is not None and free < LOW_SPACE_BYTES
     if no_space:  # the disk, not the candidate: the run stops (resumable)
         if outcome is not Outcome.OK:  # and this trial runs again on resume
             outcome, measurements = Outcome.INTERRUPTED, []
-        detail = (f"{NO_SPACE} on node {node} (under {trial_dir.parent})"
+        detail = (f"{NO_SPACE} on node {t.node} (under {trial_dir.parent})"
                   + (f": {detail}" if detail else ""))
-    suspect = [str(telemetry.get("suspect_reason", ""))] if telemetry.get("suspect") else []
-    if changed:
+    suspect = [str(t.telemetry.get("suspect_reason", ""))] if t.telemetry.get("suspect") else []
+    if t.changed:
         suspect.append("clock/power changed during the trial, not by this run: "
-                       + "; ".join(changed[:4]))
+                       + "; ".join(t.changed[:4]))
     return TrialResult(
         outcome=outcome,
         detail=printable(detail),
         measurements=tuple(measurements),
-        states=tuple(states),
-        started_at=started,
+        states=tuple(t.states),
+        started_at=t.started,
         ended_at=wallclock.now(),
-        node=node,
-        fingerprint=fp,
-        log_tail=log_tail(log_path),
+        node=t.node,
+        fingerprint=t.fp,
+        log_tail=log_tail(t.log_path),
         suspect=bool(suspect),
         suspect_reason="; ".join(suspect),
-    ), report
+    )

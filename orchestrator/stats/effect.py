@@ -195,7 +195,7 @@ def weighted_log_difference(
 ) -> LogDifference:
     """:func:`log_difference` for values of unequal precision: value ``i`` has variance
     ``sigma^2 / w_i`` (a trial of more repetitions weighs more, see
-    :meth:`orchestrator.strategies.evidence.Evidence.kept_weights`). Each side's mean is the
+    :meth:`orchestrator.strategies.bisect.evidence.Evidence.kept_weights`). Each side's mean is the
     precision-weighted one, its variance ``sigma^2 / sum w``; ``sum w_i (v_i - mean)^2`` has
     ``n - 1`` degrees of freedom of ``sigma^2`` and pools with ``extra_ss`` as before. With all
     weights 1 this is :func:`log_difference` exactly."""

@@ -9,7 +9,7 @@ repetitions has variance
     sigma_r^2 + sigma_e^2 / n
 
 and which term dominates decides whether more repetitions or more restarts are the cheaper
-way to learn (:mod:`orchestrator.strategies.repetitions`).
+way to learn (:mod:`orchestrator.stats.repetition_plan`).
 
 The estimator is the nested one-way analysis of variance (restarts nested in commits), by
 moments, with unequal repetition counts allowed: a commit's true level is a nuisance, so only

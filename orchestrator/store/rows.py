@@ -61,15 +61,11 @@ def read_trials(conn: sqlite3.Connection, where: str = "1", params: tuple = ()) 
             " ORDER BY rowid", ids
         ):
             states.setdefault(tid, []).append((state, at))
-        try:  # a store written before repetitions were timed has no such table
-            for tid, rep, secs in conn.execute(
-                f"SELECT trial_id, repetition, seconds FROM repetition_times"
-                f" WHERE trial_id IN ({marks})", ids
-            ):
-                seconds[(tid, rep)] = secs
-        except sqlite3.OperationalError as exc:
-            if "no such table" not in str(exc):
-                raise
+        for tid, rep, secs in conn.execute(
+            f"SELECT trial_id, repetition, seconds FROM repetition_times"
+            f" WHERE trial_id IN ({marks})", ids
+        ):
+            seconds[(tid, rep)] = secs
     out = []
     for (tid, cid, spec, node, phase, attempt, state, outcome, detail, started, ended,
          log_path, suspect, suspect_reason, fp) in rows:

@@ -4,34 +4,8 @@ Why SQLite: one file per run that survives a SIGKILL of the controller mid-write
 transactions), that a resumed run reopens as-is, and that a user can query with `sqlite3`.
 Only the controller writes to it; node actors return records and never touch the database.
 
-Schema (version 1)
-------------------
-meta(key TEXT PRIMARY KEY, value TEXT)
-    schema_version, run_id, command (trial|bisect|...), created_at.
-runs(id TEXT PRIMARY KEY, command TEXT, status TEXT, created_at REAL, updated_at REAL,
-     config_yaml TEXT, summary_json TEXT)
-    One row. status: running | done | inconclusive | interrupted | failed.
-candidates(id INTEGER PRIMARY KEY, key TEXT UNIQUE, spec_json TEXT, label TEXT)
-    A candidate is an assignment of factor levels (commit, patches, env, clock); `key` is its
-    stable hash, so a resumed run finds the same candidate again.
-trials(id INTEGER PRIMARY KEY, candidate_id INTEGER, node TEXT, phase TEXT, attempt INTEGER,
-       state TEXT, outcome TEXT NULL, detail TEXT, created_at REAL, started_at REAL,
-       ended_at REAL, log_path TEXT, suspect INTEGER, suspect_reason TEXT)
-    Written (state=pending, outcome NULL) *before* the trial is dispatched, finished after
-    teardown. outcome: ok | prepare_failed | launch_failed | not_ready | env_mismatch | crashed |
-    hung | bench_failed | teardown_failed | interrupted | error. A row with outcome NULL belongs
-    to a trial that was running when the controller died; resume marks it interrupted.
-trial_states(trial_id INTEGER, state TEXT, at REAL)
-    Each step the trial reached (preparing, launching, waiting_ready, ...), with its time.
-measurements(trial_id INTEGER, repetition INTEGER, metric TEXT, value REAL,
-             PRIMARY KEY (trial_id, repetition, metric))
-    One row per metric per benchmark repetition (long form: new metrics need no migration).
-fingerprints(trial_id INTEGER PRIMARY KEY, json TEXT)
-    The environment the trial ran in (git SHA, env, versions, GPU state ...).
-trial_flags(trial_id INTEGER, kind TEXT, detail TEXT, PRIMARY KEY (trial_id, kind))
-    What an experiment concluded about a finished trial without discarding it, e.g. kind
-    `outlier`: a restart its commit's other restarts disagree with, left out of the bisect's
-    likelihood. Created on first use, so stores written before it stay readable.
+The tables and their migrations are in `schema.py`: opening a store brings an older one up to
+date (`PRAGMA user_version`), so every reader and writer here sees the same tables.
 
 A full disk must not lose a finished trial. A run that writes keeps a small reserve file
 (`.trials.db.reserve`, see `ensure_reserve`) beside the database: when a write fails because
@@ -57,9 +31,14 @@ from typing import TypeVar
 from orchestrator.errors import DiskFull, UserError
 from orchestrator.records import Candidate, TrialResult
 from orchestrator.store.rows import TrialRow, read_trials
+from orchestrator.store.schema import (
+    SCHEMA_VERSION,
+    STORE_FORMAT,
+    migrate,
+    needs_migration,
+    user_version,
+)
 from orchestrator.system import wallclock
-
-SCHEMA_VERSION = 1
 
 # Room kept for the last writes of a run whose disk filled up: a few trial results with their
 # fingerprints, the in-flight trials marked interrupted and the run's status.
@@ -74,37 +53,6 @@ def _is_full(exc: BaseException) -> bool:
     if code == sqlite3.SQLITE_FULL or "database or disk is full" in str(exc):
         return True
     return isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT)
-
-_SCHEMA = """
-CREATE TABLE IF NOT EXISTS meta(key TEXT PRIMARY KEY, value TEXT);
-CREATE TABLE IF NOT EXISTS runs(
-    id TEXT PRIMARY KEY, command TEXT NOT NULL, status TEXT NOT NULL,
-    created_at REAL NOT NULL, updated_at REAL NOT NULL, config_yaml TEXT, summary_json TEXT);
-CREATE TABLE IF NOT EXISTS candidates(
-    id INTEGER PRIMARY KEY, key TEXT UNIQUE NOT NULL, spec_json TEXT NOT NULL, label TEXT);
-CREATE TABLE IF NOT EXISTS trials(
-    id INTEGER PRIMARY KEY, candidate_id INTEGER NOT NULL REFERENCES candidates(id),
-    node TEXT, phase TEXT, attempt INTEGER NOT NULL DEFAULT 1, state TEXT NOT NULL,
-    outcome TEXT, detail TEXT, created_at REAL NOT NULL, started_at REAL, ended_at REAL,
-    log_path TEXT, suspect INTEGER NOT NULL DEFAULT 0, suspect_reason TEXT);
-CREATE TABLE IF NOT EXISTS trial_states(
-    trial_id INTEGER NOT NULL REFERENCES trials(id), state TEXT NOT NULL, at REAL NOT NULL);
-CREATE TABLE IF NOT EXISTS measurements(
-    trial_id INTEGER NOT NULL REFERENCES trials(id), repetition INTEGER NOT NULL,
-    metric TEXT NOT NULL, value REAL, PRIMARY KEY (trial_id, repetition, metric));
-CREATE TABLE IF NOT EXISTS fingerprints(
-    trial_id INTEGER PRIMARY KEY REFERENCES trials(id), json TEXT NOT NULL);
-CREATE INDEX IF NOT EXISTS trials_by_candidate ON trials(candidate_id);
-"""
-_FLAGS_SCHEMA = """CREATE TABLE IF NOT EXISTS trial_flags(
-    trial_id INTEGER NOT NULL REFERENCES trials(id), kind TEXT NOT NULL, detail TEXT,
-    PRIMARY KEY (trial_id, kind))"""
-# Node wall seconds of each benchmark repetition (the cost split of a trial: launch to ready
-# and warm-up come from `trial_states`). Created on first use, so older stores still open.
-_REPETITION_TIMES_SCHEMA = """CREATE TABLE IF NOT EXISTS repetition_times(
-    trial_id INTEGER NOT NULL REFERENCES trials(id), repetition INTEGER NOT NULL,
-    seconds REAL NOT NULL, PRIMARY KEY (trial_id, repetition))"""
-
 
 class RunStore:
     """The run's database. Open with `create` (new run) or `open` (existing run)."""
@@ -135,11 +83,11 @@ class RunStore:
         conn = cls._connect(tmp)
         now = wallclock.now()
         try:
+            migrate(conn)
             with conn:
-                conn.executescript(_SCHEMA)
                 conn.executemany(
                     "INSERT INTO meta(key, value) VALUES (?, ?)",
-                    [("schema_version", str(SCHEMA_VERSION)), ("run_id", run_id),
+                    [("schema_version", STORE_FORMAT), ("run_id", run_id),
                      ("command", command), ("created_at", str(now))],
                 )
                 conn.execute(
@@ -157,9 +105,11 @@ class RunStore:
 
     @classmethod
     def open(cls, path: Path, *, readonly: bool = False) -> RunStore:
-        """Open an existing store; a missing, unreadable, damaged or foreign file is a
-        UserError. `readonly` opens it without writing anything, also in a read-only run
-        directory (a run copied off a cluster, an archive)."""
+        """Open an existing store, its tables brought up to date (`schema.migrate`); a missing,
+        unreadable, damaged or foreign file, or one from a newer release, is a UserError.
+        `readonly` opens it without writing anything, also in a read-only run directory (a
+        run copied off a cluster, an archive): an older store is then migrated in a copy held
+        in memory, so readers never ask which tables a store has."""
         if not path.is_file():
             raise UserError(f"no run store at {path}")
         conn = None
@@ -176,10 +126,38 @@ class RunStore:
                 conn.close()
             raise UserError(f"{path} is not a readable sleuth run store"
                             f" ({' '.join(str(exc).split())[:200]})") from exc
-        if version is None or int(version[0]) != SCHEMA_VERSION:
+        if version is None or version[0] != STORE_FORMAT:
             conn.close()
             raise UserError(f"{path} has an unknown schema version: not a sleuth run store")
+        found = user_version(conn)
+        if found > SCHEMA_VERSION:
+            conn.close()
+            raise UserError(f"{path} was written by a newer sleuth (tables at version"
+                            f" {found}, this release knows {SCHEMA_VERSION}):"
+                            " upgrade sleuth to read it")
+        try:
+            conn = cls._migrated(conn, readonly=readonly)
+        except (sqlite3.OperationalError, OSError) as exc:
+            conn.close()
+            if _is_full(exc):
+                raise DiskFull(f"no space left on device to update {path}: free some space,"
+                               " then try again") from exc
+            raise
         return cls(conn, path)
+
+    @staticmethod
+    def _migrated(conn: sqlite3.Connection, *, readonly: bool) -> sqlite3.Connection:
+        """`conn` with its tables at SCHEMA_VERSION; read-only, a migrated copy in memory."""
+        if not needs_migration(conn):
+            return conn
+        if not readonly:
+            migrate(conn)
+            return conn
+        copy = sqlite3.connect(":memory:", isolation_level=None)
+        conn.backup(copy)
+        conn.close()
+        migrate(copy)
+        return copy
 
     @staticmethod
     def _connect(path: Path) -> sqlite3.Connection:
@@ -295,7 +273,6 @@ class RunStore:
     def set_trial_flags(self, kind: str, flags: dict[int, str]) -> None:
         """Replace every flag of ``kind`` with ``flags`` (trial id -> detail), atomically."""
         def body(c: sqlite3.Connection) -> None:
-            c.execute(_FLAGS_SCHEMA)
             c.execute("DELETE FROM trial_flags WHERE kind=?", (kind,))
             c.executemany("INSERT INTO trial_flags(trial_id, kind, detail) VALUES (?, ?, ?)",
                           [(int(t), kind, d) for t, d in sorted(flags.items())])
@@ -303,11 +280,7 @@ class RunStore:
         self._write(body)
 
     def trial_flags(self, kind: str | None = None) -> dict[int, dict[str, str]]:
-        """``{trial id: {kind: detail}}`` (empty for a store that never had flags)."""
-        exists = self._conn.execute(
-            "SELECT 1 FROM sqlite_master WHERE type='table' AND name='trial_flags'").fetchone()
-        if not exists:
-            return {}
+        """``{trial id: {kind: detail}}``."""
         query, params = "SELECT trial_id, kind, detail FROM trial_flags", ()
         if kind is not None:
             query, params = query + " WHERE kind=?", (kind,)
@@ -363,10 +336,6 @@ class RunStore:
             hook()
         return trial_id
 
-    def set_log_path(self, trial_id: int, log_path: str) -> None:
-        self._write(lambda c: c.execute("UPDATE trials SET log_path=? WHERE id=?",
-                                        (log_path, trial_id)))
-
     def finish_trial(self, trial_id: int, result: TrialResult) -> None:
         """Record the outcome, the step history, measurements and fingerprint in one transaction."""
         def body(c: sqlite3.Connection) -> None:
@@ -397,7 +366,6 @@ class RunStore:
             timed = [(trial_id, m.repetition, float(m.seconds)) for m in result.measurements
                      if m.seconds is not None]
             if timed:
-                c.execute(_REPETITION_TIMES_SCHEMA)
                 c.executemany("INSERT INTO repetition_times VALUES (?, ?, ?)", timed)
             if result.fingerprint:
                 c.execute(

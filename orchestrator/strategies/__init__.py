@@ -1,4 +1,11 @@
-"""Experiment strategies: pure objects that choose the next trials and state what they found."""
+"""Experiment strategies: pure objects that choose the next trials and state what they found.
+
+The contract is `base.py` (:class:`Strategy`, :class:`Observation`, :class:`Proposal`,
+:class:`Verdict`); each strategy has its own package: `bisect/` (commits), `isolate/`
+(differences between two systems) and `sweep/` (settings, through its own loop: its package
+docstring says why). A piece two strategies share would sit beside `base.py`; today none does
+(the isolate searches its chains with the bisection itself).
+"""
 
 from __future__ import annotations
 
@@ -12,8 +19,7 @@ from orchestrator.strategies.base import (
     Strategy,
     Verdict,
 )
-from orchestrator.strategies.bisect import BisectSettings, BisectStrategy
-from orchestrator.strategies.bisect_verdict import NOT_REPRODUCIBLE_MESSAGE
+from orchestrator.strategies.bisect import NOT_REPRODUCIBLE_MESSAGE, BisectSettings, BisectStrategy
 
 __all__ = [
     "NOT_REPRODUCIBLE_MESSAGE",

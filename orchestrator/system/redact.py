@@ -177,8 +177,3 @@ def scrub(text: str, secrets: Iterable[str]) -> str:
     for value in sorted(set(secrets), key=len, reverse=True):
         text = text.replace(value, REDACTED)
     return redact_value(text)
-
-
-def secrets_in(values: Iterable[tuple[str, str]]) -> list[str]:
-    """Names among `(name, value)` pairs whose name or value is a credential."""
-    return [name for name, value in values if is_secret_name(name) or secret_in_value(value)]

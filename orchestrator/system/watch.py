@@ -154,13 +154,19 @@ def system_changes(rows: Sequence[TrialRow]) -> list[SystemChange]:
     return SystemWatch.primed(rows).changes
 
 
-def latest_epoch(rows: Sequence[TrialRow]) -> list[TrialRow]:
-    """The trials of the node's latest system epoch, all of them when no node changed: the
+def epochs(rows: Sequence[TrialRow]) -> list[list[TrialRow]]:
+    """The rows split by system epoch, oldest first (one list when no node changed): the
     epochs count the changes seen between consecutive trials, as the strategies number them
-    (``orchestrator.control.drive.Epochs``), so an answer compares one system with itself."""
-    watch, epoch, numbered = SystemWatch(), 0, []
+    (``orchestrator.control.drive.Epochs``)."""
+    watch, out = SystemWatch(), [[]]
     for row in rows:
         if row.finished and watch.feed(row) is not None:
-            epoch += 1
-        numbered.append((epoch, row))
-    return [r for e, r in numbered if e == epoch] if epoch else list(rows)
+            out.append([])
+        out[-1].append(row)
+    return out
+
+
+def latest_epoch(rows: Sequence[TrialRow]) -> list[TrialRow]:
+    """The trials of the node's latest system epoch, all of them when no node changed, so an
+    answer compares one system with itself."""
+    return epochs(rows)[-1]

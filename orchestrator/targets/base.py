@@ -55,6 +55,7 @@ class Target(ABC):
     so."""
 
     name: str = ""
+    _http: httpx.Client | None = None
 
     def __init__(self, conf: TargetConf | Mapping, bench: BenchConf | Mapping,
                  node: NodeContext):
@@ -139,11 +140,28 @@ class Target(ABC):
         """Optional argv prefix (numactl, taskset, a profiler ...)."""
         return [str(x) for x in self.settings.launcher]
 
+    # -- HTTP -------------------------------------------------------------------------------
+    @property
+    def http(self) -> httpx.Client:
+        """This target's one HTTP client: a trial's readiness polls, scrapes and probes reuse
+        its connections instead of opening one per call. Made on first use; `close` (at the
+        end of every trial) closes it, so no connection outlives the server it went to."""
+        if self._http is None:
+            self._http = http.client()
+        return self._http
+
+    def close(self) -> None:
+        """Give back what the target holds between calls (its HTTP client); it makes a new
+        one if used again."""
+        client, self._http = self._http, None
+        if client is not None:
+            client.close()
+
     # -- probing ----------------------------------------------------------------------------
     def is_ready(self, base_url: str) -> bool:
         """SGLang answers /health_generate with 200 once a real generation works."""
         try:
-            r = http.get(f"{base_url}/health_generate", timeout=5.0)
+            r = self.http.get(f"{base_url}/health_generate", timeout=5.0)
         except httpx.HTTPError:
             return False
         return r.status_code == 200
@@ -151,7 +169,7 @@ class Target(ABC):
     def scrape(self, base_url: str) -> dict | None:
         """Prometheus counters, or None when the server exports none."""
         try:
-            r = http.get(f"{base_url}/metrics", timeout=5.0)
+            r = self.http.get(f"{base_url}/metrics", timeout=5.0)
         except httpx.HTTPError:
             return None
         return prometheus.parse(r.text) if r.status_code == 200 else None
@@ -201,7 +219,7 @@ class Target(ABC):
                            timeout_s=self.bench_settings.request_timeout_s,
                            time_scale=self.time_scale)
 
-        return capture.guarded(lambda: capture.capture_http(base_url, trial_dir, load))
+        return capture.guarded(lambda: capture.capture_http(self.http, base_url, trial_dir, load))
 
     def measure(self, base_url: str, requests: list[RequestSpec], log_path: Path) -> dict[str, float]:
         """One repetition: client metrics plus server phase metrics bracketing it."""

@@ -48,7 +48,6 @@ from pathlib import Path
 
 import httpx
 
-from orchestrator.bench import http
 from orchestrator.bench.client import BenchError, RequestSpec
 from orchestrator.config.schema import BenchConf, CommandTargetConf
 from orchestrator.runner.process import dying_with_parent, group_members
@@ -250,7 +249,7 @@ class CommandTarget(Target):
         url = self.settings.ready_url.strip()
         if url:
             try:
-                r = http.get(self._fill(url, base_url), timeout=5.0)
+                r = self.http.get(self._fill(url, base_url), timeout=5.0)
             except httpx.HTTPError:
                 return False
             return 200 <= r.status_code < 300

@@ -41,7 +41,7 @@ from pathlib import Path
 
 import httpx
 
-from orchestrator.bench import http, server_measure
+from orchestrator.bench import server_measure
 from orchestrator.bench.client import BenchError, RequestSpec
 from orchestrator.config.schema import BenchConf, SglangTargetConf
 from orchestrator.system import fingerprint
@@ -226,7 +226,7 @@ class SglangTarget(Target):
         if self.simulated:
             from orchestrator.targets.simnode import sim_report
 
-            return sim_report(base_url)
+            return sim_report(self.http, base_url)
         return super().imported_packages(server, base_url, env, cwd, names, libraries)
 
     def node_packages(self) -> dict[str, str] | None:
@@ -317,7 +317,7 @@ class SglangTarget(Target):
     def server_info(self, base_url: str) -> dict | None:
         for path in self.features.server_info_paths:
             try:
-                r = http.get(f"{base_url}{path}", timeout=10.0)
+                r = self.http.get(f"{base_url}{path}", timeout=10.0)
             except httpx.HTTPError:
                 return None
             if r.status_code == 200:

@@ -17,7 +17,9 @@ import os
 import sys
 from pathlib import Path
 
-from orchestrator.bench import http, server_measure
+import httpx
+
+from orchestrator.bench import server_measure
 from orchestrator.bench.client import RequestSpec
 from orchestrator.targets.base import Target, apply_unset
 from orchestrator.targets.sim.dialect import DEVICE_TIMER_ENV, Dialect, UnknownVersion, dialect
@@ -124,7 +126,7 @@ class SimTarget(Target):
 
     def imported_packages(self, server, base_url, env, cwd, names, libraries) -> dict:
         """What the sim server found and loaded, as it reports it (`GET /sim/packages`)."""
-        return sim_report(base_url)
+        return sim_report(self.http, base_url)
 
     @property
     def node_env_path(self) -> Path:
@@ -154,21 +156,17 @@ class SimTarget(Target):
                                       server_info=self._server_info)
 
     def _server_info(self, base_url: str) -> dict | None:
-        import httpx
-
         try:
-            r = http.get(f"{base_url}/server_info", timeout=10.0)
+            r = self.http.get(f"{base_url}/server_info", timeout=10.0)
         except httpx.HTTPError:
             return None
         return r.json() if r.status_code == 200 else None
 
 
-def sim_report(base_url: str) -> dict:
+def sim_report(client: httpx.Client, base_url: str) -> dict:
     """A sim server's own account of its packages; RuntimeError when it gives none."""
-    import httpx
-
     try:
-        r = httpx.get(f"{base_url}/sim/packages", timeout=10.0, trust_env=False)
+        r = client.get(f"{base_url}/sim/packages", timeout=10.0)
     except httpx.HTTPError as exc:
         raise RuntimeError(f"GET /sim/packages failed: {exc}") from exc
     if r.status_code != 200:

@@ -134,7 +134,7 @@ def command_help(command: str, summary: str) -> str:
     if command not in ("report", "resume", "doctor", "scenario"):
         lines += ["", "common options:", *_options(COMMON)]
     if command == "scenario":
-        from orchestrator.targets.sim.scenario_presets import PRESETS
+        from orchestrator.sim_scenarios.presets import PRESETS
 
         lines += ["", "presets:", *_options((n, spec.summary) for n, spec in PRESETS.items())]
     lines += ["", "any setting of `sleuth " + command + " --cfg` can be given as key=value"]

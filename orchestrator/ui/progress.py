@@ -24,7 +24,7 @@ import math
 import re
 import statistics
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 from rich.console import Console, Group
@@ -102,7 +102,10 @@ class Progress:
     """Collects trial events and shows them (rich Live on a terminal, plain lines otherwise)."""
 
     def __init__(self, console: Console, total_hint: int | None = None, *,
-                 live: bool | None = None, clock: Callable[[], float] = time.monotonic) -> None:
+                 live: bool | None = None, clock: Callable[[], float] = time.monotonic,
+                 done: Iterable[TrialRow] = ()) -> None:
+        """`done`: the run's stored trials, so a resumed run counts on from what it had
+        finished (and its node names are the store's) instead of starting again at 0."""
         self.console = console
         self.total_hint = total_hint
         self.live_mode = console.is_terminal if live is None else live
@@ -114,6 +117,11 @@ class Progress:
         self._live: Live | None = None
         self._cost = ""
         self._ended = False  # the run is over: nothing is left to estimate
+        for row in done:
+            if row.outcome is not None:
+                took = (row.ended_at - row.started_at) if row.started_at and row.ended_at \
+                    else None
+                self._finish(row.id, row.node, row.outcome.value, took)
 
     # -- lifecycle ---------------------------------------------------------------------------
     def __enter__(self) -> Progress:
@@ -136,7 +144,7 @@ class Progress:
         self.total_hint = total_hint
 
     def set_cost(self, text: str) -> None:
-        """What the trials so far cost (``~12.3 GPU-min at 3 repetitions per restart``)."""
+        """What the trials so far cost (``12.3 GPU-min spent, 3 repetitions per restart``)."""
         self._cost = text
 
     def set_remaining(self, remaining: int) -> None:

@@ -103,23 +103,6 @@ def restarts_table(rows: Sequence[TrialRow]) -> Table:
     return table
 
 
-def trials_summary(rows: Sequence[TrialRow]) -> Table:
-    table = Table(title="trials")
-    for col in ("id", "node", "phase", "candidate", "outcome", "seconds", "detail"):
-        table.add_column(col)
-    for r in rows:
-        secs = (r.ended_at - r.started_at) if r.ended_at and r.started_at else None
-        table.add_row(str(r.id), r.node, r.phase, printable(r.candidate.label, newlines=False),
-                      r.outcome.value if r.outcome else "running",
-                      _fmt("{:.1f}", secs), printable(r.detail or "", newlines=False)[:80])
-    return table
-
-
-def mean_of(rows: Sequence[TrialRow], metric: str) -> float | None:
-    vals = [v for r in rows if r.result and (v := r.result.value(metric)) is not None]
-    return statistics.fmean(vals) if vals else None
-
-
 class SafeConsole(Console):
     """A rich console whose plain-string arguments lose their control characters first.
 

@@ -55,9 +55,6 @@ class CommitInfo:
     files: tuple[str, ...]
     boundary: bool = False
 
-    @property
-    def short_sha(self) -> str:
-        return self.sha[:12]
 
 
 def parse_log(raw: bytes) -> list[CommitInfo]:

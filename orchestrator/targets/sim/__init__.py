@@ -15,5 +15,9 @@ whose timings follow the EAGLE-3 performance model, driven by the repo's `sim_pr
 - `launcher`   start/stop a sim process for tests and tools (`run_sim`)
 - `loadclock`  the loading phase's modeled sleeps, counted from the process's launch
 
+The scenarios it plays (planted-cause repositories, system stories) and the noise-free
+oracles over its model live in `orchestrator/sim_scenarios/`, which imports this package,
+never the other way round.
+
 Importing this package must stay cheap: every trial launches the server.
 """

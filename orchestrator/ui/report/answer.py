@@ -61,16 +61,3 @@ def detail_lines(answer: Mapping) -> list[str]:
     if answer.get("next"):  # a complete command, copied as it is (`commands/next_step.py`)
         lines.append(f"next: {answer['next']}")
     return lines
-
-
-def answer_lines(answer: Mapping) -> list[str]:
-    """The answer as plain lines (a log, a pipe): sentence, causes, details."""
-    lines = [f"answer: {answer.get('sentence', '')}"]
-    table = causes_table(answer)
-    if table.rows:
-        widths = [max(len(h), *(len(r[i]) for r in table.rows))
-                  for i, h in enumerate(table.headers)]
-        for row in (table.headers, *table.rows):
-            lines.append("  " + "  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True))
-                         .rstrip())
-    return lines + detail_lines(answer)

@@ -4,11 +4,15 @@ row moved between the cause's two sides, with its interval across restarts (orch
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING
 
 import numpy as np
-from matplotlib.figure import Figure
 
 from orchestrator.evidence.families import FAMILY_LABELS
+from orchestrator.ui.report.figure import new_figure
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
 MOVED_COLOR, STILL_COLOR = "#c62828", "#9e9e9e"
 ROWS_SHOWN = 8
@@ -19,7 +23,7 @@ def kernel_figure(entries: Sequence[Mapping]) -> Figure | None:
     shown = [e for e in entries if e.get("families")]
     if not shown:
         return None
-    fig = Figure(layout="constrained", figsize=(11, 0.6 + 2.4 * len(shown)))
+    fig = new_figure(layout="constrained", figsize=(11, 0.6 + 2.4 * len(shown)))
     axes = fig.subplots(len(shown), 1, squeeze=False)[:, 0]
     for ax, e in zip(axes, shown, strict=True):
         rows = list(e["families"])[:ROWS_SHOWN][::-1]  # movers first, drawn top down

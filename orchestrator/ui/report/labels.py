@@ -51,7 +51,7 @@ def _clip(value: str, limit: int = 12) -> str:
     return value if len(value) <= limit else value[: limit - 3] + "..."
 
 
-def settings(cand: Candidate, limit: int = 2) -> list[str]:
+def settings(cand: Candidate, limit: int = 4) -> list[str]:
     """The candidate's non-commit factor levels, as people say them, at most `limit` (then
     "+N more")."""
     parts = [f"+{len(cand.patches)} patch{'es' if len(cand.patches) > 1 else ''}"] \
@@ -64,19 +64,27 @@ def settings(cand: Candidate, limit: int = 2) -> list[str]:
     return parts
 
 
-def short(cand: Candidate, subject_of: Mapping[str, str] | None = None, *, prefix: str = "",
-          width: int = WIDTH, lines: int = 3) -> str:
-    """`#3 557fc87 Use a shared workspace\\nbuffer for the flashinfer...`: wrapped to `width`,
-    at most `lines` lines."""
-    subject = (subject_of or {}).get(cand.commit, "")
-    head = " ".join(p for p in (prefix, cand.commit[:SHA], printable(subject, newlines=False))
-                    if p)
-    text = " · ".join([head, *settings(cand)])
+def _wrap(text: str, width: int, lines: int) -> list[str]:
     wrapped = textwrap.wrap(text, width) or [text]
     if len(wrapped) > lines:
         wrapped = wrapped[:lines]
         wrapped[-1] = wrapped[-1][: width - 3].rstrip() + "..."
-    return "\n".join(wrapped)
+    return wrapped
+
+
+def short(cand: Candidate, subject_of: Mapping[str, str] | None = None, *, prefix: str = "",
+          width: int = WIDTH, lines: int = 3) -> str:
+    """`#3 557fc87 Use a shared workspace\\nbuffer for the flashinfer...`: wrapped to `width`,
+    at most `lines` lines. A candidate with settings keeps its commit to one line and gives
+    each setting a line of its own below it: the settings are what tell the candidates of one
+    commit apart (an isolate's), so they are never the part cut off."""
+    subject = (subject_of or {}).get(cand.commit, "")
+    head = " ".join(p for p in (prefix, cand.commit[:SHA], printable(subject, newlines=False))
+                    if p)
+    parts = settings(cand)
+    if not parts or lines == 1:
+        return "\n".join(_wrap(" · ".join([head, *parts]), width, lines))
+    return "\n".join(_wrap(head, width, 1) + parts)
 
 
 def one_line(cand: Candidate, subject_of: Mapping[str, str] | None = None,

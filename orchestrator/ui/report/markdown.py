@@ -1,10 +1,14 @@
 """`report.md`: the ranked findings, per-finding effects, plots (as files) and tables.
 
 Every cell is untrusted text (a commit subject may hold `|`, `*`, `<script>` or a newline), so
-each is escaped: HTML-significant characters as entities, Markdown punctuation with a
-backslash, line breaks folded to spaces, and control characters (a terminal escape in a commit
-message) dropped. A table cell can therefore neither split the table,
-nor format text, nor become HTML in a renderer that passes HTML through.
+each is escaped: line breaks folded to spaces, control characters (a terminal escape in a
+commit message) dropped, and exactly the characters that would act escaped, where they would
+act: `<` and an entity's `&` as entities; `\\`, `` ` ``, `*`, `|`, `~` with a backslash; `_` only
+at a word's edge (inside `verify_ms` it formats nothing); a link's `](` or `][`; a block marker
+(`#`, `>`, a list item) at the start of the text. A table cell can therefore neither split the
+table, nor format text, nor link, nor become HTML in a renderer that passes HTML through, and
+the file still reads as typed in a terminal: `->`, `[+2.0, +3.1]`, `(#12693)` and `NCCL_PROTO`
+stay as they are.
 """
 
 from __future__ import annotations
@@ -20,13 +24,26 @@ from orchestrator.ui.safe_text import printable
 
 SIM_HEADER = " · simulated node (modeled times, no GPU measured)"
 
-_MD_PUNCT = re.compile(r"([\\`*_{}\[\]()#+!|~])")
+_MD_ALWAYS = re.compile(r"([\\`*|~])")  # code, emphasis, a table's cell, strikethrough
+_MD_EDGE_UNDERSCORE = re.compile(r"(?<![0-9A-Za-z])_|_(?![0-9A-Za-z])")  # emphasis can start
+_MD_LINK = re.compile(r"\](?=[(\[])")  # `[text](url)`, `[text][ref]`: the link's second half
+_MD_ENTITY = re.compile(r"&(?=#?[0-9A-Za-z]+;)")  # `&lt;` typed in a subject stays as typed
+_MD_BLOCK_START = re.compile(r"^(?:[#>]|[-+] )")  # a heading, a quote, a list item
+_MD_ORDERED_ITEM = re.compile(r"^(\d+)([.)] )")  # `1. `: its dot is what is escaped
 
 
-def md_escape(text: object) -> str:
+def md_escape(text: object, line_start: bool = True) -> str:
+    """`text` as Markdown shows it as typed; `line_start=False` for a table cell, where a `#`,
+    a `>` or a list marker starts no block and needs no backslash."""
     s = " ".join(printable(text).split())
-    s = s.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
-    return _MD_PUNCT.sub(r"\\\1", s)
+    s = _MD_ENTITY.sub("&amp;", s).replace("<", "&lt;")
+    s = _MD_ALWAYS.sub(r"\\\1", s)
+    s = _MD_EDGE_UNDERSCORE.sub(r"\\_", s)
+    s = _MD_LINK.sub("]\\\\", s)
+    if not line_start:
+        return s
+    s = _MD_ORDERED_ITEM.sub(r"\1\\\2", s)
+    return ("\\" + s) if _MD_BLOCK_START.match(s) else s
 
 
 def md_table(table: T.TextTable) -> str:
@@ -34,7 +51,8 @@ def md_table(table: T.TextTable) -> str:
         return f"_{md_escape(table.title)}: none._\n"
     lines = ["| " + " | ".join(md_escape(h) for h in table.headers) + " |",
              "|" + "|".join("---" for _ in table.headers) + "|"]
-    lines += ["| " + " | ".join(md_escape(c) or " " for c in row) + " |" for row in table.rows]
+    lines += ["| " + " | ".join(md_escape(c, line_start=False) or " " for c in row) + " |"
+              for row in table.rows]
     if table.note:
         lines += ["", f"_{md_escape(table.note)}_"]
     return "\n".join(lines) + "\n"

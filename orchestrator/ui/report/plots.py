@@ -1,34 +1,29 @@
 """Report figures, drawn with matplotlib's Agg backend into PNG bytes.
 
 Figures are built on `matplotlib.figure.Figure` directly (no pyplot state), so drawing works
-without a display, in threads and in tests. Math-text parsing is switched off: commit subjects
+without a display, in threads and in tests; matplotlib itself is imported only when a figure
+is drawn (`figure.py`). Math-text parsing is switched off: commit subjects
 and environment values are shown as typed, and a `$` in one can never break a figure.
 """
 
 from __future__ import annotations
 
 import io
-import logging
 import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-import matplotlib
+import numpy as np
 
-matplotlib.use("Agg")  # before any figure: headless, whatever the environment says
-# Font chatter ("building the font cache", "findfont: ... not found") is matplotlib's business,
-# not the run's: it interleaved with sleuth's own output. Errors still show.
-logging.getLogger("matplotlib.font_manager").setLevel(logging.ERROR)
+from orchestrator.metrics import METRICS
+from orchestrator.ui.report import series as S
+from orchestrator.ui.report import sweep_series as SW
+from orchestrator.ui.report.collect import RunData
+from orchestrator.ui.report.figure import matplotlib_module, new_figure
 
-import numpy as np  # noqa: E402
-from matplotlib.backends.backend_agg import FigureCanvasAgg  # noqa: E402
-from matplotlib.figure import Figure  # noqa: E402
-from matplotlib.patches import Patch  # noqa: E402
-from matplotlib.ticker import MaxNLocator  # noqa: E402
-
-from orchestrator.metrics import METRICS  # noqa: E402
-from orchestrator.ui.report import series as S  # noqa: E402
-from orchestrator.ui.report.collect import RunData  # noqa: E402
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
 OUTCOME_COLORS = {"ok": "#2e7d32", "running": "#9e9e9e", "interrupted": "#9e9e9e"}
 FAILED_COLOR = "#c62828"
@@ -47,6 +42,8 @@ class Plot:
 
 
 def _png(fig: Figure) -> bytes:
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
     FigureCanvasAgg(fig)
     buf = io.BytesIO()
     with warnings.catch_warnings():
@@ -82,7 +79,7 @@ def distributions_plot(data: RunData) -> Plot | None:
         return None
     lines = max(label.count("\n") + 1 for label in labels)
     height = min(2.0 + (0.22 + 0.16 * lines) * len(labels), 40.0)
-    fig = Figure(layout="constrained", figsize=(3.6 * len(metrics) + 3.2, height))
+    fig = new_figure(layout="constrained", figsize=(3.6 * len(metrics) + 3.2, height))
     axes = fig.subplots(1, len(metrics), sharey=True, squeeze=False)[0]
     rng = np.random.default_rng(0)  # fixed jitter: the same run draws the same figure
     n_trials = 0
@@ -130,9 +127,11 @@ def distributions_plot(data: RunData) -> Plot | None:
 
 
 def posterior_plot(history: S.PosteriorHistory) -> Plot:
+    from matplotlib.ticker import MaxNLocator
+
     n = len(history.labels)
     matrix = np.array([s.posterior for s in history.steps])
-    fig = Figure(layout="constrained", figsize=(min(max(7.0, 4 + 0.12 * n), 16), 6.5))
+    fig = new_figure(layout="constrained", figsize=(min(max(7.0, 4 + 0.12 * n), 16), 6.5))
     top, bottom = fig.subplots(2, 1, height_ratios=[3, 1.3])
     im = top.imshow(matrix, aspect="auto", cmap="magma_r", vmin=0, vmax=1, interpolation="nearest",
                     extent=(-0.5, n - 0.5, len(history.steps) + 0.5, 0.5))
@@ -187,7 +186,7 @@ def _bars(ax, pair: S.PhasePair, metrics: Sequence[str]) -> None:
 
 
 def phase_plot(pairs: Sequence[S.PhasePair]) -> Plot:
-    fig = Figure(layout="constrained", figsize=(11, 3.6 * len(pairs)))
+    fig = new_figure(layout="constrained", figsize=(11, 3.6 * len(pairs)))
     axes = fig.subplots(len(pairs), 2, squeeze=False, width_ratios=[3, 2])
     for (ms_ax, other_ax), pair in zip(axes, pairs, strict=True):
         _bars(ms_ax, pair, S.PHASE_MS_METRICS)
@@ -205,33 +204,74 @@ def phase_plot(pairs: Sequence[S.PhasePair]) -> Plot:
                 _png(fig))
 
 
-def sweep_plot(sweep: S.SweepSeries) -> Plot:
-    fig = Figure(layout="constrained", figsize=(11, max(3.0, 1.0 + 0.35 * len(sweep.importance))))
+SWEEP_MARKS = {  # what a dot of the sweep's history measured: color, legend label
+    SW.WINNER: ("#c62828", "a restart of the confirmed winner"),
+    SW.BASELINE: ("#616161", "a restart of the baseline"),
+    SW.OTHER: ("#90caf9", "a restart of another configuration"),
+}
+
+
+def sweep_legend(sweep: SW.SweepSeries) -> list[str]:
+    """The legend of the history panel, in drawing order: every kind of dot drawn, the best
+    configuration mean so far, and the confirmed winner's and the baseline's means."""
+    kinds = {k for *_, k in sweep.history}
+    out = [SWEEP_MARKS[k][1] + (f" ({sweep.winner})" if k == SW.WINNER and sweep.winner else "")
+           for k in (SW.OTHER, SW.BASELINE, SW.WINNER) if k in kinds]
+    if any(b is not None for _, _, b, _ in sweep.history):
+        out.append(f"best configuration so far (its mean, >= {SW.MIN_RESTARTS_FOR_BEST}"
+                   " restarts)")
+    if sweep.winner_mean is not None:
+        out.append("confirmed winner: mean of its confirmation restarts")
+    if sweep.baseline_mean is not None:
+        out.append("baseline: mean of its confirmation restarts")
+    return out
+
+
+def sweep_plot(sweep: SW.SweepSeries) -> Plot:
+    fig = new_figure(layout="constrained",
+                     figsize=(11, max(4.2, 1.0 + 0.35 * len(sweep.importance))))
     imp_ax, hist_ax = fig.subplots(1, 2, width_ratios=[2, 3])
     names = [k for k, _ in sweep.importance][::-1]
     imp_ax.barh(names, [v for _, v in sweep.importance][::-1], color="#00838f")
     imp_ax.set_xlabel("importance")
     imp_ax.set_title("parameter importance", loc="left")
     if sweep.history:
+        labels = iter(sweep_legend(sweep))
         xs = np.arange(1, len(sweep.history) + 1)
-        hist_ax.scatter(xs, [v for _, v, _ in sweep.history], s=16, color="#1565c0",
-                        label="trial")
-        hist_ax.step(xs, [b for _, _, b in sweep.history], where="post", color="#c62828",
-                     label="best so far")
-        hist_ax.legend(fontsize=7)
+        for kind in (SW.OTHER, SW.BASELINE, SW.WINNER):
+            at = [i for i, (*_, k) in enumerate(sweep.history) if k == kind]
+            if at:
+                hist_ax.scatter(xs[at], [sweep.history[i][1] for i in at], s=16, zorder=3,
+                                color=SWEEP_MARKS[kind][0], label=next(labels))
+        best = [np.nan if b is None else b for _, _, b, _ in sweep.history]
+        if not np.all(np.isnan(best)):
+            hist_ax.step(xs, best, where="post", color="#2e7d32", label=next(labels))
+        if sweep.winner_mean is not None:
+            hist_ax.axhline(sweep.winner_mean, color=SWEEP_MARKS[SW.WINNER][0], ls="--", lw=1,
+                            label=next(labels))
+        if sweep.baseline_mean is not None:
+            hist_ax.axhline(sweep.baseline_mean, color=SWEEP_MARKS[SW.BASELINE][0], ls=":",
+                            lw=1, label=next(labels))
+        # Below the axes: over the dots a legend hides the very restarts it explains.
+        hist_ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(0.0, -0.14),
+                       frameon=False)
     hist_ax.set_xlabel("sweep trial")
     hist_ax.set_ylabel(_unit(sweep.metric))
     hist_ax.set_title("trial history", loc="left")
     hist_ax.grid(alpha=0.3)
     return Plot("sweep", "Sweep: parameter importance and trial history",
-                f"Importance: {sweep.importance_source}. History: every measured sweep trial on"
-                f" {sweep.metric} ({'higher' if sweep.higher_is_better else 'lower'} is better).",
+                f"Importance: {sweep.importance_source}. History: every measured sweep restart"
+                f" on {sweep.metric} ({'higher' if sweep.higher_is_better else 'lower'} is"
+                " better), colored by what it measured; the line is the best configuration's"
+                " mean so far, not the best single restart.",
                 _png(fig))
 
 
 def timeline_plot(spans: Sequence[S.Span]) -> Plot:
+    from matplotlib.patches import Patch
+
     nodes = sorted({s.node for s in spans})
-    fig = Figure(layout="constrained", figsize=(11, 1.2 + 0.55 * len(nodes)))
+    fig = new_figure(layout="constrained", figsize=(11, 1.2 + 0.55 * len(nodes)))
     ax = fig.subplots()
     end = max(s.end for s in spans) or 1.0
     for s in spans:
@@ -272,14 +312,14 @@ def kernels_plot(entries: Sequence) -> Plot | None:
 
 def make_plots(data: RunData) -> list[Plot]:
     """Every figure the run's data supports, in reading order."""
-    with matplotlib.rc_context(_RC):
+    with matplotlib_module().rc_context(_RC):
         plots = [distributions_plot(data)]
         history = S.posterior_history(data)
         plots.append(posterior_plot(history) if history else None)
         pairs = S.phase_pairs(data)
         plots.append(phase_plot(pairs) if pairs else None)
         plots.append(kernels_plot((data.ranked.get("answer") or {}).get("evidence") or []))
-        sweep = S.sweep_series(data)
+        sweep = SW.sweep_series(data)
         plots.append(sweep_plot(sweep) if sweep else None)
         spans = S.timeline(data.rows)
         plots.append(timeline_plot(spans) if spans else None)

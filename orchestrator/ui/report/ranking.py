@@ -13,6 +13,8 @@ Ranking order, and why:
   2. among equals, a finding whose interval on its experiment's metric excludes zero first;
   3. then the larger absolute effect on that metric;
   4. findings without a probability (e.g. a sweep's better setting) come after all causes.
+When the run has an answer (an investigation's), the causes it names come first and in its
+order, so the answer's table and the causes table never list the same causes differently.
 The same cause named by two experiments (same kind and id) is one finding: the more probable
 record is kept and the other experiment is listed beside it, with the evidence merged.
 """
@@ -61,6 +63,15 @@ def _sort_key(finding: Mapping, metric: str, doc_index: int) -> tuple:
         doc_index,
         int(finding.get("rank", 0) or 0),
     )
+
+
+def _answer_position(answer: Mapping | None, identity: tuple[str, str]) -> int:
+    """Where the answer lists the cause `(kind, id)`; after all of them when it does not."""
+    causes = (answer or {}).get("causes") or []
+    for position, cause in enumerate(causes):
+        if (str(cause.get("kind", "")), str(cause.get("id", ""))) == identity:
+            return position
+    return len(causes)
 
 
 def _trial_flags(evidence: Sequence[int], rows_by_id: Mapping[int, TrialRow]) -> dict:
@@ -150,7 +161,9 @@ def rank(
                 merged[identity], keys[identity] = finding, key
             merged[identity]["experiments"] = experiments
             merged[identity]["evidence"] = evidence
-    ordered = sorted(merged, key=keys.__getitem__)
+    answer = pick(docs)
+    ordered = sorted(merged, key=lambda identity: (_answer_position(answer, identity),
+                                                   keys[identity]))
     findings = []
     for position, identity in enumerate(ordered, 1):
         finding = merged[identity]
@@ -166,7 +179,7 @@ def rank(
                        COMBINED_EXPERIMENT_SEPARATOR.join(names) if names else "none"),
         "metric": docs[0].get("metric") if docs else None,
         "verdict": investigation.get("verdict") if investigation else combined_verdict(steps),
-        "answer": pick(docs),
+        "answer": answer,
         "experiments": experiment_summaries(steps),
         "findings": findings,
         "system_changes": [c.to_json() for c in system_changes(rows)],

@@ -14,7 +14,6 @@ from dataclasses import dataclass
 
 from scipy.stats import t as student_t
 
-from orchestrator.metrics import METRICS
 from orchestrator.records import NOT_EVIDENCE_PHASES, Candidate
 from orchestrator.store import TrialRow
 from orchestrator.ui.render import finding_id
@@ -50,12 +49,6 @@ class CandidateSeries:
     failed: tuple[int, ...]  # trial ids that produced no measurement
     interrupted: tuple[int, ...] = ()  # stopped (and run again): neither failed nor measured
     full: str = ""  # the exact label, for tables
-
-
-def candidate_order(data: RunData) -> list[tuple[str, str]]:
-    """`(key, short label)` of every candidate: bisect points in commit order (`#i` their
-    position), then by first trial."""
-    return [(key, label) for key, label, _ in _ordered(data)]
 
 
 REFERENCE_SUFFIX = ":reference"
@@ -326,75 +319,6 @@ def phase_pairs(data: RunData, max_findings: int = 3) -> list[PhasePair]:
                                 names=(f"good {labels.one_line(good, subject_of)}",
                                        f"bad {labels.one_line(bad, subject_of)}")))
     return [p for p in pairs if p.metrics]
-
-
-# -- sweep --------------------------------------------------------------------------------------
-
-@dataclass(frozen=True)
-class SweepSeries:
-    metric: str
-    higher_is_better: bool
-    history: tuple[tuple[int, float, float], ...]  # (trial id, value, best so far)
-    importance: tuple[tuple[str, float], ...]  # (parameter, share of variance), largest first
-    importance_source: str
-
-
-def candidate_params(cand: Candidate) -> dict[str, str]:
-    """A candidate's factor levels other than the commit, as flat parameter names."""
-    params = {f"env.{k}": v for k, v in cand.env}
-    params.update({f"server.{k}": v for k, v in cand.server})
-    params["clock"] = cand.clock
-    params["patches"] = ",".join(p.rsplit("/", 1)[-1] for p in cand.patches) or "(none)"
-    return params
-
-
-def eta_squared(groups: Mapping[str, Sequence[float]]) -> float:
-    """Share of the variance of all values explained by the grouping (one-way ANOVA's eta^2)."""
-    values = [v for vs in groups.values() for v in vs]
-    if len(values) < 3:
-        return 0.0
-    grand = statistics.fmean(values)
-    total = sum((v - grand) ** 2 for v in values)
-    if total <= 0:
-        return 0.0
-    between = sum(len(vs) * (statistics.fmean(vs) - grand) ** 2 for vs in groups.values() if vs)
-    return between / total
-
-
-def sweep_series(data: RunData) -> SweepSeries | None:
-    """Trial history and parameter importance of the sweep trials of a run, if any ran."""
-    doc = next((d for d in data.docs if d.get("experiment") == "sweep"), None)
-    rows = [r for r in data.rows if "sweep" in (r.phase or "") or data.command == "sweep"]
-    if not rows:
-        return None
-    metric = str(doc.get("metric")) if doc and doc.get("metric") else data.metric
-    info = METRICS.get(metric)
-    direction = data.config.direction
-    higher = info.higher_is_better if info and direction == "auto" else direction == "decrease"
-    history, best = [], None
-    for r in rows:
-        v = _value(r, metric)
-        if v is None or r.suspect:
-            continue
-        best = v if best is None else (max(best, v) if higher else min(best, v))
-        history.append((r.id, v, best))
-    if doc and isinstance(doc.get("importance"), Mapping):
-        importance = {str(k): float(v) for k, v in doc["importance"].items()}
-        source = "reported by the sweep"
-    else:
-        params: dict[str, dict[str, list[float]]] = {}
-        for r in rows:
-            v = _value(r, metric)
-            if v is None or r.suspect:
-                continue
-            for name, level in candidate_params(r.candidate).items():
-                params.setdefault(name, {}).setdefault(level, []).append(v)
-        importance = {k: eta_squared(g) for k, g in params.items() if len(g) > 1}
-        source = "share of trial-to-trial variance explained by each parameter alone (eta squared)"
-    ranked = tuple(sorted(importance.items(), key=lambda kv: -kv[1]))
-    if not history and not ranked:
-        return None
-    return SweepSeries(metric, higher, tuple(history), ranked, source)
 
 
 # -- per-node timeline --------------------------------------------------------------------------

@@ -77,11 +77,11 @@ def split_findings(ranked: Mapping) -> tuple[list[dict], list[dict], list[dict]]
 
 
 def untested_lines(ranked: Mapping) -> list[str]:
-    """The untested differences, one collapsed line per reason (the answer's groups)."""
-    groups = (ranked.get("answer") or {}).get("not_tested")
-    if groups is None:
-        groups = not_tested({"findings": split_findings(ranked)[1]})
-    return [g["line"] for g in groups]
+    """The untested differences, one collapsed line per reason, when the answer does not list
+    them: every medium opens with the answer, and its lines said once are enough."""
+    if (ranked.get("answer") or {}).get("not_tested") is not None:
+        return []
+    return [g["line"] for g in not_tested({"findings": split_findings(ranked)[1]})]
 
 
 def _fmt_number(value: float | None) -> str:
@@ -227,7 +227,8 @@ def _gpu_time(data: RunData) -> str:
         target = dict(as_dict(data.config.target))
     except Exception:  # noqa: BLE001 - an unreadable config: real time, GPUs from fingerprints
         target = {}
-    return f"{describe_cost(gpu_minutes(data.rows, target))} over {len(data.rows)} restarts"
+    spent = describe_cost(gpu_minutes(data.rows, target), modeled=data.simulated)
+    return f"{spent} over {len(data.rows)} restarts"
 
 
 def candidates_table(data: RunData) -> TextTable:

@@ -1,0 +1,276 @@
+"""Trial evidence keyed by subset of differences, and the contrasts the isolate strategy tests.
+
+Values are kept on the *signed log scale* (``log(value)`` when the regression is an increase,
+``-log(value)`` when it is a decrease), as in :mod:`orchestrator.strategies.bisect.evidence`: "bad" is
+always "higher" and restart-level noise, being multiplicative, has one variance for every
+configuration of a run. That variance is pooled over every subset measured so far, which is what
+lets a comparison decide from two or three restarts per side.
+
+Every question the strategy asks is a linear contrast of subset means (``effect of adding X to
+good`` = mean(X) - mean(good); the interaction of a pair = mean(ij) - mean(i) - mean(j) +
+mean(good)), answered with a Student-t posterior under a flat prior on the contrast: with the
+pooled variance ``s^2`` on ``df`` degrees of freedom, ``(true - estimate) / se`` is t-distributed.
+Routing decisions (which test to run next) use that flat-prior posterior; the claims an answer
+makes (this difference hurts, nothing else matters) use the spike-and-slab posterior of
+:class:`EffectPrior`, which is what the probabilities in an isolate verdict are.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from scipy.special import log_ndtr, ndtr, ndtri, stdtr, stdtrit
+
+from orchestrator.strategies.base import Observation
+
+_LOG_SQRT_2PI = 0.5 * math.log(2.0 * math.pi)
+_Z975 = float(ndtri(0.975))
+
+
+def _normal_logpdf(x: float, scale: float) -> float:
+    return -0.5 * (x / scale) ** 2 - math.log(scale) - _LOG_SQRT_2PI
+
+Subset = frozenset[int]
+
+PRESENT = "present"
+ABSENT = "absent"
+
+
+@dataclass(frozen=True)
+class Contrast:
+    """A linear combination of subset means (signed log scale) with its t-posterior."""
+
+    estimate: float
+    se: float
+    df: float
+
+    def prob_above(self, threshold: float) -> float:
+        """Posterior probability that the true contrast exceeds ``threshold``."""
+        return self._cdf(self.estimate - threshold)
+
+    def prob_below(self, threshold: float) -> float:
+        """Posterior probability that the true contrast is below ``threshold``."""
+        return self._cdf(threshold - self.estimate)
+
+    def interval(self, confidence: float) -> tuple[float, float]:
+        if self.df <= 0 or not math.isfinite(self.se):
+            return -math.inf, math.inf
+        half = float(stdtrit(self.df, 0.5 + confidence / 2.0)) * self.se
+        return self.estimate - half, self.estimate + half
+
+    def _cdf(self, margin: float) -> float:
+        if self.se == 0.0:
+            return 1.0 if margin > 0 else (0.0 if margin < 0 else 0.5)
+        if self.df <= 0 or not math.isfinite(self.se):
+            return 0.5
+        return float(stdtr(self.df, margin / self.se))
+
+
+@dataclass(frozen=True)
+class EffectPrior:
+    """Spike-and-slab prior of an effect: exactly zero with probability ``null``, otherwise
+    half-normal with scale ``scale`` in the bad direction (signed log scale).
+
+    Most differences between two configurations are harmless, exactly: the spike says so. It is
+    also what keeps decisions honest when they are checked after every trial: the posterior of
+    "no effect" does not erode under optional stopping the way a flat-prior probability of
+    "effect > 0" does, so a run of lucky readings does not invent a cause.
+    """
+
+    null: float
+    scale: float
+
+    def __post_init__(self) -> None:
+        if not 0.0 < self.null < 1.0 or not self.scale > 0.0:
+            raise ValueError(f"bad effect prior {self}")
+
+
+def _effective_se(contrast: Contrast) -> float:
+    """The standard error widened so a normal likelihood has the t's 95% quantile (few df)."""
+    if contrast.df >= 1e6:
+        return contrast.se
+    widen = float(stdtrit(contrast.df, 0.975)) / _Z975
+    return contrast.se * widen
+
+
+def posterior_present(contrast: Contrast, prior: EffectPrior) -> float:
+    """Posterior probability that the effect is not zero (then positive, by the slab)."""
+    if contrast.df <= 0 or not math.isfinite(contrast.se):
+        return 1.0 - prior.null
+    if contrast.se == 0.0:
+        return 1.0 if contrast.estimate > 0 else 0.0
+    x, s, tau = contrast.estimate, _effective_se(contrast), prior.scale
+    spread = math.hypot(s, tau)
+    log_null = math.log(prior.null) + _normal_logpdf(x, s)
+    log_slab = (
+        math.log1p(-prior.null) + math.log(2.0) + _normal_logpdf(x, spread)
+        + float(log_ndtr(x * tau / (s * spread)))
+    )
+    return float(1.0 / (1.0 + math.exp(min(log_null - log_slab, 700.0))))
+
+
+def posterior_below(contrast: Contrast, prior: EffectPrior, threshold: float) -> float:
+    """Posterior probability that the effect is below ``threshold`` (> 0): zero, or small."""
+    present = posterior_present(contrast, prior)
+    if contrast.df <= 0 or not math.isfinite(contrast.se):
+        below_slab = 2.0 * float(ndtr(threshold / prior.scale)) - 1.0
+    elif contrast.se == 0.0:
+        below_slab = 1.0 if contrast.estimate < threshold else 0.0
+    else:
+        x, s, tau = contrast.estimate, _effective_se(contrast), prior.scale
+        mean = x * tau**2 / (s**2 + tau**2)
+        sd = s * tau / math.hypot(s, tau)
+        # Truncated normal on (0, inf): P(effect < threshold) = 1 - S(b) / S(a).
+        log_s_a = float(log_ndtr(mean / sd))
+        log_s_b = float(log_ndtr((mean - threshold) / sd))
+        below_slab = -math.expm1(log_s_b - log_s_a)
+    return (1.0 - present) + present * below_slab
+
+
+def decide(contrast: Contrast | None, tolerance: float, level: float, prior: EffectPrior
+           ) -> str | None:
+    """Three-way sequential decision on an effect: present, absent, or None (unresolved).
+
+    Present: the effect is not zero with posterior probability ``level``. Absent: it is below
+    the smallest effect worth naming (``tolerance``) with probability ``level``. When both hold
+    (a real but small effect, once the data are plentiful) the estimate decides against
+    ``tolerance / 2``.
+    """
+    if contrast is None:
+        return None
+    present = posterior_present(contrast, prior) >= level
+    absent = posterior_below(contrast, prior, tolerance) >= level
+    if present and absent:
+        return PRESENT if contrast.estimate >= tolerance / 2.0 else ABSENT
+    if present:
+        return PRESENT
+    if absent:
+        return ABSENT
+    return None
+
+
+def claim_probability(contrast: Contrast | None, claim: str, tolerance: float,
+                      prior: EffectPrior) -> float:
+    """Posterior probability of a claim: the effect is real (present) or below tolerance."""
+    if contrast is None:
+        return 0.0
+    if claim == PRESENT:
+        return posterior_present(contrast, prior)
+    return posterior_below(contrast, prior, tolerance)
+
+
+class SubsetEvidence:
+    """Trial results per subset (failures, suspect trials, signed log values)."""
+
+    def __init__(self, sign: float) -> None:
+        self.sign = sign
+        self.values: dict[Subset, list[float]] = {}
+        self.failures: Counter[Subset] = Counter()
+        self.trials: Counter[Subset] = Counter()  # every trial, suspect and failed included
+        self.n_trials = 0
+        self.n_suspect = 0
+        self._pooled: tuple[int, tuple[float, int]] | None = None
+        self.version = 0
+
+    def add(self, subset: Subset, observation: Observation) -> bool:
+        """Record one trial; True when it added a measured value."""
+        self.n_trials += 1
+        self.trials[subset] += 1
+        if observation.value is None:
+            self.failures[subset] += 1
+            return False
+        if observation.suspect:
+            self.n_suspect += 1
+            return False
+        value = float(observation.value)
+        if not math.isfinite(value) or value <= 0.0:
+            raise ValueError(f"trial value {value!r}: the metric must be positive and finite")
+        self.values.setdefault(subset, []).append(self.sign * math.log(value))
+        self.version += 1
+        return True
+
+    def count(self, subset: Subset) -> int:
+        return len(self.values.get(subset, ()))
+
+    def attempts(self, subset: Subset) -> int:
+        """Trials that produced a value or failed (suspect trials are not attempts)."""
+        return self.count(subset) + self.failures[subset]
+
+    def untestable(self, subset: Subset, max_failures: int) -> bool:
+        """Failed ``max_failures`` times and never measured (e.g. a patch that does not apply)."""
+        return self.failures[subset] >= max_failures and self.count(subset) == 0
+
+    def mean(self, subset: Subset) -> float:
+        values = self.values[subset]
+        return math.fsum(values) / len(values)
+
+    def pooled(self) -> tuple[float, int]:
+        """Within-subset sum of squares and degrees of freedom over every subset."""
+        if self._pooled is not None and self._pooled[0] == self.version:
+            return self._pooled[1]
+        ss, df = 0.0, 0
+        for values in self.values.values():
+            if len(values) > 1:
+                mean = math.fsum(values) / len(values)
+                ss += math.fsum((v - mean) ** 2 for v in values)
+                df += len(values) - 1
+        self._pooled = (self.version, (ss, df))
+        return ss, df
+
+    def sigma(self) -> float:
+        ss, df = self.pooled()
+        return math.sqrt(ss / df) if df > 0 else math.nan
+
+    def difference(self, before: Subset, after: Subset) -> Contrast | None:
+        """``mean(after) - mean(before)`` with the run's pooled restart variance: the pooled
+        t-interval of :func:`orchestrator.stats.effect.log_difference` with every other subset's
+        replicates as extra degrees of freedom."""
+        if before == after:
+            return Contrast(0.0, 0.0, math.inf) if self.count(before) else None
+        return self.contrast({after: 1.0, before: -1.0})
+
+    def contrast(self, weights: Mapping[Subset, float]) -> Contrast | None:
+        """``sum(weight * mean(subset))`` with the pooled variance (None: a subset unmeasured)."""
+        weights = {s: w for s, w in weights.items() if w != 0.0}
+        if any(self.count(s) == 0 for s in weights):
+            return None
+        estimate = math.fsum(w * self.mean(s) for s, w in weights.items())
+        ss, df = self.pooled()
+        if df == 0:
+            return Contrast(estimate, math.inf, 0)
+        scale = math.fsum(w * w / self.count(s) for s, w in weights.items())
+        return Contrast(estimate, math.sqrt(ss / df * scale), float(df))
+
+    def most_informative(
+        self, contrasts: Sequence[Mapping[Subset, float]], planned: Counter
+    ) -> list[Subset]:
+        """Subsets of some contrasts ordered by how much one more trial would tell.
+
+        The score of a subset is the largest relative variance reduction it brings to any of the
+        contrasts, ``(w^2/n - w^2/(n+1)) / sum(w_t^2/n_t)``, counting trials already in flight
+        (``planned``) as done. So a comparison alternates its sides, a side with many trials
+        (the good configuration) is left alone, and of two comparisons the vaguer one is fed.
+        """
+        scores: dict[Subset, float] = {}
+        for weights in contrasts:
+            counts = {s: self.count(s) + planned[s] for s, w in weights.items() if w != 0.0}
+            if any(n == 0 for n in counts.values()):
+                for subset, n in counts.items():
+                    if n == 0:
+                        scores[subset] = math.inf
+                continue
+            variance = math.fsum(weights[s] ** 2 / n for s, n in counts.items())
+            for subset, n in counts.items():
+                gain = weights[subset] ** 2 * (1.0 / n - 1.0 / (n + 1)) / variance
+                scores[subset] = max(scores.get(subset, 0.0), gain)
+        return sorted(scores, key=lambda s: (-scores[s], sorted(s)))
+
+    def to_pct(self, signed_log: float) -> float:
+        return 100.0 * math.expm1(self.sign * signed_log)
+
+    def ci_pct(self, lo: float, hi: float) -> tuple[float, float]:
+        ends = sorted((self.to_pct(lo), self.to_pct(hi)))
+        return ends[0], ends[1]
