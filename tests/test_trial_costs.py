@@ -91,7 +91,7 @@ def test_a_target_reuses_one_connection_until_it_is_closed(tmp_path, keep_alive_
         def command(self, worktree, port):
             return []
 
-    target = Probed({}, {}, NodeContext("n0", tmp_path))
+    target = Probed({"name": "sim"}, {}, NodeContext("n0", tmp_path))
     assert target.is_ready(keep_alive_server) and target.is_ready(keep_alive_server)
     assert target.scrape(keep_alive_server) == {("sglang:num_running_reqs", (("a", "b"),)): 1.0}
     assert len(_KeepAlive.connections) == 3 and len(set(_KeepAlive.connections)) == 1
