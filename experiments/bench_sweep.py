@@ -19,11 +19,10 @@ import time
 from collections import deque
 from dataclasses import dataclass
 
-from omegaconf import DictConfig, OmegaConf
-
 from orchestrator.config import params as experiment_params
 from orchestrator.config import sweep as setup
-from orchestrator.config.compose import compose_config
+from orchestrator.config.compose import compose_settings
+from orchestrator.config.settings import RunSettings, as_dict, evolve
 from orchestrator.records import Candidate
 from orchestrator.sim_scenarios.sweep_oracle import SimOracle, main_effect_shares
 from orchestrator.strategies.sweep import importance
@@ -77,15 +76,15 @@ def truth(space: SearchSpace, oracle: SimOracle, target_conf: dict, maximize: bo
     return Truth(values[best], labels[best], baseline, next(iter(shares)), shares, len(values))
 
 
-def run_virtual(cfg: DictConfig, seed: int, *, oracle_seed: int | None = None,
+def run_virtual(cfg: RunSettings, seed: int, *, oracle_seed: int | None = None,
                 compare: tuple[str, ...] = ()) -> VirtualOutcome:
     """One sweep against the oracle, exactly as `sleuth sweep` would run it on `cfg.nodes`."""
-    cfg = OmegaConf.merge(cfg, {"seed": seed})
-    target_conf = OmegaConf.to_container(cfg.target, resolve=True)
-    bench_conf = OmegaConf.to_container(cfg.bench, resolve=True)
+    cfg = evolve(cfg, seed=seed)
+    target_conf = as_dict(cfg.target)
+    bench_conf = as_dict(cfg.bench)
     space = setup.space(cfg, target_conf)
     settings = setup.settings(cfg)
-    oracle = SimOracle(target_conf, bench_conf, metric=str(cfg.metric),
+    oracle = SimOracle(target_conf, bench_conf, metric=cfg.metric,
                        seed=seed if oracle_seed is None else oracle_seed)
     sampler = make_sampler(settings.sampler, space, seed=seed,
                            budget=settings.budget,
@@ -94,7 +93,7 @@ def run_virtual(cfg: DictConfig, seed: int, *, oracle_seed: int | None = None,
                        maximize=settings.maximize)
     search = SweepSearch(space, study, base_candidate(), target_conf, settings)
     in_flight: deque = deque()
-    nodes = int(cfg.nodes)
+    nodes = cfg.nodes
     while not search.done:
         in_flight.extend(search.propose(nodes - len(in_flight)))
         if not in_flight:
@@ -133,12 +132,12 @@ def main(argv: list[str] | None = None) -> int:
                          "(fanova and mdi need scikit-learn)")
     ap.add_argument("overrides", nargs="*", help="sleuth config overrides (key=value)")
     ns = ap.parse_args(argv)
-    cfg = compose_config("sweep", [*DEFAULTS, *ns.overrides])
-    target_conf = OmegaConf.to_container(cfg.target, resolve=True)
+    cfg = compose_settings("sweep", [*DEFAULTS, *ns.overrides])
+    target_conf = as_dict(cfg.target)
     space = setup.space(cfg, target_conf)
-    maximize = setup.maximize(str(cfg.metric), str(cfg.direction))
-    oracle = SimOracle(target_conf, OmegaConf.to_container(cfg.bench, resolve=True),
-                       metric=str(cfg.metric))
+    maximize = setup.maximize(cfg.metric, cfg.direction)
+    oracle = SimOracle(target_conf, as_dict(cfg.bench),
+                       metric=cfg.metric)
     t = truth(space, oracle, target_conf, maximize)
     print(f"space {space.name}: {t.size} configurations; metric {cfg.metric}; "
           f"{cfg.trials} trials on {cfg.nodes} node(s); sampler {cfg.sampler}")

@@ -29,15 +29,15 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-from omegaconf import OmegaConf
 from rich.console import Console
 
 from experiments.gpu_local import NODE, LocalController
 from experiments.gpu_steps import Step
 from orchestrator.commands import bisect as bisect_command
-from orchestrator.config.compose import compose_config
+from orchestrator.config.compose import compose_settings
+from orchestrator.config.settings import as_dict
 from orchestrator.records import Candidate
-from orchestrator.run.rundir import create_run
+from orchestrator.run.rundir import create_run, pin_run
 from orchestrator.runner.node import NodeRunner
 from orchestrator.workspace import CommitInfo
 
@@ -164,7 +164,7 @@ def overrides(repo: Path, runs: Path, good: str, bad: str, python: str, gpu: int
 
 def _compose(prepared: Prepared, python: str, gpu: int, max_trials: int | None):
     good, bad = prepared.commits[0].sha, prepared.commits[-1].sha
-    return compose_config("bisect", overrides(prepared.repo, prepared.work / "runs", good, bad,
+    return compose_settings("bisect", overrides(prepared.repo, prepared.work / "runs", good, bad,
                                               python, gpu, max_trials))
 
 
@@ -174,14 +174,14 @@ def prepare(work: Path, use_git: bool, bench: str = BENCH_PY, python: str = sys.
     if use_git:
         repo = work / "repo"
         shas = make_kernel_repo(repo, bench=bench, **sizes)
-        cfg = compose_config("bisect", overrides(repo, work / "runs", shas[0], shas[-1], python,
+        cfg = compose_settings("bisect", overrides(repo, work / "runs", shas[0], shas[-1], python,
                                                  0, None))
-        bisect_command.validate(cfg)
+        cfg = bisect_command.validate(cfg)
         commits, points, weights = bisect_command.plan(cfg)
     else:
         repo = work / "revisions"
         commits = make_kernel_dirs(repo, bench=bench, **sizes)
-        cfg = compose_config("bisect", overrides(repo, work / "runs", commits[0].sha,
+        cfg = compose_settings("bisect", overrides(repo, work / "runs", commits[0].sha,
                                                  commits[-1].sha, python, 0, None))
         points = [Candidate.make(c.sha, [], {}, "default") for c in commits]
         weights = None
@@ -195,7 +195,7 @@ def run(prepared: Prepared, torch_python: str, gpu: int, seconds_left: float, ou
     t0 = time.monotonic()
     budget = max(12, int(seconds_left / SECONDS_PER_TRIAL))
     cfg = _compose(prepared, torch_python, gpu, budget)
-    bisect_command.validate(cfg)
+    cfg = pin_run(bisect_command.validate(cfg))
     run_dir, store = create_run(cfg)
     log_path = prepared.work / f"{name}.log"
     events: list[str] = []
@@ -204,8 +204,8 @@ def run(prepared: Prepared, torch_python: str, gpu: int, seconds_left: float, ou
         runner = None
         if not prepared.use_git:
             runner = DirNodeRunner(NODE, str(Path(cfg.runs_dir) / ".nodes" / NODE),
-                                   OmegaConf.to_container(cfg.target, resolve=True),
-                                   OmegaConf.to_container(cfg.bench, resolve=True), store.run_id)
+                                   as_dict(cfg.target),
+                                   as_dict(cfg.bench), store.run_id)
         try:
             with LocalController(cfg, store, run_dir, on_event=events.append, runner=runner,
                                  deadline=t0 + seconds_left) as ctl:

@@ -21,8 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from omegaconf import DictConfig, OmegaConf
-
+from orchestrator.config.settings import RunSettings, as_dict
 from orchestrator.control.specs import trial_spec
 from orchestrator.records import RETRYABLE, Candidate, Outcome, TrialResult
 from orchestrator.runner.node import NodeRunner
@@ -41,7 +40,7 @@ class Pending:
 
 
 class LocalController:
-    def __init__(self, cfg: DictConfig, store: RunStore, run_dir: Path, *,
+    def __init__(self, cfg: RunSettings, store: RunStore, run_dir: Path, *,
                  on_event: Callable[[str], None] | None = None,
                  runner: NodeRunner | None = None, deadline: float | None = None):
         """``deadline`` (a `time.monotonic()` value): no trial starts after it; the drive loop
@@ -51,7 +50,7 @@ class LocalController:
         self.store = store
         self.run_dir = run_dir
         self.runs_dir = Path(cfg.runs_dir)
-        self.retries = int(cfg.trial.retries)
+        self.retries = cfg.trial.retries
         self.on_event = on_event or (lambda _msg: None)
         self._runner = runner
         self._pending: Pending | None = None
@@ -61,9 +60,9 @@ class LocalController:
         if self._runner is None:
             self._runner = NodeRunner(
                 NODE, str(self.runs_dir / ".nodes" / NODE),
-                OmegaConf.to_container(self.cfg.target, resolve=True),
-                OmegaConf.to_container(self.cfg.bench, resolve=True), self.store.run_id)
-        hello = self._runner.hello([str(self.cfg.get("clock") or "default")])
+                as_dict(self.cfg.target),
+                as_dict(self.cfg.bench), self.store.run_id)
+        hello = self._runner.hello([str(self.cfg.clock or "default")])
         if hello.get("held_by"):
             raise RuntimeError(f"node {NODE} is held by another run: {hello['held_by']}")
         if hello.get("problem"):

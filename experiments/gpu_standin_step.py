@@ -70,7 +70,8 @@ def _max_utilization(trial_dir: Path) -> float | None:
 def target_conf(torch_python: str, gpu: int) -> dict:
     return {"name": "sglang", "python": torch_python, "model_path": "standin/random-tiny",
             "sglang_version": "0.5.23", "check_flags": False, "decode_log_interval": 8,
-            "env": {"CUDA_VISIBLE_DEVICES": str(gpu)}, "extra_args": ["--standin-layers", "8"]}
+            "env": {"CUDA_VISIBLE_DEVICES": str(gpu)}, "extra_args": ["--standin-layers", "8"],
+            "pythonpath": []}  # the stand-in is no repository's code: nothing of it on the path
 
 
 def run(torch_python: str, gpu: int, work: Path, restarts: int = RESTARTS,

@@ -210,18 +210,18 @@ def bare_sim(work: Path, repo: Path, sha: str) -> dict:
     """The sim server alone: sleuth's argv and environment, ready when its log says so, the
     trial's requests from one persistent client, then SIGTERM. Returns wall and modeled s."""
     import httpx
-    from omegaconf import OmegaConf
 
     from orchestrator.bench import prometheus
     from orchestrator.bench.client import make_requests
-    from orchestrator.config.compose import compose_config
+    from orchestrator.config.compose import compose_settings
+    from orchestrator.config.settings import as_dict
     from orchestrator.runner.process import free_port
     from orchestrator.targets.base import NodeContext
     from orchestrator.targets.registry import make_target
 
-    cfg = compose_config("trial", ["target=sim"])  # the sim only by name
-    tconf = OmegaConf.to_container(cfg.target, resolve=True)
-    bconf = OmegaConf.to_container(cfg.bench, resolve=True)
+    cfg = compose_settings("trial", ["target=sim"])  # the sim only by name
+    tconf = as_dict(cfg.target)
+    bconf = as_dict(cfg.bench)
     tree = work / "sim-bare-tree"
     if not tree.exists():
         subprocess.run(["git", "-C", str(repo), "worktree", "add", "-q", "--detach", str(tree),

@@ -315,17 +315,17 @@ print(json.dumps({"checks": out, "server_info_keys": keys}))
 
 def sleuth_argvs() -> list[dict]:
     """sleuth's own launch argv for the shipped SGLang configs, spelled for 0.5.23."""
-    from omegaconf import OmegaConf
 
-    from orchestrator.config.compose import compose_config
+    from orchestrator.config.compose import compose_settings
+    from orchestrator.config.settings import as_dict
     from orchestrator.targets.base import NodeContext
     from orchestrator.targets.sglang import SglangTarget
 
     def argv(*overrides: str) -> list[str]:
-        cfg = compose_config("trial", ["target=sglang_kimi_k25_eagle3", "target.sglang_version=0.5.23",
+        cfg = compose_settings("trial", ["target=sglang_kimi_k25_eagle3", "target.sglang_version=0.5.23",
                                        *overrides])
-        conf = OmegaConf.to_container(cfg.target, resolve=True)
-        bench = OmegaConf.to_container(cfg.bench, resolve=True)
+        conf = as_dict(cfg.target)
+        bench = as_dict(cfg.bench)
         node = NodeContext("fixtures", Path(tempfile.gettempdir()) / "sleuth-fixtures")
         return SglangTarget(conf, bench, node).server_args(30000)
 

@@ -130,17 +130,19 @@ def run(argv: Sequence[str]) -> int:
         return 0
     from orchestrator.config.compose import compose_config, to_yaml
     from orchestrator.config.overrides import check_repeats
+    from orchestrator.config.settings import settings_of
 
     check_repeats(overrides)
     cfg = compose_config(command, overrides, config_dir=config_dir)
     if show_cfg:
         print(to_yaml(cfg), end="")
         return 0
+    settings = settings_of(cfg)  # the typed tree every layer below reads, built once here
     from orchestrator.commands import preflight
 
-    preflight.check(command, cfg)  # before the command's module brings Ray and SciPy along
+    preflight.check(command, settings)  # before the command's module brings Ray and SciPy along
     module = importlib.import_module(f"orchestrator.commands.{command}")
-    return int(module.run(cfg))
+    return int(module.run(settings))
 
 
 def main(argv: Sequence[str] | None = None) -> None:

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from orchestrator.commands import bisect
-from orchestrator.config.compose import compose_config
+from orchestrator.config.compose import compose_settings
 from orchestrator.sim_scenarios.generate import generate_scenario
 from orchestrator.store import RunStore
 from orchestrator.targets.sim import gpu_state
@@ -31,7 +31,7 @@ FAST = ["target=sim", "target.time_scale=0.02", "target.load_seconds=5", "bench.
 
 def _bisect(tmp_path: Path, scenario, *extra: str) -> tuple[int, dict, Path]:
     truth = scenario.truth
-    cfg = compose_config("bisect", [f"repo={scenario.repo}", f"runs_dir={tmp_path / 'runs'}",
+    cfg = compose_settings("bisect", [f"repo={scenario.repo}", f"runs_dir={tmp_path / 'runs'}",
                                     f"good={truth['good']}", f"bad={truth['bad']}",
                                     "metric=verify_ms", "nodes=2", *FAST, *extra])
     code = bisect.run(cfg)
@@ -341,7 +341,7 @@ def test_a_commit_that_sends_only_verify_eager_reads_so_in_the_mechanism(tmp_pat
 
     eager = {"verify_cuda_graph": False}
     shas = make_sim_repo(tmp_path / "repo", [{}, {}, eager, eager])
-    cfg = compose_config("bisect", [f"repo={tmp_path / 'repo'}", f"runs_dir={tmp_path / 'runs'}",
+    cfg = compose_settings("bisect", [f"repo={tmp_path / 'repo'}", f"runs_dir={tmp_path / 'runs'}",
                                     f"good={shas[0]}", f"bad={shas[-1]}", "metric=verify_ms",
                                     "nodes=2", "run_id=eager", *FAST,
                                     "target.noise_restart_cv=0", "target.noise_request_cv=0"])
@@ -368,7 +368,7 @@ def test_a_range_without_a_change_exits_0_with_no_change_larger_than_the_min_eff
     from tests.conftest import make_sim_repo
 
     shas = make_sim_repo(tmp_path / "repo", [{}, {}, {}, {}])
-    cfg = compose_config("bisect", [f"repo={tmp_path / 'repo'}", f"runs_dir={tmp_path / 'runs'}",
+    cfg = compose_settings("bisect", [f"repo={tmp_path / 'repo'}", f"runs_dir={tmp_path / 'runs'}",
                                     f"good={shas[0]}", f"bad={shas[-1]}", "metric=verify_ms",
                                     "nodes=2", "run_id=flat", "target.noise_restart_cv=0.01",
                                     "experiment.params.min_effect_pct=10", *FAST])

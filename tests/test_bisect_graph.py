@@ -19,7 +19,7 @@ import pytest
 from conftest import git
 
 from orchestrator.commands import bisect
-from orchestrator.config.compose import compose_config
+from orchestrator.config.compose import compose_settings
 from orchestrator.strategies import BisectStrategy, Observation
 from orchestrator.workspace.commits import parent_points
 
@@ -84,7 +84,7 @@ def merge_heavy_repo(repo: Path) -> dict[str, str]:
 def graph(tmp_path_factory):
     repo = tmp_path_factory.mktemp("graph") / "repo"
     names = merge_heavy_repo(repo)
-    cfg = compose_config("bisect", [f"repo={repo}", f"good={names['good']}",
+    cfg = compose_settings("bisect", [f"repo={repo}", f"good={names['good']}",
                                     f"bad={names['bad']}", "first_parent=false",
                                     f"runs_dir={repo.parent / 'runs'}"])
     commits, points, _ = bisect.plan(cfg)

@@ -11,7 +11,8 @@ from rich.console import Console
 
 from orchestrator.cli import COMMANDS, main
 from orchestrator.commands import common
-from orchestrator.config.compose import compose_config
+from orchestrator.config.compose import compose_config, compose_settings
+from orchestrator.config.settings import settings_of
 from orchestrator.errors import UserError
 from orchestrator.records import Candidate, Outcome, TrialResult
 from orchestrator.run.rundir import create_run, running
@@ -72,11 +73,11 @@ def test_cfg_job_prints_the_configuration(capsys):
 def test_a_sweep_takes_maximize_and_a_bisect_does_not():
     sweep = compose_config("sweep", ["target=sim", "space=nccl_quick", "direction=maximize",
                                      "metric=output_throughput"])
-    common.check_common(sweep)
+    common.check_common(settings_of(sweep))
     with pytest.raises(UserError, match="increase or decrease"):
-        common.check_common(compose_config("bisect", ["target=sim", "direction=maximize"]))
+        common.check_common(compose_settings("bisect", ["target=sim", "direction=maximize"]))
     with pytest.raises(UserError, match="maximize or minimize"):
-        common.check_common(compose_config("sweep", ["target=sim", "direction=up"]))
+        common.check_common(compose_settings("sweep", ["target=sim", "direction=up"]))
 
 
 def test_target_command_defaults_to_its_own_metric():
@@ -93,7 +94,7 @@ def _finish(store, cand: Candidate, outcome: Outcome) -> int:
 
 
 def test_resume_counts_finished_and_interrupted_trials(tmp_path):
-    cfg = compose_config("bisect", ["target=sim", f"runs_dir={tmp_path}", "run_id=r"])
+    cfg = compose_settings("bisect", ["target=sim", f"runs_dir={tmp_path}", "run_id=r"])
     run_dir, store = create_run(cfg)
     cand = Candidate.make("a" * 40)
     _finish(store, cand, Outcome.OK)
@@ -114,7 +115,7 @@ def test_every_resumable_command_reopens_its_run_the_same_way(tmp_path, capsys):
     from orchestrator.errors import UserError
     from orchestrator.store import RunStore
 
-    cfg = compose_config("isolate", ["target=sim", f"runs_dir={tmp_path}", "run_id=r"])
+    cfg = compose_settings("isolate", ["target=sim", f"runs_dir={tmp_path}", "run_id=r"])
     run_dir, store = create_run(cfg)
     cand = Candidate.make("a" * 40)
     _finish(store, cand, Outcome.OK)
@@ -122,7 +123,7 @@ def test_every_resumable_command_reopens_its_run_the_same_way(tmp_path, capsys):
     store.set_status("interrupted")
     store.close()
     with pytest.raises(UserError, match="r is an isolate run, not a bisect"):
-        common.reopen_run(run_dir, "bisect", lambda c: None)
+        common.reopen_run(run_dir, "bisect", lambda c: (c, None))
 
     def refuse(saved):
         raise UserError("the plan is gone")
@@ -133,7 +134,8 @@ def test_every_resumable_command_reopens_its_run_the_same_way(tmp_path, capsys):
     assert untouched.trial(cut).outcome is None and untouched.status() == "interrupted"
     untouched.close()
     capsys.readouterr()
-    store, saved, prepared = common.reopen_run(run_dir, "isolate", lambda c: ("plan", c.metric))
+    store, saved, prepared = common.reopen_run(run_dir, "isolate",
+                                               lambda c: (c, ("plan", c.metric)))
     assert prepared == ("plan", cfg.metric) and saved.run_id == "r"
     assert store.trial(cut).outcome is Outcome.INTERRUPTED and store.status() == "running"
     assert "resuming r: 1 finished trial reused, 1 interrupted" in capsys.readouterr().out
@@ -142,7 +144,7 @@ def test_every_resumable_command_reopens_its_run_the_same_way(tmp_path, capsys):
 
 @pytest.mark.parametrize("command, resumable", [("bisect", True), ("compare", False)])
 def test_ctrl_c_ends_with_the_resume_line(tmp_path, command, resumable):
-    cfg = compose_config(command, ["target=sim", f"runs_dir={tmp_path}", "run_id=stopped"])
+    cfg = compose_settings(command, ["target=sim", f"runs_dir={tmp_path}", "run_id=stopped"])
     run_dir, store = create_run(cfg)
     _finish(store, Candidate.make("a" * 40), Outcome.OK)
     buf = io.StringIO()

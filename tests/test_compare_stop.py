@@ -12,7 +12,7 @@ import pytest
 from rich.console import Console
 
 from orchestrator.commands import compare
-from orchestrator.config.compose import compose_config
+from orchestrator.config.compose import compose_settings
 from orchestrator.records import Candidate, Measurement, Outcome, TrialResult
 from orchestrator.store import TrialRow
 
@@ -58,7 +58,7 @@ class _Stopped:
 
 
 def test_an_interrupted_compare_stores_its_answer_so_far(tmp_path):
-    cfg = compose_config("compare", ["target=sim", "metric=verify_ms", "max_trials=9",
+    cfg = compose_settings("compare", ["target=sim", "metric=verify_ms", "max_trials=9",
                                      "experiment.params.batch=2"])
     ref = {"candidate": REF, "name": "reference", "values": {"verify_ms": [20.0, 20.2, 19.8]},
            "fingerprint": {**FINGERPRINT, "gpu": {**FINGERPRINT["gpu"], "gpus": [

@@ -93,15 +93,15 @@ def test_revision_syntax_in_an_isolate_side():
 def test_relative_target_files_are_taken_from_where_sleuth_started(tmp_path, monkeypatch):
     """The server starts in a worktree: `target.gpu_state=state.json` means the file beside
     the user, so it is made absolute before anything runs (and is stored that way)."""
-    from orchestrator.commands.common import absolute_target_paths
+    from orchestrator.commands.common import absolute_paths
+    from orchestrator.config.compose import compose_settings
 
     monkeypatch.chdir(tmp_path)
-    cfg = compose_config("trial", ["target=sim", "target.gpu_state=state.json"])
-    absolute_target_paths(cfg)
+    cfg = absolute_paths(compose_settings("trial", ["target=sim", "target.gpu_state=state.json",
+                                                    "repo=my-repo"]))
     assert cfg.target.gpu_state == str(tmp_path / "state.json")
-    real = compose_config("trial", ["target=sglang", "target.python=venv/bin/python"])
-    absolute_target_paths(real)
-    assert real.target.python == str(tmp_path / "venv" / "bin" / "python")
-    on_path = compose_config("trial", ["target=sglang", "target.python=python3"])
-    absolute_target_paths(on_path)
-    assert on_path.target.python == "python3"  # a name looked up on PATH stays one
+    assert cfg.repo == str(tmp_path / "my-repo")
+    real = compose_settings("trial", ["target=sglang", "target.python=venv/bin/python"])
+    assert absolute_paths(real).target.python == str(tmp_path / "venv" / "bin" / "python")
+    on_path = compose_settings("trial", ["target=sglang", "target.python=python3"])
+    assert absolute_paths(on_path).target.python == "python3"  # a name on PATH stays one

@@ -9,7 +9,7 @@ import json
 import pytest
 
 from orchestrator.commands import bisect
-from orchestrator.config.compose import compose_config
+from orchestrator.config.compose import compose_settings
 from orchestrator.sim_scenarios.generate import generate_scenario
 from orchestrator.store import RunStore
 from tests.test_bisect_e2e import FAST, _bisect
@@ -40,7 +40,7 @@ def test_request_noise_raises_repetitions_and_saves_gpu_minutes(tmp_path, ray_se
     # chooses its repetitions before its first restart (a short run: 4 restarts).
     first = {p.name for p in (tmp_path / "adaptive" / "runs").iterdir()}
     truth = scenario.truth
-    again = compose_config("bisect", [f"repo={scenario.repo}",
+    again = compose_settings("bisect", [f"repo={scenario.repo}",
                                       f"runs_dir={tmp_path / 'adaptive' / 'runs'}",
                                       f"good={truth['good']}", f"bad={truth['bad']}",
                                       "metric=verify_ms", "nodes=2", "max_trials=4", *FAST,

@@ -13,7 +13,7 @@ import json
 import pytest
 
 from orchestrator.commands import demo
-from orchestrator.config.compose import compose_config
+from orchestrator.config.compose import compose_settings
 from orchestrator.store import RunStore
 
 pytestmark = pytest.mark.e2e
@@ -24,7 +24,7 @@ FAST = ["target=sim", "target.time_scale=0.02", "bench.requests=3", "bench.outpu
 
 def test_demo_tells_the_whole_story_and_matches_the_truth(tmp_path, ray_session, capsys):
     runs = tmp_path / "runs"
-    cfg = compose_config("demo", [f"runs_dir={runs}", "commits=40", "seed=3",
+    cfg = compose_settings("demo", [f"runs_dir={runs}", "commits=40", "seed=3",
                                   "target.noise_restart_cv=0.005", *FAST])
     assert cfg.nodes == 3 and cfg.space.name == "nccl_quick"  # the demo's own defaults
 

@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 
 from orchestrator.commands import trial as trial_cmd
-from orchestrator.config.compose import compose_config
+from orchestrator.config.compose import compose_settings
+from orchestrator.config.settings import as_dict
 from orchestrator.control.controller import Controller
 from orchestrator.records import Candidate, Outcome
 from orchestrator.run.rundir import create_run
@@ -27,7 +28,7 @@ FAST = ["target=sim", "target.time_scale=0.02", "target.load_seconds=5", "bench.
 
 
 def _cfg(tmp_path: Path, repo: Path, *extra: str):
-    return compose_config("trial", [f"repo={repo}", f"runs_dir={tmp_path / 'runs'}", *FAST, *extra])
+    return compose_settings("trial", [f"repo={repo}", f"runs_dir={tmp_path / 'runs'}", *FAST, *extra])
 
 
 def _store(tmp_path: Path) -> RunStore:
@@ -109,8 +110,6 @@ def test_node_actor_killed_mid_trial(tmp_path, sim_repo, ray_session):
 
 
 def test_new_node_actor_restores_a_clock_policy_left_applied(tmp_path):
-    from omegaconf import OmegaConf
-
     from orchestrator.runner.node import NodeRunner
 
     cfg = _cfg(tmp_path, tmp_path)
@@ -119,8 +118,8 @@ def test_new_node_actor_restores_a_clock_policy_left_applied(tmp_path):
     capped = gpu_state.default_state().with_all_gpus(power_limit_w=300)
     gpu_state.save(node / "gpu_state.json", capped)
     (node / "clock_restore.json").write_text(json.dumps([[g.index, None, 600] for g in capped.gpus]))
-    runner = NodeRunner("local-0", str(node), OmegaConf.to_container(cfg.target),
-                        OmegaConf.to_container(cfg.bench))
+    runner = NodeRunner("local-0", str(node), as_dict(cfg.target),
+                        as_dict(cfg.bench))
     assert runner.info()["clock_restored"] is True
     assert _power_limits(tmp_path) == {600}
     assert not (node / "clock_restore.json").exists()
@@ -192,8 +191,6 @@ def test_a_clock_set_from_outside_during_a_trial_marks_it_suspect(tmp_path, sim_
 
 
 def test_node_state_belongs_to_the_actor_holding_it(tmp_path):
-    from omegaconf import OmegaConf
-
     from orchestrator.runner.node import NodeRunner
 
     cfg = _cfg(tmp_path, tmp_path)
@@ -204,8 +201,8 @@ def test_node_state_belongs_to_the_actor_holding_it(tmp_path):
         stat = Path(f"/proc/{stray.pid}/stat").read_text()
         (node / "server.json").write_text(json.dumps({
             "pgid": stray.pid, "port": 1, "start_time": stat[stat.rfind(")") + 2:].split()[19]}))
-        args = ("local-0", str(node), OmegaConf.to_container(cfg.target),
-                OmegaConf.to_container(cfg.bench))
+        args = ("local-0", str(node), as_dict(cfg.target),
+                as_dict(cfg.bench))
         first = NodeRunner(*args, run_id="first")
         assert first.held_by is None and first.reaped == [stray.pid]  # its own leftover: reaped
         stray.wait(timeout=10)
@@ -397,8 +394,6 @@ def test_a_node_held_by_an_orphan_is_taken_over(tmp_path, monkeypatch, controlle
     import socket
     import sys
 
-    from omegaconf import OmegaConf
-
     from orchestrator.runner import node as node_mod
     from orchestrator.runner.process import start_time
 
@@ -416,8 +411,8 @@ def test_a_node_held_by_an_orphan_is_taken_over(tmp_path, monkeypatch, controlle
         cwd=tmp_path, stdout=subprocess.PIPE, text=True)
     try:
         assert holder.stdout.readline().strip() == "holding"
-        runner = node_mod.NodeRunner("local-0", str(node), OmegaConf.to_container(cfg.target),
-                                     OmegaConf.to_container(cfg.bench), run_id="new")
+        runner = node_mod.NodeRunner("local-0", str(node), as_dict(cfg.target),
+                                     as_dict(cfg.bench), run_id="new")
         if controller_alive:
             assert runner.held_by["run_id"] == "old" and holder.poll() is None
         else:

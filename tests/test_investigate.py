@@ -31,7 +31,7 @@ from orchestrator.answer.combine import LogChange
 from orchestrator.cli import run as cli_run
 from orchestrator.commands import investigate
 from orchestrator.commands import trial as trial_cmd
-from orchestrator.config.compose import compose_config
+from orchestrator.config.compose import compose_settings
 from orchestrator.sim_scenarios.generate import generate_scenario
 from orchestrator.store import RunStore
 from orchestrator.targets.simnode import set_node_state
@@ -60,7 +60,7 @@ def _reference(tmp_path: Path, preset: str, commit_key: str = "good"):
     sc = generate_scenario(tmp_path / "sc", 20, 1, preset)
     base = [f"repo={sc.repo}", f"runs_dir={tmp_path / 'runs'}", *FAST]
     _nodes(tmp_path, sc.out, "reference")
-    assert trial_cmd.run(compose_config("trial", [*base, f"commit={sc.truth[commit_key]}",
+    assert trial_cmd.run(compose_settings("trial", [*base, f"commit={sc.truth[commit_key]}",
                                                   "restarts=3", "run_id=reference"])) == 0
     _nodes(tmp_path, sc.out, "now")
     return sc, base
@@ -68,7 +68,7 @@ def _reference(tmp_path: Path, preset: str, commit_key: str = "good"):
 
 def test_a_power_cap_and_a_commit_add_up_to_the_change(tmp_path, ray_session, capsys):
     sc, base = _reference(tmp_path, "power_commit")
-    code = investigate.run(compose_config("investigate", [*base, "reference=reference",
+    code = investigate.run(compose_settings("investigate", [*base, "reference=reference",
                                                           f"bad={sc.truth['bad']}", "run_id=inv"]))
     printed = capsys.readouterr().out
     run_dir = tmp_path / "runs" / "inv"
@@ -140,7 +140,7 @@ def test_same_code_a_stripped_variable_resumed_then_a_range_alike(tmp_path, ray_
     # Without a reference: the code from the reference's commit on is not the cause, and the
     # answer says which run measured that commit and what to run next.
     capsys.readouterr()
-    code = investigate.run(compose_config("investigate", [
+    code = investigate.run(compose_settings("investigate", [
         *base, f"good={sc.truth['good']}", f"bad={sc.truth['bad']}", "run_id=range",
         "experiment.params.min_effect_pct=10"]))
     answer = json.loads((runs / "range" / "findings.json").read_text())["answer"]
@@ -163,9 +163,9 @@ def test_nothing_changed_exits_0_with_no_change_larger_than_the_min_effect(tmp_p
     sc = generate_scenario(tmp_path / "sc", 20, 1, "launcher_strip")
     base = [f"repo={sc.repo}", f"runs_dir={tmp_path / 'runs'}", *FAST]
     _nodes(tmp_path, sc.out, "reference")
-    assert trial_cmd.run(compose_config("trial", [*base, f"commit={sc.truth['good']}",
+    assert trial_cmd.run(compose_settings("trial", [*base, f"commit={sc.truth['good']}",
                                                   "restarts=3", "run_id=reference"])) == 0
-    code = investigate.run(compose_config("investigate", [*base, "reference=reference",
+    code = investigate.run(compose_settings("investigate", [*base, "reference=reference",
                                                           "run_id=same"]))
     answer = json.loads((tmp_path / "runs" / "same" / "findings.json").read_text())["answer"]
     assert code == 0 and answer["status"] == "no_change", answer["sentence"]
@@ -225,7 +225,7 @@ def test_the_final_check_measures_the_estimate_that_narrows_the_remainder_most(t
     variable's effect (the cause's two candidates), re-reads that effect from all their
     restarts, and stops when the remainder decides or says that its budget did not decide it."""
     sc, base = _reference(tmp_path, "launcher_strip")
-    code = investigate.run(compose_config("investigate", [
+    code = investigate.run(compose_settings("investigate", [
         *base, "reference=reference", "run_id=tight", "experiment.params.min_effect_pct=1.5",
         "experiment.params.final_trials=8"]))
     runs = tmp_path / "runs"

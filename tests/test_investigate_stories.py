@@ -28,7 +28,7 @@ import pytest
 from orchestrator.answer.combine import LogChange
 from orchestrator.commands import investigate
 from orchestrator.commands import trial as trial_cmd
-from orchestrator.config.compose import compose_config
+from orchestrator.config.compose import compose_settings
 from orchestrator.sim_scenarios.generate import generate_scenario
 from orchestrator.store import RunStore
 from orchestrator.targets.sim import gpu_state
@@ -61,7 +61,7 @@ def _story(tmp_path: Path, preset: str, commits: int = 20):
     sc = generate_scenario(tmp_path / "sc", commits, STORY_SEED, preset)
     base = [f"repo={sc.repo}", f"runs_dir={tmp_path / 'runs'}", *FAST]
     _nodes(tmp_path, sc.out, "reference")
-    assert trial_cmd.run(compose_config("trial", [*base, f"commit={sc.truth['good']}",
+    assert trial_cmd.run(compose_settings("trial", [*base, f"commit={sc.truth['good']}",
                                                   "restarts=3", "run_id=reference"])) == 0
     _nodes(tmp_path, sc.out, "now")
     return sc, base
@@ -73,7 +73,7 @@ def _answer(tmp_path: Path, run_id: str = "inv") -> dict:
 
 def test_a_commit_under_larger_system_causes_is_named(tmp_path, ray_session):
     sc, base = _story(tmp_path, "code_under_system", commits=150)
-    code = investigate.run(compose_config("investigate", [
+    code = investigate.run(compose_settings("investigate", [
         *base, "reference=reference", f"bad={sc.truth['bad']}", "run_id=inv"]))
     answer = _answer(tmp_path)
     culprit = sc.truth["culprits"][0]["sha"]
@@ -98,7 +98,7 @@ def _restore(cause: dict) -> float:
 
 def test_two_overlapping_settings_are_reported_as_overlapping(tmp_path, ray_session):
     sc, base = _story(tmp_path, "env_overlap")
-    investigate.run(compose_config("investigate", [*base, "reference=reference", "run_id=inv"]))
+    investigate.run(compose_settings("investigate", [*base, "reference=reference", "run_id=inv"]))
     answer = _answer(tmp_path)
     causes = {c["id"]: c for c in answer["causes"]}
     assert set(causes) == {"SGLANG_DISABLE_VERIFY_GRAPH", "SGLANG_SPEC_DEBUG_SYNC"}, \
@@ -121,7 +121,7 @@ def test_two_overlapping_settings_are_reported_as_overlapping(tmp_path, ray_sess
 
 def test_two_settings_that_hurt_only_together(tmp_path, ray_session):
     sc, base = _story(tmp_path, "env_synergy")
-    investigate.run(compose_config("investigate", [*base, "reference=reference", "run_id=inv"]))
+    investigate.run(compose_settings("investigate", [*base, "reference=reference", "run_id=inv"]))
     answer = _answer(tmp_path)
     assert "only together" in answer["sentence"], answer["sentence"]
     assert answer["attribution"]["restore_all"]["pct"] < -20.0
@@ -159,7 +159,7 @@ def test_a_node_that_changes_during_the_isolate_is_in_the_answer(tmp_path, ray_s
     watcher = threading.Thread(target=_lock_after, args=(tmp_path, sc, db, 4, done))
     watcher.start()
     try:
-        code = investigate.run(compose_config("investigate", [
+        code = investigate.run(compose_settings("investigate", [
             *base, "reference=reference", "run_id=inv"]))
     finally:
         done.set()
@@ -193,7 +193,7 @@ def test_sleuth_isolate_whose_node_changes_exits_3_and_says_so(tmp_path, ray_ses
     watcher = threading.Thread(target=_lock_after, args=(tmp_path, sc, db, 4, done))
     watcher.start()
     try:
-        code = isolate_cmd.run(compose_config("isolate", [
+        code = isolate_cmd.run(compose_settings("isolate", [
             *base, "reference=reference", "run_id=iso"]))
     finally:
         done.set()

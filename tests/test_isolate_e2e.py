@@ -16,7 +16,7 @@ import pytest
 
 from orchestrator.commands import isolate as isolate_cmd
 from orchestrator.commands import trial as trial_cmd
-from orchestrator.config.compose import compose_config
+from orchestrator.config.compose import compose_settings
 from orchestrator.packages.plan import NO_SOURCE
 from orchestrator.records import Outcome
 from orchestrator.sim_scenarios.generate import generate_scenario
@@ -53,10 +53,10 @@ def test_seed_replay_names_power_limit_and_nccl_proto(tmp_path, ray_session):
     sc = generate_scenario(tmp_path / "sc", 30, 4, "system_change")
     base = [f"repo={sc.repo}", f"runs_dir={tmp_path / 'runs'}", *FAST]
     _set_nodes(tmp_path, sc.out, "reference")
-    assert trial_cmd.run(compose_config("trial", [*base, f"commit={sc.truth['bad']}",
+    assert trial_cmd.run(compose_settings("trial", [*base, f"commit={sc.truth['bad']}",
                                                   "run_id=reference"])) == 0
     _set_nodes(tmp_path, sc.out, "now")
-    code = isolate_cmd.run(compose_config("isolate", [*base, "reference=reference",
+    code = isolate_cmd.run(compose_settings("isolate", [*base, "reference=reference",
                                                       "metric=verify_ms", "run_id=iso",
                                                       "experiment.params.all_env=true"]))
     run_dir = tmp_path / "runs" / "iso"
@@ -80,7 +80,7 @@ def test_patch_set_single_and_pair(tmp_path, ray_session):
     assert len(patches) == 12
     base = [f"repo={sc.repo}", f"runs_dir={tmp_path / 'runs'}", *FAST]
     listing = ",".join(str(p) for p in patches)
-    code = isolate_cmd.run(compose_config("isolate", [
+    code = isolate_cmd.run(compose_settings("isolate", [
         *base, f"good.commit={sc.truth['bad']}", f"bad.patches=[{listing}]", "metric=verify_ms",
         "run_id=iso"]))
     doc = json.loads((tmp_path / "runs" / "iso" / "findings.json").read_text())
@@ -137,10 +137,10 @@ def test_seed_like_scenario_compare_ranks_the_clock_and_isolate_names_both_cause
     sc = generate_scenario(tmp_path / "sc", 30, 4, "seed_system")
     base = [f"repo={sc.repo}", f"runs_dir={tmp_path / 'runs'}", *FAST]
     _set_nodes(tmp_path, sc.out, "reference")
-    assert trial_cmd.run(compose_config("trial", [*base, f"commit={sc.truth['bad']}",
+    assert trial_cmd.run(compose_settings("trial", [*base, f"commit={sc.truth['bad']}",
                                                   "run_id=reference"])) == 0
     _set_nodes(tmp_path, sc.out, "now")
-    code = isolate_cmd.run(compose_config("isolate", [*base, "reference=reference",
+    code = isolate_cmd.run(compose_settings("isolate", [*base, "reference=reference",
                                                       "metric=verify_ms", "run_id=iso"]))
     run_dir = tmp_path / "runs" / "iso"
     doc = json.loads((run_dir / "findings-isolate.json").read_text())
@@ -230,7 +230,7 @@ def test_an_isolate_at_its_budget_says_its_answer_so_far(tmp_path, ray_session):
     far as it is known (never "explained"), and exits 3."""
     sc = generate_scenario(tmp_path / "sc", 20, 4, "system_change")
     good = sc.truth["good"]
-    code = isolate_cmd.run(compose_config("isolate", [
+    code = isolate_cmd.run(compose_settings("isolate", [
         f"repo={sc.repo}", f"runs_dir={tmp_path / 'runs'}", "run_id=small",
         f"good.commit={good}", f"bad.commit={good}", "good.env.HARMLESS=1",
         "bad.env.NCCL_PROTO=Simple", "good.clock=default", "bad.clock=power:450",

@@ -216,10 +216,10 @@ def test_diff_needs_two_restarts_a_side():
     (["target=sglang", "evidence.kernels=true"], True), (["target=sim", "evidence.kernels=false"], False),
 ])  # fmt: skip
 def test_kernel_evidence_is_on_by_default_only_where_restarts_are_free(args, on):
-    from orchestrator.config.compose import compose_config
+    from orchestrator.config.compose import compose_settings
     from orchestrator.evidence import plan
 
-    cfg = compose_config("investigate", args)
+    cfg = compose_settings("investigate", args)
     assert plan.kernels_enabled(cfg) is on
     assert plan.cost_line(cfg).startswith("kernel evidence: on" if on else "kernel evidence: off")
     assert "6" in plan.cost_line(cfg)  # 2 x evidence.restarts restarts per cause, stated
@@ -228,11 +228,11 @@ def test_kernel_evidence_is_on_by_default_only_where_restarts_are_free(args, on)
 
 
 def test_bad_evidence_settings_are_refused():
-    from orchestrator.config.compose import compose_config
+    from orchestrator.config.compose import compose_settings
     from orchestrator.errors import UserError
 
     with pytest.raises(UserError, match="evidence.restarts"):
-        compose_config("investigate", ["target=sim", "evidence.restarts=1"])
+        compose_settings("investigate", ["target=sim", "evidence.restarts=1"])
 
 
 def test_sides_of_a_commit_and_of_a_system_cause():

@@ -10,7 +10,7 @@ import json
 import pytest
 
 from orchestrator.commands import investigate
-from orchestrator.config.compose import compose_config
+from orchestrator.config.compose import compose_settings
 from tests.test_investigate import _reference
 
 pytestmark = pytest.mark.e2e
@@ -18,7 +18,7 @@ pytestmark = pytest.mark.e2e
 
 def test_investigation_ends_with_kernel_evidence_per_cause(tmp_path, ray_session, capsys):
     sc, base = _reference(tmp_path, "power_commit")
-    code = investigate.run(compose_config("investigate", [*base, "reference=reference",
+    code = investigate.run(compose_settings("investigate", [*base, "reference=reference",
                                                           f"bad={sc.truth['bad']}", "run_id=inv"]))
     printed = capsys.readouterr().out
     run_dir = tmp_path / "runs" / "inv"

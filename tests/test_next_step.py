@@ -9,7 +9,7 @@ import pytest
 
 from orchestrator.answer.compose import for_compare
 from orchestrator.commands import next_step
-from orchestrator.config.compose import compose_config
+from orchestrator.config.compose import compose_settings
 from orchestrator.ui.report.answer import detail_lines
 
 WHERE = ("target", "bench", "trial", "cluster", "repo", "metric", "nodes", "direction")
@@ -32,13 +32,13 @@ def _as_the_shell_reads_it(line: str) -> list[str]:
 def test_the_next_command_keeps_what_the_user_gave(given, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     given = [g.format(repo=tmp_path / "my repo") for g in given]
-    cfg = compose_config("compare", [*given, "reference=ref-run"])
+    cfg = compose_settings("compare", [*given, "reference=ref-run"])
     line = next_step.command(cfg, "isolate", "reference=ref-run")
     words = _as_the_shell_reads_it(line)
     assert words[:3] == ["sleuth", "isolate", "reference=ref-run"], line
-    again = compose_config("isolate", words[2:])
+    again = compose_settings("isolate", words[2:])
     for key in WHERE:
-        assert again[key] == cfg[key], (key, line)
+        assert getattr(again, key) == getattr(cfg, key), (key, line)
     assert again.runs_dir == str(tmp_path / given_runs_dir(given)), line  # absolute: any cwd
     assert ("target=" in line) == (cfg.target.name != "sglang")
 

@@ -8,6 +8,7 @@ import random
 import pytest
 from omegaconf import OmegaConf
 
+from orchestrator.config.schema import BenchConf
 from orchestrator.control.repetitions import RepetitionDesign, RepetitionSettings
 from orchestrator.records import Candidate, Measurement, Outcome, TrialResult
 from orchestrator.run.cost import PRIOR_TRIALS, TrialCost, cost_model
@@ -78,7 +79,7 @@ def test_a_prior_chooses_from_the_first_restart_and_the_run_updates_it():
     assert with_prior.update([]) > 3  # before any trial of its own
     assert with_prior.changes and "repetitions per restart" in with_prior.changes[0]
     assert with_prior.summary([])["prior_runs"] == ["earlier"]
-    assert RepetitionSettings.from_conf({"noise_prior": False}).prior is False
+    assert RepetitionSettings.from_conf(BenchConf(noise_prior=False)).prior is False
     without = RepetitionDesign(RepetitionSettings(), TARGET, "m")
     assert without.update([]) == 3 and not without.changes
     # Costs: the earlier runs' decide first; at most PRIOR_TRIALS of them weigh.

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.config.compose import compose_config
+from orchestrator.config.compose import compose_settings
 from orchestrator.control.controller import Controller
 from orchestrator.records import Candidate, Outcome
 from orchestrator.run.rundir import create_run
@@ -52,7 +52,7 @@ def test_a_server_killed_while_it_loads_is_interrupted_and_runs_again(tmp_path, 
         pytest.skip("no OOM-kill counter here: a SIGKILL is kept as the candidate's failure")
     repo, shas = sim_repo
     # Loading takes 400 modeled seconds (8 s of wall time): long enough to be caught in it.
-    cfg = compose_config("trial", [f"repo={repo}", f"runs_dir={tmp_path / 'runs'}", *FAST,
+    cfg = compose_settings("trial", [f"repo={repo}", f"runs_dir={tmp_path / 'runs'}", *FAST,
                                    "target.load_seconds=400", "trial.ready_timeout_s=120"])
     run_dir, store = create_run(cfg)
     pidfile = tmp_path / "runs" / ".nodes" / "local-0" / "server.json"
@@ -84,7 +84,7 @@ def test_a_server_that_dies_by_itself_while_loading_is_still_launch_failed(
     from orchestrator.commands import trial as trial_cmd
 
     repo, _ = sim_repo
-    cfg = compose_config("trial", [f"repo={repo}", f"runs_dir={tmp_path / 'runs'}", *FAST,
+    cfg = compose_settings("trial", [f"repo={repo}", f"runs_dir={tmp_path / 'runs'}", *FAST,
                                    "target.fault=exit_at_start", "target.load_seconds=5",
                                    "trial.ready_timeout_s=30"])
     assert trial_cmd.run(cfg) == 1

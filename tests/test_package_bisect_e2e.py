@@ -21,7 +21,7 @@ from conftest import git
 from pkgwheels import release_line
 
 from orchestrator.commands import bisect as bisect_cmd
-from orchestrator.config.compose import compose_config
+from orchestrator.config.compose import compose_settings
 from orchestrator.errors import UserError
 
 BENCH = textwrap.dedent("""\
@@ -58,7 +58,7 @@ def test_bisect_names_the_planted_slow_release(tmp_path, ray_session, capsys):
     delays = {v: (60.0 if i >= 6 else 20.0) for i, v in enumerate(VERSIONS)}
     delays["1.6rc1"] = 60.0  # a pre-release of the slow one: not searched without package.pre
     wheels = release_line(tmp_path / "wheels", "slowpkg", delays, broken=("1.2",))
-    code = bisect_cmd.run(compose_config("bisect", _args(tmp_path, wheels, "planted")))
+    code = bisect_cmd.run(compose_settings("bisect", _args(tmp_path, wheels, "planted")))
     doc = _findings(tmp_path, "planted")
     assert code == 0, doc["message"]
     top = doc["findings"][0]
@@ -96,7 +96,7 @@ def test_bisect_names_the_planted_slow_release(tmp_path, ray_session, capsys):
 def test_bisect_answers_a_staircase_with_the_step_and_the_partial_fix(tmp_path, ray_session):
     delays = {v: (20.0 if i < 4 else 60.0 if i < 7 else 40.0) for i, v in enumerate(VERSIONS)}
     wheels = release_line(tmp_path / "wheels", "slowpkg", delays)
-    code = bisect_cmd.run(compose_config("bisect", _args(tmp_path, wheels, "stairs")))
+    code = bisect_cmd.run(compose_settings("bisect", _args(tmp_path, wheels, "stairs")))
     doc = _findings(tmp_path, "stairs")
     assert code == 0, doc["message"]
     steps = {f["release"]: f for f in doc["findings"]}
@@ -113,7 +113,7 @@ def test_an_endpoint_pip_cannot_install_is_bad_input(tmp_path):
     wheels = release_line(tmp_path / "wheels", "slowpkg", {"1.0": 0.0, "1.9": 0.0},
                           broken=("1.9",))
     with pytest.raises(UserError, match=r"cannot install slowpkg==1\.9 for the trials"):
-        bisect_cmd.run(compose_config("bisect", _args(tmp_path, wheels, "bad")))
+        bisect_cmd.run(compose_settings("bisect", _args(tmp_path, wheels, "bad")))
     assert not (tmp_path / "runs" / "bad").exists()
 
 
@@ -148,10 +148,10 @@ def test_sim_investigate_names_the_nccl_release(tmp_path, ray_session):
 
     base = [f"repo={sc.repo}", f"runs_dir={runs}", *SIM_FAST, "nodes=2"]
     nodes("reference")
-    assert trial_cmd.run(compose_config("trial", [*base, f"commit={sc.truth['bad']}",
+    assert trial_cmd.run(compose_settings("trial", [*base, f"commit={sc.truth['bad']}",
                                                   "run_id=reference", "restarts=3"])) == 0
     nodes("now")
-    investigate_cmd.run(compose_config("investigate", [
+    investigate_cmd.run(compose_settings("investigate", [
         *base, "reference=reference", "run_id=inv", f"packages.find_links={wheels}"]))
     release = json.loads((runs / "inv" / "findings-release.json").read_text())
     assert release["verdict"] == "found", release["message"]
@@ -211,7 +211,7 @@ def test_bisect_over_an_index_names_the_release_with_its_date(tmp_path, ray_sess
         args = [a for a in _args(tmp_path, wheels, "index", "good=2.0", "bad=2.5",
                                  f"packages.index_url={url}")
                 if not a.startswith(("packages.find_links", "good=1", "bad=1"))]
-        code = bisect_cmd.run(compose_config("bisect", args))
+        code = bisect_cmd.run(compose_settings("bisect", args))
     finally:
         server.shutdown()
         server.server_close()
@@ -229,10 +229,10 @@ def test_a_release_search_stopped_at_its_budget_continues_with_a_larger_one(tmp_
                                                                           ray_session):
     delays = {v: (60.0 if i >= 6 else 20.0) for i, v in enumerate(VERSIONS)}
     wheels = release_line(tmp_path / "wheels", "slowpkg", delays)
-    code = bisect_cmd.run(compose_config("bisect", _args(tmp_path, wheels, "budget",
+    code = bisect_cmd.run(compose_settings("bisect", _args(tmp_path, wheels, "budget",
                                                          "max_trials=6")))
     assert code == 3 and _findings(tmp_path, "budget")["verdict"] == "budget_exhausted"
-    code = bisect_cmd.run(compose_config("bisect", [f"runs_dir={tmp_path / 'runs'}",
+    code = bisect_cmd.run(compose_settings("bisect", [f"runs_dir={tmp_path / 'runs'}",
                                                     "run_id=budget", "max_trials=200"]))
     doc = _findings(tmp_path, "budget")
     assert code == 0, doc["message"]
@@ -246,7 +246,7 @@ def test_a_release_pip_cannot_install_is_skipped_and_the_answer_says_which_two(t
     honest one: 1.5 or 1.6, measured against 1.4."""
     delays = {v: (60.0 if i >= 6 else 20.0) for i, v in enumerate(VERSIONS)}
     wheels = release_line(tmp_path / "wheels", "slowpkg", delays, broken=("1.5",))
-    code = bisect_cmd.run(compose_config("bisect", _args(tmp_path, wheels, "skip")))
+    code = bisect_cmd.run(compose_settings("bisect", _args(tmp_path, wheels, "skip")))
     doc = _findings(tmp_path, "skip")
     assert code == 0, doc["message"]
     top = doc["findings"][0]

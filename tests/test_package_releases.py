@@ -15,7 +15,7 @@ import pytest
 from pkgwheels import release_line
 
 from orchestrator.commands import bisect_release
-from orchestrator.config.compose import compose_config
+from orchestrator.config.compose import compose_settings
 from orchestrator.errors import UserError
 from orchestrator.packages.overlay import OverlaySettings
 from orchestrator.packages.releases import between, list_all, releases_between
@@ -139,7 +139,7 @@ def test_an_index_without_the_project_lists_nothing_and_says_so(index):
 
 
 def test_endpoints_are_strings_as_typed_and_package_names_the_search():
-    cfg = compose_config("bisect", ["target=command", "target.bench=true", "package=Slow_Pkg",
+    cfg = compose_settings("bisect", ["target=command", "target.bench=true", "package=Slow_Pkg",
                                     "package.pre=true", "good=1.10", "bad=2.0"])
     assert (cfg.package.name, cfg.package.pre, cfg.good, cfg.bad) == ("Slow_Pkg", True, "1.10",
                                                                        "2.0")
@@ -197,9 +197,8 @@ def test_without_a_source_pip_configuration_names_the_index(index, monkeypatch):
 
 
 def test_investigate_names_the_release_in_the_isolate_cause_and_can_be_turned_off():
-    from omegaconf import OmegaConf
-
     from orchestrator.commands import investigate_release as follow
+    from orchestrator.config.settings import build
 
     cause = {"kind": "package", "id": "nvidia-nccl-cu12", "probability": 0.999,
              "summary": "nvidia-nccl-cu12: 2.27.5 -> 2.28.3",
@@ -211,7 +210,7 @@ def test_investigate_names_the_release_in_the_isolate_cause_and_can_be_turned_of
     isolate = {"findings": [weak, pair, cause]}
     assert follow.harmful_packages(isolate, 0.99) == [cause]
     assert follow._versions(cause["differences"][0]) == ("2.27.5", "2.28.3")
-    off = OmegaConf.create({"packages": {"bisect": False}, "confidence": 0.99})
+    off = build({"packages": {"bisect": False}, "confidence": 0.99})
     assert follow.follow(off, None, None, isolate, None) is None  # nothing listed, nothing run
     release = {"verdict": "found", "package": {"versions": [
         {"version": v} for v in ("2.27.5", "2.27.7", "2.28.0", "2.28.3", "2.28.7")]},
@@ -231,7 +230,7 @@ def test_investigate_names_the_release_in_the_isolate_cause_and_can_be_turned_of
 def test_package_name_is_refused_outside_bisect(tmp_path):
     from orchestrator.commands import common
 
-    cfg = compose_config("isolate", ["target=command", "target.bench=true", "package=slowpkg",
+    cfg = compose_settings("isolate", ["target=command", "target.bench=true", "package=slowpkg",
                                      f"runs_dir={tmp_path}"])
     with pytest.raises(UserError, match="package=slowpkg searches releases: it is for sleuth"
                                         " bisect"):
@@ -239,6 +238,6 @@ def test_package_name_is_refused_outside_bisect(tmp_path):
 
 
 def test_a_short_sha_of_digits_keeps_its_leading_zero_and_null_stays_null():
-    cfg = compose_config("bisect", ["target=command", "target.bench=true", "good=0123456",
+    cfg = compose_settings("bisect", ["target=command", "target.bench=true", "good=0123456",
                                     "bad=null"])
     assert (cfg.good, cfg.bad) == ("0123456", None)

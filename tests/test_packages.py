@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from pkgwheels import build_test_wheels
 
-from orchestrator.config.compose import compose_config
+from orchestrator.config.compose import compose_settings
 from orchestrator.errors import UserError
 from orchestrator.packages import trial as pkg_trial
 from orchestrator.packages.overlay import OverlayCache, OverlayError, OverlaySet, OverlaySettings
@@ -66,14 +66,14 @@ def test_a_candidate_without_pins_keeps_its_key():
 
 
 def test_pins_on_the_command_line():
-    cfg = compose_config("bisect", ["packages=[flashinfer-python==0.2.3,torch==2.9.1]",
+    cfg = compose_settings("bisect", ["packages=[flashinfer-python==0.2.3,torch==2.9.1]",
                                     "packages.find_links=/tmp"])
     assert list(cfg.packages.pins) == ["flashinfer-python==0.2.3", "torch==2.9.1"]
     assert cfg.packages.find_links == "/tmp"
-    cfg = compose_config("isolate", ["good.packages=[nvidia-nccl-cu12==2.27.5]",
+    cfg = compose_settings("isolate", ["good.packages=[nvidia-nccl-cu12==2.27.5]",
                                      "bad.packages=nvidia-nccl-cu12==2.28.3"])
-    assert list(cfg.good.packages) == ["nvidia-nccl-cu12==2.27.5"]
-    assert list(cfg.bad.packages) == ["nvidia-nccl-cu12==2.28.3"]
+    assert list(cfg.good["packages"]) == ["nvidia-nccl-cu12==2.27.5"]
+    assert list(cfg.bad["packages"]) == ["nvidia-nccl-cu12==2.28.3"]
 
 
 # -- the difference model ---------------------------------------------------------------------
@@ -315,7 +315,7 @@ def test_a_bisect_runs_every_candidate_under_the_fixed_overlay(tmp_path, wheels)
     from orchestrator.commands import bisect
 
     shas = make_sim_repo(tmp_path / "repo", [{}, {}, {"verify_mult": 1.5}])
-    cfg = compose_config("bisect", [f"repo={tmp_path / 'repo'}", f"good={shas[0]}",
+    cfg = compose_settings("bisect", [f"repo={tmp_path / 'repo'}", f"good={shas[0]}",
                                     f"bad={shas[2]}", f"runs_dir={tmp_path / 'runs'}", "target=sim",
                                     "packages=[slowimp==2.0]", f"packages.find_links={wheels}"])
     from orchestrator.commands import common
@@ -342,8 +342,8 @@ def test_compare_refuses_pins_that_change_the_reference():
     from orchestrator.commands import compare
 
     ref = {"candidate": Candidate.make("a" * 40, packages=["torch==2.9.1"]), "config": {}}
-    compare.adopt_reference_config(compose_config("compare", ["packages=[torch==2.9.1]"]), ref)
+    compare.adopt_reference_config(compose_settings("compare", ["packages=[torch==2.9.1]"]), ref)
     with pytest.raises(UserError, match=r"packages=\[torch==2\.8\.0\] \(the reference ran "
                                         r"torch==2\.9\.1\)"):
-        compare.adopt_reference_config(compose_config("compare", ["packages=[torch==2.8.0]"]),
+        compare.adopt_reference_config(compose_settings("compare", ["packages=[torch==2.8.0]"]),
                                        ref)

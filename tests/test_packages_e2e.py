@@ -19,7 +19,7 @@ from pkgwheels import build_test_wheels
 
 from orchestrator.commands import isolate as isolate_cmd
 from orchestrator.commands import trial as trial_cmd
-from orchestrator.config.compose import compose_config
+from orchestrator.config.compose import compose_settings
 from orchestrator.records import Outcome
 from orchestrator.sim_scenarios.generate import generate_scenario
 from orchestrator.store import RunStore
@@ -62,8 +62,8 @@ def test_sim_trial_under_an_overlay_and_one_that_never_reaches_the_server(
     set_node_state(node, packages_file=tmp_path / "pkgs.json")
     base = [f"repo={repo}", f"commit={shas[0]}", f"runs_dir={tmp_path / 'runs'}", *SIM_FAST,
             "target.noise_restart_cv=0.003", f"packages.find_links={wheels}"]
-    assert trial_cmd.run(compose_config("trial", [*base, "run_id=node"])) == 0
-    assert trial_cmd.run(compose_config("trial", [*base, "run_id=pinned",
+    assert trial_cmd.run(compose_settings("trial", [*base, "run_id=node"])) == 0
+    assert trial_cmd.run(compose_settings("trial", [*base, "run_id=pinned",
                                                   "packages=[nvidia-nccl-cu12==2.27.5]"])) == 0
     (plain,), (pinned,) = _rows(tmp_path / "runs" / "node"), _rows(tmp_path / "runs" / "pinned")
     fp = pinned.result.fingerprint
@@ -76,7 +76,7 @@ def test_sim_trial_under_an_overlay_and_one_that_never_reaches_the_server(
     assert plain.result.value("verify_ms") / pinned.result.value("verify_ms") - 1 > 0.06
     (tmp_path / "launcher.json").write_text(json.dumps({"drop": ["LD_LIBRARY_PATH"]}))
     set_node_state(node, launcher_file=tmp_path / "launcher.json")
-    assert trial_cmd.run(compose_config("trial", [*base, "run_id=dropped",
+    assert trial_cmd.run(compose_settings("trial", [*base, "run_id=dropped",
                                                   "packages=[nvidia-nccl-cu12==2.27.5]"])) == 1
     (dropped,) = _rows(tmp_path / "runs" / "dropped")
     assert dropped.outcome is Outcome.ENV_MISMATCH and not dropped.result.measurements
@@ -96,7 +96,7 @@ def _command_repo(path: Path) -> str:
 def test_command_isolate_names_the_package_version(tmp_path, wheels, ray_session):
     repo = tmp_path / "proj"
     _command_repo(repo)
-    code = isolate_cmd.run(compose_config("isolate", [
+    code = isolate_cmd.run(compose_settings("isolate", [
         "target=command", f"repo={repo}", f"runs_dir={tmp_path / 'runs'}", "run_id=iso",
         f"target.bench={sys.executable} bench.py", "metric=value", "direction=increase",
         "bench.repetitions=2", "bench.warmup_requests=0", "trial.retries=0", "nodes=2",
@@ -120,7 +120,7 @@ def test_command_server_that_drops_pythonpath_is_env_mismatch(tmp_path, wheels, 
     PYTHONPATH` never sees the overlay, whatever sleuth handed its launcher."""
     repo = tmp_path / "proj"
     sha = _command_repo(repo)
-    code = trial_cmd.run(compose_config("trial", [
+    code = trial_cmd.run(compose_settings("trial", [
         "target=command", f"repo={repo}", f"commit={sha}", f"runs_dir={tmp_path / 'runs'}",
         "run_id=t", f"target.server='env -u PYTHONPATH {sys.executable} -m http.server {{port}}"
         " --bind 127.0.0.1'", f"target.bench={sys.executable} bench.py", "metric=value",
@@ -151,10 +151,10 @@ def test_sim_nccl_upgrade_isolate_names_the_package(tmp_path, ray_session):
 
     base = [f"repo={sc.repo}", f"runs_dir={runs}", *SIM_FAST, "nodes=2"]
     nodes("reference")
-    assert trial_cmd.run(compose_config("trial", [*base, f"commit={sc.truth['bad']}",
+    assert trial_cmd.run(compose_settings("trial", [*base, f"commit={sc.truth['bad']}",
                                                   "run_id=reference"])) == 0
     nodes("now")
-    code = isolate_cmd.run(compose_config("isolate", [
+    code = isolate_cmd.run(compose_settings("isolate", [
         *base, "reference=reference", "run_id=iso",
         f"packages.find_links={sc.out / sc.truth['system']['wheels']}"]))
     doc = json.loads((runs / "iso" / "findings-isolate.json").read_text())

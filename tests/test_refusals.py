@@ -21,7 +21,7 @@ import pytest
 
 from orchestrator.cli import main
 from orchestrator.commands import common, doctor
-from orchestrator.config.compose import compose_config
+from orchestrator.config.compose import compose_settings
 from orchestrator.runner.node import HOLDER_FILE, NODE_LOCK
 from orchestrator.runner.process import start_time
 from orchestrator.workspace.locking import release, try_exclusive
@@ -116,10 +116,10 @@ def test_a_separate_runs_dir_or_a_free_node_is_not_refused(world, held_node):
     """What the refusal suggests works: another runs_dir has its own nodes; and with one of
     two nodes free the run goes on (the held one is skipped with a line once it starts)."""
     base = ["target=sim", f"repo={world['repo']}"]
-    common.check_nodes_free(compose_config("trial", [*base, f"runs_dir={world['base'] / 'r2'}"]))
-    common.check_nodes_free(compose_config("trial", [*base, f"runs_dir={world['runs']}",
+    common.check_nodes_free(compose_settings("trial", [*base, f"runs_dir={world['base'] / 'r2'}"]))
+    common.check_nodes_free(compose_settings("trial", [*base, f"runs_dir={world['runs']}",
                                                      "nodes=2"]))
-    held = compose_config("trial", [*base, f"runs_dir={world['runs']}"])
+    held = compose_settings("trial", [*base, f"runs_dir={world['runs']}"])
     with pytest.raises(Exception, match="held by another sleuth run"):
         common.check_nodes_free(held)
 
@@ -135,7 +135,7 @@ def test_a_node_held_by_an_orphan_is_not_refused(world):
     gone = {"pid": 2**22 + 7, "start_time": "1", "host": socket.gethostname()}
     (state / HOLDER_FILE).write_text(json.dumps({**me, "run_id": "old", "controller": gone}))
     try:
-        common.check_nodes_free(compose_config("trial", [
+        common.check_nodes_free(compose_settings("trial", [
             "target=sim", f"repo={world['repo']}", f"runs_dir={world['runs']}"]))
     finally:
         release(lock)
@@ -193,7 +193,7 @@ def test_doctor_says_slow_for_a_ray_that_runs_out_of_time(ray_that_will_not_star
     status, _, detail = doctor.check_ray()
     assert status == "FAIL" and "raylet exited" in detail, detail
     lines: list[str] = []
-    cfg = compose_config("doctor", [f"runs_dir={tmp_path / 'runs'}"])
+    cfg = compose_settings("doctor", [f"runs_dir={tmp_path / 'runs'}"])
     ray_that_will_not_start.failure = Exception(RAY_TIMEOUT)
     assert doctor.run(cfg, emit=lines.append) in (0, 1)
     assert any(line.split()[:2] == ["slow", "ray"] for line in lines), lines

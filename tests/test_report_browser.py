@@ -31,7 +31,7 @@ from conftest import git
 
 from orchestrator.cli import run as cli_run
 from orchestrator.commands import bisect
-from orchestrator.config.compose import compose_config
+from orchestrator.config.compose import compose_settings
 from orchestrator.records import Candidate
 from orchestrator.ui.progress import Progress
 
@@ -62,7 +62,7 @@ def real_run(tmp_path_factory, ray_session):
         git(repo, "add", "-A")
         git(repo, "commit", "-q", "--allow-empty", "-m", EVIL_SUBJECT if i == 5 else f"commit {i}")
         shas.append(git(repo, "rev-parse", "HEAD"))
-    cfg = compose_config("bisect", [f"repo={repo}", f"runs_dir={tmp / 'runs'}", f"good={shas[0]}",
+    cfg = compose_settings("bisect", [f"repo={repo}", f"runs_dir={tmp / 'runs'}", f"good={shas[0]}",
                                     f"bad={shas[-1]}", "metric=verify_ms", "nodes=2",
                                     "run_id=real", *FAST])
     assert bisect.run(cfg) == 0
@@ -94,7 +94,7 @@ def test_progress_follows_a_real_controller(real_run, tmp_path):
     from orchestrator.control.controller import Controller
     from orchestrator.run.rundir import create_run
 
-    cfg = compose_config("trial", [f"repo={real_run['repo']}", f"runs_dir={tmp_path / 'runs'}",
+    cfg = compose_settings("trial", [f"repo={real_run['repo']}", f"runs_dir={tmp_path / 'runs'}",
                                    "nodes=1", *FAST])
     run_dir, store = create_run(cfg)
     buf = io.StringIO()

@@ -18,12 +18,12 @@ import random
 from pathlib import Path
 
 import pytest
-from omegaconf import OmegaConf
 
 from orchestrator.cli import main as cli_main
 from orchestrator.commands import bisect
 from orchestrator.config.bisect import bisect_strategy
-from orchestrator.config.compose import compose_config
+from orchestrator.config.compose import compose_settings
+from orchestrator.config.settings import to_yaml
 from orchestrator.control.drive import observation
 from orchestrator.records import Candidate, Measurement, Outcome, TrialResult
 from orchestrator.run import findings
@@ -64,12 +64,12 @@ def _metrics(verify: float, rng: random.Random) -> dict:
 
 def build_bisect_run(root: Path, run_id: str = "syn") -> dict:
     """A finished synthetic bisect run directory (see the module docstring)."""
-    cfg = compose_config("bisect", ["target=sim", f"runs_dir={root}", "metric=verify_ms", "nodes=2",
+    cfg = compose_settings("bisect", ["target=sim", f"runs_dir={root}", "metric=verify_ms", "nodes=2",
                                     "trial.retries=0", f"run_id={run_id}"])
     run_dir = root / run_id
     run_dir.mkdir(parents=True)
     store = RunStore.create(run_dir / "trials.db", run_id=run_id, command="bisect",
-                            config_yaml=OmegaConf.to_yaml(cfg))
+                            config_yaml=to_yaml(cfg))
     commits = [CommitInfo(_sha(i), (_sha(i - 1),) if i else (), EVIL if i == CULPRIT else
                           f"commit {i}", "Dev <dev@example.com>", "2026-01-01", ("python/x.py",))
                for i in range(N)]
@@ -387,11 +387,11 @@ def test_second_experiment_is_ranked_in_and_findings_rewritten(tmp_path):
 
 
 def test_a_run_without_measurements_still_reports(tmp_path):
-    cfg = compose_config("trial", ["target=sim", f"runs_dir={tmp_path}"])
+    cfg = compose_settings("trial", ["target=sim", f"runs_dir={tmp_path}"])
     run_dir = tmp_path / "empty"
     run_dir.mkdir()
     store = RunStore.create(run_dir / "trials.db", run_id="empty", command="trial",
-                            config_yaml=OmegaConf.to_yaml(cfg))
+                            config_yaml=to_yaml(cfg))
     tid = store.begin_trial(store.candidate_id(Candidate.make("a" * 40)), node="local-0")
     store.finish_trial(tid, TrialResult(Outcome.LAUNCH_FAILED, "exit 1", started_at=1.0,
                                         ended_at=2.0, node="local-0"))

@@ -159,12 +159,12 @@ def test_argument_lists_hide_the_value_after_a_credential_flag():
 
 
 def test_config_yaml_and_store_hold_no_secret(tmp_path):
-    from orchestrator.config.compose import compose_config
+    from orchestrator.config.compose import compose_settings
     from orchestrator.run.rundir import create_run
 
     repo = tmp_path / "repo"
     make_sim_repo(repo, [{}])
-    cfg = compose_config("trial", [f"repo={repo}", f"runs_dir={tmp_path / 'runs'}",
+    cfg = compose_settings("trial", [f"repo={repo}", f"runs_dir={tmp_path / 'runs'}",
                                    "target.extra_args=[--api-key,k3y-9876543,--enable-x]",
                                    "target=command", "target.bench='python b.py --token t0k-1234'"])
     run_dir, store = create_run(cfg)
@@ -208,9 +208,8 @@ def test_a_redacted_value_is_never_a_level_of_a_candidate():
 
 
 def test_isolate_refuses_a_redacted_level_and_resume_a_redacted_config(tmp_path, capsys):
-    from omegaconf import OmegaConf
-
     from orchestrator.commands.isolate import refuse_redacted
+    from orchestrator.config.settings import build
     from orchestrator.errors import UserError
 
     repo = tmp_path / "repo"
@@ -221,7 +220,7 @@ def test_isolate_refuses_a_redacted_level_and_resume_a_redacted_config(tmp_path,
     assert exc.value.code == 2 and "redacted" in capsys.readouterr().err
     assert not (tmp_path / "runs").exists() or not any(
         p for p in (tmp_path / "runs").iterdir() if not p.name.startswith("."))
-    stored = OmegaConf.create({"target": {"extra_args": ["--api-key", REDACTED]}, "env": {}})
+    stored = build({"target": {"name": "sim", "extra_args": ["--api-key", REDACTED]}, "env": {}})
     with pytest.raises(UserError, match="target.extra_args"):
         refuse_redacted(stored, "run-x")
 
@@ -231,7 +230,7 @@ def test_trial_with_secrets_on_the_node_writes_none_and_launches_real_values(tmp
     """TOKENIZERS_PARALLELISM=false and NCCL_IB_PKEY=0 are candidates' values, launched as
     given (the server's own environment says so); the node's credentials appear nowhere."""
     from orchestrator.commands import trial as trial_cmd
-    from orchestrator.config.compose import compose_config
+    from orchestrator.config.compose import compose_settings
     from orchestrator.store import RunStore
 
     repo = tmp_path / "repo"
@@ -239,7 +238,7 @@ def test_trial_with_secrets_on_the_node_writes_none_and_launches_real_values(tmp
     node = tmp_path / "runs" / ".nodes" / "local-0"
     node.mkdir(parents=True)
     (node / "env.json").write_text(json.dumps(SECRET_VALUES))
-    cfg = compose_config("trial", [
+    cfg = compose_settings("trial", [
         "target=sim", f"repo={repo}", f"runs_dir={tmp_path / 'runs'}", "target.time_scale=0.02",
         "target.load_seconds=5", "bench.requests=2", "bench.output_len=32", "bench.input_len=32",
         "bench.warmup_requests=1", "bench.repetitions=1", "trial.retries=0",
@@ -276,7 +275,7 @@ def test_command_target_trial_leaves_no_credential_under_the_run(tmp_path, ray_s
     """A benchmark command that takes --token and prints it: command.txt, config.yaml, the
     log and the store hold the placeholder, while the command itself got the real value."""
     from orchestrator.commands import trial as trial_cmd
-    from orchestrator.config.compose import compose_config
+    from orchestrator.config.compose import compose_settings
     from orchestrator.store import RunStore
 
     repo = tmp_path / "repo"
@@ -285,7 +284,7 @@ def test_command_target_trial_leaves_no_credential_under_the_run(tmp_path, ray_s
     script = tmp_path / "bench.py"
     script.write_text("import sys\nprint('using', sys.argv[2])\nprint(2.5)\n")
     bench = f"{sys.executable} {script} --token {secret}"
-    cfg = compose_config("trial", [f"repo={repo}", f"runs_dir={tmp_path / 'runs'}",
+    cfg = compose_settings("trial", [f"repo={repo}", f"runs_dir={tmp_path / 'runs'}",
                                    "target=command", f"target.bench='{bench}'", "metric=value",
                                    "bench.repetitions=2", "bench.warmup_requests=0", "run_id=c"])
     assert trial_cmd.run(cfg) == 0

@@ -12,11 +12,11 @@ measurement over 40 seeds is in docs/benchmarks.md (`python -m experiments.bench
 from __future__ import annotations
 
 import pytest
-from omegaconf import OmegaConf
 
 from experiments import bench_sweep as benchmark
 from orchestrator.config import sweep as setup
-from orchestrator.config.compose import compose_config
+from orchestrator.config.compose import compose_settings
+from orchestrator.config.settings import as_dict
 from orchestrator.sim_scenarios.sweep_oracle import SimOracle
 
 SEEDS = range(12)
@@ -24,10 +24,10 @@ SEEDS = range(12)
 
 @pytest.fixture(scope="module")
 def truth_and_cfg():
-    cfg = compose_config("sweep", benchmark.DEFAULTS)
-    target = OmegaConf.to_container(cfg.target, resolve=True)
+    cfg = compose_settings("sweep", benchmark.DEFAULTS)
+    target = as_dict(cfg.target)
     space = setup.space(cfg, target)
-    oracle = SimOracle(target, OmegaConf.to_container(cfg.bench, resolve=True),
+    oracle = SimOracle(target, as_dict(cfg.bench),
                        metric="output_throughput")
     return benchmark.truth(space, oracle, target, maximize=True), cfg
 

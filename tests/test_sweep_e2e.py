@@ -13,7 +13,7 @@ import pytest
 from orchestrator.cli import main as cli_main
 from orchestrator.cli import run as cli_run
 from orchestrator.commands import sweep
-from orchestrator.config.compose import compose_config
+from orchestrator.config.compose import compose_settings
 from orchestrator.control.drive import observation
 from orchestrator.store import RunStore
 from tests.conftest import kill_after_finished
@@ -50,7 +50,7 @@ def _evidence(rows, phase_prefix: str) -> list:
 @pytest.mark.e2e
 def test_sweep_finds_faster_nccl_settings_on_sim(tmp_path, ray_session, sim_repo):
     repo, shas = sim_repo
-    cfg = compose_config("sweep", [
+    cfg = compose_settings("sweep", [
         f"repo={repo}", f"commit={shas[0]}", f"runs_dir={tmp_path / 'runs'}", "space=tiny",
         "metric=verify_ms", "trials=8", "nodes=2", "seed=1", "target.noise_restart_cv=0.005",
         "experiment.params.confirm_min_rounds=2", "experiment.params.confirm_rounds=3", *FAST,

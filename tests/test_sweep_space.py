@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import optuna
 import pytest
-from omegaconf import OmegaConf
 
 from orchestrator.config import sweep as setup
-from orchestrator.config.compose import compose_config
+from orchestrator.config.compose import compose_settings
+from orchestrator.config.settings import as_dict
 from orchestrator.errors import UserError
 from orchestrator.records import Candidate
 from orchestrator.strategies.sweep.space import SearchSpace
@@ -16,8 +16,8 @@ BASE = Candidate.make("a" * 40, env={"NCCL_DEBUG": "WARN"})
 
 
 def _space(name: str, *overrides: str) -> tuple[SearchSpace, dict]:
-    cfg = compose_config("sweep", ["target=sim", f"space={name}", *overrides])
-    target = OmegaConf.to_container(cfg.target, resolve=True)
+    cfg = compose_settings("sweep", ["target=sim", f"space={name}", *overrides])
+    target = as_dict(cfg.target)
     return setup.space(cfg, target), target
 
 
@@ -128,6 +128,6 @@ def test_ranges_have_grids_only_when_stepped():
 
 
 def test_no_space_is_bad_input():
-    cfg = compose_config("sweep", ["target=sim"])
+    cfg = compose_settings("sweep", ["target=sim"])
     with pytest.raises(UserError, match="space=NAME"):
         setup.space(cfg, {})

@@ -9,7 +9,8 @@ import pytest
 
 from orchestrator.commands import compare as compare_cmd
 from orchestrator.commands import trial as trial_cmd
-from orchestrator.config.compose import compose_config
+from orchestrator.config.compose import compose_settings
+from orchestrator.config.settings import as_dict
 from orchestrator.gpu.base import ClockPolicy
 from orchestrator.gpu.sim import SimGpuControl
 from orchestrator.records import Outcome
@@ -57,7 +58,7 @@ def test_sim_gpu_control_apply_restore(tmp_path):
 
 def test_clock_restored_after_server_crash(tmp_path, sim_repo, ray_session):
     repo, _ = sim_repo
-    cfg = compose_config("trial", [f"repo={repo}", f"runs_dir={tmp_path / 'runs'}", *FAST,
+    cfg = compose_settings("trial", [f"repo={repo}", f"runs_dir={tmp_path / 'runs'}", *FAST,
                                    "clock=power:350", "target.fault=crash_after:1"])
     assert trial_cmd.run(cfg) == 1
     (row,) = RunStore.open(_runs(tmp_path)[0] / "trials.db").trials()
@@ -70,7 +71,7 @@ def test_clock_policy_changes_the_measurement(tmp_path, sim_repo, ray_session):
     repo, _ = sim_repo
     values = {}
     for clock in ("default", "locked:1200"):
-        cfg = compose_config("trial", [f"repo={repo}", f"runs_dir={tmp_path / 'runs'}", *FAST,
+        cfg = compose_settings("trial", [f"repo={repo}", f"runs_dir={tmp_path / 'runs'}", *FAST,
                                        f"clock={clock}"])
         assert trial_cmd.run(cfg) == 0
         (row,) = RunStore.open(_runs(tmp_path)[-1] / "trials.db").trials()
@@ -89,7 +90,7 @@ def test_foreign_process_marks_trial_suspect(tmp_path, sim_repo, ray_session):
     st = gpu_state.default_state().with_gpu(
         3, processes=(gpu_state.GpuProcess(pid=4242, name="python3", used_memory_mib=2048),))
     gpu_state.save(path, st)
-    cfg = compose_config("trial", [f"repo={repo}", f"runs_dir={tmp_path / 'runs'}", *FAST])
+    cfg = compose_settings("trial", [f"repo={repo}", f"runs_dir={tmp_path / 'runs'}", *FAST])
     assert trial_cmd.run(cfg) == 0
     (row,) = RunStore.open(_runs(tmp_path)[0] / "trials.db").trials()
     assert row.suspect and "4242" in row.result.suspect_reason
@@ -108,10 +109,10 @@ def test_compare_measures_the_reference_configuration_not_the_command_line(tmp_p
     restart noise included, so a wrong configuration would still show)."""
     repo, shas = sim_repo
     base = [f"repo={repo}", f"runs_dir={tmp_path / 'runs'}", *FAST]
-    assert trial_cmd.run(compose_config("trial", [*base, f"commit={shas[0]}", "run_id=ref",
+    assert trial_cmd.run(compose_settings("trial", [*base, f"commit={shas[0]}", "run_id=ref",
                                                   "target.speculative_num_steps=4",
                                                   "target.noise_restart_cv=0"])) == 0
-    cfg = compose_config("compare", ["target=sim", f"repo={repo}",
+    cfg = compose_settings("compare", ["target=sim", f"repo={repo}",
                                      f"runs_dir={tmp_path / 'runs'}", "reference=ref", "run_id=cmp"])
     code = compare_cmd.run(cfg)
     doc = json.loads((tmp_path / "runs" / "cmp" / "findings.json").read_text())
@@ -124,7 +125,7 @@ def test_compare_measures_the_reference_configuration_not_the_command_line(tmp_p
     from orchestrator.errors import UserError
 
     with pytest.raises(UserError, match="speculative_num_steps=3"):
-        compare_cmd.run(compose_config("compare", [*base, "reference=ref", "run_id=cmp2",
+        compare_cmd.run(compose_settings("compare", [*base, "reference=ref", "run_id=cmp2",
                                                    "target.speculative_num_steps=3"]))
     assert not (tmp_path / "runs" / "cmp2").exists()
 
@@ -134,7 +135,7 @@ def test_thermally_throttled_trial_is_suspect(tmp_path, sim_repo, ray_session):
     path = _node_state(tmp_path)
     path.parent.mkdir(parents=True)
     gpu_state.save(path, gpu_state.default_state().with_gpu(2, temperature_c=93))
-    cfg = compose_config("trial", [f"repo={repo}", f"runs_dir={tmp_path / 'runs'}", *FAST])
+    cfg = compose_settings("trial", [f"repo={repo}", f"runs_dir={tmp_path / 'runs'}", *FAST])
     assert trial_cmd.run(cfg) == 0
     (row,) = RunStore.open(_runs(tmp_path)[0] / "trials.db").trials()
     assert row.suspect and "thermal" in row.result.suspect_reason
@@ -162,33 +163,33 @@ def _reference(**target) -> dict:
     from orchestrator.records import Candidate
 
     return {"candidate": Candidate.make("a" * 40, env={"NCCL_PROTO": "LL128"}),
-            "config": {"target": {**compose_config("compare", []).target, **target},
-                       "bench": dict(compose_config("compare", []).bench)}}
+            "config": {"target": {**as_dict(compose_settings("compare", []).target), **target},
+                       "bench": as_dict(compose_settings("compare", []).bench)}}
 
 
 def test_reference_configuration_is_adopted_and_a_changing_override_refused():
-    from omegaconf import OmegaConf
-
     from orchestrator.errors import UserError
     from orchestrator.system.redact import REDACTED
 
     ref = _reference(speculative_num_steps=4, extra_args=["--api-key", REDACTED])
-    ref["config"]["target"] = OmegaConf.to_container(OmegaConf.create(ref["config"]["target"]))
     with pytest.raises(UserError, match="secret that was not recorded"):
-        compare_cmd.adopt_reference_config(compose_config("compare", []), ref)
-    cfg = compose_config("compare", ["target.extra_args=[--api-key,k3y]"])
-    assert "target.speculative_num_steps=4" in compare_cmd.adopt_reference_config(cfg, ref)
-    assert cfg.target.speculative_num_steps == 4 and list(cfg.target.extra_args)[1] == "k3y"
+        compare_cmd.adopt_reference_config(compose_settings("compare", []), ref)
+    cfg = compose_settings("compare", ["target.extra_args=[--api-key,k3y]"])
+    adopted_cfg, adopted = compare_cmd.adopt_reference_config(cfg, ref)
+    assert "target.speculative_num_steps=4" in adopted
+    assert adopted_cfg.target.speculative_num_steps == 4
+    assert list(adopted_cfg.target.extra_args)[1] == "k3y"
+    assert cfg.target.speculative_num_steps is None  # the settings given are not changed
     for override, needle in (("target.speculative_num_steps=3", "speculative_num_steps=3"),
                              ("env.NCCL_PROTO=Simple", "env"), ("clock=power:300", "clock"),
                              ("bench.output_len=7", "bench.output_len=7")):
         with pytest.raises(UserError, match=needle):
             compare_cmd.adopt_reference_config(
-                compose_config("compare", ["target.extra_args=[--api-key,k3y]", override]), ref)
-    same = compose_config("compare", ["target.extra_args=[--api-key,k3y]",
+                compose_settings("compare", ["target.extra_args=[--api-key,k3y]", override]), ref)
+    same = compose_settings("compare", ["target.extra_args=[--api-key,k3y]",
                                       "target.speculative_num_steps=4", "env.NCCL_PROTO=LL128"])
     compare_cmd.adopt_reference_config(same, ref)  # agreeing overrides are fine
     other = _reference()
     other["config"]["target"] = {"name": "command", "bench": "x"}
     with pytest.raises(UserError, match="target=command"):
-        compare_cmd.adopt_reference_config(compose_config("compare", []), other)
+        compare_cmd.adopt_reference_config(compose_settings("compare", []), other)

@@ -15,12 +15,12 @@ from pathlib import Path
 
 import pytest
 from conftest import git
-from omegaconf import OmegaConf
 
 from orchestrator.bench.client import BenchError
 from orchestrator.cli import run as cli_run
 from orchestrator.commands import bisect
-from orchestrator.config.compose import compose_config
+from orchestrator.config.compose import compose_settings
+from orchestrator.config.settings import as_dict
 from orchestrator.records import Outcome
 from orchestrator.runner.process import group_members
 from orchestrator.store import RunStore
@@ -79,9 +79,9 @@ def make_python_repo(path: Path, n_commits: int, culprit: int, broken: int | Non
 
 
 def _target(tmp_path: Path, **conf: object) -> CommandTarget:
-    cfg = compose_config("trial", ["target=command", "target.bench=true"])
-    return CommandTarget({**OmegaConf.to_container(cfg.target, resolve=True), **conf},
-                         OmegaConf.to_container(cfg.bench, resolve=True),
+    cfg = compose_settings("trial", ["target=command", "target.bench=true"])
+    return CommandTarget({**as_dict(cfg.target), **conf},
+                         as_dict(cfg.bench),
                          NodeContext("n0", tmp_path / "node"))
 
 
@@ -318,7 +318,7 @@ def test_bisect_localizes_a_planted_python_slowdown(tmp_path, ray_session):
     repo = tmp_path / "repo"
     shas = make_python_repo(repo, 24, culprit=15, broken=6)
     record = tmp_path / "builds"
-    cfg = compose_config("bisect", [
+    cfg = compose_settings("bisect", [
         "target=command", f"repo={repo}", f"runs_dir={tmp_path / 'runs'}", f"good={shas[0]}",
         f"bad={shas[-1]}", "target.bench=python bench.py", "target.build=python build.py",
         f"target.env.BUILD_RECORD={record}", "nodes=2", "bench.repetitions=3",

@@ -17,13 +17,13 @@ import sys
 from pathlib import Path
 
 import pytest
-from omegaconf import OmegaConf
 
 from orchestrator.bench import prometheus
 from orchestrator.bench.sglang_log import log_metrics, parse_decode
 from orchestrator.cli import run as cli_run
 from orchestrator.commands import bisect
-from orchestrator.config.compose import compose_config
+from orchestrator.config.compose import compose_settings
+from orchestrator.config.settings import as_dict
 from orchestrator.errors import UserError
 from orchestrator.records import Outcome
 from orchestrator.sim_scenarios.generate import generate_scenario
@@ -52,9 +52,9 @@ STANDIN = Path(__file__).parent / "bench_serving_standin.py"
 
 
 def _target(tmp_path: Path, *overrides: str, target: str = "sglang") -> SglangTarget:
-    cfg = compose_config("trial", [f"target={target}", *overrides])
-    conf = OmegaConf.to_container(cfg.target, resolve=True)
-    bench = OmegaConf.to_container(cfg.bench, resolve=True)
+    cfg = compose_settings("trial", [f"target={target}", *overrides])
+    conf = as_dict(cfg.target)
+    bench = as_dict(cfg.bench)
     return SglangTarget(conf, bench, NodeContext("n0", tmp_path / "node"))
 
 
@@ -372,7 +372,7 @@ def _trial(tmp_path: Path, repo: Path, commit: str, *overrides: str, name: str =
     from orchestrator.commands import trial as trial_cmd
 
     runs = tmp_path / name
-    cfg = compose_config("trial", ["target=sglang", "launcher=sim", f"repo={repo}",
+    cfg = compose_settings("trial", ["target=sglang", "launcher=sim", f"repo={repo}",
                                    f"runs_dir={runs}", f"commit={commit}", "trial.retries=0",
                                    *FAST, *EAGLE, *overrides])
     assert trial_cmd.run(cfg) == 0
@@ -498,7 +498,7 @@ def test_unaccepted_flag_fails_the_run_with_one_line(tmp_path, sim_repo, ray_ses
 def test_bisect_sglang_adapter_on_the_sim_finds_the_planted_commit(tmp_path, ray_session):
     scenario = generate_scenario(tmp_path / "sc", 80, 11, "one_culprit")
     truth = scenario.truth
-    cfg = compose_config("bisect", ["target=sglang", "launcher=sim", f"repo={scenario.repo}",
+    cfg = compose_settings("bisect", ["target=sglang", "launcher=sim", f"repo={scenario.repo}",
                                     f"runs_dir={tmp_path / 'runs'}", f"good={truth['good']}",
                                     f"bad={truth['bad']}", "metric=verify_ms", "nodes=2",
                                     *FAST, *EAGLE])

@@ -91,7 +91,7 @@ def test_a_target_reuses_one_connection_until_it_is_closed(tmp_path, keep_alive_
         def command(self, worktree, port):
             return []
 
-    target = Probed({}, {}, NodeContext("n0", tmp_path))
+    target = Probed({"name": "sim"}, {}, NodeContext("n0", tmp_path))
     assert target.is_ready(keep_alive_server) and target.is_ready(keep_alive_server)
     assert target.scrape(keep_alive_server) == {("sglang:num_running_reqs", (("a", "b"),)): 1.0}
     assert len(_KeepAlive.connections) == 3 and len(set(_KeepAlive.connections)) == 1
@@ -153,13 +153,13 @@ import json, sys
 from pathlib import Path
 from omegaconf import OmegaConf
 from orchestrator.control import ray_cluster
-from orchestrator.config.compose import compose_config
+from orchestrator.config.compose import compose_settings
 from orchestrator.control.controller import Controller
 from orchestrator.records import Candidate
 from orchestrator.run.rundir import create_run
 
 repo, sha, runs = sys.argv[1:4]
-cfg = compose_config("trial", ["target=command", f"repo={repo}", f"runs_dir={runs}",
+cfg = compose_settings("trial", ["target=command", f"repo={repo}", f"runs_dir={runs}",
                                "target.bench=echo 1", "bench.repetitions=1",
                                "bench.warmup_requests=0"])
 run_dir, store = create_run(cfg)

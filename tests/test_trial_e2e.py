@@ -9,7 +9,7 @@ import pytest
 
 from orchestrator.cli import run as cli_run
 from orchestrator.commands import trial as trial_cmd
-from orchestrator.config.compose import compose_config
+from orchestrator.config.compose import compose_settings
 from orchestrator.records import Outcome
 from orchestrator.store import RunStore
 
@@ -19,7 +19,7 @@ FAST = ["target=sim", "target.time_scale=0.02", "target.load_seconds=5", "bench.
 
 
 def _cfg(tmp_path: Path, repo: Path, *extra: str):
-    return compose_config("trial", [f"repo={repo}", f"runs_dir={tmp_path / 'runs'}", *FAST, *extra])
+    return compose_settings("trial", [f"repo={repo}", f"runs_dir={tmp_path / 'runs'}", *FAST, *extra])
 
 
 def _only_run(tmp_path: Path) -> Path:

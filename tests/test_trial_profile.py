@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from orchestrator.commands import trial as trial_cmd
-from orchestrator.config.compose import compose_config
+from orchestrator.config.compose import compose_settings
 from orchestrator.evidence.capture import TRACE_NAME
 from orchestrator.evidence.families import family
 from orchestrator.evidence.trace import read_profile
@@ -20,7 +20,7 @@ FAST = ["target=sim", "target.time_scale=0.02", "target.load_seconds=5", "bench.
 
 def test_profiled_trial_keeps_its_trace(tmp_path, sim_repo, ray_session):
     repo, shas = sim_repo
-    cfg = compose_config("trial", [f"repo={repo}", f"runs_dir={tmp_path / 'runs'}", *FAST,
+    cfg = compose_settings("trial", [f"repo={repo}", f"runs_dir={tmp_path / 'runs'}", *FAST,
                                    f"commit={shas[0]}", "bench.repetitions=2", "trial.profile=true"])
     assert trial_cmd.run(cfg) == 0
     (run_dir,) = [p for p in (tmp_path / "runs").iterdir() if not p.name.startswith(".")]

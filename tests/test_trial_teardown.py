@@ -67,7 +67,7 @@ class FakeTarget(Target):
     name = "fake"
 
     def __init__(self, log: Log, *, server: bool):
-        super().__init__({}, {}, NodeContext("n0", Path(".")))
+        super().__init__({"name": "sim"}, {}, NodeContext("n0", Path(".")))
         self.log, self.server = log, server
 
     @property

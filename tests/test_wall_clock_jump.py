@@ -8,10 +8,10 @@ from __future__ import annotations
 import io
 import time
 
-from omegaconf import OmegaConf
 from rich.console import Console
 
-from orchestrator.config.compose import compose_config
+from orchestrator.config.compose import compose_settings
+from orchestrator.config.settings import as_dict
 from orchestrator.records import Candidate, Outcome
 from orchestrator.run.cost import trial_cost
 from orchestrator.runner.node import NodeRunner
@@ -36,12 +36,12 @@ def _jumping_clock(monkeypatch) -> None:
 
 def test_a_trial_under_a_jumping_wall_clock(tmp_path, sim_repo, monkeypatch):
     repo, shas = sim_repo
-    cfg = compose_config("trial", ["target=sim", "target.time_scale=0.02",
+    cfg = compose_settings("trial", ["target=sim", "target.time_scale=0.02",
                                    "target.load_seconds=5", "bench.requests=2",
                                    "bench.output_len=32", "bench.input_len=32"])
-    target = OmegaConf.to_container(cfg.target, resolve=True)
+    target = as_dict(cfg.target)
     node = NodeRunner("local-0", str(tmp_path / "node"), target,
-                      OmegaConf.to_container(cfg.bench, resolve=True))
+                      as_dict(cfg.bench))
     spec = TrialSpec(trial_id=1, candidate=Candidate.make(shas[0]), repo=str(repo),
                      cache_dir=str(tmp_path / "cache"), trial_dir=str(tmp_path / "t1"),
                      ready_timeout_s=60.0, repetitions=2, warmup_requests=1)

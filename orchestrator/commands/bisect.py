@@ -29,8 +29,6 @@ import math
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from omegaconf import DictConfig, OmegaConf
-
 from orchestrator.answer.provisional import so_far
 from orchestrator.answer.text import name_points
 from orchestrator.commands import bisect_release, common
@@ -42,6 +40,7 @@ from orchestrator.commands.bisect_stop import (
 )
 from orchestrator.config import params as experiment_params
 from orchestrator.config.bisect import bisect_strategy
+from orchestrator.config.settings import RunSettings, as_dict, evolve
 from orchestrator.control.drive import FixedPoints, drive, replay, unreported
 from orchestrator.control.repetitions import RepetitionDesign, RepetitionSettings
 from orchestrator.errors import RunInterrupted, UserError
@@ -49,7 +48,7 @@ from orchestrator.metrics import check_metric, regression_direction
 from orchestrator.records import Candidate
 from orchestrator.run import findings
 from orchestrator.run.noise_prior import load_noise_prior
-from orchestrator.run.rundir import create_run, run_argument, running, runs_root
+from orchestrator.run.rundir import create_run, pin_run, run_argument, running, runs_root
 from orchestrator.store import RunStore
 from orchestrator.strategies.base import Verdict
 from orchestrator.strategies.bisect import BisectStrategy
@@ -65,22 +64,24 @@ if TYPE_CHECKING:  # `execute` runs on any controller; only `_execute` starts th
 
 
 
-def validate(cfg: DictConfig) -> None:
-    common.check_common(cfg)
-    check_metric(str(cfg.metric), custom=cfg.target.name == "command", target=cfg.target)
-    regression_direction(str(cfg.metric), str(cfg.direction))
+def validate(cfg: RunSettings) -> RunSettings:
+    """The settings checked; returned with their paths absolute (`common.check_common`)."""
+    cfg = common.check_common(cfg)
+    check_metric(cfg.metric, custom=cfg.target.name == "command", target=as_dict(cfg.target))
+    regression_direction(cfg.metric, cfg.direction)
     if not cfg.good or not cfg.bad:
         raise UserError("bisect needs both endpoints: good=REF bad=REF")
     if not isinstance(cfg.good, str | int) or not isinstance(cfg.bad, str | int):
         raise UserError("bisect endpoints are refs (good=REF bad=REF); candidate specs such as"
                         " good.commit=... are for sleuth isolate")
-    if not 0.5 < float(cfg.confidence) < 1.0:
+    if not 0.5 < cfg.confidence < 1.0:
         raise UserError(f"confidence must be between 0.5 and 1 (exclusive), got {cfg.confidence}")
-    if cfg.max_trials is not None and int(cfg.max_trials) < 4:
+    if cfg.max_trials is not None and cfg.max_trials < 4:
         raise UserError(f"max_trials must be at least 4 (got {cfg.max_trials})")
     if bisect_release.name_of(cfg):
         bisect_release.validate(cfg)
-        cfg.first_parent = True  # releases are a line
+        cfg = evolve(cfg, first_parent=True)  # releases are a line
+    return cfg
 
 
 def prior_weights(commits: list[CommitInfo], paths: list[str], ws, untouched: float) -> list[float] | None:
@@ -90,27 +91,27 @@ def prior_weights(commits: list[CommitInfo], paths: list[str], ws, untouched: fl
     return [1.0 if ws.touches(c, paths) else untouched for c in commits]
 
 
-def plan(cfg: DictConfig) -> tuple[list[CommitInfo], list[Candidate], list[float] | None]:
+def plan(cfg: RunSettings) -> tuple[list[CommitInfo], list[Candidate], list[float] | None]:
     ws = common.workspace(cfg)
     good, bad = ws.resolve(str(cfg.good)), ws.resolve(str(cfg.bad))
-    commits = ws.commits_between(good, bad, first_parent=bool(cfg.first_parent))
+    commits = ws.commits_between(good, bad, first_parent=cfg.first_parent)
     if not cfg.first_parent:
         commits = graph_order(commits, ws.commit_infos(boundary_parents(commits)))
-    base = common.candidate(OmegaConf.merge(cfg, {"commit": good}), ws)
+    base = common.candidate(evolve(cfg, commit=good), ws)
     points = [dataclasses.replace(base, commit=c.sha) for c in commits]
     untouched = experiment_params.of(cfg).untouched_weight
     weights = prior_weights(commits, list(cfg.paths), ws, untouched)
     return commits, points, weights
 
 
-def reference_level(cfg: DictConfig) -> tuple[float, str] | None:
+def reference_level(cfg: RunSettings) -> tuple[float, str] | None:
     """The metric's geometric mean in `reference=RUN`, and the run's name; None without one."""
-    if not cfg.get("reference"):
+    if not cfg.reference:
         return None
     from orchestrator.commands.compare import load_reference
 
     ref = load_reference(cfg, str(cfg.reference))
-    values = [v for v in ref["values"].get(str(cfg.metric), []) if v and v > 0]
+    values = [v for v in ref["values"].get(cfg.metric, []) if v and v > 0]
     if not values:
         raise UserError(f"reference {cfg.reference} has no measured {cfg.metric} value")
     return math.exp(sum(math.log(v) for v in values) / len(values)), str(ref["name"])
@@ -136,13 +137,13 @@ def _load_release(run_dir: Path) -> dict | None:
     return json.loads((run_dir / "commits.json").read_text()).get("release")
 
 
-def run(cfg: DictConfig) -> int:
+def run(cfg: RunSettings) -> int:
     if cfg.run_id and (runs_root(cfg) / str(cfg.run_id)).exists():
-        budget = int(cfg.max_trials) if cfg.max_trials is not None else None
+        budget = cfg.max_trials
         if budget is not None and budget < 4:
             raise UserError(f"max_trials must be at least 4 (got {budget})")
         return resume(runs_root(cfg) / str(cfg.run_id), max_trials=budget)
-    validate(cfg)
+    cfg = validate(cfg)
     reference_level(cfg)  # a bad reference is bad input: refused before anything is written
     release = None
     if bisect_release.name_of(cfg):
@@ -151,6 +152,7 @@ def run(cfg: DictConfig) -> int:
     else:
         commits, points, weights = plan(cfg)
     bisect_strategy(cfg, len(points), weights, commits)  # constructor checks before anything runs
+    cfg = pin_run(cfg)
     run_dir, store = create_run(cfg)
     _save_plan(run_dir, commits, points, weights, release)
     return _execute(cfg, run_dir, store, commits, points, weights, release)
@@ -158,10 +160,10 @@ def run(cfg: DictConfig) -> int:
 
 def resume(run_dir: Path, max_trials: int | None = None) -> int:
     """Continue a bisect; ``max_trials`` replaces the budget it was started with."""
-    def prepare(cfg: DictConfig) -> tuple:
+    def prepare(cfg: RunSettings) -> tuple[RunSettings, tuple]:
         if max_trials is not None:
-            cfg.max_trials = max_trials
-        return _load_plan(run_dir)
+            cfg = evolve(cfg, max_trials=max_trials)
+        return cfg, _load_plan(run_dir)
 
     store, cfg, (commits, points, weights) = common.reopen_run(run_dir, "bisect", prepare)
     return _execute(cfg, run_dir, store, commits, points, weights, _load_release(run_dir))
@@ -223,14 +225,14 @@ def min_effect_hint(verdict: Verdict, params: experiment_params.ExperimentParams
             "a range without such a change after a few.")
 
 
-def opening_lines(cfg, strategy: BisectStrategy, reference: tuple[float, str] | None) -> list[str]:
+def opening_lines(cfg: RunSettings, strategy: BisectStrategy, reference: tuple[float, str] | None) -> list[str]:
     """What the run will spend and what it is looking for, said before it spends anything."""
     budget = strategy.budget
     if cfg.max_trials is None:
         spend = f"budget: {budget} restarts (the default; max_trials=N sets another)"
     else:
         spend = f"budget: {budget} restarts (max_trials)"
-    metric = str(cfg.metric)
+    metric = cfg.metric
     if strategy.min_effect_pct is not None:
         chase = (f"looking for a change of {metric} of at least {strategy.min_effect_pct:g}% "
                  "(experiment.params.min_effect_pct); smaller ones do not count")
@@ -253,7 +255,7 @@ def _flag_outliers(store: RunStore, verdict: Verdict) -> None:
     store.set_trial_flags("outlier", flags)
 
 
-def execute(cfg, ctl: Controller, run_dir: Path, commits, points, weights, out,
+def execute(cfg: RunSettings, ctl: Controller, run_dir: Path, commits, points, weights, out,
             findings_name: str | None = None, progress=None,
             release: dict | None = None,
             reference: tuple | None = None) -> tuple[Verdict, dict]:
@@ -263,7 +265,7 @@ def execute(cfg, ctl: Controller, run_dir: Path, commits, points, weights, out,
     `reference`: the level the range's change is judged against, `(value, run name[, what it
     is])`, where the caller knows a better one than `reference=RUN`'s own (an investigation
     whose system changed since the reference: see `orchestrator/commands/investigate.py`)."""
-    graph = "" if cfg.get("first_parent", True) else " (the full commit graph)"
+    graph = "" if cfg.first_parent else " (the full commit graph)"
     if release is not None:
         out.print(f"{bisect_release.opening(release)} on {cfg.metric} with {len(ctl.nodes)}"
                   " node(s)")
@@ -275,7 +277,7 @@ def execute(cfg, ctl: Controller, run_dir: Path, commits, points, weights, out,
     settings = RepetitionSettings.from_conf(cfg.bench)
     prior = None
     if settings.adaptive and settings.prior:
-        prior = load_noise_prior(run_dir, nodes=ctl.nodes, metric=str(cfg.metric))
+        prior = load_noise_prior(run_dir, nodes=ctl.nodes, metric=cfg.metric)
     strategy = bisect_strategy(
         cfg, len(points), weights, commits, reference_value=reference[0] if reference else None,
         noise_prior=prior.trial_noise(settings.start) if prior is not None else None)
@@ -284,8 +286,7 @@ def execute(cfg, ctl: Controller, run_dir: Path, commits, points, weights, out,
     out.print(settings.describe())
     if prior is not None:
         out.print(prior.describe())
-    design = RepetitionDesign(settings, OmegaConf.to_container(cfg.target, resolve=True),
-                              str(cfg.metric),
+    design = RepetitionDesign(settings, as_dict(cfg.target), cfg.metric,
                               on_change=lambda text: (progress.note if progress is not None
                                                       else out.print)(text), prior=prior)
     # The report replays the posterior from it (a commit range's: an investigation's release
@@ -300,7 +301,7 @@ def execute(cfg, ctl: Controller, run_dir: Path, commits, points, weights, out,
     def announce(v: Verdict, say) -> None:
         if "reproduced" not in said and v.status in ("searching", "verifying"):
             said.add("reproduced")
-            for line in reproduction_notice(v, str(cfg.metric), budget, design):
+            for line in reproduction_notice(v, cfg.metric, budget, design):
                 say(line)
         for note in v.notes:  # a withdrawn reproduction, an early stop: said when it happens
             if note.startswith(("retracted", "stopped early")) and note not in said:
@@ -330,14 +331,14 @@ def execute(cfg, ctl: Controller, run_dir: Path, commits, points, weights, out,
         on_verdict(v, n)
 
     try:
-        verdict = drive(ctl, strategy, points, metric=str(cfg.metric), on_verdict=remember,
+        verdict = drive(ctl, strategy, points, metric=cfg.metric, on_verdict=remember,
                         on_system_change=system_changed, repetitions=design)
     except (KeyboardInterrupt, RunInterrupted):
         # What is known so far, stored and said before the run stops (`sleuth report` shows
         # it). Best effort: nothing here may turn a clean stop into a crash.
         try:
             last = seen[-1] if seen else strategy.verdict(replay(
-                ctl.store.trials(), FixedPoints(points), str(cfg.metric), ctl.retries))
+                ctl.store.trials(), FixedPoints(points), cfg.metric, ctl.retries))
             doc = provisional_findings(cfg, ctl, run_dir, commits, points, last,
                                        f"interrupted after {last.n_trials} restarts",
                                        findings_name)
@@ -352,16 +353,16 @@ def execute(cfg, ctl: Controller, run_dir: Path, commits, points, weights, out,
             progress.set_cost("")
     rows = ctl.store.trials()
     _flag_outliers(ctl.store, verdict)
-    doc = findings.bisect_findings(run_id=ctl.store.run_id, metric=str(cfg.metric), verdict=verdict,
+    doc = findings.bisect_findings(run_id=ctl.store.run_id, metric=cfg.metric, verdict=verdict,
                                    commits=commits, keys=[p.key for p in points], rows=rows,
                                    min_effect_pct=experiment_params.of(cfg).min_effect_pct,
                                    subjects=release is None)
     if release is not None:
         doc = bisect_release.rewrite(doc, release, rows, [p.key for p in points],
-                                     metric=str(cfg.metric), direction=str(cfg.direction))
+                                     metric=cfg.metric, direction=cfg.direction)
     if verdict.status == "budget_exhausted":
         doc["answer"] = so_far(doc["answer"], why=stop_reason(verdict),
-                               confidence=float(cfg.confidence))
+                               confidence=cfg.confidence)
         doc["provisional"] = doc["answer"]["provisional"]
     changes = system_changes(rows)
     doc["system_changes"] = [c.to_json() for c in changes]
@@ -387,14 +388,14 @@ def execute(cfg, ctl: Controller, run_dir: Path, commits, points, weights, out,
                   f" {run_argument(run_dir)} max_trials={2 * budget}")
     for change in changes:
         out.print(change.warning)
-    silent = unreported(rows, str(cfg.metric), points)
+    silent = unreported(rows, cfg.metric, points)
     if silent:
         out.print(f"warning: {silent}")
     out.print(f"findings: {path}")
     return verdict, doc
 
 
-def _execute(cfg, run_dir: Path, store: RunStore, commits, points, weights,
+def _execute(cfg: RunSettings, run_dir: Path, store: RunStore, commits, points, weights,
              release: dict | None = None) -> int:
     from orchestrator.control.controller import Controller
 

@@ -20,11 +20,10 @@ import dataclasses
 import re
 from collections.abc import Mapping, Sequence
 
-from omegaconf import DictConfig
-
 from orchestrator import answer
 from orchestrator.answer import text
 from orchestrator.commands import common
+from orchestrator.config.settings import RunSettings
 from orchestrator.errors import UserError
 from orchestrator.metrics import regression_direction
 from orchestrator.packages import plan as packages
@@ -34,13 +33,12 @@ from orchestrator.records import Candidate, Outcome
 from orchestrator.workspace import CommitInfo
 
 
-def name_of(cfg: DictConfig) -> str:
+def name_of(cfg: RunSettings) -> str:
     """The package whose releases are searched (`package=NAME`), or '' for a commit bisect."""
-    conf = cfg.get("package") or {}
-    return str(conf.get("name") or "").strip()
+    return cfg.package.name.strip()
 
 
-def validate(cfg: DictConfig) -> None:
+def validate(cfg: RunSettings) -> None:
     """A package name and two exact versions, the package not also pinned for every point."""
     name = name_of(cfg)
     try:
@@ -54,14 +52,14 @@ def validate(cfg: DictConfig) -> None:
         raise UserError(f"package={name} is searched: leave it out of packages=[...]")
 
 
-def plan(cfg: DictConfig) -> tuple[list[CommitInfo], list[Candidate], dict]:
+def plan(cfg: RunSettings) -> tuple[list[CommitInfo], list[Candidate], dict]:
     """The releases as bisect points, and what the run records about them (`release`)."""
     ws = common.workspace(cfg)
     base = common.candidate(cfg, ws)  # the code every release runs under
     name = canonical(name_of(cfg))
     fixed = packages.fixed_pins(cfg)
     listing = releases_between(packages.settings(cfg), name, str(cfg.good), str(cfg.bad),
-                               pre=bool(cfg.package.pre), python=packages.interpreter(cfg))
+                               pre=cfg.package.pre, python=packages.interpreter(cfg))
     # The endpoints must install: bad input otherwise (one line, nothing written).
     packages.require(cfg, {name: listing.versions[0]}, {name: listing.versions[-1]})
     commits, points = as_points(listing, base, fixed)

@@ -8,8 +8,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TypeVar
 
-from omegaconf import DictConfig, OmegaConf
-
+from orchestrator.config.settings import RunSettings, evolve, load_saved
 from orchestrator.errors import UserError
 from orchestrator.gpu.base import ClockPolicy
 from orchestrator.metrics import regression_direction
@@ -29,21 +28,23 @@ _T = TypeVar("_T")
 _ENV_NAME_OK = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_")
 
 
-def workspace(cfg: DictConfig) -> Workspace:
+def workspace(cfg: RunSettings) -> Workspace:
+    """The repository's workspace (`repo` made absolute by `absolute_paths`; resolved here
+    too, for settings that did not pass through it)."""
     if not cfg.repo:
         raise UserError("no repository given: add repo=PATH (a git repository)")
     repo = Path(str(cfg.repo)).expanduser().resolve()
-    cfg.repo = str(repo)
     return Workspace(repo, runs_root(cfg) / ".cache" / "worktrees")
 
 
-def check_common(cfg: DictConfig) -> None:
-    """Checks every command shares: target known, env names valid, runs_dir writable.
+def check_common(cfg: RunSettings) -> RunSettings:
+    """Checks every command shares: target known, env names valid, runs_dir writable. Returns
+    the settings with their paths made absolute (`absolute_paths`), which the run stores.
 
     Numbers (budgets, timeouts, sizes) are range-checked once when the configuration is
     composed (`orchestrator/config/checks.py`), not here."""
-    target_class(str(cfg.target.name))
-    absolute_target_paths(cfg)
+    target_class(cfg.target.name)
+    cfg = absolute_paths(cfg)
     for env in (cfg.env, cfg.target.env):
         for key in env:
             if not key or key[0].isdigit() or not set(key) <= _ENV_NAME_OK:
@@ -54,28 +55,28 @@ def check_common(cfg: DictConfig) -> None:
                 raise UserError(f"{key} looks like a secret: export it in the environment instead"
                                 " of passing it in the configuration (sleuth stores configs)")
         check_env(env)
-    ClockPolicy.parse(str(cfg.clock))
-    packages.check_settings(cfg)
-    if ((cfg.get("package") or {}).get("name") and cfg.get("command") is not None
-            and cfg.get("command") != "bisect"):
+    ClockPolicy.parse(cfg.clock)
+    cfg = packages.check_settings(cfg)
+    if cfg.package.name and cfg.command != "bisect":
         raise UserError(f"package={cfg.package.name} searches releases: it is for sleuth bisect"
                         " (package=NAME good=V1 bad=V2); pin a version with"
                         " packages=[NAME==VERSION]")
-    if cfg.get("command") == "sweep":  # a sweep optimises: maximize | minimize (or auto)
+    if cfg.command == "sweep":  # a sweep optimises: maximize | minimize (or auto)
         from orchestrator.config.sweep import maximize
 
-        maximize(str(cfg.metric), str(cfg.direction))
+        maximize(cfg.metric, cfg.direction)
     else:  # the others explain a regression: increase | decrease (or auto)
-        regression_direction(str(cfg.metric), str(cfg.direction))
+        regression_direction(cfg.metric, cfg.direction)
     check_target_available(cfg)
     check_nodes_free(cfg)
     root = runs_root(cfg)
     probe = root if root.exists() else next((p for p in root.parents if p.exists()), root)
     if not os.access(probe, os.W_OK):
         raise UserError(f"runs_dir {root} is not writable")
+    return cfg
 
 
-def candidate(cfg: DictConfig, ws: Workspace) -> Candidate:
+def candidate(cfg: RunSettings, ws: Workspace) -> Candidate:
     """The candidate described by commit / patches / env / clock / packages, with refs resolved
     to SHAs; a pin pip cannot install is refused here, before anything is written."""
     sha = ws.resolve(str(cfg.commit))
@@ -93,31 +94,35 @@ def candidate(cfg: DictConfig, ws: Workspace) -> Candidate:
     return cand
 
 
-def absolute_target_paths(cfg: DictConfig) -> None:
-    """Files the target names (`target.gpu_state`, a `target.python` given as a path) are
-    read where the server starts, in a worktree: a relative path is made absolute here,
-    against the directory sleuth was started in, as the user meant it (and as the run's
-    stored configuration then records it)."""
+def absolute_paths(cfg: RunSettings) -> RunSettings:
+    """The settings with `repo` absolute, and the files the target names (`target.gpu_state`,
+    a `target.python` given as a path), which are read where the server starts, in a
+    worktree: a relative path is made absolute against the directory sleuth was started in,
+    as the user meant it (and as the run's stored configuration then records it)."""
+    changes: dict[str, str] = {}
+    if cfg.repo:
+        changes["repo"] = str(Path(str(cfg.repo)).expanduser().resolve())
     for key in ("gpu_state", "python"):
-        value = str(cfg.target.get(key) or "")
+        value = str(getattr(cfg.target, key, "") or "")
         if not value or (key == "python" and "/" not in value):
             continue  # unset, or a command name looked up on PATH
         path = Path(value).expanduser()
         if not path.is_absolute():
-            cfg.target[key] = str(path.resolve())
+            changes[f"target.{key}"] = str(path.resolve())
+    return evolve(cfg, changes) if changes else cfg
 
 
-def check_nodes_free(cfg: DictConfig) -> None:
+def check_nodes_free(cfg: RunSettings) -> None:
     """Refuse, before Ray starts, a run whose every local node another live run holds (one
     free node is enough: the held ones are skipped with a line once the run starts). On a Ray
     cluster the nodes' own locks decide, once the actors start."""
-    if str(cfg.cluster.kind) != "local":
+    if cfg.cluster.kind != "local":
         return
     from orchestrator.runner.node import held_message, holder_of
 
     root = runs_root(cfg) / ".nodes"
     held = []
-    for i in range(int(cfg.nodes)):
+    for i in range(cfg.nodes):
         holder = holder_of(root / f"local-{i}")
         if holder is None:
             return
@@ -129,23 +134,22 @@ def check_nodes_free(cfg: DictConfig) -> None:
     raise UserError(f"{held[0]}: wait for that run to finish{instead}")
 
 
-def _simulated(cfg: DictConfig) -> bool:
+def _simulated(cfg: RunSettings) -> bool:
     target = cfg.target
-    return str(target.name) == "sim" or str(target.get("engine") or "") == "sim" \
-        or str(target.get("launcher") or "") == "sim"
+    return target.name == "sim" or getattr(target, "engine", None) == "sim"
 
 
-def check_target_available(cfg: DictConfig) -> None:
+def check_target_available(cfg: RunSettings) -> None:
     """The default target is a real SGLang server; on a machine without SGLang a run would
     start, fail every launch and end "untestable". Say so before anything is written, and name
     the two targets that need no SGLang. On a Ray cluster the nodes judge for themselves
     (their preflight runs `launch_server --help`), since the controller host need not have it."""
     target = cfg.target
-    if str(target.name) != "sglang" or str(target.get("engine") or "sglang") == "sim":
+    if target.name != "sglang" or getattr(target, "engine", None) == "sim":
         return
-    if str(cfg.cluster.kind) != "local":
+    if cfg.cluster.kind != "local":
         return
-    python = str(target.get("python") or "")
+    python = str(getattr(target, "python", "") or "")
     if python:
         import subprocess
 
@@ -181,19 +185,22 @@ def article(word: str) -> str:
 
 
 def reopen_run(run_dir: Path, command: str,
-               prepare: Callable[[DictConfig], _T]) -> tuple[RunStore, DictConfig, _T]:
-    """An interrupted `command` run, ready to continue: its store, its saved configuration and
-    what `prepare(cfg)` rebuilt from it (the plan, the search space). A run of another
-    command, or one `prepare` refuses, closes the store again and raises; otherwise the
-    trials left running are marked interrupted, the notice says what is reused, and the run
-    is `running` again. One place, so the four resumable commands cannot drift apart."""
+               prepare: Callable[[RunSettings], tuple[RunSettings, _T]]
+               ) -> tuple[RunStore, RunSettings, _T]:
+    """An interrupted `command` run, ready to continue: its store, its saved configuration
+    (merged onto today's schema, `settings.load_saved`) and what `prepare(cfg)` rebuilt from
+    it (the plan, the search space). `prepare` returns the settings the run continues with
+    (the saved ones, or a new record: a budget replaced, a reference's settings adopted) and
+    what it rebuilt. A run of another command, or one `prepare` refuses, closes the store
+    again and raises; otherwise the trials left running are marked interrupted, the notice
+    says what is reused, and the run is `running` again. One place, so the four resumable
+    commands cannot drift apart."""
     store = RunStore.open(run_dir / "trials.db")
     try:
         if store.command != command:
             raise UserError(f"{run_dir.name} is {article(store.command or 'unknown')} run,"
                             f" not {article(command)}")
-        cfg = OmegaConf.create(store.config_yaml())
-        prepared = prepare(cfg)
+        cfg, prepared = prepare(load_saved(store.config_yaml()))
     except BaseException:
         store.close()
         raise

@@ -19,14 +19,13 @@ import os
 import statistics
 from pathlib import Path
 
-from omegaconf import DictConfig, OmegaConf
-
 from orchestrator import answer
 from orchestrator.answer import phases
 from orchestrator.answer.provisional import so_far
 from orchestrator.commands import common, next_step
 from orchestrator.commands.compare_findings import CHANGE_CONFIDENCE, findings_doc, print_findings
 from orchestrator.config import params as experiment_params
+from orchestrator.config.settings import RunSettings, as_dict, evolve, saved_values
 from orchestrator.control.controller import Controller
 from orchestrator.errors import RunInterrupted, UserError
 from orchestrator.metrics import EFFECT_METRICS, check_metric
@@ -34,7 +33,7 @@ from orchestrator.packages import plan as packages
 from orchestrator.packages.pins import pin_list
 from orchestrator.records import Candidate, Outcome
 from orchestrator.run import findings
-from orchestrator.run.rundir import create_run, find_run, running
+from orchestrator.run.rundir import create_run, find_run, pin_run, running
 from orchestrator.stats import caveats
 from orchestrator.stats.effect import log_difference, log_effect
 from orchestrator.store import RunStore
@@ -50,7 +49,7 @@ from orchestrator.ui.report.terminal import print_answer
 WHERE = {"target": ("host", "gpu_state", "python")}
 
 
-def load_reference(cfg: DictConfig, ref: str) -> dict:
+def load_reference(cfg: RunSettings, ref: str) -> dict:
     """The reference: its candidate, trial-level values per metric, fingerprint, repo."""
     path = Path(ref).expanduser()
     if path.is_file():
@@ -75,7 +74,7 @@ def load_reference(cfg: DictConfig, ref: str) -> dict:
         for r in rows:
             by_key.setdefault(r.candidate.key, []).append(r)
         chosen = max(by_key.values(), key=len)  # the candidate the reference measured most
-        ref_cfg = OmegaConf.create(store.config_yaml())
+        ref_cfg = saved_values(store.config_yaml())
     finally:
         store.close()
     values = {m: [v for r in chosen if (v := r.result.value(m)) is not None]
@@ -84,35 +83,36 @@ def load_reference(cfg: DictConfig, ref: str) -> dict:
     return {"candidate": chosen[0].candidate, "values": {m: v for m, v in values.items() if v},
             "fingerprint": chosen[-1].result.fingerprint, "repo": ref_cfg.get("repo"),
             "name": run_dir.name, "trials": [r.id for r in chosen],
-            "config": {part: OmegaConf.to_container(ref_cfg[part], resolve=True)
-                       for part in ("target", "bench") if part in ref_cfg},
+            "config": {part: ref_cfg[part] for part in ("target", "bench") if part in ref_cfg},
             "telemetry": [fp.get("telemetry") for fp in fps], "fingerprints": fps}
 
 
-def _user_set(cfg: DictConfig) -> DictConfig:
+def _user_set(cfg: RunSettings) -> RunSettings:
     """What `cfg` would be without the command line: a setting that differs from it was set
     by the user (or by a config group the user chose)."""
-    from orchestrator.config.compose import compose_config
+    from orchestrator.config.compose import compose_settings
 
-    name = str(cfg.target.get("name") or "")
+    name = cfg.target.name
     group = [f"target={name}"] if name else []
     if name == "command":  # its one required key; the user's own always differs from this
         group.append("target.bench=true")
-    return compose_config(str(cfg.command), group)
+    return compose_settings(cfg.command, group)
 
 
-def adopt_reference_config(cfg: DictConfig, ref: dict, resolve=None) -> list[str]:
-    """Make `cfg` measure what the reference measured: its target and bench settings replace
-    the defaults, and a setting the user gave that would change the reference's configuration
-    is refused (one line, exit 2). Returns the settings taken from the reference."""
+def adopt_reference_config(cfg: RunSettings, ref: dict,
+                           resolve=None) -> tuple[RunSettings, list[str]]:
+    """`cfg` made to measure what the reference measured: its target and bench settings
+    replace the defaults, and a setting the user gave that would change the reference's
+    configuration is refused (one line, exit 2). Returns the settings to run with and the
+    settings taken from the reference."""
     cand: Candidate = ref["candidate"]
     default = _user_set(cfg)
     conflicts = []
     for key, mine, theirs in (("commit", str(cfg.commit), cand.commit),
-                              ("clock", str(cfg.clock), cand.clock)):
-        if key == "commit" and resolve is not None and mine != str(default[key]):
+                              ("clock", cfg.clock, cand.clock)):
+        if key == "commit" and resolve is not None and mine != str(getattr(default, key)):
             mine = resolve(mine)
-        if mine != str(default[key]) and mine != theirs:
+        if mine != str(getattr(default, key)) and mine != theirs:
             conflicts.append(f"{key}={mine[:12]} (the reference ran {theirs[:12]})")
     env = {str(k): str(v) for k, v in cfg.env.items()}
     if env and env != cand.env_dict:
@@ -125,12 +125,13 @@ def adopt_reference_config(cfg: DictConfig, ref: dict, resolve=None) -> list[str
         conflicts.append(f"packages=[{', '.join(pin_list(pins))}] (the reference ran {ran})")
     config = ref.get("config") or {}
     adopted: list[str] = []
+    taken: dict[str, object] = {}
     for part in ("target", "bench"):
         theirs_part = config.get(part)
         if not theirs_part:
             continue
-        mine_part = OmegaConf.to_container(cfg[part], resolve=True)
-        default_part = OmegaConf.to_container(default[part], resolve=True)
+        mine_part = as_dict(getattr(cfg, part))
+        default_part = as_dict(getattr(default, part))
         if part == "target" and theirs_part.get("name") != mine_part.get("name"):
             raise UserError(f"the reference ran target={theirs_part.get('name')} and this compare"
                             f" target={mine_part.get('name')}: add target="
@@ -152,13 +153,13 @@ def adopt_reference_config(cfg: DictConfig, ref: dict, resolve=None) -> list[str
             if user_set:
                 conflicts.append(f"{part}.{key}={mine!r} (the reference ran {theirs!r})")
                 continue
-            cfg[part][key] = theirs
+            taken[f"{part}.{key}"] = theirs
             adopted.append(f"{part}.{key}={theirs!r}")
     if conflicts:
         raise UserError("compare re-measures the reference's own configuration, and the command"
                         " line changes it: " + "; ".join(conflicts) + ". Leave these out (to test"
                         " a change, use isolate good.*=... bad.*=...)")
-    return adopted
+    return evolve(cfg, taken), adopted
 
 
 def _redacted(value: object) -> bool:
@@ -213,26 +214,27 @@ def decide(ref: list[float], now: list[float], min_effect_pct: float, confidence
                      "before": statistics.fmean(ref), "after": statistics.fmean(now)}
 
 
-def run(cfg: DictConfig) -> int:
-    ref_arg = experiment_params.of(cfg).reference or cfg.get("reference")
+def run(cfg: RunSettings) -> int:
+    ref_arg = experiment_params.of(cfg).reference or cfg.reference
     if not ref_arg:
         raise UserError("compare needs a reference: sleuth compare reference=RUN_DIR_OR_FINGERPRINT")
-    common.check_common(cfg)
-    metric = str(cfg.metric)
-    check_metric(metric, target=cfg.target)
+    cfg = common.check_common(cfg)
+    metric = cfg.metric
+    check_metric(metric, target=as_dict(cfg.target))
     ref = load_reference(cfg, str(ref_arg))
     if not cfg.repo:
         if not ref.get("repo"):
             raise UserError("the reference does not say which repository: add repo=PATH")
-        cfg.repo = ref["repo"]
+        cfg = evolve(cfg, repo=ref["repo"])
     ws = common.workspace(cfg)
-    adopted = adopt_reference_config(cfg, ref, ws.resolve)
+    cfg, adopted = adopt_reference_config(cfg, ref, ws.resolve)
     cand: Candidate = ref["candidate"]
     ws.resolve(cand.commit)
     ref_values = ref["values"].get(metric, [])
     if not ref_values:
         raise UserError(f"the reference has no measured {metric} value")
     packages.require(cfg, cand.package_dict)  # the reference's own pins, built again if need be
+    cfg = pin_run(cfg)
     run_dir, store = create_run(cfg)
     out = render.console()
     with running(store, run_dir, out) as run:
@@ -246,11 +248,11 @@ def run(cfg: DictConfig) -> int:
         return 0 if doc["verdict"] != "unresolved" else 3
 
 
-def execute(cfg: DictConfig, ctl: Controller, run_dir: Path, ref: dict, out,
+def execute(cfg: RunSettings, ctl: Controller, run_dir: Path, ref: dict, out,
             findings_name: str | None = None, progress: Progress | None = None) -> dict:
     """Re-measure `ref["candidate"]` in batches until the decision is made; write findings."""
     params = experiment_params.of(cfg)
-    metric = str(cfg.metric)
+    metric = cfg.metric
     cand: Candidate = ref["candidate"]
     ref_values = ref["values"].get(metric, [])
     batch = params.batch or 3
@@ -311,12 +313,12 @@ def execute(cfg: DictConfig, ctl: Controller, run_dir: Path, ref: dict, out,
     return doc
 
 
-def _document(cfg: DictConfig, ctl: Controller, ref: dict, now_rows: list, verdict: str,
+def _document(cfg: RunSettings, ctl: Controller, ref: dict, now_rows: list, verdict: str,
               eff: dict, min_effect: float) -> tuple[dict, list[tuple[Difference, str]]]:
     """The compare's findings document (with its answer) from the restarts measured now, and
     the fingerprint differences ranked by mechanism; the same for a finished compare and for
     one interrupted before it decided."""
-    metric = str(cfg.metric)
+    metric = cfg.metric
     measured = [r for r in now_rows if r.outcome and r.outcome.measured and not r.suspect]
     effects = {}
     for m in EFFECT_METRICS:
@@ -362,10 +364,10 @@ def finished(run_dir: Path, name: str = "compare") -> dict | None:
     return None if doc.get("provisional") else doc
 
 
-def _reference_arg(cfg: DictConfig, ref: dict) -> str:
+def _reference_arg(cfg: RunSettings, ref: dict) -> str:
     """How a next command names this reference: a fingerprint file by its absolute path (the
     next command may run elsewhere), a run by its id in this runs_dir."""
-    given = Path(str(experiment_params.of(cfg).reference or cfg.get("reference") or ""))
+    given = Path(str(experiment_params.of(cfg).reference or cfg.reference or ""))
     given = given.expanduser()
     if given.is_file():
         return str(given.resolve())

@@ -29,17 +29,17 @@ import math
 import statistics
 from pathlib import Path
 
-from omegaconf import DictConfig, OmegaConf
 from rich.table import Table
 
 from orchestrator.answer.phases import SIDE_METRICS
 from orchestrator.commands import common, investigate, sweep
 from orchestrator.config import sweep as setup
+from orchestrator.config.settings import RunSettings, as_dict, evolve
 from orchestrator.control.controller import Controller
 from orchestrator.evidence import plan as evidence_plan
 from orchestrator.metrics import EFFECT_METRICS
 from orchestrator.records import Candidate
-from orchestrator.run.rundir import create_run, running
+from orchestrator.run.rundir import create_run, pin_run, running, runs_root
 from orchestrator.sim_scenarios.generate import generate_scenario
 from orchestrator.sim_scenarios.sweep_oracle import SimOracle
 from orchestrator.strategies.sweep.space import SearchSpace
@@ -52,9 +52,9 @@ from orchestrator.ui.progress import Progress
 DEMO_PRESET = "seed_story"
 
 
-def _set_nodes(cfg: DictConfig, out_dir: Path, when: str) -> None:
-    for i in range(int(cfg.nodes)):
-        set_node_state(Path(cfg.runs_dir) / ".nodes" / f"local-{i}",
+def _set_nodes(cfg: RunSettings, out_dir: Path, when: str) -> None:
+    for i in range(cfg.nodes):
+        set_node_state(runs_root(cfg) / ".nodes" / f"local-{i}",
                        gpu_state_file=out_dir / f"{when}_gpu_state.json",
                        env_file=out_dir / f"{when}_env.json",
                        packages_file=out_dir / f"{when}_packages.json")
@@ -148,17 +148,17 @@ def _reference(rows: list, run_name: str) -> dict:
             "name": f"{run_name} (earlier trials)", "trials": [r.id for r in ok], "run": False}
 
 
-def _sweep_truth(cfg: DictConfig, scenario_out: Path,
+def _sweep_truth(cfg: RunSettings, scenario_out: Path,
                  space: SearchSpace) -> dict[str, tuple[str, float | None]]:
     """Noise-free `cfg.metric` of every configuration of the sweep's space on the bad commit
     as the node is now (its GPU state, its login env, the commit's sim profile):
     `{candidate key: (label, value)}`."""
-    target_conf = OmegaConf.to_container(cfg.target, resolve=True)
+    target_conf = as_dict(cfg.target)
     node_env = json.loads((scenario_out / "now_env.json").read_text())
     target_conf["env"] = {**node_env, **(target_conf.get("env") or {})}
     ws = common.workspace(cfg)
-    oracle = SimOracle(target_conf, OmegaConf.to_container(cfg.bench, resolve=True),
-                       metric=str(cfg.metric), state=load_gpu_state(scenario_out / "now_gpu_state.json"),
+    oracle = SimOracle(target_conf, as_dict(cfg.bench), metric=cfg.metric,
+                       state=load_gpu_state(scenario_out / "now_gpu_state.json"),
                        profile=ws.checkout(ws.resolve(str(cfg.bad))) / PROFILE_FILENAME)
     base = common.candidate(cfg, ws)
     baseline = space.baseline(target_conf)
@@ -169,7 +169,7 @@ def _sweep_truth(cfg: DictConfig, scenario_out: Path,
     return out
 
 
-def _sweep_check(cfg: DictConfig, scenario_out: Path, space: SearchSpace, doc: dict | None,
+def _sweep_check(cfg: RunSettings, scenario_out: Path, space: SearchSpace, doc: dict | None,
                  out) -> bool:
     """Is the sweep's confirmed best truly better than the baseline, and as close to the
     space's true best as the sweep can tell? The sweep confirms "better than the baseline"
@@ -181,11 +181,11 @@ def _sweep_check(cfg: DictConfig, scenario_out: Path, space: SearchSpace, doc: d
     if not truth or best is None or doc is None:
         out.print("truth: the sweep named no best configuration: MISSED", style="red")
         return False
-    maximize = setup.maximize(str(cfg.metric), str(cfg.direction))
+    maximize = setup.maximize(cfg.metric, cfg.direction)
     top = (max if maximize else min)(truth, key=lambda k: truth[k])
     got, base = truth.get(best["after_key"]), truth.get(best.get("before_key"))
     gap = abs(got / truth[top] - 1.0) * 100.0 if got else math.inf
-    ci = ((best.get("effect") or {}).get(str(cfg.metric)) or {}).get("ci") or [0.0, 0.0]
+    ci = ((best.get("effect") or {}).get(cfg.metric) or {}).get("ci") or [0.0, 0.0]
     resolution = max(2.0, (ci[1] - ci[0]) / 2.0)
     better = got is not None and base is not None and (got > base if maximize else got < base)
     hit = doc.get("verdict") == "found" and better and gap <= resolution
@@ -214,20 +214,21 @@ def _truth_check(truth: dict, docs: dict[str, dict], out) -> bool:
     return code_ok and system_ok
 
 
-def run(cfg: DictConfig) -> int:
-    common.check_common(cfg)
+def run(cfg: RunSettings) -> int:
+    cfg = common.check_common(cfg)
     space, settings = sweep.validate(cfg)  # the sweep step's, checked before anything is written
+    cfg = pin_run(cfg)
     run_dir, store = create_run(cfg)
     out = render.console()
     with running(store, run_dir, out) as run:
-        scenario = generate_scenario(run_dir / "scenario", int(cfg.commits), int(cfg.seed),
+        scenario = generate_scenario(run_dir / "scenario", cfg.commits, cfg.seed,
                                      DEMO_PRESET)
         truth = scenario.truth
         out.print(f"scenario: {scenario.repo} ({truth['commits']} commits; planted causes in"
                   f" {scenario.out / 'truth.json'})")
         out.print(evidence_plan.cost_line(cfg))
-        cfg.repo = str(scenario.repo)
-        cfg.good, cfg.bad, cfg.recover = truth["good"], truth["bad"], True
+        cfg = evolve(cfg, repo=str(scenario.repo), good=truth["good"], bad=truth["bad"],
+                     recover=True)
         _set_nodes(cfg, scenario.out, "reference")
         with Progress(out, done=store.trials()) as progress, \
                 Controller(cfg, store, run_dir, on_event=progress.on_event) as ctl:
@@ -235,14 +236,14 @@ def run(cfg: DictConfig) -> int:
             ref_env = json.loads((scenario.out / "reference_env.json").read_text())
             pair = _measure_pair(ctl, truth["good"], 2, out, ref_env.get("NCCL_PROTO"))
         ref = _reference(pair["EAGLE-3 (2 steps, topk 1)"], run_dir.name)
-        plan, ws = investigate.plan(cfg, reference=ref)
+        cfg, plan, ws = investigate.plan(cfg, reference=ref)
         _set_nodes(cfg, scenario.out, "now")
         out.print("\n== 2. now: sleuth investigate, from the reference to the bad commit ==")
         with Progress(out, done=store.trials()) as progress, \
                 Controller(cfg, store, run_dir, on_event=progress.on_event) as ctl:
             doc, docs = investigate.execute(cfg, ctl, run_dir, plan, ws, out, progress=progress)
         code = investigate.finish(cfg, run_dir, store, doc, out)
-        cfg.commit = truth["bad"]  # the sweep's truth: its space on the bad commit
+        cfg = evolve(cfg, commit=truth["bad"])  # the sweep's truth: its space on the bad commit
         hit = _truth_check(truth, docs, out)
         hit = _sweep_check(cfg, scenario.out, space, docs.get("sweep"), out) and hit
         explained = "the answer explains the change" if code == 0 else \

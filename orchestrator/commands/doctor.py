@@ -17,8 +17,7 @@ import tempfile
 import time
 from collections.abc import Callable
 
-from omegaconf import DictConfig
-
+from orchestrator.config.settings import RunSettings
 from orchestrator.run.rundir import runs_root
 
 Check = tuple[str, str, str]  # (status, name, detail)
@@ -105,7 +104,7 @@ def check_sglang() -> Check:
     return "ok", "sglang", importlib.metadata.version("sglang")
 
 
-def check_runs(cfg: DictConfig) -> Check:
+def check_runs(cfg: RunSettings) -> Check:
     root = runs_root(cfg)
     try:
         root.mkdir(parents=True, exist_ok=True)
@@ -118,7 +117,7 @@ def check_runs(cfg: DictConfig) -> Check:
     return status, "runs", f"{root} writable, {free_gb:.1f} GB free"
 
 
-def run(cfg: DictConfig, *, emit: Callable[[str], None] = print) -> int:
+def run(cfg: RunSettings, *, emit: Callable[[str], None] = print) -> int:
     checks: list[Check] = [check_git(), check_runs(cfg), check_ray(), check_nvml(), check_sglang()]
     for status, name, detail in checks:
         emit(f"{status:>4}  {name:<7} {detail}")

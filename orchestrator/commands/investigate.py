@@ -36,8 +36,6 @@ import dataclasses
 import json
 from pathlib import Path
 
-from omegaconf import DictConfig, OmegaConf
-
 from orchestrator.answer.provisional import so_far
 from orchestrator.commands import (
     bisect,
@@ -52,13 +50,14 @@ from orchestrator.commands.final_check import final_check
 from orchestrator.commands.investigate_answer import Plan
 from orchestrator.config import params as experiment_params
 from orchestrator.config.bisect import bisect_strategy
+from orchestrator.config.settings import RunSettings, as_dict, evolve
 from orchestrator.control.controller import Controller
 from orchestrator.errors import RunInterrupted, UserError
 from orchestrator.evidence import collect as evidence
 from orchestrator.evidence import plan as evidence_plan
 from orchestrator.metrics import check_metric
 from orchestrator.run import findings
-from orchestrator.run.rundir import create_run, running
+from orchestrator.run.rundir import create_run, pin_run, running
 from orchestrator.store import RunStore
 from orchestrator.ui import render
 from orchestrator.ui.progress import Progress
@@ -67,22 +66,24 @@ from orchestrator.ui.report.terminal import print_answer
 EXIT_INCONCLUSIVE = 3
 
 
-def plan(cfg: DictConfig, reference: dict | None = None) -> tuple[Plan, object]:
-    """Check the request and plan it; returns (plan, workspace). `reference` is given by the
-    demo (its reference trials live in the same run); otherwise `cfg.reference` names one."""
-    common.check_common(cfg)
-    check_metric(str(cfg.metric), custom=cfg.target.name == "command", target=cfg.target)
-    if not 0.5 < float(cfg.confidence) < 1.0:
+def plan(cfg: RunSettings,
+         reference: dict | None = None) -> tuple[RunSettings, Plan, object]:
+    """Check the request and plan it; returns (settings to run with, plan, workspace).
+    `reference` is given by the demo (its reference trials live in the same run); otherwise
+    `cfg.reference` names one."""
+    cfg = common.check_common(cfg)
+    check_metric(cfg.metric, custom=cfg.target.name == "command", target=as_dict(cfg.target))
+    if not 0.5 < cfg.confidence < 1.0:
         raise UserError(f"confidence must be between 0.5 and 1 (exclusive), got {cfg.confidence}")
-    if cfg.max_trials is not None and int(cfg.max_trials) < 4:
+    if cfg.max_trials is not None and cfg.max_trials < 4:
         raise UserError(f"max_trials must be at least 4 (got {cfg.max_trials})")
     for side in ("good", "bad"):
-        if cfg.get(side) is not None and not isinstance(cfg[side], str | int):
+        if getattr(cfg, side) is not None and not isinstance(getattr(cfg, side), str | int):
             raise UserError(f"investigate takes refs ({side}=REF); candidate specs such as"
                             f" {side}.commit=... are for sleuth isolate")
     if reference is None and cfg.reference:
         reference = compare.load_reference(cfg, str(cfg.reference))
-        cfg.repo = cfg.repo or reference.get("repo")
+        cfg = evolve(cfg, repo=cfg.repo or reference.get("repo"))
     if reference is None and not (cfg.good and cfg.bad):
         raise UserError("investigate needs reference=RUN (an earlier run that measured the good"
                         " state) or good=REF bad=REF")
@@ -91,31 +92,32 @@ def plan(cfg: DictConfig, reference: dict | None = None) -> tuple[Plan, object]:
         base = reference["candidate"]
         ws.resolve(base.commit)
         if reference.get("run", True) and "adopted" not in reference:
-            reference["adopted"] = compare.adopt_reference_config(cfg, reference, ws.resolve)
+            cfg, reference["adopted"] = compare.adopt_reference_config(cfg, reference,
+                                                                       ws.resolve)
         if cfg.good and ws.resolve(str(cfg.good)) != base.commit:
             raise UserError(f"the reference measured commit {base.commit[:12]}: the range starts"
                             f" there, so leave good= out (or give good={base.commit[:12]})")
     else:
-        base = common.candidate(OmegaConf.merge(cfg, {"commit": str(cfg.good)}), ws)
+        base = common.candidate(evolve(cfg, commit=str(cfg.good)), ws)
     bad = ws.resolve(str(cfg.bad)) if cfg.bad else base.commit
     commits, points, weights = [], [], None
     if bad != base.commit:
-        commits = ws.commits_between(base.commit, bad, first_parent=bool(cfg.first_parent))
+        commits = ws.commits_between(base.commit, bad, first_parent=cfg.first_parent)
         points = [dataclasses.replace(base, commit=c.sha) for c in commits]
         untouched = experiment_params.of(cfg).untouched_weight
         weights = bisect.prior_weights(commits, list(cfg.paths), ws, untouched)
         bisect_strategy(cfg, len(points), weights)  # its own checks, before anything is written
     sweep_plan = sweep.validate_inside(cfg) if cfg.recover else None
-    return Plan(reference, base, bad, commits, points, weights, sweep_plan), ws
+    return cfg, Plan(reference, base, bad, commits, points, weights, sweep_plan), ws
 
 
-def _step_cfg(cfg: DictConfig, **changes) -> DictConfig:
+def _step_cfg(cfg: RunSettings, **changes) -> RunSettings:
     """The settings one step runs with: `max_trials` is the bisect's and the isolate's budget,
     the compare keeps its own."""
-    return OmegaConf.merge(cfg, changes)
+    return evolve(cfg, changes)
 
 
-def execute(cfg: DictConfig, ctl: Controller, run_dir: Path, p: Plan, ws, out,
+def execute(cfg: RunSettings, ctl: Controller, run_dir: Path, p: Plan, ws, out,
             progress: Progress | None = None) -> tuple[dict, dict[str, dict]]:
     """Every step on a running controller; returns the investigation's document (with its
     answer) and the steps' findings documents by experiment."""
@@ -179,7 +181,7 @@ def execute(cfg: DictConfig, ctl: Controller, run_dir: Path, p: Plan, ws, out,
             ctl, [p.base, p.bad_candidate] if both else [p.bad_candidate],
             lambda rows, check: investigate_answer.answer(cfg, rows, p, docs, ws, check,
                                                           marks=marks, yardstick=yardstick),
-            experiment_params.of(cfg).final_trials, out, progress, metric=str(cfg.metric))
+            experiment_params.of(cfg).final_trials, out, progress, metric=cfg.metric)
     except (KeyboardInterrupt, RunInterrupted):
         try:  # best effort: nothing here may turn a clean stop into a crash
             done = sum(1 for r in ctl.store.trials() if r.finished)
@@ -191,23 +193,23 @@ def execute(cfg: DictConfig, ctl: Controller, run_dir: Path, p: Plan, ws, out,
         raise
     why = investigate_answer.incomplete(docs)
     if why:
-        result = so_far(result, why=why, confidence=float(cfg.confidence))
+        result = so_far(result, why=why, confidence=cfg.confidence)
     if evidence_plan.kernels_enabled(cfg) and result.get("causes"):
         out.print("\n== kernel evidence: each named cause's two sides, profiled ==")
         result["evidence"] = evidence.for_causes(
             ctl, result["causes"], p.bad_candidate, p.base,
             [docs.get("bisect"), docs.get("isolate")], ws.resolve,
-            restarts=int(cfg.evidence.restarts), max_causes=int(cfg.evidence.max_causes),
+            restarts=cfg.evidence.restarts, max_causes=cfg.evidence.max_causes,
             say=out.print)
     rows = ctl.store.trials()
-    doc = {"run": ctl.store.run_id, "experiment": "investigate", "metric": str(cfg.metric),
+    doc = {"run": ctl.store.run_id, "experiment": "investigate", "metric": cfg.metric,
            "verdict": result["status"], "message": result["sentence"], "findings": [],
            "steps": list(docs), "n_trials": len(rows), "answer": result}
     findings.write(run_dir, doc, "investigate")
     return doc, docs
 
 
-def stopped(cfg: DictConfig, ctl: Controller, run_dir: Path, p: Plan, docs: dict[str, dict],
+def stopped(cfg: RunSettings, ctl: Controller, run_dir: Path, p: Plan, docs: dict[str, dict],
             ws, out, why: str, *, marks: dict[str, int] | None = None,
             yardstick: dict | None = None) -> None:
     """An interrupted investigation stores and says its answer as far as it is known: the
@@ -221,8 +223,8 @@ def stopped(cfg: DictConfig, ctl: Controller, run_dir: Path, p: Plan, docs: dict
     rows = ctl.store.trials()
     pointing = ((docs.get("bisect") or {}).get("provisional") or {}).get("leading") or ""
     now = investigate_answer.answer(cfg, rows, p, docs, ws, marks=marks, yardstick=yardstick)
-    result = so_far(now, why=why, confidence=float(cfg.confidence), leading=pointing)
-    doc = {"run": ctl.store.run_id, "experiment": "investigate", "metric": str(cfg.metric),
+    result = so_far(now, why=why, confidence=cfg.confidence, leading=pointing)
+    doc = {"run": ctl.store.run_id, "experiment": "investigate", "metric": cfg.metric,
            "verdict": result["status"], "message": result["sentence"], "findings": [],
            "steps": list(docs), "n_trials": len(rows), "answer": result,
            "provisional": result["provisional"]}
@@ -245,7 +247,7 @@ def step_docs(run_dir: Path) -> list[dict]:
     return docs
 
 
-def finish(cfg: DictConfig, run_dir: Path, store: RunStore, doc: dict, out) -> int:
+def finish(cfg: RunSettings, run_dir: Path, store: RunStore, doc: dict, out) -> int:
     """Rank every step's findings into `findings.json`, write the report, print the answer."""
     from orchestrator.ui.report import write_report
     from orchestrator.ui.report.ranking import rank
@@ -260,22 +262,24 @@ def finish(cfg: DictConfig, run_dir: Path, store: RunStore, doc: dict, out) -> i
     return code
 
 
-def run(cfg: DictConfig) -> int:
-    p, ws = plan(cfg)
+def run(cfg: RunSettings) -> int:
+    cfg, p, ws = plan(cfg)
+    cfg = pin_run(cfg)
     run_dir, store = create_run(cfg)
     return _execute(cfg, run_dir, store, p, ws)
 
 
 def resume(run_dir: Path) -> int:
-    def prepare(cfg: DictConfig) -> tuple:
+    def prepare(cfg: RunSettings) -> tuple[RunSettings, tuple]:
         isolate.refuse_redacted(cfg, run_dir.name)
-        return plan(cfg)
+        cfg, p, ws = plan(cfg)
+        return cfg, (p, ws)
 
     store, cfg, (p, ws) = common.reopen_run(run_dir, "investigate", prepare)
     return _execute(cfg, run_dir, store, p, ws)
 
 
-def _execute(cfg: DictConfig, run_dir: Path, store: RunStore, p: Plan, ws) -> int:
+def _execute(cfg: RunSettings, run_dir: Path, store: RunStore, p: Plan, ws) -> int:
     out = render.console()
     with running(store, run_dir, out) as run:
         out.print(evidence_plan.cost_line(cfg))

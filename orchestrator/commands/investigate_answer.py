@@ -14,8 +14,6 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
-from omegaconf import DictConfig
-
 from orchestrator.answer.combine import LogChange
 from orchestrator.answer.epochs import mark_system_change
 from orchestrator.answer.phases import log_change, mechanism
@@ -24,6 +22,7 @@ from orchestrator.answer.triage import for_investigation
 from orchestrator.commands import next_step
 from orchestrator.commands.final_check import FINAL_PHASE, refreshed, total_rows
 from orchestrator.config import params as experiment_params
+from orchestrator.config.settings import RunSettings
 from orchestrator.errors import UserError
 from orchestrator.records import Candidate
 from orchestrator.run import findings
@@ -72,7 +71,7 @@ def label(cand: Candidate, commits: list[CommitInfo], ws) -> str:
     return commit_label(cand.commit, subject)
 
 
-def whole(cfg: DictConfig, rows, p: Plan) -> tuple[LogChange | None, dict]:
+def whole(cfg: RunSettings, rows, p: Plan) -> tuple[LogChange | None, dict]:
     """The change to explain: the bad commit now against the reference then (or, without a
     reference, the good and the bad commit now), pooling the run's restart noise.
 
@@ -81,7 +80,7 @@ def whole(cfg: DictConfig, rows, p: Plan) -> tuple[LogChange | None, dict]:
     (:func:`orchestrator.commands.final_check.final_check`): they ran interleaved,
     in one time window, so a host that got busier while the bisect ran (the good endpoint
     measured in the first minutes, the bad one an hour later) cannot invent a change."""
-    metric = str(cfg.metric)
+    metric = cfg.metric
     bad_key = p.bad_candidate.key
     after = findings.trial_values(rows, bad_key, metric)
     window = ""
@@ -118,13 +117,13 @@ def phase_mechanism(rows, p: Plan) -> dict:
                      before_label=label, after_label="now")
 
 
-def answer(cfg: DictConfig, rows, p: Plan, docs: dict[str, dict], ws,
+def answer(cfg: RunSettings, rows, p: Plan, docs: dict[str, dict], ws,
            check: dict | None = None, *, marks: dict[str, int] | None = None,
            yardstick: dict | None = None) -> dict:
     """The investigation's answer from the trials so far and the steps' documents, within one
     system: the latest epoch, where the bad state was measured (a node that changed during
     the run is said in the answer, with what was measured again and what is not comparable)."""
-    metric = str(cfg.metric)
+    metric = cfg.metric
     ends = [p.bad_candidate.key] if p.reference is not None else [p.base.key,
                                                                    p.bad_candidate.key]
     now_rows, total_now = total_rows(rows, ends, metric)  # never two systems pooled
@@ -190,7 +189,7 @@ def epoch_parts(rows, change: dict, marks: dict[str, int], *, total_now: bool = 
     return {"remeasured": remeasured, "not_comparable": stale}
 
 
-def code_yardstick(cfg: DictConfig, rows, p: Plan, compare_doc: dict | None) -> dict | None:
+def code_yardstick(cfg: RunSettings, rows, p: Plan, compare_doc: dict | None) -> dict | None:
     """The level the commit range is judged against when the system changed since the
     reference: the reference's own candidate measured now, not the reference's level then.
 
@@ -206,7 +205,7 @@ def code_yardstick(cfg: DictConfig, rows, p: Plan, compare_doc: dict | None) -> 
             or compare_doc.get("verdict") != "not_reproduced"
             or experiment_params.of(cfg).min_effect_pct is not None):
         return None
-    metric = str(cfg.metric)
+    metric = cfg.metric
     now = [v for v in findings.trial_values(rows, p.base.key, metric) if v > 0]
     then = [v for v in p.reference["values"].get(metric, []) if v and v > 0]
     if not now or not then:
@@ -227,7 +226,7 @@ def code_yardstick(cfg: DictConfig, rows, p: Plan, compare_doc: dict | None) -> 
                      " then)")}
 
 
-def next_step_of(cfg: DictConfig, p: Plan, docs: dict[str, dict]) -> tuple[str, str]:
+def next_step_of(cfg: RunSettings, p: Plan, docs: dict[str, dict]) -> tuple[str, str]:
     """Without a reference, a range that does not reproduce sends the user to the system:
     (a hint naming earlier runs that measured the good commit, the complete command that
     continues from the first of them). Without such a run there is no command to give yet."""

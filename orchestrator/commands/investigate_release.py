@@ -14,10 +14,9 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from omegaconf import DictConfig, OmegaConf
-
 from orchestrator.answer.text import change_label
 from orchestrator.commands import bisect, bisect_release
+from orchestrator.config.settings import RunSettings, evolve
 from orchestrator.errors import UserError
 from orchestrator.packages import plan as packages
 from orchestrator.packages.releases import releases_between
@@ -41,14 +40,13 @@ def _versions(diff: Mapping) -> tuple[str, str] | None:
     return (str(good), str(bad)) if good and bad and str(good) != str(bad) else None
 
 
-def follow(cfg: DictConfig, ctl, run_dir, isolate_doc: dict, out, progress=None
+def follow(cfg: RunSettings, ctl, run_dir, isolate_doc: dict, out, progress=None
            ) -> dict | None:
     """Search the releases of the first package the isolate named; returns the search's
     findings document (None when nothing was searched, with the reason printed)."""
-    conf = cfg.get("packages") or {}
-    if not conf.get("bisect", True):
+    if not cfg.packages.bisect:
         return None
-    for finding in harmful_packages(isolate_doc, float(cfg.confidence)):
+    for finding in harmful_packages(isolate_doc, cfg.confidence):
         diff = finding["differences"][0]
         ends = _versions(diff)
         name = str(diff.get("level_key") or diff.get("key"))
@@ -56,7 +54,7 @@ def follow(cfg: DictConfig, ctl, run_dir, isolate_doc: dict, out, progress=None
             continue
         try:
             listing = releases_between(packages.settings(cfg), name, *ends,
-                                       pre=bool((cfg.get("package") or {}).get("pre", False)),
+                                       pre=cfg.package.pre,
                                        python=packages.interpreter(cfg))
             if len(listing.versions) < 3:
                 out.print(f"{name}: the source lists no release between {ends[0]} and {ends[1]}"
@@ -72,7 +70,7 @@ def follow(cfg: DictConfig, ctl, run_dir, isolate_doc: dict, out, progress=None
             continue
         out.print(f"\n== which release of {name}: {ends[0]} -> {ends[1]} ==")
         commits, points = bisect_release.as_points(listing, base, base.package_dict)
-        step = OmegaConf.merge(cfg, {"first_parent": True, "reference": None})
+        step = evolve(cfg, first_parent=True, reference=None)
         _, doc = bisect.execute(step, ctl, run_dir, commits, points, None, out,
                                 findings_name="release", progress=progress,
                                 release=bisect_release.release_doc(listing))

@@ -22,13 +22,12 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
-from omegaconf import DictConfig, OmegaConf
-
 from orchestrator.answer.epochs import mark_system_change
 from orchestrator.commands import common, compare
 from orchestrator.commands.isolate_findings import document
 from orchestrator.commands.isolate_points import IsolatePoints
 from orchestrator.config import params as experiment_params
+from orchestrator.config.settings import RunSettings, as_dict, evolve
 from orchestrator.control.controller import Controller
 from orchestrator.control.drive import drive, replay, unreported
 from orchestrator.errors import RunInterrupted, UserError
@@ -36,7 +35,7 @@ from orchestrator.metrics import check_metric, regression_direction
 from orchestrator.packages import plan as packages
 from orchestrator.packages.pins import pins_of
 from orchestrator.run import findings
-from orchestrator.run.rundir import create_run, running
+from orchestrator.run.rundir import create_run, pin_run, running
 from orchestrator.store import RunStore
 from orchestrator.strategies.base import Verdict, probability_relation
 from orchestrator.strategies.isolate import IsolateStrategy
@@ -57,16 +56,16 @@ from orchestrator.ui.progress import Progress
 def _spec(node) -> dict:
     if node is None:
         return {}
-    if not OmegaConf.is_dict(node) and not isinstance(node, Mapping):
+    if not isinstance(node, Mapping):
         raise UserError("isolate takes candidate specs: good.commit=REF good.env.X=V bad.clock=..."
                         " (or reference=RUN)")
-    spec = OmegaConf.to_container(node, resolve=True) if OmegaConf.is_config(node) else dict(node)
+    spec = as_dict(node)
     if "patches" in spec:
         spec["patches"] = [str(Path(str(p)).expanduser().resolve()) for p in spec["patches"]]
     return spec
 
 
-def _check_changes(cfg: DictConfig, ws, good: dict, bad: dict, changes: list[Change]) -> None:
+def _check_changes(cfg: RunSettings, ws, good: dict, bad: dict, changes: list[Change]) -> None:
     """Refuse what cannot be launched before anything is written: levels (a clock part, an
     env value, a secret, a redacted record), refs, and patches that do not apply to their
     side's commit (each side as a whole: a patch that needs another one is a subset the
@@ -115,14 +114,13 @@ def _reporter(out, progress: Progress | None) -> Callable[[Verdict, int], None]:
     return plain
 
 
-def execute(cfg: DictConfig, ctl: Controller, run_dir: Path, good: dict, changes: list[Change],
+def execute(cfg: RunSettings, ctl: Controller, run_dir: Path, good: dict, changes: list[Change],
             resolve, out, findings_name: str | None = None, progress: Progress | None = None):
-    metric = str(cfg.metric)
+    metric = cfg.metric
     labels = [c.label for c in changes]
     strategy = IsolateStrategy(
-        len(changes), direction=regression_direction(metric, str(cfg.direction)),
-        confidence=float(cfg.confidence),
-        max_trials=int(cfg.max_trials) if cfg.max_trials is not None else None, labels=labels,
+        len(changes), direction=regression_direction(metric, cfg.direction),
+        confidence=cfg.confidence, max_trials=cfg.max_trials, labels=labels,
         min_effect_pct=experiment_params.of(cfg).min_effect_pct)
     check_distinct(good, changes, resolve)
     points = IsolatePoints(strategy, good, changes, resolve)
@@ -165,7 +163,7 @@ def execute(cfg: DictConfig, ctl: Controller, run_dir: Path, good: dict, changes
     return verdict, doc
 
 
-def isolate_system(cfg: DictConfig, ctl: Controller, run_dir: Path, ref: dict, cdoc: dict,
+def isolate_system(cfg: RunSettings, ctl: Controller, run_dir: Path, ref: dict, cdoc: dict,
                    resolve, out, progress: Progress | None = None
                    ) -> tuple[object, dict] | None:
     """Isolate the controllable differences a `compare` found; returns (verdict, findings doc),
@@ -219,37 +217,39 @@ def differences_from_compare(doc: Mapping) -> list[Difference]:
     return [Difference.from_json(d) for d in doc.get("differences", [])]
 
 
-def _plan(cfg: DictConfig) -> tuple[dict | None, object, dict | None, list[Change] | None]:
-    """Check the request and work out what to test: ``(reference, workspace, good, changes)``;
-    with a reference, the differences come later, from the compare."""
-    common.check_common(cfg)
-    check_metric(str(cfg.metric), target=cfg.target)
-    if not 0.5 < float(cfg.confidence) < 1.0:
+def _plan(cfg: RunSettings) -> tuple[RunSettings, dict | None, object, dict | None,
+                                     list[Change] | None]:
+    """Check the request and work out what to test: ``(settings to run with, reference,
+    workspace, good, changes)``; with a reference, the differences come later, from the
+    compare."""
+    cfg = common.check_common(cfg)
+    check_metric(cfg.metric, target=as_dict(cfg.target))
+    if not 0.5 < cfg.confidence < 1.0:
         raise UserError(f"confidence must be between 0.5 and 1 (exclusive), got {cfg.confidence}")
-    if cfg.max_trials is not None and int(cfg.max_trials) < 4:
+    if cfg.max_trials is not None and cfg.max_trials < 4:
         raise UserError(f"max_trials must be at least 4 (got {cfg.max_trials})")
     if cfg.reference:
         ref = compare.load_reference(cfg, str(cfg.reference))
-        cfg.repo = cfg.repo or ref.get("repo")
+        cfg = evolve(cfg, repo=cfg.repo or ref.get("repo"))
         ws = common.workspace(cfg)
         ws.resolve(ref["candidate"].commit)
-        ref["adopted"] = compare.adopt_reference_config(cfg, ref, ws.resolve)
+        cfg, ref["adopted"] = compare.adopt_reference_config(cfg, ref, ws.resolve)
         packages.require(cfg, ref["candidate"].package_dict)
-        return ref, ws, None, None
+        return cfg, ref, ws, None, None
     for side in ("good", "bad"):  # saved absolute, so that a resume finds them from anywhere
-        spec = _spec(cfg[side])
+        spec = _spec(getattr(cfg, side))
         if "patches" in spec:
-            cfg[side]["patches"] = spec["patches"]
+            cfg = evolve(cfg, {f"{side}.patches": spec["patches"]})
     good, changes = changes_between(*_with_fixed_pins(cfg, _spec(cfg.good), _spec(cfg.bad)))
     if not changes:
         raise UserError("good and bad are the same configuration: nothing to isolate")
     ws = common.workspace(cfg)
     bad = changes_between(*reversed(_with_fixed_pins(cfg, _spec(cfg.good), _spec(cfg.bad))))[0]
     _check_changes(cfg, ws, good, bad, changes)
-    return None, ws, good, changes
+    return cfg, None, ws, good, changes
 
 
-def _with_fixed_pins(cfg: DictConfig, good: dict, bad: dict) -> tuple[dict, dict]:
+def _with_fixed_pins(cfg: RunSettings, good: dict, bad: dict) -> tuple[dict, dict]:
     """`packages=[...]` pins both sides; a side's own pin of the same package wins."""
     fixed = packages.fixed_pins(cfg)
     if not fixed:
@@ -258,23 +258,23 @@ def _with_fixed_pins(cfg: DictConfig, good: dict, bad: dict) -> tuple[dict, dict
                  for side in (good, bad))
 
 
-def refuse_redacted(cfg: DictConfig, name: str) -> None:
+def refuse_redacted(cfg: RunSettings, name: str) -> None:
     """A stored configuration with a redacted value cannot be run again as it is: the
     secret was never written down, and launching the placeholder would measure something
     else."""
     from orchestrator.system.redact import redacted_paths
 
-    parts = {k: OmegaConf.to_container(cfg[k], resolve=True) if OmegaConf.is_config(cfg[k])
-             else cfg[k] for k in ("target", "bench", "env", "good", "bad")
-             if cfg.get(k) is not None}
+    parts = {k: as_dict(getattr(cfg, k)) for k in ("target", "bench", "env", "good", "bad")
+             if getattr(cfg, k) is not None}
     where = redacted_paths(parts)
     if where:
         raise UserError(f"{name}'s configuration held secrets that were not stored"
                         f" ({', '.join(where)}): start a new run with them on the command line")
 
 
-def run(cfg: DictConfig) -> int:
-    ref, ws, good, changes = _plan(cfg)
+def run(cfg: RunSettings) -> int:
+    cfg, ref, ws, good, changes = _plan(cfg)
+    cfg = pin_run(cfg)
     run_dir, store = create_run(cfg)
     return _execute(cfg, run_dir, store, ref, ws, good, changes)
 
@@ -283,15 +283,16 @@ def resume(run_dir: Path) -> int:
     """Finish an interrupted isolate: every finished trial is evidence again (the points are
     found back from the trials' candidates), interrupted ones are run again. With a reference,
     a compare that had finished is not repeated."""
-    def prepare(cfg: DictConfig) -> tuple:
+    def prepare(cfg: RunSettings) -> tuple[RunSettings, tuple]:
         refuse_redacted(cfg, run_dir.name)
-        return _plan(cfg)
+        cfg, ref, ws, good, changes = _plan(cfg)
+        return cfg, (ref, ws, good, changes)
 
     store, cfg, (ref, ws, good, changes) = common.reopen_run(run_dir, "isolate", prepare)
     return _execute(cfg, run_dir, store, ref, ws, good, changes)
 
 
-def _execute(cfg: DictConfig, run_dir: Path, store: RunStore, ref: dict | None, ws,
+def _execute(cfg: RunSettings, run_dir: Path, store: RunStore, ref: dict | None, ws,
              good: dict | None, changes: list[Change] | None) -> int:
     out = render.console()
     with running(store, run_dir, out) as run:
@@ -330,7 +331,7 @@ def _execute(cfg: DictConfig, run_dir: Path, store: RunStore, ref: dict | None, 
         return 0 if ok else 3
 
 
-def _compare(cfg: DictConfig, ctl: Controller, run_dir: Path, ref: dict, out,
+def _compare(cfg: RunSettings, ctl: Controller, run_dir: Path, ref: dict, out,
              progress: Progress) -> dict:
     """The reference re-measured now; a resumed run's finished compare is read back."""
     cdoc = compare.finished(run_dir)

@@ -14,8 +14,7 @@ import re
 import shlex
 from collections.abc import Iterator, Mapping
 
-from omegaconf import DictConfig, OmegaConf
-
+from orchestrator.config.settings import RunSettings, as_dict
 from orchestrator.run.rundir import runs_root
 
 CARRIED_PARTS = ("target", "bench", "trial", "cluster")
@@ -23,24 +22,21 @@ CARRIED_KEYS = ("metric", "direction", "nodes", "confidence")
 _PLAIN = re.compile(r"[\w./:@+-]*")  # a value Hydra reads as the string it is
 
 
-def command(cfg: DictConfig, name: str, *args: str) -> str:
+def command(cfg: RunSettings, name: str, *args: str) -> str:
     """`sleuth <name> <args> <this run's where and how>`, quoted for a POSIX shell."""
     default = _defaults(cfg)
     words = ["sleuth", name, *args]
-    target = str(cfg.target.get("name") or "")
+    target = cfg.target.name
     if target and target != "sglang":
         words.append(f"target={target}")
-    if cfg.get("repo"):
+    if cfg.repo:
         words.append(f"repo={cfg.repo}")
     words.append(f"runs_dir={runs_root(cfg)}")
     for key in CARRIED_KEYS:
-        if key in cfg and cfg[key] != default.get(key):
-            words.append(f"{key}={_value(cfg[key])}")
+        if getattr(cfg, key) != getattr(default, key):
+            words.append(f"{key}={_value(getattr(cfg, key))}")
     for part in CARRIED_PARTS:
-        if part not in cfg:
-            continue
-        mine = OmegaConf.to_container(cfg[part], resolve=True)
-        theirs = OmegaConf.to_container(default[part], resolve=True) if part in default else {}
+        mine, theirs = as_dict(getattr(cfg, part)), as_dict(getattr(default, part))
         for key, value in _leaves(mine):
             if part == "target" and key == "name":
                 continue
@@ -58,15 +54,15 @@ def _shell_word(word: str) -> str:
     return f'"{word}"'
 
 
-def _defaults(cfg: DictConfig) -> DictConfig:
+def _defaults(cfg: RunSettings) -> RunSettings:
     """What this command composes to without a command line but with the same target group:
     a setting that differs from it was given by the user."""
-    from orchestrator.config.compose import compose_config
+    from orchestrator.config.compose import compose_settings
 
-    group = [f"target={cfg.target.name}"] if cfg.target.get("name") else []
-    if str(cfg.target.get("name")) == "command":
+    group = [f"target={cfg.target.name}"] if cfg.target.name else []
+    if cfg.target.name == "command":
         group.append("target.bench=true")  # its one required key; the user's own differs
-    return compose_config(str(cfg.get("command") or "trial"), group)
+    return compose_settings(cfg.command or "trial", group)
 
 
 def _leaves(tree: Mapping, prefix: str = "") -> Iterator[tuple[str, object]]:

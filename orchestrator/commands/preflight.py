@@ -11,31 +11,30 @@ command, which refuses it before Ray starts as before.
 
 from __future__ import annotations
 
-from omegaconf import DictConfig
-
 from orchestrator.commands import common
+from orchestrator.config.settings import RunSettings, as_dict
 from orchestrator.metrics import check_metric
 from orchestrator.run.rundir import runs_root
 
 RANGE_COMMANDS = ("bisect", "investigate")
 
 
-def check(command: str, cfg: DictConfig) -> None:
+def check(command: str, cfg: RunSettings) -> None:
     """Raise the command's own UserError for a bad target, metric, repository, ref or range."""
     if command not in (*RANGE_COMMANDS, "trial"):
         return
-    if cfg.get("run_id") and (runs_root(cfg) / str(cfg.run_id)).exists():
+    if cfg.run_id and (runs_root(cfg) / str(cfg.run_id)).exists():
         return  # continuing a run: its stored configuration is what counts
-    common.check_common(cfg)
+    cfg = common.check_common(cfg)
     if command == "trial":
         common.workspace(cfg).resolve(str(cfg.commit))
         return
-    check_metric(str(cfg.metric), custom=cfg.target.name == "command", target=cfg.target)
-    if command == "investigate" and cfg.get("reference"):
+    check_metric(cfg.metric, custom=cfg.target.name == "command", target=as_dict(cfg.target))
+    if command == "investigate" and cfg.reference:
         return  # the reference names the repository and the good state
-    good, bad = cfg.get("good"), cfg.get("bad")
+    good, bad = cfg.good, cfg.bad
     if not isinstance(good, str) or not isinstance(bad, str) or not good or not bad:
         return  # the command says what is missing or misplaced
     ws = common.workspace(cfg)
     if ws.resolve(good) != ws.resolve(bad):  # the same commit: each command has its own word
-        ws.commits_between(good, bad, first_parent=bool(cfg.first_parent))
+        ws.commits_between(good, bad, first_parent=cfg.first_parent)

@@ -13,8 +13,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from omegaconf import DictConfig
-
+from orchestrator.config.settings import RunSettings
 from orchestrator.errors import UserError
 from orchestrator.run.rundir import find_run
 from orchestrator.ui import render
@@ -22,11 +21,11 @@ from orchestrator.ui.report import load_run, write_files
 from orchestrator.ui.report.terminal import print_report
 
 
-def run(cfg: DictConfig) -> int:
+def run(cfg: RunSettings) -> int:
     if not cfg.run_id:
         raise UserError("which run? usage: sleuth report RUN (a run id or run directory)")
     run_dir = find_run(cfg, str(cfg.run_id))
-    out_dir = Path(str(cfg.out)).expanduser().resolve() if cfg.get("out") else None
+    out_dir = Path(str(cfg.out)).expanduser().resolve() if cfg.out else None
     data = load_run(run_dir)
     console = render.console()
     if out_dir is None and not os.access(run_dir, os.W_OK):

@@ -2,15 +2,14 @@
 
 from __future__ import annotations
 
-from omegaconf import DictConfig
-
 from orchestrator.commands.common import article
+from orchestrator.config.settings import RunSettings
 from orchestrator.errors import UserError
 from orchestrator.run.rundir import find_run
 from orchestrator.store import RunStore
 
 
-def run(cfg: DictConfig) -> int:
+def run(cfg: RunSettings) -> int:
     if not cfg.run_id:
         raise UserError("which run? usage: sleuth resume RUN (a run id or run directory)")
     run_dir = find_run(cfg, str(cfg.run_id))
@@ -18,16 +17,15 @@ def run(cfg: DictConfig) -> int:
     command = store.command
     stored = store.config_yaml()
     store.close()
-    from omegaconf import OmegaConf
-
     from orchestrator.commands.isolate import refuse_redacted
+    from orchestrator.config.settings import load_saved
 
-    refuse_redacted(OmegaConf.create(stored or "{}"), run_dir.name)
+    refuse_redacted(load_saved(stored), run_dir.name)
     if command == "bisect":
         from orchestrator.commands import bisect
 
-        budget = cfg.get("max_trials")  # `sleuth resume RUN max_trials=N`: a larger budget
-        return bisect.resume(run_dir, max_trials=int(budget) if budget is not None else None)
+        # `sleuth resume RUN max_trials=N`: a larger budget
+        return bisect.resume(run_dir, max_trials=cfg.max_trials)
     if command == "isolate":
         from orchestrator.commands import isolate
 

@@ -15,8 +15,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from omegaconf import DictConfig
-
+from orchestrator.config.settings import RunSettings
 from orchestrator.errors import UserError
 from orchestrator.run.rundir import runs_root
 from orchestrator.sim_scenarios.generate import DEFAULT_PRESET, PRESETS, generate_scenario
@@ -29,14 +28,14 @@ def generate(out: Path, commits: int, seed: int, preset: str = DEFAULT_PRESET) -
     return generate_scenario(Path(out), commits, seed, preset).repo
 
 
-def run(cfg: DictConfig) -> int:
+def run(cfg: RunSettings) -> int:
     if not cfg.out:
         raise UserError(f"where to? usage: sleuth scenario out=DIR [commits=N] [seed=S]"
                         f" [preset={'|'.join(PRESETS)}], or out=DIR apply=reference|now")
     out = Path(str(cfg.out)).expanduser().resolve()
-    if cfg.get("apply"):
-        return apply(cfg, out, str(cfg.apply))
-    scenario = generate_scenario(out, int(cfg.commits), int(cfg.seed), str(cfg.preset))
+    if cfg.apply:
+        return apply(cfg, out, cfg.apply)
+    scenario = generate_scenario(out, cfg.commits, cfg.seed, cfg.preset)
     truth = scenario.truth
     print(f"repo: {scenario.repo}")
     print(f"truth: {scenario.out / 'truth.json'}")
@@ -59,7 +58,7 @@ def _state_files(out: Path, when: str) -> dict[str, Path]:
     return {what: path for what, path in found.items() if path.is_file()}
 
 
-def apply(cfg: DictConfig, out: Path, when: str) -> int:
+def apply(cfg: RunSettings, out: Path, when: str) -> int:
     """Copy the scenario's `when` state into each simulated node's state directory."""
     from orchestrator.commands.common import check_nodes_free
     from orchestrator.runner.node import held_message, holder_of
@@ -72,7 +71,7 @@ def apply(cfg: DictConfig, out: Path, when: str) -> int:
                         f" out={out} preset=system_change")
     check_nodes_free(cfg)  # every node held: refused, naming the holder
     root = runs_root(cfg) / ".nodes"
-    names = [f"local-{i}" for i in range(int(cfg.nodes))]
+    names = [f"local-{i}" for i in range(cfg.nodes)]
     for name in names:  # one held by a live run: its run's state is not ours to change
         holder = holder_of(root / name)
         if holder is not None:

@@ -16,20 +16,19 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from omegaconf import DictConfig, OmegaConf
-
 from orchestrator import answer
 from orchestrator.answer.provisional import so_far
 from orchestrator.commands import common
 from orchestrator.config import params as experiment_params
 from orchestrator.config import sweep as setup
+from orchestrator.config.settings import RunSettings, as_dict
 from orchestrator.control.controller import Controller
 from orchestrator.control.drive import observation
 from orchestrator.errors import RunInterrupted, UserError
 from orchestrator.records import Candidate
 from orchestrator.run import findings
 from orchestrator.run import sweep_findings as report
-from orchestrator.run.rundir import create_run, running, runs_root
+from orchestrator.run.rundir import create_run, pin_run, running, runs_root
 from orchestrator.store import RunStore
 from orchestrator.strategies.sweep import importance
 from orchestrator.strategies.sweep.search import (
@@ -51,16 +50,16 @@ EXIT_INCONCLUSIVE = 3
 PLAN_FILE = "sweep.json"
 
 
-def validate(cfg: DictConfig) -> tuple[SearchSpace, SweepSettings]:
+def validate(cfg: RunSettings) -> tuple[SearchSpace, SweepSettings]:
     """Every check that needs no repository: space, budget, knobs, sampler."""
     common.check_common(cfg)
     return validate_inside(cfg)
 
 
-def validate_inside(cfg: DictConfig) -> tuple[SearchSpace, SweepSettings]:
+def validate_inside(cfg: RunSettings) -> tuple[SearchSpace, SweepSettings]:
     """The sweep's own checks, for a command that runs a sweep as one of its steps (its
     shared checks are that command's)."""
-    target_conf = OmegaConf.to_container(cfg.target, resolve=True)
+    target_conf = as_dict(cfg.target)
     settings = setup.settings(cfg)
     space = setup.space(cfg, target_conf)
     if settings.sampler == "grid":
@@ -71,21 +70,23 @@ def validate_inside(cfg: DictConfig) -> tuple[SearchSpace, SweepSettings]:
     return space, settings
 
 
-def run(cfg: DictConfig) -> int:
+def run(cfg: RunSettings) -> int:
     if cfg.run_id and (runs_root(cfg) / str(cfg.run_id)).exists():
         return resume(runs_root(cfg) / str(cfg.run_id))
-    space, settings = validate(cfg)
+    cfg = common.check_common(cfg)
+    space, settings = validate_inside(cfg)
     base = common.candidate(cfg, common.workspace(cfg))
+    cfg = pin_run(cfg)
     run_dir, store = create_run(cfg)
     (run_dir / PLAN_FILE).write_text(json.dumps({"base": base.to_json()}, indent=1) + "\n")
     return _execute(cfg, run_dir, store, space, settings, base)
 
 
 def resume(run_dir: Path) -> int:
-    def prepare(cfg: DictConfig) -> tuple:
+    def prepare(cfg: RunSettings) -> tuple[RunSettings, tuple]:
         space, settings = validate(cfg)
         base = Candidate.from_json(json.loads((run_dir / PLAN_FILE).read_text())["base"])
-        return space, settings, base
+        return cfg, (space, settings, base)
 
     store, cfg, (space, settings, base) = common.reopen_run(run_dir, "sweep", prepare)
     return _execute(cfg, run_dir, store, space, settings, base)
@@ -110,15 +111,15 @@ def _progress_state(search: SweepSearch) -> tuple[str, str | None]:
     return "searching", leaders[0].label if leaders else None
 
 
-def execute(cfg: DictConfig, ctl: Controller, run_dir: Path, space: SearchSpace,
+def execute(cfg: RunSettings, ctl: Controller, run_dir: Path, space: SearchSpace,
             settings: SweepSettings, base: Candidate, out,
             progress: Progress | None = None,
             findings_name: str | None = None) -> tuple[SweepResult, dict]:
     """Run (or continue) the sweep on a running controller; returns the result and the
     findings document (the caller writes it: a run holding several experiments names it
     `findings_name`). Interrupted, it writes its answer so far there itself."""
-    metric = str(cfg.metric)
-    target_conf = OmegaConf.to_container(cfg.target, resolve=True)
+    metric = cfg.metric
+    target_conf = as_dict(cfg.target)
     sampler = make_sampler(settings.sampler, space, seed=settings.seed,
                            budget=settings.budget,
                            startup=settings.startup)
@@ -165,7 +166,7 @@ def execute(cfg: DictConfig, ctl: Controller, run_dir: Path, space: SearchSpace,
         # Best effort: nothing here may turn a clean stop into a crash.
         try:
             doc = stopped_findings(ctl, search, metric, f"interrupted after {search.spent}"
-                                   " restarts", float(cfg.get("confidence") or 0.99))
+                                   " restarts", cfg.confidence)
             findings.write(run_dir, doc, findings_name)
             if findings_name is None:  # its own run (an investigation says the whole answer)
                 out.print("")
@@ -221,7 +222,7 @@ def stopped_findings(ctl: Controller, search: SweepSearch, metric: str, why: str
     return doc
 
 
-def _execute(cfg: DictConfig, run_dir: Path, store: RunStore, space: SearchSpace,
+def _execute(cfg: RunSettings, run_dir: Path, store: RunStore, space: SearchSpace,
              settings: SweepSettings, base: Candidate) -> int:
     out = render.console()
     with running(store, run_dir, out) as run:

@@ -11,11 +11,10 @@ otherwise (the trials that did measure are kept and usable as a reference).
 
 from __future__ import annotations
 
-from omegaconf import DictConfig
-
 from orchestrator.commands import common
+from orchestrator.config.settings import RunSettings, evolve
 from orchestrator.control.controller import Controller
-from orchestrator.run.rundir import create_run, running
+from orchestrator.run.rundir import create_run, pin_run, running
 from orchestrator.ui import render
 
 
@@ -29,12 +28,13 @@ def nodes_for(restarts: int, asked: int) -> tuple[int, str | None]:
     return used, None
 
 
-def run(cfg: DictConfig) -> int:
-    common.check_common(cfg)
+def run(cfg: RunSettings) -> int:
+    cfg = common.check_common(cfg)
     ws = common.workspace(cfg)
     cand = common.candidate(cfg, ws)
-    restarts = int(cfg.restarts)
-    cfg.nodes, why = nodes_for(restarts, int(cfg.nodes))
+    restarts = cfg.restarts
+    nodes, why = nodes_for(restarts, cfg.nodes)
+    cfg = pin_run(evolve(cfg, nodes=nodes))
     run_dir, store = create_run(cfg)
     out = render.console()
     with running(store, run_dir, out) as run:

@@ -8,16 +8,15 @@ own use of the report).
 
 from __future__ import annotations
 
-from omegaconf import DictConfig
-
 from orchestrator.config import params as experiment_params
+from orchestrator.config.schema import RunSettings
 from orchestrator.metrics import regression_direction
 from orchestrator.strategies.bisect import BisectStrategy
 from orchestrator.workspace import CommitInfo
 from orchestrator.workspace.commits import parent_points
 
 
-def bisect_strategy(cfg: DictConfig, n: int, weights: list[float] | None,
+def bisect_strategy(cfg: RunSettings, n: int, weights: list[float] | None,
                     commits: list[CommitInfo] | None = None, replay: bool = False,
                     reference_value: float | None = None,
                     noise_prior: tuple[float, float] | None = None) -> BisectStrategy:
@@ -28,14 +27,13 @@ def bisect_strategy(cfg: DictConfig, n: int, weights: list[float] | None,
     trial's noise as the node's earlier runs measured it, ``(sigma, df)`` on the log scale."""
     params = experiment_params.of(cfg)
     parents = assumed_good = None
-    if commits is not None and not cfg.get("first_parent", True):
+    if commits is not None and not cfg.first_parent:
         parents, assumed_good = parent_points(commits)
-    max_trials = int(cfg.max_trials) if cfg.max_trials is not None else None
     return BisectStrategy(
         n,
-        direction=regression_direction(str(cfg.metric), str(cfg.direction)),
-        confidence=float(cfg.confidence),
-        max_trials=10**9 if replay else max_trials,
+        direction=regression_direction(cfg.metric, cfg.direction),
+        confidence=cfg.confidence,
+        max_trials=10**9 if replay else cfg.max_trials,
         prior_weights=weights,
         min_effect_pct=params.min_effect_pct,
         parents=parents,

@@ -31,7 +31,7 @@ def check_values(cfg: DictConfig) -> None:
     """Raise a one-line UserError for the first value the schema does not allow."""
     values = OmegaConf.to_container(cfg, resolve=True)
     assert isinstance(values, dict)
-    _check_dataclass(schema.Config, values, "")
+    _check_dataclass(schema.RunSettings, values, "")
     target = values.get("target") or {}
     target_schema = schema.TARGET_SCHEMAS.get(str(target.get("name", "")))
     if target_schema is not None:

@@ -11,15 +11,30 @@ import re
 from pathlib import Path
 
 from hydra import compose, initialize_config_dir
+from hydra.core.config_store import ConfigStore
 from hydra.core.global_hydra import GlobalHydra
 from omegaconf import DictConfig, OmegaConf
 
+from orchestrator.config import schema
 from orchestrator.config.checks import check_values
 from orchestrator.config.overrides import check_overrides
-from orchestrator.config.schema import register
+from orchestrator.config.settings import RunSettings, settings_of, writable
 from orchestrator.errors import UserError
 
 CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
+
+
+def register(cs: ConfigStore | None = None) -> None:
+    """Put the schemas where the YAML defaults lists (`- base_<name>`) find them."""
+    cs = cs or ConfigStore.instance()
+    cs.store(name="base_config", node=writable(schema.RunSettings))
+    cs.store(group="target", name="base_sim", node=writable(schema.SimTargetConf))
+    cs.store(group="target", name="base_sglang", node=writable(schema.SglangTargetConf))
+    cs.store(group="target", name="base_command", node=writable(schema.CommandTargetConf))
+    cs.store(group="bench", name="base_bench", node=writable(schema.BenchConf))
+    cs.store(group="cluster", name="base_cluster", node=writable(schema.ClusterConf))
+    cs.store(group="experiment", name="base_experiment", node=writable(schema.ExperimentConf))
+    cs.store(group="space", name="base_space", node=writable(schema.SpaceConf))
 
 
 def _first_line(exc: BaseException) -> str:
@@ -203,6 +218,12 @@ def compose_config(
             cfg.metric = default_metric
     check_values(cfg)  # numbers and names, once, for every command
     return cfg
+
+
+def compose_settings(command: str, overrides: list[str], *,
+                     config_dir: str | Path | None = None) -> RunSettings:
+    """The typed settings of `compose_config`'s configuration (what every command runs with)."""
+    return settings_of(compose_config(command, overrides, config_dir=config_dir))
 
 
 def to_yaml(cfg: DictConfig) -> str:

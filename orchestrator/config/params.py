@@ -24,7 +24,7 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from orchestrator.config.schema import Bounds
+from orchestrator.config.schema import Bounds, RunSettings
 from orchestrator.errors import UserError
 
 IMPORTANCE_EVALUATORS = ("additive", "fanova", "mdi", "ped_anova")
@@ -147,9 +147,11 @@ def parse(values: Mapping[str, Any] | None) -> ExperimentParams:
     return ExperimentParams(**converted)
 
 
-def of(cfg: DictConfig) -> ExperimentParams:
+def of(cfg: RunSettings | DictConfig) -> ExperimentParams:
     """The run's knobs. The configuration was checked at composition, so this only converts;
     a stored config of an older run is checked the same way."""
+    if isinstance(cfg, RunSettings):
+        return parse(cfg.experiment.params)
     experiment = cfg.get("experiment")
     raw = experiment.get("params") if experiment is not None else None
     values = OmegaConf.to_container(raw, resolve=True) if isinstance(raw, DictConfig) else raw

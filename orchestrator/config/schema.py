@@ -13,6 +13,11 @@ Groups (one YAML file per option under `conf/<group>/`):
   experiment/  strategy tuning for the command (`trial`, `bisect`, ...).
   space/       search spaces for `sleuth sweep` (`nccl_pcie`, `spec_decode`); none by default.
 
+Every class is a frozen dataclass: the same classes are the typed settings every layer reads
+(`orchestrator/config/settings.py` builds them once from the composed config), so a value is
+replaced (`settings.evolve`), never changed in place. Hydra composes over writable copies of
+them (`orchestrator/config/compose.py: register`).
+
 Values are range-checked here too, once, for every command: a field declared with `ranged(...)`
 or `choice(...)` carries its bounds in its metadata, every float must be finite, and
 `orchestrator/config/checks.py` walks the composed config against them before any command
@@ -26,7 +31,6 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING
 
 
@@ -76,7 +80,7 @@ def choice(default: Any, *options: Any) -> Any:
 MAX_TOKENS = 1 << 20
 
 
-@dataclass
+@dataclass(frozen=True)
 class TargetConf:
     """Fields every target has; each target's schema extends it."""
 
@@ -95,7 +99,7 @@ class TargetConf:
     env: dict[str, str] = field(default_factory=dict)
 
 
-@dataclass
+@dataclass(frozen=True)
 class SimTargetConf(TargetConf):
     """The embedded simulated SGLang node (`python -m orchestrator.targets.sim`)."""
 
@@ -128,7 +132,7 @@ class SimTargetConf(TargetConf):
     sglang_version: str = ""
 
 
-@dataclass
+@dataclass(frozen=True)
 class SglangTargetConf(TargetConf):
     """A real SGLang server (`python -m sglang.launch_server`), or the sim behind the same
     adapter with `engine: sim` (`launcher=sim` on the command line)."""
@@ -174,7 +178,7 @@ class SglangTargetConf(TargetConf):
     gpu_state: str = ""
 
 
-@dataclass
+@dataclass(frozen=True)
 class CommandTargetConf(TargetConf):
     """Any repository with a benchmark command (see orchestrator/targets/command.py)."""
 
@@ -198,7 +202,7 @@ class CommandTargetConf(TargetConf):
     build_timeout_s: float = ranged(3600.0, gt=0)
 
 
-@dataclass
+@dataclass(frozen=True)
 class BenchConf:
     """A fixed, seeded request set: the same prompts and output length in every repetition."""
 
@@ -220,7 +224,7 @@ class BenchConf:
     request_timeout_s: float = ranged(60.0, gt=0)
 
 
-@dataclass
+@dataclass(frozen=True)
 class ClusterConf:
     """Where trials run. `local` starts a private Ray instance bound to loopback."""
 
@@ -234,7 +238,7 @@ class ClusterConf:
     rejoin_timeout_s: float = ranged(600.0, ge=0)
 
 
-@dataclass
+@dataclass(frozen=True)
 class TrialConf:
     """Limits of one server lifetime."""
 
@@ -249,7 +253,7 @@ class TrialConf:
     profile: bool = False
 
 
-@dataclass
+@dataclass(frozen=True)
 class EvidenceConf:
     """Evidence below the phase, after the answer (orchestrator/evidence): each named cause's
     two sides are profiled with `restarts` server restarts each and their kernels diffed.
@@ -261,7 +265,7 @@ class EvidenceConf:
     max_causes: int = ranged(3, ge=1, le=20)
 
 
-@dataclass
+@dataclass(frozen=True)
 class CacheConf:
     """The worktree cache under `runs_dir/.cache/worktrees` (one checkout per commit + patch
     set), bounded: past `max_gb` the least recently used checkouts are removed."""
@@ -269,7 +273,7 @@ class CacheConf:
     max_gb: float = ranged(20.0, gt=0)
 
 
-@dataclass
+@dataclass(frozen=True)
 class PackagesConf:
     """The `packages` factor's settings (see `orchestrator/packages`, docs/packages.md).
 
@@ -291,7 +295,7 @@ class PackagesConf:
     bisect: bool = True
 
 
-@dataclass
+@dataclass(frozen=True)
 class PackageSearchConf:
     """`sleuth bisect package=NAME good=V1 bad=V2`: the releases of one package searched like
     commits (see `orchestrator/packages/releases.py`). `package=NAME` sets `name`."""
@@ -300,13 +304,15 @@ class PackageSearchConf:
     pre: bool = False  # pre-releases and development releases take part too
 
 
-@dataclass
+@dataclass(frozen=True)
 class ExperimentConf:
+    """The experiment's name and its knobs (typed in `orchestrator/config/params.py`)."""
+
     name: str = "trial"
     params: dict[str, Any] = field(default_factory=dict)
 
 
-@dataclass
+@dataclass(frozen=True)
 class SpaceParamConf:
     """One dimension of a sweep's search space (see `orchestrator/strategies/sweep/space.py`).
 
@@ -328,7 +334,7 @@ class SpaceParamConf:
     when: dict[str, list[Any]] = field(default_factory=dict)
 
 
-@dataclass
+@dataclass(frozen=True)
 class SpaceConf:
     """A named search space for `sleuth sweep` (`conf/space/<name>.yaml`)."""
 
@@ -337,9 +343,11 @@ class SpaceConf:
     params: dict[str, SpaceParamConf] = field(default_factory=dict)
 
 
-@dataclass
-class Config:
-    """Top level. Candidate keys (repo, commit, patches, env, clock) describe what to run."""
+@dataclass(frozen=True)
+class RunSettings:
+    """Top level: the run's whole typed settings tree (`orchestrator/config/settings.py` builds
+    it from the composed config). Candidate keys (repo, commit, patches, env, clock) describe
+    what to run."""
 
     command: str = "trial"
     run_id: str | None = None
@@ -394,20 +402,8 @@ class Config:
     evidence: EvidenceConf = field(default_factory=EvidenceConf)
 
 
-# The schema of `target` by its name (`target` itself is `Any` in Config: each group option
-# brings its own).
+# The schema of `target` by its name (`target` itself is `Any` in RunSettings: each group
+# option brings its own, and the typed tree holds an instance of that class).
 TARGET_SCHEMAS: dict[str, type] = {
     "sim": SimTargetConf, "sglang": SglangTargetConf, "command": CommandTargetConf}
 
-
-def register(cs: ConfigStore | None = None) -> None:
-    """Put the schemas where the YAML defaults lists (`- base_<name>`) find them."""
-    cs = cs or ConfigStore.instance()
-    cs.store(name="base_config", node=Config)
-    cs.store(group="target", name="base_sim", node=SimTargetConf)
-    cs.store(group="target", name="base_sglang", node=SglangTargetConf)
-    cs.store(group="target", name="base_command", node=CommandTargetConf)
-    cs.store(group="bench", name="base_bench", node=BenchConf)
-    cs.store(group="cluster", name="base_cluster", node=ClusterConf)
-    cs.store(group="experiment", name="base_experiment", node=ExperimentConf)
-    cs.store(group="space", name="base_space", node=SpaceConf)

@@ -22,9 +22,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from omegaconf import DictConfig, OmegaConf
-
 from orchestrator.config import params as experiment_params
+from orchestrator.config.schema import RunSettings
+from orchestrator.config.settings import as_dict
 from orchestrator.errors import UserError
 from orchestrator.metrics import check_metric
 from orchestrator.strategies.sweep.search import SweepSettings
@@ -44,18 +44,18 @@ def maximize(metric: str, direction: str) -> bool:
     raise UserError(f"direction must be auto, maximize or minimize (got {direction!r})")
 
 
-def settings(cfg: DictConfig) -> SweepSettings:
+def settings(cfg: RunSettings) -> SweepSettings:
     """The sweep's settings from the run's typed knobs (`orchestrator/config/params.py`
     checked each one's type and range at composition); what is left here is what depends on
     the rest of the configuration."""
     p = experiment_params.of(cfg)
     s = SweepSettings(
-        budget=int(cfg.trials), maximize=maximize(str(cfg.metric), str(cfg.direction)),
+        budget=cfg.trials, maximize=maximize(cfg.metric, cfg.direction),
         restarts=p.restarts, startup=p.startup, intensify=p.intensify, leaders=p.leaders,
         prior_effect_sd=p.prior_effect_sd, interaction_sd=p.interaction_sd,
         confirm_top=p.confirm_top, confirm_rounds=p.confirm_rounds,
         confirm_min_rounds=p.confirm_min_rounds, prune=p.prune, prune_sigmas=p.prune_sigmas,
-        prior_cv=p.prior_cv, sampler=str(cfg.sampler), seed=int(cfg.seed))
+        prior_cv=p.prior_cv, sampler=cfg.sampler, seed=cfg.seed)
     if s.sampler not in SAMPLERS:
         raise UserError(f"sampler must be one of {', '.join(SAMPLERS)} (got {s.sampler!r})")
     minimum = 2 * s.restarts + 4
@@ -65,8 +65,8 @@ def settings(cfg: DictConfig) -> SweepSettings:
     return s
 
 
-def space(cfg: DictConfig, target_conf: Mapping[str, Any]) -> SearchSpace:
-    conf = OmegaConf.to_container(cfg.space, resolve=True) if cfg.get("space") else None
+def space(cfg: RunSettings, target_conf: Mapping[str, Any]) -> SearchSpace:
+    conf = as_dict(cfg.space) if cfg.space is not None else None
     result = SearchSpace.from_conf(conf)
     check_server_params(result, target_conf)
     return result

@@ -19,13 +19,13 @@ import dataclasses
 import signal
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
 import ray
-from omegaconf import DictConfig, OmegaConf
 
+from orchestrator.config.settings import RunSettings, as_dict
 from orchestrator.control.concurrency import HeldBack
 from orchestrator.control.node_pool import NodePool, first_line
 from orchestrator.control.ray_cluster import (
@@ -39,6 +39,7 @@ from orchestrator.control.specs import cache_max_bytes, trial_spec
 from orchestrator.errors import DiskFull
 from orchestrator.packages import plan as packages
 from orchestrator.records import RETRYABLE, Candidate, Outcome, TrialResult
+from orchestrator.run.rundir import runs_root
 from orchestrator.runner.trial_checks import NO_SPACE, is_no_space
 from orchestrator.store import RunStore, TrialRow
 from orchestrator.system import wallclock
@@ -81,7 +82,7 @@ class _Queued:
 class Controller:
     def __init__(
         self,
-        cfg: DictConfig,
+        cfg: RunSettings,
         store: RunStore,
         run_dir: Path,
         *,
@@ -90,7 +91,7 @@ class Controller:
         self.cfg = cfg
         self.store = store
         self.run_dir = run_dir
-        self.runs_dir = Path(cfg.runs_dir)
+        self.runs_dir = runs_root(cfg)
         sink = on_event or (lambda _msg: None)
         self.on_event = lambda msg: sink(printable(msg, newlines=False))
         self.pool = NodePool(cfg, self.runs_dir, store.run_id, clock_policies(cfg), self.on_event)
@@ -99,7 +100,7 @@ class Controller:
         self._queue: list[_Queued] = []
         self._held_back = HeldBack()  # fewer trials at once than nodes: said once, with why
         self._candidate_ids: dict[str, int] = {}
-        self.retries = int(cfg.trial.retries)
+        self.retries = cfg.trial.retries
         self._interrupted = False
         self._starting = False
         self._old_handlers: dict[int, object] = {}
@@ -148,8 +149,7 @@ class Controller:
         self._install_signals()
         try:
             self.store.ensure_reserve()
-            start_ray(OmegaConf.to_container(self.cfg.cluster, resolve=True),
-                      nodes=int(self.cfg.nodes))
+            start_ray(as_dict(self.cfg.cluster), nodes=self.cfg.nodes)
             # Again after Ray starts: ray.init installs its own SIGTERM handler (it logs
             # "SIGTERM received" and kills the process), which would replace ours, and a
             # SIGTERM would then end the run as killed, neither recorded interrupted nor
@@ -380,17 +380,15 @@ class Controller:
         return f"trial {inflight.trial_id} on {inflight.node} {what} in {took:.1f}s{extra}"
 
 
-def clock_policies(cfg: DictConfig) -> list[str]:
+def clock_policies(cfg: RunSettings) -> list[str]:
     """Every clock policy the configuration asks for (the run's, each side's of an isolate, a
     sweep's clock levels): each node checks them against its GPUs before the first trial."""
-    out = {str(cfg.get("clock") or "default")}
-    for side in ("good", "bad"):
-        spec = cfg.get(side)
-        if OmegaConf.is_dict(spec) and spec.get("clock"):
-            out.add(str(spec.get("clock")))
-    space = cfg.get("space")
-    if OmegaConf.is_dict(space) and space.get("params"):
-        for param in space.params.values():
-            if param.get("kind") == "clock":
-                out.update(str(v) for v in param.get("values") or [] if v is not None)
+    out = {str(cfg.clock or "default")}
+    for side in (cfg.good, cfg.bad):
+        if isinstance(side, Mapping) and side.get("clock"):
+            out.add(str(side.get("clock")))
+    if cfg.space is not None:
+        for param in cfg.space.params.values():
+            if param.kind == "clock":
+                out.update(str(v) for v in param.values if v is not None)
     return sorted(out)

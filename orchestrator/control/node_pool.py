@@ -17,8 +17,8 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 
 import ray
-from omegaconf import DictConfig, OmegaConf
 
+from orchestrator.config.settings import RunSettings
 from orchestrator.control.ray_cluster import NODE_RESOURCE, node_name, sleuth_nodes
 from orchestrator.errors import NodeBusy, NodesLost, UserError
 from orchestrator.runner.node import NodeRunner, held_message
@@ -32,14 +32,14 @@ REPLACEMENT_WAIT_S = 15.0
 
 
 class NodePool:
-    def __init__(self, cfg: DictConfig, runs_dir: Path, run_id: str, clocks: list[str],
+    def __init__(self, cfg: RunSettings, runs_dir: Path, run_id: str, clocks: list[str],
                  on_event: Callable[[str], None]):
         self.cfg = cfg
         self.runs_dir = runs_dir
         self.run_id = run_id
         self.clocks = clocks
         self.on_event = on_event
-        self.want = int(cfg.nodes)
+        self.want = cfg.nodes
         self.actors: dict[str, object] = {}  # ready to run trials
         # cluster=ray: node name -> (Ray node id, address) the node's actor is pinned to.
         self.placement: dict[str, tuple[str, str]] = {}
@@ -100,8 +100,7 @@ class NodePool:
         return name
 
     def _new_actor(self, name: str, adopt: tuple[str, ...] = (), wait_s: float = 0.0):
-        target = OmegaConf.to_container(self.cfg.target, resolve=True)
-        bench = OmegaConf.to_container(self.cfg.bench, resolve=True)
+        target, bench = self.cfg.target, self.cfg.bench
         state_dir = self.runs_dir / ".nodes" / name
         options: dict = {"num_cpus": 0, "max_concurrency": 4, "max_restarts": 0}
         if name in self.placement:  # pinned to its Ray node; the resource admits one actor
@@ -150,7 +149,7 @@ class NodePool:
         if self.actors:
             self._alone_since = None
             return
-        wait_s = float(self.cfg.cluster.get("rejoin_timeout_s", 600.0))
+        wait_s = self.cfg.cluster.rejoin_timeout_s
         if self._alone_since is None:
             self._alone_since = now
             self.on_event(f"no node left: waiting up to {wait_s:g}s for a sleuth node to join")

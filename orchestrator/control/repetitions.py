@@ -15,6 +15,7 @@ import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
+from orchestrator.config.schema import BenchConf
 from orchestrator.run.cost import cost_model, describe_cost, gpu_minutes, simulated
 from orchestrator.run.noise_prior import NoisePrior, logs_by_candidate
 from orchestrator.stats.repetition_plan import CostModel, RepetitionPlan, plan_repetitions
@@ -34,12 +35,10 @@ class RepetitionSettings:
     prior: bool = True  # start from the node's earlier runs where runs_dir has them
 
     @classmethod
-    def from_conf(cls, bench: Mapping) -> RepetitionSettings:
-        start = int(bench.get("repetitions", 3))
-        lo = int(bench.get("min_repetitions", 1))
-        hi = max(int(bench.get("max_repetitions", 32)), lo)
-        return cls(start, bool(bench.get("adaptive_repetitions", True)), lo, hi,
-                   bool(bench.get("noise_prior", True)))
+    def from_conf(cls, bench: BenchConf) -> RepetitionSettings:
+        lo = bench.min_repetitions
+        return cls(bench.repetitions, bench.adaptive_repetitions, lo,
+                   max(bench.max_repetitions, lo), bench.noise_prior)
 
     def describe(self) -> str:
         if not self.adaptive:

@@ -8,39 +8,38 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from omegaconf import DictConfig
-
+from orchestrator.config.settings import RunSettings
 from orchestrator.evidence.plan import profile_extra
 from orchestrator.packages import plan as packages
 from orchestrator.records import Candidate
+from orchestrator.run.rundir import runs_root
 from orchestrator.runner.trial import TrialSpec
 
 
-def cache_max_bytes(cfg: DictConfig) -> int | None:
+def cache_max_bytes(cfg: RunSettings) -> int | None:
     """`cache.max_gb` in bytes (None: uncapped)."""
-    cache = cfg.get("cache") or {}
-    gb = cache.get("max_gb") if hasattr(cache, "get") else None
+    gb = cfg.cache.max_gb
     return int(float(gb) * 2**30) if gb else None
 
 
-def trial_spec(cfg: DictConfig, run_dir: Path, trial_id: int, candidate: Candidate,
+def trial_spec(cfg: RunSettings, run_dir: Path, trial_id: int, candidate: Candidate,
                phase: str = "", repetitions: int | None = None, *,
                overlays: dict | None = None, max_bytes: int | None = None) -> TrialSpec:
     """``repetitions``: this trial's benchmark repetitions (default ``bench.repetitions``);
     ``overlays`` / ``max_bytes``: precomputed package-overlay settings and cache cap (a
     controller computes them once), else read from ``cfg``."""
-    runs_dir = Path(cfg.runs_dir)
+    runs_dir = runs_root(cfg)
     return TrialSpec(
         trial_id=trial_id,
         candidate=candidate,
         repo=str(cfg.repo),
         cache_dir=str(runs_dir / ".cache" / "worktrees"),
         trial_dir=str(run_dir / "trials" / str(trial_id)),
-        ready_timeout_s=float(cfg.trial.ready_timeout_s),
-        grace_s=float(cfg.trial.grace_s),
-        telemetry_interval_s=float(cfg.trial.telemetry_interval_s),
+        ready_timeout_s=cfg.trial.ready_timeout_s,
+        grace_s=cfg.trial.grace_s,
+        telemetry_interval_s=cfg.trial.telemetry_interval_s,
         repetitions=int(repetitions if repetitions is not None else cfg.bench.repetitions),
-        warmup_requests=int(cfg.bench.warmup_requests),
+        warmup_requests=cfg.bench.warmup_requests,
         phase=phase,
         cache_max_bytes=max_bytes if max_bytes is not None else cache_max_bytes(cfg),
         extra={"packages": overlays if overlays is not None

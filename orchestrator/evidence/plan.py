@@ -7,58 +7,44 @@ costs `evidence.restarts` real server restarts; the run's first lines state that
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from typing import Any
 
-from omegaconf import DictConfig, OmegaConf
+from orchestrator.config.settings import RunSettings
 
 KERNELS_PHASE = "kernels"  # the phase of the profiling trials after the answer
 
 
-def _get(cfg: Any, dotted: str, default: Any = None) -> Any:
-    """`cfg` at a dotted key (a DictConfig or a plain mapping), `default` when absent or null."""
-    if isinstance(cfg, DictConfig):
-        value = OmegaConf.select(cfg, dotted, default=None)
-    else:
-        value = cfg
-        for part in dotted.split("."):
-            value = value.get(part) if isinstance(value, Mapping) else None
-    return default if value is None else value
-
-
-def target_name(cfg: Any) -> str:
-    name = str(_get(cfg, "target.name", "") or "")
-    if name == "sglang" and str(_get(cfg, "target.engine", "") or "") == "sim":
+def target_name(cfg: RunSettings) -> str:
+    name = cfg.target.name
+    if name == "sglang" and getattr(cfg.target, "engine", None) == "sim":
         return "sim"  # target=sglang launcher=sim: the simulator behind the real adapter
     return name
 
 
-def kernels_enabled(cfg: Any) -> bool:
+def kernels_enabled(cfg: RunSettings) -> bool:
     """`evidence.kernels`, or the target's default when it is null."""
-    value = _get(cfg, "evidence.kernels")
-    if value is None:
+    if cfg.evidence.kernels is None:
         return target_name(cfg) == "sim"
-    return bool(value)
+    return cfg.evidence.kernels
 
 
-def settings(cfg: Any) -> dict[str, Any]:
+def settings(cfg: RunSettings) -> dict[str, Any]:
     """The profile settings a trial carries (`TrialSpec.extra["profile"]`)."""
-    n = _get(cfg, "evidence.requests")
-    return {"requests": int(n) if n else int(_get(cfg, "bench.requests", 4))}
+    return {"requests": cfg.evidence.requests or cfg.bench.requests}
 
 
-def profile_extra(cfg: Any, phase: str) -> dict[str, Any]:
+def profile_extra(cfg: RunSettings, phase: str) -> dict[str, Any]:
     """`{"profile": settings}` for a trial that takes a profile: every trial with
     `trial.profile=true`, and the kernel-evidence trials; else nothing."""
-    if phase == KERNELS_PHASE or bool(_get(cfg, "trial.profile", False)):
+    if phase == KERNELS_PHASE or cfg.trial.profile:
         return {"profile": settings(cfg)}
     return {}
 
 
-def cost_line(cfg: Any, n_causes_max: int | None = None) -> str:
+def cost_line(cfg: RunSettings, n_causes_max: int | None = None) -> str:
     """The run's first-lines statement of what kernel evidence will cost (or that it is off)."""
-    restarts = int(_get(cfg, "evidence.restarts", 3))
-    causes = int(n_causes_max or _get(cfg, "evidence.max_causes", 3))
+    restarts = cfg.evidence.restarts
+    causes = int(n_causes_max or cfg.evidence.max_causes)
     if not kernels_enabled(cfg):
         return ("kernel evidence: off (evidence.kernels=true profiles each named cause's two "
                 f"sides after the answer: {2 * restarts} server restarts per cause, up to "

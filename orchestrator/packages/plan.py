@@ -18,8 +18,7 @@ import sys
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 
-from omegaconf import DictConfig
-
+from orchestrator.config.settings import RunSettings, evolve
 from orchestrator.errors import UserError
 from orchestrator.packages.overlay import (
     OVERLAYS_DIRNAME,
@@ -34,61 +33,51 @@ NO_SOURCE = ("not tested: no package source: give packages.find_links=DIR of whe
              " packages.index_url=URL")
 
 
-def _conf(cfg: DictConfig):
-    return cfg.get("packages") or {}
-
-
-def check_settings(cfg: DictConfig) -> None:
-    """The pins parse and the wheel directory exists; its path is stored absolute (a resumed
-    run and every node find it from anywhere)."""
-    conf = _conf(cfg)
-    if not conf:
-        return
-    pins_of(list(conf.get("pins") or []))
-    links = str(conf.get("find_links") or "")
+def check_settings(cfg: RunSettings) -> RunSettings:
+    """The pins parse and the wheel directory exists; the settings returned hold its path
+    absolute (a resumed run and every node find it from anywhere)."""
+    pins_of(list(cfg.packages.pins))
+    links = cfg.packages.find_links
     if links:
         path = Path(links).expanduser().resolve()
         if not path.is_dir():
             raise UserError(f"packages.find_links={links}: not a directory of wheels")
-        cfg.packages.find_links = str(path)
+        cfg = evolve(cfg, {"packages.find_links": str(path)})
+    return cfg
 
 
-def settings(cfg: DictConfig) -> OverlaySettings:
-    conf = _conf(cfg)
-    gb = conf.get("max_gb") if conf else None
-    links = str(conf.get("find_links") or "") if conf else ""
+def settings(cfg: RunSettings) -> OverlaySettings:
+    conf = cfg.packages
+    gb = conf.max_gb
     return OverlaySettings(
         root=str(runs_root(cfg) / ".cache" / OVERLAYS_DIRNAME),
-        find_links=(links,) if links else (),
-        index_url=str(conf.get("index_url") or "") if conf else "",
-        pip_args=tuple(str(a) for a in (conf.get("pip_args") or [])) if conf else (),
+        find_links=(conf.find_links,) if conf.find_links else (),
+        index_url=conf.index_url,
+        pip_args=tuple(str(a) for a in conf.pip_args),
         max_bytes=int(float(gb) * 2**30) if gb else None,
-        timeout_s=float(conf.get("timeout_s") or 1800.0) if conf else 1800.0,
+        timeout_s=float(conf.timeout_s or 1800.0),
     )
 
 
-def fixed_pins(cfg: DictConfig) -> dict[str, str]:
+def fixed_pins(cfg: RunSettings) -> dict[str, str]:
     """`packages=[...]`: pins every candidate of the run gets."""
-    return pins_of(list((_conf(cfg) or {}).get("pins") or []))
+    return pins_of(list(cfg.packages.pins))
 
 
-def interpreter(cfg: DictConfig) -> str:
+def interpreter(cfg: RunSettings) -> str:
     """The interpreter the target's servers run (overlays are built for it)."""
-    from omegaconf import OmegaConf
-
     from orchestrator.targets.base import NodeContext
     from orchestrator.targets.registry import make_target
 
-    conf = OmegaConf.to_container(cfg.target, resolve=True)
-    bench = OmegaConf.to_container(cfg.bench, resolve=True)
     try:
-        target = make_target(conf, bench, NodeContext("controller", runs_root(cfg) / ".nodes"))
+        target = make_target(cfg.target, cfg.bench,
+                             NodeContext("controller", runs_root(cfg) / ".nodes"))
         return target.python_executable()
     except Exception:
         return sys.executable
 
 
-def build(cfg: DictConfig, pins: Mapping[str, str]) -> dict[str, str]:
+def build(cfg: RunSettings, pins: Mapping[str, str]) -> dict[str, str]:
     """Build the overlays of `pins`; `{pin: pip's reason}` of those that cannot be built."""
     cache = OverlayCache(settings(cfg))
     python = interpreter(cfg)
@@ -102,7 +91,7 @@ def build(cfg: DictConfig, pins: Mapping[str, str]) -> dict[str, str]:
     return failed
 
 
-def require(cfg: DictConfig, *pin_sets: Mapping[str, str]) -> None:
+def require(cfg: RunSettings, *pin_sets: Mapping[str, str]) -> None:
     """Every pin of `pin_sets` can be installed, or one line naming the first that cannot."""
     pins: dict[str, str] = {}
     for p in pin_sets:
@@ -115,7 +104,7 @@ def require(cfg: DictConfig, *pin_sets: Mapping[str, str]) -> None:
         raise UserError(f"cannot install {pin} for the trials: {why}")
 
 
-def testable(cfg: DictConfig, changes: Iterable) -> tuple[list, dict[str, str]]:
+def testable(cfg: RunSettings, changes: Iterable) -> tuple[list, dict[str, str]]:
     """Split system-level changes: those to test, and `{difference key: why not}` for the
     package changes that cannot be (no package source, or pip cannot install the version)."""
     keep, untested = [], {}

@@ -26,8 +26,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from omegaconf import OmegaConf
-
+from orchestrator.config.settings import saved_values
 from orchestrator.records import NOT_EVIDENCE_PHASES
 from orchestrator.run.cost import TrialCost, measured_costs, model_of
 from orchestrator.stats.variance import NoiseStats, components_from_stats, noise_stats
@@ -97,8 +96,6 @@ def workload_key(target: Mapping, bench: Mapping) -> tuple[str, str]:
 
 
 def _plain(section) -> dict:
-    if OmegaConf.is_config(section):
-        return dict(OmegaConf.to_container(section, resolve=True))
     return dict(section or {})
 
 
@@ -133,7 +130,7 @@ def load_noise_prior(run_dir: Path, *, nodes: Iterable[str], metric: str, limit:
     skipped, never an error."""
     hosts = {host_of(n) for n in nodes}
     try:
-        own = OmegaConf.load(run_dir / "config.yaml")
+        own = saved_values((run_dir / "config.yaml").read_text())
         key = workload_key(own.get("target") or {}, own.get("bench") or {})
         dirs = sorted((d for d in run_dir.parent.iterdir() if d.name != run_dir.name
                        and (d / "trials.db").is_file() and (d / "config.yaml").is_file()),
@@ -145,7 +142,7 @@ def load_noise_prior(run_dir: Path, *, nodes: Iterable[str], metric: str, limit:
     used: list[str] = []
     for d in dirs:
         try:
-            conf = OmegaConf.load(d / "config.yaml")
+            conf = saved_values((d / "config.yaml").read_text())
             if (str(conf.get("metric")) != metric
                     or workload_key(conf.get("target") or {}, conf.get("bench") or {}) != key):
                 continue

@@ -23,14 +23,13 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from omegaconf import DictConfig, OmegaConf
-
+from orchestrator.config.settings import RunSettings, as_dict, evolve, load_saved, to_yaml
 from orchestrator.errors import DiskFull, RunInterrupted, SleuthError, UserError
 from orchestrator.store import RunStore
 from orchestrator.system.redact import redact_config
 
 
-def runs_root(cfg: DictConfig) -> Path:
+def runs_root(cfg: RunSettings) -> Path:
     """`runs_dir` as an absolute path (relative to where sleuth was invoked)."""
     return Path(cfg.runs_dir).expanduser().resolve()
 
@@ -39,15 +38,21 @@ def new_run_id(command: str) -> str:
     return f"{time.strftime('%Y%m%d-%H%M%S')}-{command}-{secrets.token_hex(2)}"
 
 
-def create_run(cfg: DictConfig) -> tuple[Path, RunStore]:
-    """Create `runs/<run-id>/` with config.yaml and trials.db; pins run_id and runs_dir in cfg."""
-    root = runs_root(cfg)
-    run_id = cfg.run_id or new_run_id(cfg.command)
+def pin_run(cfg: RunSettings) -> RunSettings:
+    """The settings with the run's id chosen and `runs_dir` absolute, as the run stores them
+    and as its nodes (which may start elsewhere) read them."""
+    return evolve(cfg, run_id=cfg.run_id or new_run_id(cfg.command),
+                  runs_dir=str(runs_root(cfg)))
+
+
+def create_run(cfg: RunSettings) -> tuple[Path, RunStore]:
+    """Create `runs/<run-id>/` with config.yaml and trials.db (the settings pinned by
+    `pin_run`, which the caller runs with)."""
+    cfg = pin_run(cfg)
+    root, run_id = Path(cfg.runs_dir), str(cfg.run_id)
     run_dir = root / run_id
     if run_dir.exists():
         raise UserError(f"run directory {run_dir} already exists")
-    cfg.run_id = run_id
-    cfg.runs_dir = str(root)
     made_root = not root.exists()
     try:
         root.mkdir(parents=True, exist_ok=True)
@@ -56,7 +61,7 @@ def create_run(cfg: DictConfig) -> tuple[Path, RunStore]:
         raise UserError(f"cannot create run directory under {root}: {exc.strerror}") from exc
     try:
         # Written down redacted (orchestrator.system.redact); the run itself uses `cfg` as given.
-        text = OmegaConf.to_yaml(redact_config(OmegaConf.to_container(cfg, resolve=True)))
+        text = to_yaml(redact_config(as_dict(cfg)))
         (run_dir / "config.yaml").write_text(text)
         store = RunStore.create(run_dir / "trials.db", run_id=run_id, command=cfg.command,
                                 config_yaml=text)
@@ -79,7 +84,7 @@ def no_space(exc: BaseException) -> bool:
     return isinstance(exc, sqlite3.OperationalError) and "disk is full" in str(exc)
 
 
-def find_run(cfg: DictConfig, ref: str) -> Path:
+def find_run(cfg: RunSettings, ref: str) -> Path:
     """A run given as a directory path or as a run id under runs_dir."""
     path = Path(ref).expanduser()
     if not path.is_dir():
@@ -168,8 +173,7 @@ def _simulated(store: RunStore) -> bool:
     from orchestrator.targets.registry import is_simulated
 
     try:
-        cfg = OmegaConf.create(store.config_yaml() or "{}")
-        return is_simulated(cfg.get("target"))
+        return is_simulated(load_saved(store.config_yaml()).target)
     except Exception:  # noqa: BLE001 - a header is no reason to fail a run
         return False
 

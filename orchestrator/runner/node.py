@@ -31,6 +31,13 @@ import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+from orchestrator.config.settings import (
+    BenchConf,
+    TargetConf,
+    bench_record,
+    evolve,
+    target_record,
+)
 from orchestrator.gpu.base import ClockPolicy
 from orchestrator.records import Outcome, TrialResult, TrialState
 from orchestrator.runner.process import ServerProcess, group_members, start_time
@@ -48,7 +55,8 @@ ORPHAN_WAIT_S = 20.0
 
 
 class NodeRunner:
-    def __init__(self, name: str, state_dir: str, target_conf: Mapping, bench_conf: Mapping,
+    def __init__(self, name: str, state_dir: str, target_conf: TargetConf | Mapping,
+                 bench_conf: BenchConf | Mapping,
                  run_id: str = "", adopt: Sequence[str] = (), wait_s: float = 0.0,
                  controller: Mapping | None = None):
         self.name = name
@@ -58,8 +66,8 @@ class NodeRunner:
         self._made = [p for p in (self.context.state_dir, self.context.state_dir.parent)
                       if not p.exists()]
         self.context.state_dir.mkdir(parents=True, exist_ok=True)
-        self.target_conf = dict(target_conf)
-        self.bench_conf = dict(bench_conf)
+        self.target_conf = target_record(target_conf)
+        self.bench_conf = bench_record(bench_conf)
         self.target = make_target(self.target_conf, self.bench_conf, self.context)
         self._lock = threading.Lock()
         self._current: dict = {}
@@ -265,7 +273,7 @@ class NodeRunner:
 
             target = self.target
             if spec.candidate.server:  # server-settings factor: this trial's own target config
-                conf = {**self.target_conf, **spec.candidate.server_dict}
+                conf = evolve(self.target_conf, spec.candidate.server_dict)
                 target = make_target(conf, self.bench_conf, self.context)
             result, report = run_trial(spec, target, node=self.name, on_state=on_state,
                                        on_process=on_process, on_clock=self._record_clock,

@@ -14,12 +14,20 @@ from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import httpx
 
 from orchestrator.bench import http, prometheus
 from orchestrator.bench.client import RequestSpec, make_requests, run_repetition
 from orchestrator.bench.sglang_log import log_metrics
+from orchestrator.config.settings import (
+    BenchConf,
+    TargetConf,
+    as_dict,
+    bench_record,
+    target_record,
+)
 
 # A candidate's env value that means "this variable must NOT be set" (a difference like
 # "NCCL_PROTO was dropped from the environment" must be expressible as a factor level).
@@ -39,14 +47,22 @@ class NodeContext:
 
 
 class Target(ABC):
-    """One kind of server. Instances are created per node from the `target` config mapping."""
+    """One kind of server. Instances are created per node from the run's `target` and `bench`
+    settings records (a plain mapping is built into its record, with the schema's defaults).
+
+    Adapters read the typed records (`settings`, `bench_settings`); `conf` and `bench` are the
+    same values as plain mappings, for the trial runner and the bench module, which read them
+    so."""
 
     name: str = ""
     _http: httpx.Client | None = None
 
-    def __init__(self, conf: Mapping, bench: Mapping, node: NodeContext):
-        self.conf = dict(conf)
-        self.bench = dict(bench)
+    def __init__(self, conf: TargetConf | Mapping, bench: BenchConf | Mapping,
+                 node: NodeContext):
+        self.settings: Any = target_record(conf)  # this target's own TargetConf subclass
+        self.bench_settings = bench_record(bench)
+        self.conf = as_dict(self.settings)
+        self.bench = as_dict(self.bench_settings)
         self.node = node
 
     # -- launch -----------------------------------------------------------------------------
@@ -68,7 +84,7 @@ class Target(ABC):
 
     @property
     def host(self) -> str:
-        return str(self.conf.get("host") or "127.0.0.1")
+        return self.settings.host or "127.0.0.1"
 
     @property
     def time_scale(self) -> float:
@@ -116,13 +132,13 @@ class Target(ABC):
     def environment(self, candidate_env: Mapping[str, str]) -> dict[str, str]:
         """Full environment of the server: this node's, the target's, then the candidate's."""
         env = dict(os.environ)
-        env.update({str(k): str(v) for k, v in self.conf.get("env", {}).items()})
+        env.update({str(k): str(v) for k, v in self.settings.env.items()})
         env.update(candidate_env)
         return apply_unset(env)
 
     def launcher(self) -> list[str]:
         """Optional argv prefix (numactl, taskset, a profiler ...)."""
-        return [str(x) for x in self.conf.get("launcher", []) or []]
+        return [str(x) for x in self.settings.launcher]
 
     # -- HTTP -------------------------------------------------------------------------------
     @property
@@ -160,20 +176,16 @@ class Target(ABC):
 
     # -- benchmark --------------------------------------------------------------------------
     def requests(self, n: int | None = None, seed_offset: int = 0) -> list[RequestSpec]:
-        b = self.bench
-        return make_requests(
-            int(n if n is not None else b["requests"]),
-            int(b["input_len"]),
-            int(b["output_len"]),
-            int(b["seed"]) + seed_offset,
-        )
+        b = self.bench_settings
+        return make_requests(n if n is not None else b.requests, b.input_len, b.output_len,
+                             b.seed + seed_offset)
 
     def warm_up(self, base_url: str, n_requests: int) -> None:
         """Unmeasured requests after ready (compilation, caches); a BenchError fails the trial."""
         run_repetition(
             base_url, self.requests(n_requests, seed_offset=10_000),
-            concurrency=int(self.bench["concurrency"]),
-            timeout_s=float(self.bench["request_timeout_s"]),
+            concurrency=self.bench_settings.concurrency,
+            timeout_s=self.bench_settings.request_timeout_s,
             time_scale=self.time_scale,
         )
 
@@ -182,8 +194,8 @@ class Target(ABC):
         return run_repetition(
             base_url,
             requests,
-            concurrency=int(self.bench["concurrency"]),
-            timeout_s=float(self.bench["request_timeout_s"]),
+            concurrency=self.bench_settings.concurrency,
+            timeout_s=self.bench_settings.request_timeout_s,
             time_scale=self.time_scale,
         )
 
@@ -199,11 +211,12 @@ class Target(ABC):
 
         if not self.supports_profile:
             return {"error": f"target {self.name} cannot take a profile"}
-        n = int(settings.get("requests") or self.bench["requests"])
+        n = int(settings.get("requests") or self.bench_settings.requests)
 
         def load() -> None:
-            run_repetition(base_url, self.requests(n), concurrency=int(self.bench["concurrency"]),
-                           timeout_s=float(self.bench["request_timeout_s"]),
+            run_repetition(base_url, self.requests(n),
+                           concurrency=self.bench_settings.concurrency,
+                           timeout_s=self.bench_settings.request_timeout_s,
                            time_scale=self.time_scale)
 
         return capture.guarded(lambda: capture.capture_http(self.http, base_url, trial_dir, load))

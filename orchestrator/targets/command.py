@@ -49,6 +49,7 @@ from pathlib import Path
 import httpx
 
 from orchestrator.bench.client import BenchError, RequestSpec
+from orchestrator.config.schema import BenchConf, CommandTargetConf
 from orchestrator.runner.process import dying_with_parent, group_members
 from orchestrator.targets.base import Target
 from orchestrator.workspace.locking import LOCKS_DIRNAME, exclusive_lock
@@ -148,7 +149,7 @@ def parse_bench_output(stdout: str) -> dict[str, float]:
 class CommandTarget(Target):
     name = "command"
 
-    def __init__(self, conf: Mapping, bench: Mapping, node):
+    def __init__(self, conf: CommandTargetConf | Mapping, bench: BenchConf | Mapping, node):
         super().__init__(conf, bench, node)
         self._worktree: Path | None = None
         self._trial_dir = node.state_dir
@@ -157,7 +158,7 @@ class CommandTarget(Target):
 
     @property
     def has_server(self) -> bool:
-        return bool(str(self.conf.get("server") or "").strip())
+        return bool(self.settings.server.strip())
 
     def _fill(self, text: str, base_url: str = "", port: int | None = None) -> str:
         if port is None and base_url:
@@ -170,14 +171,14 @@ class CommandTarget(Target):
 
     def argv(self, text: str) -> list[str]:
         """A configured command line as argv: shlex-split, or `sh -c` when target.shell=true."""
-        if self.conf.get("shell"):
+        if self.settings.shell:
             return ["/bin/sh", "-c", text]
         return shlex.split(text)
 
     def preflight(self) -> str | None:
         """Every configured command line must split into an argv."""
         for key in ("bench", "build", "server"):
-            text = str(self.conf.get(key) or "")
+            text = str(getattr(self.settings, key) or "")
             if key == "bench" and not text.strip():
                 return "target.bench is empty: give the benchmark command to run"
             try:
@@ -192,9 +193,9 @@ class CommandTarget(Target):
         are built for it."""
         from orchestrator.packages.probe import python_invocation
 
-        if self.conf.get("python"):
-            return str(self.conf["python"])
-        text = str(self.conf.get("server") or self.conf.get("bench") or "")
+        if self.settings.python:
+            return self.settings.python
+        text = self.settings.server or self.settings.bench or ""
         try:
             invocation = python_invocation(self.argv(self._fill(text, port=0)), ".")
         except ValueError:
@@ -208,13 +209,13 @@ class CommandTarget(Target):
     def command(self, worktree: Path, port: int) -> list[str]:
         """The server's argv; without a server, the benchmark's (for the trial's record)."""
         if self.has_server:
-            return self.launcher() + self.argv(self._fill(str(self.conf["server"]), port=port))
-        return self.launcher() + self.argv(self._fill(str(self.conf["bench"]), port=port))
+            return self.launcher() + self.argv(self._fill(self.settings.server, port=port))
+        return self.launcher() + self.argv(self._fill(self.settings.bench, port=port))
 
     # -- build ---------------------------------------------------------------------------------
     def prepare(self, worktree: Path, trial_dir: Path) -> None:
         self._worktree, self._trial_dir, self._trial_env = worktree, trial_dir, None
-        build = str(self.conf.get("build") or "").strip()
+        build = self.settings.build.strip()
         if build:
             self.build(worktree, build, trial_dir / "build.log")
 
@@ -232,7 +233,7 @@ class CommandTarget(Target):
                     return False
             except (OSError, ValueError):
                 pass
-            timeout = float(self.conf.get("build_timeout_s") or 3600)
+            timeout = float(self.settings.build_timeout_s or 3600)
             run = run_command(self.argv(build), cwd=worktree,
                               env=self._with_worktree_path(super().environment({})),
                               timeout_s=timeout, log_path=log_path, on_start=self._track)
@@ -245,7 +246,7 @@ class CommandTarget(Target):
 
     # -- server --------------------------------------------------------------------------------
     def is_ready(self, base_url: str) -> bool:
-        url = str(self.conf.get("ready_url") or "").strip()
+        url = self.settings.ready_url.strip()
         if url:
             try:
                 r = self.http.get(self._fill(url, base_url), timeout=5.0)
@@ -276,7 +277,7 @@ class CommandTarget(Target):
         PYTHONPATH (from the node or the candidate) keep their order after them."""
         if self._worktree is None:
             return env
-        own = [str(self._worktree / p) for p in self.conf.get("pythonpath", [".", "src"]) or []
+        own = [str(self._worktree / p) for p in self.settings.pythonpath
                if (self._worktree / p).is_dir()]
         if own:
             rest = [p for p in (env.get("PYTHONPATH") or "").split(os.pathsep) if p]
@@ -299,8 +300,8 @@ class CommandTarget(Target):
         env.update(extra_env or {})
         if base_url:
             env["SLEUTH_BASE_URL"] = base_url
-        timeout = float(self.conf.get("bench_timeout_s") or 600)
-        argv = self.argv(self._fill(str(command or self.conf["bench"]), base_url))
+        timeout = float(self.settings.bench_timeout_s or 600)
+        argv = self.argv(self._fill(str(command or self.settings.bench), base_url))
         if not self.has_server:  # the bench is the workload: numactl & co. apply to it
             argv = self.launcher() + argv
         run = run_command(argv, cwd=self._worktree, env=env, timeout_s=timeout,
@@ -325,7 +326,7 @@ class CommandTarget(Target):
         def run() -> dict:
             try:
                 self.run_bench(base_url, trial_dir / "profile.log",
-                               command=str(self.conf.get("profile") or "") or None,
+                               command=self.settings.profile or None,
                                extra_env={capture.TRACE_ENV: str(path)})
                 return capture.capture_file(path, trial_dir)
             finally:

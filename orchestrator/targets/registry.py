@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+from orchestrator.config.schema import BenchConf, TargetConf
 from orchestrator.errors import UserError
 from orchestrator.targets.base import NodeContext, Target
 
@@ -24,14 +25,20 @@ def target_class(name: str) -> type[Target]:
     raise UserError(f"unknown target {name!r} (known: sim, sglang, command)")
 
 
-def make_target(conf: Mapping, bench: Mapping, node: NodeContext) -> Target:
-    return target_class(str(conf.get("name")))(conf, bench, node)
+def make_target(conf: TargetConf | Mapping, bench: BenchConf | Mapping,
+                node: NodeContext) -> Target:
+    """The adapter of `conf`'s target (a plain mapping is built into its record)."""
+    name = conf.name if isinstance(conf, TargetConf) else str(conf.get("name"))
+    return target_class(name)(conf, bench, node)
 
 
-def is_simulated(conf: Mapping | None) -> bool:
+def is_simulated(conf: TargetConf | Mapping | None) -> bool:
     """Whether a target configuration runs on the simulated node (`target=sim`, or the sim
     behind the SGLang adapter with `launcher=sim`): every output of such a run says so."""
-    if not conf:
+    if isinstance(conf, TargetConf):
+        return conf.name == "sim" or (conf.name == "sglang"
+                                      and getattr(conf, "engine", None) == "sim")
+    if not conf or not isinstance(conf, Mapping):
         return False
     name = str(conf.get("name") or "")
     return name == "sim" or (name == "sglang" and str(conf.get("engine") or "") == "sim")

@@ -43,6 +43,7 @@ import httpx
 
 from orchestrator.bench import server_measure
 from orchestrator.bench.client import BenchError, RequestSpec
+from orchestrator.config.schema import BenchConf, SglangTargetConf
 from orchestrator.system import fingerprint
 from orchestrator.targets import sglang_versions as versions
 from orchestrator.targets.base import Target, apply_unset
@@ -107,7 +108,7 @@ class SglangTarget(Target):
     supports_profile = True  # /start_profile, /stop_profile (tests/fixtures/sglang_0_5_23)
     name = "sglang"
 
-    def __init__(self, conf: Mapping, bench: Mapping, node):
+    def __init__(self, conf: SglangTargetConf | Mapping, bench: BenchConf | Mapping, node):
         super().__init__(conf, bench, node)
         self._features: versions.SglangFeatures | None = None
         self._worktree: Path | None = None
@@ -119,7 +120,7 @@ class SglangTarget(Target):
     # -- what runs ---------------------------------------------------------------------------
     @property
     def engine(self) -> str:
-        return str(self.conf.get("engine") or "sglang")
+        return self.settings.engine or "sglang"
 
     @property
     def simulated(self) -> bool:
@@ -128,11 +129,11 @@ class SglangTarget(Target):
     @property
     def python(self) -> str:
         """The interpreter that has SGLang installed (default: the node actor's own)."""
-        return str(self.conf.get("python") or sys.executable)
+        return self.settings.python or sys.executable
 
     @property
     def time_scale(self) -> float:
-        return float(self.conf.get("time_scale") or 1.0) if self.simulated else 1.0
+        return float(self.settings.time_scale or 1.0) if self.simulated else 1.0
 
     @property
     def features(self) -> versions.SglangFeatures:
@@ -150,27 +151,27 @@ class SglangTarget(Target):
 
     def server_args(self, port: int) -> list[str]:
         """SGLang flags for this config, spelled for this build (no launcher, no module)."""
-        c = self.conf
-        model = str(c.get("model_path") or (SIM_PLACEHOLDER_MODEL if self.simulated else ""))
+        c = self.settings
+        model = str(c.model_path or (SIM_PLACEHOLDER_MODEL if self.simulated else ""))
         args = ["--model-path", model, "--host", self.host, "--port", str(port),
-                "--tp-size", str(int(c.get("tp_size") or 1)), "--enable-metrics"]
-        if c.get("trust_remote_code"):
+                "--tp-size", str(int(c.tp_size or 1)), "--enable-metrics"]
+        if c.trust_remote_code:
             args.append("--trust-remote-code")
-        if c.get("speculative_algorithm"):
-            args += ["--speculative-algorithm", str(c["speculative_algorithm"])]
+        if c.speculative_algorithm:
+            args += ["--speculative-algorithm", str(c.speculative_algorithm)]
             for key in ("speculative_draft_model_path", "speculative_num_steps",
                         "speculative_eagle_topk", "speculative_num_draft_tokens"):
-                if c.get(key) is not None:
-                    args += ["--" + key.replace("_", "-"), str(c[key])]
+                if getattr(c, key) is not None:
+                    args += ["--" + key.replace("_", "-"), str(getattr(c, key))]
         for key in ("mem_fraction_static", "context_length", "attention_backend",
                     "decode_log_interval"):
-            if c.get(key) is not None:
-                args += ["--" + key.replace("_", "-"), str(c[key])]
-        if c.get("cuda_graph_max_bs") is not None:
-            args += self.features.cuda_graph_max_bs_args(int(c["cuda_graph_max_bs"]))
-        if c.get("disable_cuda_graph"):
+            if getattr(c, key) is not None:
+                args += ["--" + key.replace("_", "-"), str(getattr(c, key))]
+        if c.cuda_graph_max_bs is not None:
+            args += self.features.cuda_graph_max_bs_args(int(c.cuda_graph_max_bs))
+        if c.disable_cuda_graph:
             args += self.features.disable_cuda_graph_args()
-        return args + [str(a) for a in c.get("extra_args", []) or []]
+        return args + [str(a) for a in c.extra_args]
 
     def command(self, worktree: Path, port: int) -> list[str]:
         return self.launcher() + self.module_argv() + self.server_args(port)
@@ -179,12 +180,12 @@ class SglangTarget(Target):
         """The sim's own settings, through the `SLEUTH_SIM_*` fallbacks of its flags."""
         from orchestrator.targets.sim.args import sim_env_name
 
-        c = self.conf
-        values = {"time-scale": self.time_scale, "load-seconds": c.get("load_seconds"),
-                  "sglang-version": c.get("sglang_version"),
-                  "noise-restart-cv": c.get("noise_restart_cv"),
-                  "noise-request-cv": c.get("noise_request_cv"), "seed": c.get("seed"),
-                  "fault": c.get("fault"), "gpu-state": self.gpu_state_path,
+        c = self.settings
+        values = {"time-scale": self.time_scale, "load-seconds": c.load_seconds,
+                  "sglang-version": c.sglang_version,
+                  "noise-restart-cv": c.noise_restart_cv,
+                  "noise-request-cv": c.noise_request_cv, "seed": c.seed,
+                  "fault": c.fault, "gpu-state": self.gpu_state_path,
                   "packages": (self.node.state_dir / "packages.json"
                                if (self.node.state_dir / "packages.json").exists() else None)}
         return {sim_env_name(k): str(v) for k, v in values.items() if v not in (None, "")}
@@ -193,21 +194,21 @@ class SglangTarget(Target):
         """Node env, the device timer (per-phase seconds), the worktree's code first on
         PYTHONPATH, the target's env, then the candidate's."""
         env = dict(os.environ)
-        if self.conf.get("device_timer", True):
+        if self.settings.device_timer:
             env[DEVICE_TIMER_ENV] = "1"
         if self.simulated:
             env.update(self._sim_env())
         if self._worktree is not None and not self.simulated:
-            own = [str(self._worktree / p) for p in self.conf.get("pythonpath", []) or []]
+            own = [str(self._worktree / p) for p in self.settings.pythonpath]
             env["PYTHONPATH"] = os.pathsep.join([*own, *filter(None, [env.get("PYTHONPATH")])])
-        env.update({str(k): str(v) for k, v in self.conf.get("env", {}).items()})
+        env.update({str(k): str(v) for k, v in self.settings.env.items()})
         env.update(candidate_env)
         return apply_unset(env)
 
     # -- node state --------------------------------------------------------------------------
     @property
     def gpu_state_path(self) -> Path:
-        configured = self.conf.get("gpu_state") or ""
+        configured = self.settings.gpu_state
         return Path(configured) if configured else self.node.state_dir / "gpu_state.json"
 
     def gpu_control(self):
@@ -267,8 +268,8 @@ class SglangTarget(Target):
 
     # -- before the first trial --------------------------------------------------------------
     def installed_version(self) -> tuple[int, int, int] | None:
-        if self.conf.get("sglang_version"):
-            return versions.parse_version(self.conf["sglang_version"])
+        if self.settings.sglang_version:
+            return versions.parse_version(self.settings.sglang_version)
         if self.simulated:
             from orchestrator.targets.sim.dialect import DEFAULT_VERSION
 
@@ -285,15 +286,15 @@ class SglangTarget(Target):
         """Run the installed `launch_server --help` and refuse a flag it does not list."""
         if self.engine not in ("sglang", "sim"):
             return f"launcher / target.engine must be sglang or sim, not {self.engine!r}"
-        if not self.simulated and not self.conf.get("model_path"):
+        if not self.simulated and not self.settings.model_path:
             return "target.model_path is not set (the model SGLang should serve)"
-        if not self.conf.get("check_flags", True):
+        if not self.settings.check_flags:
             return None
         argv = [*self.module_argv(), "--help"]
         self.node.state_dir.mkdir(parents=True, exist_ok=True)  # cwd: anywhere but a repo
         try:
             done = subprocess.run(argv, capture_output=True, text=True, check=False,
-                                  timeout=float(self.conf.get("help_timeout_s") or 300),
+                                  timeout=float(self.settings.help_timeout_s or 300),
                                   env=self.environment({}), cwd=self.node.state_dir,
                                   stdin=subprocess.DEVNULL)
         except (OSError, subprocess.TimeoutExpired) as exc:
@@ -326,30 +327,31 @@ class SglangTarget(Target):
         return None
 
     def benchmark(self, base_url: str, requests: list[RequestSpec], log_path: Path) -> dict[str, float]:
-        if str(self.conf.get("bench_client") or "builtin") == "bench_serving":
+        if (self.settings.bench_client or "builtin") == "bench_serving":
             return self._bench_serving(base_url, log_path.parent)
         return super().benchmark(base_url, requests, log_path)
 
     def bench_serving_argv(self, base_url: str, output_file: Path) -> list[str]:
-        b, c = self.bench, self.conf
-        prefix = [str(a) for a in c.get("bench_serving_command", []) or []]
+        b, c = self.bench_settings, self.settings
+        prefix = [str(a) for a in c.bench_serving_command]
         argv = prefix or [self.python, "-m", self.features.bench_serving_module]
         argv += ["--backend", "sglang", "--base-url", base_url, "--dataset-name", "random-ids",
-                 "--num-prompts", str(b["requests"]), "--random-input-len", str(b["input_len"]),
-                 "--random-output-len", str(b["output_len"]), "--random-range-ratio", "1.0",
-                 "--max-concurrency", str(b["concurrency"]), "--seed", str(b["seed"]),
+                 "--num-prompts", str(b.requests), "--random-input-len", str(b.input_len),
+                 "--random-output-len", str(b.output_len), "--random-range-ratio", "1.0",
+                 "--max-concurrency", str(b.concurrency), "--seed", str(b.seed),
                  "--tokenize-prompt", "--warmup-requests", "0", "--disable-tqdm",
                  "--output-file", str(output_file)]
-        if c.get("model_path"):
-            argv += ["--model", str(c["model_path"])]
-        return argv + [str(a) for a in c.get("bench_serving_args", []) or []]
+        if c.model_path:
+            argv += ["--model", str(c.model_path)]
+        return argv + [str(a) for a in c.bench_serving_args]
 
     def _bench_serving(self, base_url: str, out_dir: Path) -> dict[str, float]:
         """One bench_serving run into a fresh output file (bench_serving appends to it)."""
         self._repetition += 1
         output = out_dir / f"bench_serving.{self._repetition}.jsonl"
         output.unlink(missing_ok=True)
-        timeout = float(self.bench["request_timeout_s"]) * max(1, int(self.bench["requests"])) + 120
+        b = self.bench_settings
+        timeout = float(b.request_timeout_s) * max(1, b.requests) + 120
         run = run_command(self.bench_serving_argv(base_url, output), cwd=out_dir,
                           env=self.environment({}), timeout_s=timeout,
                           log_path=out_dir / "bench_serving.log")
@@ -359,7 +361,7 @@ class SglangTarget(Target):
             raise BenchError("http", f"bench_serving exited with code {run.exit_code}:"
                                      f" {run.tail}")
         metrics = parse_bench_serving(output, self.time_scale)
-        wanted = int(self.bench["requests"])
+        wanted = b.requests
         if metrics.get("completed", wanted) < wanted:
             raise BenchError("http", f"bench_serving completed {metrics['completed']:g} of"
                                      f" {wanted} requests")

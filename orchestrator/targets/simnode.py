@@ -31,22 +31,22 @@ class SimTarget(Target):
 
     @property
     def time_scale(self) -> float:
-        return float(self.conf.get("time_scale", 1.0))
+        return self.settings.time_scale
 
     @property
     def dialect(self) -> Dialect:
-        return dialect(self.conf.get("sglang_version") or None)
+        return dialect(self.settings.sglang_version or None)
 
     def preflight(self) -> str | None:
         try:
-            dialect(self.conf.get("sglang_version") or None)
+            dialect(self.settings.sglang_version or None)
         except UnknownVersion as exc:
             return f"target.sglang_version: {exc}"
         return None
 
     @property
     def gpu_state_path(self) -> Path:
-        configured = self.conf.get("gpu_state") or ""
+        configured = self.settings.gpu_state
         return Path(configured) if configured else self.node.state_dir / "gpu_state.json"
 
     def gpu_control(self):
@@ -55,40 +55,40 @@ class SimTarget(Target):
         return SimGpuControl(self.gpu_state_path)
 
     def command(self, worktree: Path, port: int) -> list[str]:
-        c = self.conf
+        c = self.settings
         # -P: do not put the worktree on sys.path, so a repo can never shadow sleuth's modules.
         argv = [sys.executable, "-P", "-m", "orchestrator.targets.sim",
-                "--model-path", str(c["model_path"]), "--host", self.host, "--port", str(port),
-                "--tp-size", str(c["tp_size"]), "--enable-metrics"]
-        if c.get("speculative_algorithm"):
-            argv += ["--speculative-algorithm", str(c["speculative_algorithm"]),
-                     "--speculative-num-steps", str(c["speculative_num_steps"]),
-                     "--speculative-eagle-topk", str(c["speculative_eagle_topk"]),
-                     "--speculative-num-draft-tokens", str(c["speculative_num_draft_tokens"])]
-            if c.get("speculative_draft_model_path"):
-                argv += ["--speculative-draft-model-path", str(c["speculative_draft_model_path"])]
+                "--model-path", str(c.model_path), "--host", self.host, "--port", str(port),
+                "--tp-size", str(c.tp_size), "--enable-metrics"]
+        if c.speculative_algorithm:
+            argv += ["--speculative-algorithm", str(c.speculative_algorithm),
+                     "--speculative-num-steps", str(c.speculative_num_steps),
+                     "--speculative-eagle-topk", str(c.speculative_eagle_topk),
+                     "--speculative-num-draft-tokens", str(c.speculative_num_draft_tokens)]
+            if c.speculative_draft_model_path:
+                argv += ["--speculative-draft-model-path", str(c.speculative_draft_model_path)]
         per_phase = self.dialect.per_phase_graph_flags
-        if c.get("cuda_graph_max_bs") is not None:
+        if c.cuda_graph_max_bs is not None:
             flag = "--cuda-graph-max-bs-decode" if per_phase else "--cuda-graph-max-bs"
-            argv += [flag, str(c["cuda_graph_max_bs"])]
-        if c.get("disable_cuda_graph"):
+            argv += [flag, str(c.cuda_graph_max_bs)]
+        if c.disable_cuda_graph:
             argv += (["--cuda-graph-backend-decode", "disabled", "--cuda-graph-backend-prefill",
                       "disabled"] if per_phase else ["--disable-cuda-graph"])
         argv += ["--sim-sglang-version", self.dialect.version,
                  "--sim-time-scale", str(self.time_scale),
-                 "--sim-noise-restart-cv", str(c["noise_restart_cv"]),
-                 "--sim-noise-request-cv", str(c["noise_request_cv"]),
-                 "--sim-noise-outlier-rate", str(c.get("noise_outlier_rate", 0.0)),
-                 "--sim-noise-outlier-factor", str(c.get("noise_outlier_factor", 3.0)),
-                 "--sim-load-seconds", str(c["load_seconds"]),
+                 "--sim-noise-restart-cv", str(c.noise_restart_cv),
+                 "--sim-noise-request-cv", str(c.noise_request_cv),
+                 "--sim-noise-outlier-rate", str(c.noise_outlier_rate),
+                 "--sim-noise-outlier-factor", str(c.noise_outlier_factor),
+                 "--sim-load-seconds", str(c.load_seconds),
                  "--sim-gpu-state", str(self.gpu_state_path)]
         if self.node_packages_path.exists():
             argv += ["--sim-packages", str(self.node_packages_path)]
-        if c.get("seed") is not None:
-            argv += ["--sim-seed", str(c["seed"])]
-        if c.get("fault"):
-            argv += ["--sim-fault", str(c["fault"])]
-        return self.launcher() + self.node_wrapper() + argv + [str(a) for a in c.get("extra_args", [])]
+        if c.seed is not None:
+            argv += ["--sim-seed", str(c.seed)]
+        if c.fault:
+            argv += ["--sim-fault", str(c.fault)]
+        return self.launcher() + self.node_wrapper() + argv + [str(a) for a in c.extra_args]
 
     @property
     def node_launcher_path(self) -> Path:
@@ -142,7 +142,7 @@ class SimTarget(Target):
         env[DEVICE_TIMER_ENV] = "1"  # per-phase seconds in /metrics, as the sglang target sets
         if self.node_env_path.exists():
             env.update({str(k): str(v) for k, v in json.loads(self.node_env_path.read_text()).items()})
-        target_env = {str(k): str(v) for k, v in self.conf.get("env", {}).items()}
+        target_env = {str(k): str(v) for k, v in self.settings.env.items()}
         env.update(target_env)
         env.update(candidate_env)
         if self._stripped():  # what sleuth passes explicitly, as `docker run -e NAME` would

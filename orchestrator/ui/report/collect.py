@@ -13,8 +13,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from omegaconf import DictConfig, OmegaConf
-
+from orchestrator.config.settings import RunSettings, load_saved
 from orchestrator.errors import UserError
 from orchestrator.records import Candidate
 from orchestrator.store import RunStore, TrialRow
@@ -45,8 +44,9 @@ class RunData:
     plan: BisectPlan | None
 
     @property
-    def config(self) -> DictConfig:
-        return OmegaConf.create(self.config_yaml or "{}")
+    def config(self) -> RunSettings:
+        """The run's stored settings, merged onto today's schema."""
+        return load_saved(self.config_yaml)
 
     @property
     def simulated(self) -> bool:
@@ -54,7 +54,7 @@ class RunData:
         from orchestrator.targets.registry import is_simulated
 
         try:
-            return is_simulated(self.config.get("target"))
+            return is_simulated(self.config.target)
         except Exception:  # noqa: BLE001 - an unreadable config: no claim either way
             return False
 
@@ -80,6 +80,13 @@ def load_plan(run_dir: Path) -> BisectPlan | None:
     return BisectPlan(commits, candidates, tuple(weights) if weights else None)
 
 
+def _stored_metric(config_yaml: str | None) -> str:
+    try:
+        return load_saved(config_yaml).metric
+    except Exception:  # noqa: BLE001 - an unreadable config: the default metric
+        return "verify_ms"
+
+
 def load_run(run_dir: Path) -> RunData:
     """Read a run directory; a missing or foreign store is a UserError."""
     run_dir = Path(run_dir)
@@ -93,9 +100,8 @@ def load_run(run_dir: Path) -> RunData:
     finally:
         store.close()
     docs = tuple(ranking.load_docs(run_dir))
-    cfg = OmegaConf.create(config_yaml or "{}")
     metric = str(docs[0].get("metric") if docs and docs[0].get("metric") else
-                 cfg.get("metric", "verify_ms"))
+                 _stored_metric(config_yaml))
     return RunData(
         run_dir=run_dir.resolve(),
         run_id=run_id or run_dir.name,

@@ -133,17 +133,17 @@ def posterior_history(data: RunData) -> PosteriorHistory | None:
     from orchestrator.config.bisect import bisect_strategy
     from orchestrator.control.drive import observation
 
-    cfg = data.config
     n = len(data.plan.candidates)
     weights = list(data.plan.prior_weights) if data.plan.prior_weights else None
     try:
+        cfg = data.config
         strategy = bisect_strategy(cfg, n, weights, list(data.plan.commits),
                                             replay=True)
     except Exception:  # a config the strategy no longer accepts: no replay, not a crash
         return None
     index = {c.key: i for i, c in enumerate(data.plan.candidates)}
-    metric = str(cfg.get("metric", data.metric))
-    final_attempt = int(cfg.get("trial", {}).get("retries", 1)) + 1
+    metric = cfg.metric
+    final_attempt = cfg.trial.retries + 1
     observed = []
     for row in data.rows:
         point = index.get(row.candidate.key)

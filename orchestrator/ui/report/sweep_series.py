@@ -75,7 +75,7 @@ def sweep_series(data: RunData) -> SweepSeries | None:
         return None
     metric = str(doc.get("metric")) if doc.get("metric") else data.metric
     info = METRICS.get(metric)
-    direction = str(data.config.get("direction", "auto"))
+    direction = data.config.direction
     higher = info.higher_is_better if info and direction == "auto" else direction == "decrease"
     confirmed = (doc.get("confirmed") or [{}])[0]
     baseline = doc.get("baseline") or {}

@@ -222,8 +222,9 @@ def _gpu_time(data: RunData) -> str:
     from orchestrator.run.cost import describe_cost, gpu_minutes
 
     try:
-        target = data.config.get("target") or {}
-        target = dict(target)
+        from orchestrator.config.settings import as_dict
+
+        target = dict(as_dict(data.config.target))
     except Exception:  # noqa: BLE001 - an unreadable config: real time, GPUs from fingerprints
         target = {}
     spent = describe_cost(gpu_minutes(data.rows, target), modeled=data.simulated)
