@@ -19,7 +19,20 @@ from orchestrator.strategies.base import (
     Strategy,
     Verdict,
 )
-from orchestrator.strategies.bisect import NOT_REPRODUCIBLE_MESSAGE, BisectSettings, BisectStrategy
+
+# The bisect's names are imported on first use: `strategies.base` is read by the renderers and
+# the refusals that run before any trial, and the bisect pulls in SciPy (a refusal must not pay
+# for it: tests/test_refusals.py counts the modules a refused command loads).
+_LAZY = {"NOT_REPRODUCIBLE_MESSAGE", "BisectSettings", "BisectStrategy"}
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        from orchestrator.strategies import bisect
+
+        return getattr(bisect, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 __all__ = [
     "NOT_REPRODUCIBLE_MESSAGE",
