@@ -14,7 +14,11 @@ from orchestrator.sim_scenarios.generate import generate_scenario
 from orchestrator.store import RunStore
 from tests.test_bisect_e2e import FAST, _bisect
 
-pytestmark = pytest.mark.e2e
+# The soak lane (`pytest -m soak`): a statistical claim about cost (adaptive repetitions read
+# the noise split and spend fewer GPU-minutes) on two full bisects, 50 s, and its noise split
+# rests on the few restarts a short bisect takes (a restart sd read at 8% for a true 0.2% once,
+# idle). experiments/bench_cost.py measures the same claim over many cases.
+pytestmark = [pytest.mark.e2e, pytest.mark.soak]
 
 NOISY_REQUESTS = ["target.noise_request_cv=1.2", "target.noise_restart_cv=0.002",
                   "target.load_seconds=60", "bench.repetitions=3"]

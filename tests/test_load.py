@@ -197,6 +197,9 @@ def _check_findings(doc: dict, run_dir: Path, study: optuna.Study, final: list[T
         assert sorted(side["confirm"]) == pytest.approx(sorted(confirm[side["key"]]), rel=1e-12)
 
 
+# The soak lane (`pytest -m soak`): 40 s of the default lane's budget for what the soak's
+# 500-trial bisect also checks (a consistent store after hundreds of trials on several nodes).
+@pytest.mark.soak
 @pytest.mark.e2e
 def test_200_trial_sweep_on_4_nodes_leaves_a_consistent_store(tmp_path, ray_session, sim_repo):
     repo, shas = sim_repo

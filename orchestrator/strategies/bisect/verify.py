@@ -87,7 +87,8 @@ def check_verified(strategy: BisectState, stage: Stage) -> bool:
     ev, cfg = strategy.evidence, strategy.settings
     culprit, parents, mass = verify_target(strategy, stage)
     if cfg.verify_hold_per_side > 0:
-        if cfg.verify_stress_alpha > 0 and stress_mass(strategy, stage) >= cfg.confidence:
+        if cfg.verify_stress_alpha > 0 and _worth_naming(strategy, culprit, parents[0]) and \
+                stress_mass(strategy, stage) >= cfg.confidence:
             return _accept(strategy, stage)
         if stage.held_since is None:
             stage.held_since = ev.n_trials
@@ -96,6 +97,15 @@ def check_verified(strategy: BisectState, stage: Stage) -> bool:
                 cfg.verify_hold_per_side:
             return False
     return _accept(strategy, stage)
+
+
+def _worth_naming(strategy: BisectState, culprit: int, parent: int) -> bool:
+    """Is the head-to-head's step at least the negligible change? Where the restarts barely
+    scatter (a deterministic node, a change of repetition count shifting every later trial by
+    a hair) sigma's upper bound is a hair too, and a +0.0% step would pass the stress test:
+    such a step waits for the hold's fresh restarts, which measure both sides alike."""
+    step = step_effect(strategy, culprit, parent, strategy.settings.verify_confidence)
+    return step is not None and abs(step.diff) >= strategy.negligible
 
 
 def stress_sigma(strategy: BisectState, stage: Stage) -> float | None:
