@@ -365,3 +365,20 @@ def test_a_stopped_run_says_its_answer_so_far():
     assert [c["probability"] for c in inv["causes"]] == [0.999]
     nothing = so_far({"metric": "verify_ms", "causes": [], "total": None}, why="interrupted")
     assert nothing["sentence"] == "so far (interrupted): nothing measured yet"
+
+
+def test_the_investigation_exit_code_says_which_answer():
+    """0 explained or no change; 3 only for a remainder shown to exist; 4 undecided; 5 the node
+    changed during the run (README's table)."""
+    from orchestrator.answer.epochs import mark_system_change
+    from orchestrator.commands.investigate import exit_code
+
+    assert exit_code({"explains": True, "status": "explained"}) == 0
+    assert exit_code({"explains": True, "status": "no_change"}) == 0
+    assert exit_code({"explains": False, "status": "partly_explained"}) == 3
+    assert exit_code({"explains": False, "status": "unexplained"}) == 3
+    assert exit_code({"explains": False, "status": "undecided"}) == 4
+    changed = mark_system_change({"explains": True, "status": "explained", "sentence": "x"},
+                                 [{"summary": "SM clock lock: none -> 1700 MHz", "node": "n",
+                                   "before_trial": 3, "after_trial": 4}])
+    assert exit_code(changed) == 5

@@ -89,7 +89,7 @@ def test_a_commit_under_larger_system_causes_is_named(tmp_path, ray_session):
     rest = LogChange(*answer["unexplained"]["log"])
     named = math.fsum(LogChange(*c["log"]).diff for c in answer["causes"])
     assert named + rest.diff == pytest.approx(total.diff)
-    assert code in (0, 3)  # the exit code's rule is the answer's (explained or not)
+    assert code in (0, 3, 4)  # the exit code's rule is the answer's (explained or not)
 
 
 def _restore(cause: dict) -> float:
@@ -165,7 +165,7 @@ def test_a_node_that_changes_during_the_isolate_is_in_the_answer(tmp_path, ray_s
         done.set()
         watcher.join()
     answer = _answer(tmp_path)
-    assert code == 3, answer["sentence"]
+    assert code == 5, answer["sentence"]  # the node changed: totals not comparable
     assert answer["status"] == "system_changed"
     assert answer["system_changed"]["summary"]
     assert "changed during the run" in answer["sentence"]

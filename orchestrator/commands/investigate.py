@@ -19,8 +19,8 @@ interval, and what they leave unexplained (:mod:`orchestrator.answer`), after a 
 measures the endpoints interleaved until the remainder's interval decides
 (:func:`orchestrator.commands.final_check.final_check`). Exit 0 when the remainder lies within
 the run's min effect (explained) or nothing is reproducibly slower ("no change larger than x%");
-3 when a remainder larger than the min effect is shown, or the final check's budget ran out
-undecided (the sentence says so).
+3 only when a remainder larger than the min effect is shown; 4 when the final check's budget ran
+out undecided (the sentence says so); 5 when the node's system changed during the run.
 
 Without a reference, `good=REF bad=REF` bisects; when the range does not reproduce today, the
 cause is not in the code, and the answer names earlier runs in `runs_dir` that measured the
@@ -63,7 +63,22 @@ from orchestrator.ui import render
 from orchestrator.ui.progress import Progress
 from orchestrator.ui.report.terminal import print_answer
 
+# Exit codes of the answer (README, "what the exit code means"): 0 explained or no change; 3 a
+# remainder larger than the min effect is shown; 4 undecided (the final check's budget ran
+# out before the remainder's interval decided: more restarts would); 5 the node's system
+# changed during the run, so the totals are not comparable (run again on a node that holds
+# still). 1, 2 and 130 are every command's.
 EXIT_INCONCLUSIVE = 3
+EXIT_UNDECIDED = 4
+EXIT_SYSTEM_CHANGED = 5
+
+
+def exit_code(answer: dict) -> int:
+    """The investigation's exit code from its answer (see the constants above)."""
+    if answer.get("explains"):
+        return 0
+    return {"undecided": EXIT_UNDECIDED, "system_changed": EXIT_SYSTEM_CHANGED}.get(
+        str(answer.get("status")), EXIT_INCONCLUSIVE)
 
 
 def plan(cfg: RunSettings,
@@ -252,7 +267,7 @@ def finish(cfg: RunSettings, run_dir: Path, store: RunStore, doc: dict, out) -> 
     from orchestrator.ui.report import write_report
     from orchestrator.ui.report.ranking import rank
 
-    code = 0 if doc["answer"].get("explains") else EXIT_INCONCLUSIVE
+    code = exit_code(doc["answer"])
     findings.write(run_dir, rank(step_docs(run_dir), store.trials()))
     store.set_status("done" if code == 0 else "inconclusive")  # what the report shows
     _, files = write_report(run_dir)
