@@ -358,6 +358,29 @@ def test_a_commit_that_sends_only_verify_eager_reads_so_in_the_mechanism(tmp_pat
     assert "did not move: draft " in text and "decode: not measured" in text
 
 
+def test_the_level_the_user_remembers_rules_a_range_out(tmp_path, ray_session, capsys):
+    """"It was 13 ms, now 19": with `was=13` the change being chased is the +48% since then,
+    so a range whose endpoints measure alike is ruled out as soon as its change is confidently
+    under half of that, and the answer says against what (without it the bisect would have to
+    rule out every change above 1%, up to 48 restarts a side)."""
+    from tests.conftest import make_sim_repo
+
+    shas = make_sim_repo(tmp_path / "repo", [{}, {}, {}, {}])
+    cfg = compose_settings("bisect", [f"repo={tmp_path / 'repo'}", f"runs_dir={tmp_path / 'runs'}",
+                                    f"good={shas[0]}", f"bad={shas[-1]}", "metric=verify_ms",
+                                    "nodes=2", "run_id=was", "was=13", "target.noise_restart_cv=0.01",
+                                    *FAST])
+    code = bisect.run(cfg)
+    doc = json.loads((tmp_path / "runs" / "was" / "findings.json").read_text())
+    assert doc["verdict"] == "not_reproducible" and code == 0, doc["message"]
+    assert "The change being chased, from the good level 13 to the bad commit now, is +" \
+        in doc["message"]
+    assert "looking for the change since verify_ms was 13 (was=)" in capsys.readouterr().out
+    store = RunStore.open(tmp_path / "runs" / "was" / "trials.db")
+    assert len(store.trials()) < 96  # the 48-a-side cap that rules out changes over 1%
+    store.close()
+
+
 def test_a_range_without_a_change_exits_0_with_no_change_larger_than_the_min_effect(
         tmp_path, ray_session):
     """Nothing in the range moves verify: with the user's 10% the bisect rules out a change of

@@ -74,6 +74,9 @@ NEWCOMER = {
     "good and bad swapped": (["bisect", "good=HEAD", "bad=HEAD~4"], "not an ancestor"),
     "wrong repo path": (["bisect", "good=HEAD~4", "bad=HEAD", "repo={base}/no-such-repo"],
                         "does not exist"),
+    "a good level of zero": (["bisect", "good=HEAD~4", "bad=HEAD", "was=0"], "was"),
+    "two good levels": (["bisect", "good=HEAD~4", "bad=HEAD", "was=19", "reference=ref"],
+                        "give one"),
 }
 
 
@@ -222,3 +225,14 @@ def test_a_refusal_loads_neither_ray_nor_scipy(name, world):
                           text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "[]", done.stdout
+
+
+def test_a_good_level_is_refused_where_nothing_is_measured_against_it(world, ray_starts, capsys):
+    """`was=VALUE` sets the change a bisect chases; a trial or a sweep has none to chase, and
+    silently ignoring the value would let the user believe it counted."""
+    argv = ["trial", "was=19", "target=sim", f"repo={world['repo']}",
+            f"runs_dir={world['runs']}"]
+    code, err = _refused(argv, world["base"], capsys)
+    assert code == 2 and len(err.splitlines()) == 1, err
+    assert "was=19" in err and "for sleuth bisect and investigate" in err, err
+    assert ray_starts == [] and not world["runs"].exists()

@@ -247,3 +247,23 @@ def test_a_long_not_reproducible_run_points_to_min_effect_pct():
                           VirtualOracle(regime, case), 1)
     assert short.status == "not_reproducible" and few < 20
     assert min_effect_hint(short, ExperimentParams()) is None
+
+
+def test_a_quiet_line_does_not_chase_remainders_under_the_negligible_change():
+    """On a quiet node (0.1% noise) a part reading +0.1% [-0.1%, +0.2%] has p under the
+    suggestive level as often as a noisy part does; it cannot hold a change that counts, so
+    no anchor is measured for it. Ten releases with one 3x step: the endpoints, the search and
+    the head-to-head, never an anchor of an unexplained part."""
+    anchors = 0
+    for seed in range(20):
+        rng = np.random.default_rng((7, seed))
+        strategy = BisectStrategy(10, confidence=0.99)
+        obs: list[Observation] = []
+        while proposals := strategy.propose(obs, [], 1):
+            point = proposals[0].point
+            anchors += "unexplained" in proposals[0].reason
+            value = 20.0 * (3.0 if point >= 6 else 1.0) * math.exp(0.001 * rng.standard_normal())
+            obs.append(Observation(point, value, trial_id=len(obs)))
+        verdict = strategy.verdict(obs)
+        assert verdict.status == "found" and [c.point for c in verdict.culprits] == [6]
+    assert anchors == 0

@@ -2,7 +2,7 @@
 
     sleuth bisect repo=PATH good=REF bad=REF metric=verify_ms [direction=auto] [confidence=0.99]
                   [nodes=K] [max_trials=N] [first_parent=true] [paths=[python/sglang/srt]]
-                  [reference=RUN] [experiment.params.min_effect_pct=P]
+                  [reference=RUN | was=VALUE] [experiment.params.min_effect_pct=P]
 
 Exit 0 when it names the culprit(s), or when the range holds no change larger than the min
 effect (`experiment.params.min_effect_pct`, else 4% or a tenth of the change: the answer says
@@ -104,8 +104,12 @@ def plan(cfg: RunSettings) -> tuple[list[CommitInfo], list[Candidate], list[floa
     return commits, points, weights
 
 
-def reference_level(cfg: RunSettings) -> tuple[float, str] | None:
-    """The metric's geometric mean in `reference=RUN`, and the run's name; None without one."""
+def reference_level(cfg: RunSettings) -> tuple[float, str] | tuple[float, str, str] | None:
+    """The level the range's change is judged against: the metric's geometric mean in
+    `reference=RUN` and the run's name, or the value the user states with `was=VALUE` (with
+    what it is); None without either."""
+    if cfg.was is not None:
+        return float(cfg.was), "was", f"{cfg.metric} was {cfg.was:g} (was=)"
     if not cfg.reference:
         return None
     from orchestrator.commands.compare import load_reference
@@ -236,6 +240,9 @@ def opening_lines(cfg: RunSettings, strategy: BisectStrategy, reference: tuple[f
     if strategy.min_effect_pct is not None:
         chase = (f"looking for a change of {metric} of at least {strategy.min_effect_pct:g}% "
                  "(experiment.params.min_effect_pct); smaller ones do not count")
+    elif reference is not None and reference[1] == "was":
+        chase = (f"looking for the change since {reference[2]}: a range whose change is"
+                 " confidently under half of it does not hold the regression")
     elif reference is not None:
         since = reference[2] if len(reference) > 2 else f"reference run {reference[1]}"
         chase = (f"looking for the change since {since} ({metric} {reference[0]:.4g} there): a"
@@ -244,7 +251,7 @@ def opening_lines(cfg: RunSettings, strategy: BisectStrategy, reference: tuple[f
     else:
         chase = (f"looking for any change of {metric} above {strategy.settings.negligible_pct:g}%"
                  ": its size is measured first (state it with experiment.params.min_effect_pct=P"
-                 " or reference=RUN to rule a range out sooner)")
+                 ", was=VALUE or reference=RUN to rule a range out sooner)")
     return [spend, chase]
 
 

@@ -61,6 +61,12 @@ def check_common(cfg: RunSettings) -> RunSettings:
         raise UserError(f"package={cfg.package.name} searches releases: it is for sleuth bisect"
                         " (package=NAME good=V1 bad=V2); pin a version with"
                         " packages=[NAME==VERSION]")
+    if cfg.was is not None and cfg.command not in ("bisect", "investigate"):
+        raise UserError(f"was={cfg.was:g} states the level a regression is measured from: it is"
+                        " for sleuth bisect and investigate")
+    if cfg.was is not None and cfg.reference:
+        raise UserError(f"was={cfg.was:g} and reference={cfg.reference} both state the good"
+                        " level: give one (the reference run's own measurement is the better)")
     if cfg.command == "sweep":  # a sweep optimises: maximize | minimize (or auto)
         from orchestrator.config.sweep import maximize
 

@@ -377,6 +377,11 @@ class RunSettings:
     # `sleuth compare` / `isolate` / `investigate`: an earlier run (or fingerprint file) that
     # measured the good state.
     reference: str | None = None
+    # `sleuth bisect was=19` (and investigate's bisect without a reference): the metric's value
+    # when it was fast, as the user knows it (a dashboard, an earlier log). It sets the change
+    # being chased as a reference run's level does, so a range that does not hold it is ruled
+    # out as soon as its change is confidently under half of it.
+    was: float | None = ranged(None, gt=0)
     # `sleuth investigate recover=true`: end with a short sweep of `space` on the bad commit.
     recover: bool = False
     # `sleuth trial restarts=N`: N trials (server restarts) of the candidate, e.g. a reference.

@@ -23,11 +23,22 @@ def signalled(strategy: BisectState) -> bool:
     wakes up if trials still in flight show one."""
     cfg, ev = strategy.settings, strategy.evidence
     for rem in strategy.remainders():
+        if negligible_part(strategy, rem):
+            continue
         solid = min(ev.count(rem.lo), ev.count(rem.hi)) >= cfg.remainder_max_per_endpoint
         if rem.p_value < cfg.remainder_clear_p or (solid and
                                                    rem.p_value < cfg.remainder_search_p):
             return True
     return False
+
+
+def negligible_part(strategy: BisectState, rem: Remainder) -> bool:
+    """The part's interval lies within +-``negligible_pct``: whatever it hints at is a change
+    too small to count, so neither searched nor measured further. On a quiet node a part
+    reading +0.1% [-0.1%, +0.2%] has p under ``remainder_suggestive`` as often as a noisy
+    one does; measuring its anchors again to chase a tenth of a percent cost a 10-release
+    search a restart and a half on average (docs/packages.md)."""
+    return -strategy.negligible < rem.diff.lo and rem.diff.hi < strategy.negligible
 
 
 def resolution(strategy: BisectState) -> float | None:
@@ -77,6 +88,8 @@ def suggestive_points(strategy: BisectState) -> list[int]:
     whole = unexplained_total(strategy, cfg.verify_confidence)
     escalate = whole is not None and whole.p_value < cfg.remainder_escalate_p
     for rem in strategy.remainders():
+        if negligible_part(strategy, rem):
+            continue
         if rem.p_value >= cfg.remainder_suggestive and not escalate:
             if cfg.remainder_min_trials:
                 for point in (rem.lo, rem.hi):

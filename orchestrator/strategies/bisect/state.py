@@ -35,6 +35,9 @@ class BisectState(Protocol):
     budget: int
     noise_prior: tuple[float, float] | None
     negligible: float
+    sign: float
+    min_effect: float | None
+    reference_value: float | None
     reproduction: Reproduction | None
     reproduced_order: int
     first_forecast: int | None

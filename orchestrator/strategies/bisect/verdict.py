@@ -45,6 +45,17 @@ def _interval(ci: tuple[float, float] | None) -> str:
     return f" [{ci[0]:+.1f}%, {ci[1]:+.1f}%]"
 
 
+def _chased_change(strategy: BisectState) -> float | None:
+    """The change from a stated good level (a reference run's or ``was=``) to the bad
+    endpoint now, in percent: what a range that does not reproduce was measured against."""
+    if strategy.reference_value is None or strategy.min_effect is not None:
+        return None
+    floor = strategy.effective_min_effect()
+    if floor is None:
+        return None
+    return 100.0 * float(np.expm1(strategy.sign * 2.0 * floor))
+
+
 def _culprit_sentence(culprit: Culprit, direction_word: str | None = None) -> str:
     if culprit.range is not None:
         lo, hi = culprit.range
@@ -251,6 +262,11 @@ def describe(strategy: BisectState) -> Verdict:
     if status in ("not_reproducible", "reversed", "inconclusive"):
         if status == "not_reproducible":
             message = f"{NOT_REPRODUCIBLE_MESSAGE} (endpoint change {change})."
+            chased = _chased_change(strategy)
+            if chased is not None:
+                message += (f" The change being chased, from the good level "
+                            f"{strategy.reference_value:.4g} to the bad commit now, is "
+                            f"{_pct(chased)}: this range holds less than half of it.")
             if strategy.retracted:
                 message += f" Retracted: {strategy.retracted}."
         elif status == "reversed":
