@@ -25,6 +25,8 @@ from dataclasses import dataclass
 
 from scipy.stats import t as student_t
 
+from orchestrator.stats.min_effect import min_effect_log
+
 CONFIDENCE = 0.95
 _Z95 = 1.959963984540054
 
@@ -139,22 +141,9 @@ def remainder(whole: LogChange, parts: Iterable[LogChange]) -> LogChange:
     return LogChange(whole.diff - named.diff, se, df)
 
 
-# The run's min effect: a part of the change smaller than this is not worth chasing, so a
-# remainder whose interval lies within +-min effect counts as explained, and only one whose
-# interval lies beyond it shows that something else is there. The user states it with
-# `experiment.params.min_effect_pct` (the same knob the bisect, the compare and the isolate
-# read). Unstated, it is the larger of 4% and a tenth of the change being explained:
-# - 4% is what a few restarts per side resolve on a noisy node: an 8% change measured with
-#   two or three restarts leaves a remainder interval about 4-5 points wide even when one cause
-#   explains it all (a 3% floor made such answers "not explained" one run in two); the
-#   compare's own default is 3%, the bisect's negligible change 1%;
-# - a tenth of the change is the isolate's unstated floor (`effect_fraction`): a difference
-#   smaller than that is never named as a cause, so a remainder that small could never be
-#   given a name by the run either.
-# The bisect's unstated floor with a reference (half of the change since the reference) is
-# deliberately not used: it would let a large remainder pass as explained.
-MIN_EFFECT_FLOOR_PCT = 4.0
-MIN_EFFECT_SHARE = 0.10
+# The run's min effect (a part of the change smaller than it is not worth chasing, so a
+# remainder whose interval lies within it counts as explained) is one rule for the answer and
+# for the bisect's end rule: `orchestrator/stats/min_effect.py` says why it is what it is.
 
 # How close two attribution states must be to count as "the same" when the answer says that
 # causes overlap ("either alone gives all of it") or hurt only together: a quarter of the change
@@ -174,11 +163,9 @@ EXPLAINED, NO_CHANGE, REMAINDER, UNDECIDED = "explained", "no_change", "remainde
 
 def min_effect(whole: LogChange | None, stated_pct: float | None = None) -> float:
     """The run's min effect on the log scale (positive): `stated_pct` when the user gave one,
-    else the larger of :data:`MIN_EFFECT_FLOOR_PCT` and :data:`MIN_EFFECT_SHARE` of the change."""
-    if stated_pct is not None:
-        return math.log1p(stated_pct / 100.0)
-    share_of = MIN_EFFECT_SHARE * abs(whole.diff) if whole is not None else 0.0
-    return max(math.log1p(MIN_EFFECT_FLOOR_PCT / 100.0), share_of)
+    else the larger of :data:`MIN_EFFECT_FLOOR_PCT` and :data:`MIN_EFFECT_SHARE` of the change
+    (:func:`orchestrator.stats.min_effect.min_effect_log`)."""
+    return min_effect_log(whole.diff if whole is not None else None, stated_pct)
 
 
 def min_effect_pct(log_value: float) -> float:

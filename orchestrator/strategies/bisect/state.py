@@ -37,6 +37,7 @@ class BisectState(Protocol):
     negligible: float
     sign: float
     min_effect: float | None
+    min_effect_pct: float | None
     reference_value: float | None
     reproduction: Reproduction | None
     reproduced_order: int

@@ -418,8 +418,15 @@ class BisectStrategy(Strategy):
         good, bad = 0, self.n - 1
         if self.reproduction is None:
             cap = cfg.reproduce_max_per_endpoint + cfg.endpoint_max_failures
-            return self._alternate((good, bad), in_flight, slots, "reproduce", cap,
-                                   ("good endpoint", "bad endpoint"))
+            labels = ("good endpoint", "bad endpoint")
+            least = cfg.reproduce_min_per_endpoint
+            proposals = self._alternate((good, bad), in_flight, slots, "reproduce", least,
+                                        labels)
+            ahead = self._ahead_of_reproduction(in_flight) if len(proposals) < slots else None
+            if ahead is not None:
+                proposals.append(ahead)
+            return proposals + self._alternate((good, bad), in_flight, slots - len(proposals),
+                                               "reproduce", cap, labels)
         proposals: list[Proposal] = []
         for stage in self.reverify:
             culprit = stage.culprit
@@ -467,6 +474,33 @@ class BisectStrategy(Strategy):
         else:
             proposals += self.search_points(stage, in_flight, left)
         return proposals
+
+    def _ahead_of_reproduction(self, in_flight: Counter) -> Proposal | None:
+        """The search's first point, measured on a node that would otherwise run a third
+        endpoint trial while the endpoints' first ones are still running.
+
+        With several nodes the trials end one by one: the first node to finish used to start
+        the good endpoint's third restart while the bad endpoint's second still ran, and a
+        large change then reproduced with three a side. The point the search would measure
+        first (the prior's median on a line) is needed as soon as the change reproduces; if
+        it does not, one restart was spent ahead. Only while a minimum of trials is still in
+        flight, so a long reproduction (a small change) keeps every node on the endpoints."""
+        ev, cfg = self.evidence, self.settings
+        ends = (0, self.n - 1)
+        least = cfg.reproduce_min_per_endpoint
+        if self.n < 3 or not self.history.linear or ev.n_trials == 0:
+            return None
+        if min(ev.count(p) for p in ends) >= least:
+            return None
+        if any(ev.count(p) + in_flight[p] < least for p in ends):
+            return None
+        prior = np.exp(self.log_prior[1:] - self.log_prior[1:].max())
+        median = 1 + int(np.searchsorted(np.cumsum(prior) / prior.sum(), 0.5))
+        if median >= self.n - 1 or in_flight[median] or ev.count(median):
+            return None
+        in_flight[median] += 1
+        return Proposal(median, "search", "ahead of the reproduction: the search's first "
+                        "point, while the endpoints' last trials run")
 
     def _measures_after_stages(self) -> bool:
         return bool(self.found()) and self.settings.max_culprits > 1
