@@ -249,9 +249,10 @@ def test_a_long_not_reproducible_run_points_to_min_effect_pct():
     assert min_effect_hint(short, ExperimentParams()) is None
 
 
-def test_a_quiet_line_does_not_chase_remainders_under_the_negligible_change():
+def test_a_quiet_line_does_not_chase_remainders_within_the_min_effect():
     """On a quiet node (0.1% noise) a part reading +0.1% [-0.1%, +0.2%] has p under the
-    suggestive level as often as a noisy part does; it cannot hold a change that counts, so
+    suggestive level as often as a noisy part does; it cannot hold a change the answer would
+    not call explained (within the run's min effect), so
     no anchor is measured for it. Ten releases with one 3x step: the endpoints, the search and
     the head-to-head, never an anchor of an unexplained part."""
     anchors = 0
@@ -267,3 +268,26 @@ def test_a_quiet_line_does_not_chase_remainders_under_the_negligible_change():
         verdict = strategy.verdict(obs)
         assert verdict.status == "found" and [c.point for c in verdict.culprits] == [6]
     assert anchors == 0
+
+
+def test_a_free_node_measures_the_search_point_ahead_of_the_reproduction():
+    """Two nodes whose trials end one by one: when the good endpoint's second restart ends
+    while the bad one's still runs, the free node starts the search's first point (the
+    median), not a third good-endpoint restart that a x3 change never needed; once both
+    endpoints hold their minimum the endpoints alternate again."""
+    strategy = BisectStrategy(10, confidence=0.99)
+    obs: list[Observation] = []
+
+    def finish(point: int, value: float) -> None:
+        obs.append(Observation(point, value, trial_id=len(obs)))
+
+    assert [p.point for p in strategy.propose(obs, [], 2)] == [0, 9]
+    finish(0, 20.0)
+    assert [p.point for p in strategy.propose(obs, [9], 1)] == [0]
+    finish(9, 60.0)
+    assert [p.point for p in strategy.propose(obs, [0], 1)] == [9]
+    finish(0, 20.1)
+    ahead = strategy.propose(obs, [9], 1)
+    assert [p.point for p in ahead] == [5] and "ahead of the reproduction" in ahead[0].reason
+    # Nothing reproduced yet and the median already in flight: the endpoints again.
+    assert [p.point for p in strategy.propose(obs, [9, 5], 1)] == [0]
