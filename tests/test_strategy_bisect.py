@@ -291,3 +291,26 @@ def test_a_free_node_measures_the_search_point_ahead_of_the_reproduction():
     assert [p.point for p in ahead] == [5] and "ahead of the reproduction" in ahead[0].reason
     # Nothing reproduced yet and the median already in flight: the endpoints again.
     assert [p.point for p in strategy.propose(obs, [9, 5], 1)] == [0]
+
+
+def test_a_free_node_waits_for_the_head_to_head_in_flight():
+    """Two nodes, a clear x3 step: once the culprit and its parent each have their fresh
+    restart measured or running, the free node waits for them instead of starting a side's
+    next restart (which the stress test makes unneeded for a step this clear); nor does the
+    search spend it on a point whose side of the step is already certain."""
+    strategy = BisectStrategy(10, confidence=0.99)
+    obs: list[Observation] = []
+    rng = np.random.default_rng(3)
+    while True:
+        proposal = strategy.propose(obs, [], 1)[0]
+        if proposal.phase == "verify":
+            break
+        value = 20.0 * (3.0 if proposal.point >= 6 else 1.0) * math.exp(0.01 * rng.normal())
+        obs.append(Observation(proposal.point, value, trial_id=len(obs)))
+    parent = proposal.point
+    obs.append(Observation(parent, 20.0, trial_id=len(obs)))
+    culprit = strategy.propose(obs, [], 1)[0]
+    assert (culprit.phase, culprit.point) == ("verify", 6)
+    assert strategy.propose(obs, [6], 1) == []
+    obs.append(Observation(6, 60.0, trial_id=len(obs)))
+    assert strategy.verdict(obs).status == "found"

@@ -86,6 +86,14 @@ def _step_error(strategy: BisectState, stage: Stage) -> float:
     return channel_error(size, ev.sigma())
 
 
+# While other trials run, a free node does not measure a point whose side of the step the
+# posterior already knows to this level: with the likely culprit in flight the next-best point
+# is often one whose reading is certain (P(first bad <= p) = 1.00), a restart that changes
+# nothing; the node waits for the trial in flight instead. Alone (nothing in flight) the
+# search's own choice stands: then even a settled point is the most informative left.
+SETTLED = 0.005
+
+
 def search_points(strategy: BisectState, stage: Stage, in_flight: Counter,
                   slots: int) -> list[Proposal]:
     ev = strategy.evidence
@@ -100,6 +108,8 @@ def search_points(strategy: BisectState, stage: Stage, in_flight: Counter,
         post = chain_posterior(strategy, stage, with_data=stage.index == 0)
         chosen = choose_points(post, usable.astype(np.int64), flying, slots, error)
         cdf = post.cdf()
+        if flying:
+            chosen = [p for p in chosen if SETTLED < cdf[p] < 1.0 - SETTLED]
         reasons = [f"P(first bad <= {p}) = {cdf[p]:.2f}" for p in chosen]
     else:
         p_bad = graph_reads_bad(strategy, stage)

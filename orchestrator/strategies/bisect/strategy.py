@@ -467,6 +467,11 @@ class BisectStrategy(Strategy):
                 ev.n_trials
             fresh = {p: len(ev.values_since(p, since)) for p in sides}
             cap = max(min(fresh[p] + in_flight[p] for p in sides) + 1, cfg.verify_fresh_per_side)
+            if any(in_flight[p] for p in sides) and all(
+                    fresh[p] + in_flight[p] >= cfg.verify_fresh_per_side for p in sides):
+                # The head-to-head's minimum is measured or running: a free node waits for
+                # it rather than start a side's next restart that a clear step never needs.
+                return proposals
             labels = tuple(f"parent of the culprit {culprit}" for _ in parents) + ("culprit",)
             proposals += self._alternate(sides, in_flight, left, "verify", cap, labels, fresh)
         elif phase == "measure":
