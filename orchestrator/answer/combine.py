@@ -25,9 +25,9 @@ from dataclasses import dataclass
 
 from scipy.stats import t as student_t
 
-from orchestrator.stats.min_effect import min_effect_log
+from orchestrator.stats.min_effect import ANSWER_CONFIDENCE, min_effect_log
 
-CONFIDENCE = 0.95
+CONFIDENCE = ANSWER_CONFIDENCE
 _Z95 = 1.959963984540054
 
 

@@ -27,6 +27,8 @@ import math
 
 MIN_EFFECT_FLOOR_PCT = 4.0
 MIN_EFFECT_SHARE = 0.10
+# The interval an answer judges a remainder by (`orchestrator/answer/combine.py`'s CONFIDENCE).
+ANSWER_CONFIDENCE = 0.95
 
 
 def min_effect_log(change: float | None, stated_pct: float | None = None) -> float:
