@@ -16,6 +16,7 @@ from pkgwheels import release_line
 
 from orchestrator.commands import bisect_release
 from orchestrator.config.compose import compose_settings
+from orchestrator.config.requests import BisectRequest
 from orchestrator.errors import UserError
 from orchestrator.packages.overlay import OverlaySettings
 from orchestrator.packages.releases import between, list_all, releases_between
@@ -143,7 +144,9 @@ def test_endpoints_are_strings_as_typed_and_package_names_the_search():
                                     "package.pre=true", "good=1.10", "bad=2.0"])
     assert (cfg.package.name, cfg.package.pre, cfg.good, cfg.bad) == ("Slow_Pkg", True, "1.10",
                                                                        "2.0")
-    assert bisect_release.name_of(cfg) == "Slow_Pkg"
+    req = BisectRequest.of(cfg)
+    assert (req.package, req.package_pre, req.good, req.bad, req.first_parent) == (
+        "Slow_Pkg", True, "1.10", "2.0", True)
 
 
 class _Row:

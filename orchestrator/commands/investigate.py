@@ -50,6 +50,7 @@ from orchestrator.commands.final_check import final_check
 from orchestrator.commands.investigate_answer import Plan
 from orchestrator.config import params as experiment_params
 from orchestrator.config.bisect import bisect_strategy
+from orchestrator.config.requests import BisectRequest
 from orchestrator.config.settings import RunSettings, as_dict, evolve
 from orchestrator.control.controller import Controller
 from orchestrator.errors import RunInterrupted, UserError
@@ -121,7 +122,8 @@ def plan(cfg: RunSettings,
         points = [dataclasses.replace(base, commit=c.sha) for c in commits]
         untouched = experiment_params.of(cfg).untouched_weight
         weights = bisect.prior_weights(commits, list(cfg.paths), ws, untouched)
-        bisect_strategy(cfg, len(points), weights)  # its own checks, before anything is written
+        # its own checks, before anything is written
+        bisect_strategy(BisectRequest.stored(cfg), experiment_params.of(cfg), len(points), weights)
     sweep_plan = sweep.validate_inside(cfg) if cfg.recover else None
     return cfg, Plan(reference, base, bad, commits, points, weights, sweep_plan), ws
 
@@ -179,7 +181,7 @@ def execute(cfg: RunSettings, ctl: Controller, run_dir: Path, p: Plan, ws, out,
             if yardstick is not None:
                 out.print(yardstick["line"])
             _, docs["bisect"] = bisect.execute(
-                cfg, ctl, run_dir, p.commits, p.points, p.weights, out, findings_name="bisect",
+                cfg, BisectRequest.stored(cfg), ctl, run_dir, p.commits, p.points, p.weights, out, findings_name="bisect",
                 progress=progress, reference=yardstick["level"] if yardstick else None)
         if p.sweep is not None:
             step[0] = "sweep"

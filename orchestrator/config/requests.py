@@ -1,0 +1,119 @@
+"""What each command is asked to do: one small frozen record per command, built once from the
+run's settings at the command's entry.
+
+`RunSettings` (`schema.py`) is the composed tree Hydra fills and the run stores; it holds the
+shared settings (target, bench, cluster, the candidate's keys) beside fields that only one
+command reads (`good`/`bad`, a sweep's `trials`, a scenario's `out`, ...), typed loosely
+because Hydra composes one schema for every command (`good` is a ref for a bisect and a
+candidate spec for an isolate). A command does not read those fields from the tree: its entry
+builds its request (`BisectRequest.of(settings)`, ...), which checks the command's own
+arguments (one `UserError` line, exit 2, before anything is written) and holds them typed (a
+ref as `str`, paths as a tuple). The rest of the command reads the request.
+
+A resumed run, or a report replaying one, reads a request whose arguments were checked when
+the run started: `stored(settings)` builds it without the checks, so a run an older release
+accepted still resumes. A command run as a step of another (an investigation's bisect) gets
+its request from that command's own (`InvestigateRequest.bisect_step`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from orchestrator.config.schema import RunSettings
+from orchestrator.config.settings import as_dict
+from orchestrator.errors import UserError
+from orchestrator.metrics import check_metric, regression_direction
+
+
+def check_confidence(confidence: float) -> float:
+    """A posterior mass to reach: strictly between a coin flip and certainty."""
+    if not 0.5 < confidence < 1.0:
+        raise UserError(f"confidence must be between 0.5 and 1 (exclusive), got {confidence}")
+    return float(confidence)
+
+
+def check_budget(max_trials: int | None) -> int | None:
+    """A bisect's or an isolate's restart budget: the endpoints and a split need four."""
+    if max_trials is not None and max_trials < 4:
+        raise UserError(f"max_trials must be at least 4 (got {max_trials})")
+    return max_trials
+
+
+def _check_metric(settings: RunSettings) -> str:
+    """The metric, known to the metric table (or one a `command` target's bench reports)."""
+    target = settings.target
+    check_metric(settings.metric, custom=target.name == "command", target=as_dict(target))
+    return settings.metric
+
+
+def _text(value: object) -> str | None:
+    return str(value) if value else None
+
+
+@dataclass(frozen=True)
+class BisectRequest:
+    """`sleuth bisect`: the range (or a package's releases) to search and how surely.
+
+    `good`/`bad` are refs (or, with `package`, two versions of that package); `direction` is as
+    given (`auto` follows the metric table); `reference` names an earlier run whose level sets
+    the change being chased."""
+
+    good: str
+    bad: str
+    metric: str = "verify_ms"
+    direction: str = "auto"
+    confidence: float = 0.99
+    max_trials: int | None = None
+    first_parent: bool = True
+    paths: tuple[str, ...] = ()
+    reference: str | None = None
+    package: str = ""  # `package=NAME`: its releases are the points, not commits
+    package_pre: bool = False
+
+    @classmethod
+    def of(cls, settings: RunSettings) -> BisectRequest:
+        """The request, its arguments checked (the shared checks are `check_common`'s)."""
+        _check_metric(settings)
+        regression_direction(settings.metric, settings.direction)
+        good, bad = settings.good, settings.bad
+        if not good or not bad:
+            raise UserError("bisect needs both endpoints: good=REF bad=REF")
+        if not isinstance(good, str | int) or not isinstance(bad, str | int):
+            raise UserError("bisect endpoints are refs (good=REF bad=REF); candidate specs such"
+                            " as good.commit=... are for sleuth isolate")
+        check_confidence(settings.confidence)
+        check_budget(settings.max_trials)
+        if settings.package.name.strip():
+            _check_release(settings)
+        return cls.stored(settings)
+
+    @classmethod
+    def stored(cls, settings: RunSettings) -> BisectRequest:
+        """The request of a run checked when it started (a resume, a report's replay); an
+        investigation's stored settings may hold no endpoints (its reference is one)."""
+        package = settings.package.name.strip()
+        return cls(good=str(settings.good or ""), bad=str(settings.bad or ""),
+                   metric=settings.metric, direction=settings.direction,
+                   confidence=float(settings.confidence), max_trials=settings.max_trials,
+                   first_parent=settings.first_parent or bool(package),  # releases are a line
+                   paths=tuple(str(p) for p in settings.paths),
+                   reference=_text(settings.reference), package=package,
+                   package_pre=settings.package.pre)
+
+
+def _check_release(settings: RunSettings) -> None:
+    """A package name and two exact versions, the package not also pinned for every point."""
+    from orchestrator.packages import plan as packages
+    from orchestrator.packages.pins import canonical, check_version, parse_pin
+
+    name = settings.package.name.strip()
+    try:
+        parse_pin(f"{name}==0")
+    except UserError:
+        raise UserError(f"package={name}: not a package name (package=NAME, e.g."
+                        " package=nvidia-nccl-cu12)") from None
+    check_version(name, settings.good)
+    check_version(name, settings.bad)
+    if canonical(name) in packages.fixed_pins(settings):
+        raise UserError(f"package={name} is searched: leave it out of packages=[...]")
