@@ -19,6 +19,7 @@ its request from that command's own (`InvestigateRequest.bisect_step`).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
 from orchestrator.config.schema import RunSettings
 from orchestrator.config.settings import as_dict
@@ -117,3 +118,41 @@ def _check_release(settings: RunSettings) -> None:
     check_version(name, settings.bad)
     if canonical(name) in packages.fixed_pins(settings):
         raise UserError(f"package={name} is searched: leave it out of packages=[...]")
+
+
+@dataclass(frozen=True)
+class TrialRequest:
+    """`sleuth trial`: how many server restarts of the run's candidate (`restarts=N`; three
+    or more make a reference for `sleuth investigate`)."""
+
+    restarts: int = 1
+
+    @classmethod
+    def of(cls, settings: RunSettings) -> TrialRequest:
+        """The request (its range, `restarts >= 1`, was checked at composition)."""
+        return cls(restarts=int(settings.restarts))
+
+
+@dataclass(frozen=True)
+class ScenarioRequest:
+    """`sleuth scenario`: where to write a scenario and its shape, or (`apply`) which of an
+    existing scenario's recorded node states to put the simulated nodes in."""
+
+    out: Path
+    commits: int = 100
+    seed: int = 0
+    preset: str = "one_culprit"
+    apply: str | None = None  # reference | now
+
+    @classmethod
+    def of(cls, settings: RunSettings) -> ScenarioRequest:
+        """The request, `out` made absolute; without one, the usage in one line. The preset is
+        checked by the generator, before it writes anything."""
+        if not settings.out:
+            from orchestrator.sim_scenarios.generate import PRESETS
+
+            raise UserError(f"where to? usage: sleuth scenario out=DIR [commits=N] [seed=S]"
+                            f" [preset={'|'.join(PRESETS)}], or out=DIR apply=reference|now")
+        return cls(out=Path(str(settings.out)).expanduser().resolve(),
+                   commits=int(settings.commits), seed=int(settings.seed),
+                   preset=str(settings.preset), apply=settings.apply)
