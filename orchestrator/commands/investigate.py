@@ -50,7 +50,7 @@ from orchestrator.commands.final_check import final_check
 from orchestrator.commands.investigate_answer import Plan
 from orchestrator.config import params as experiment_params
 from orchestrator.config.bisect import bisect_strategy
-from orchestrator.config.requests import BisectRequest
+from orchestrator.config.requests import BisectRequest, CompareRequest
 from orchestrator.config.settings import RunSettings, as_dict, evolve
 from orchestrator.control.controller import Controller
 from orchestrator.errors import RunInterrupted, UserError
@@ -128,12 +128,6 @@ def plan(cfg: RunSettings,
     return cfg, Plan(reference, base, bad, commits, points, weights, sweep_plan), ws
 
 
-def _step_cfg(cfg: RunSettings, **changes) -> RunSettings:
-    """The settings one step runs with: `max_trials` is the bisect's and the isolate's budget,
-    the compare keeps its own."""
-    return evolve(cfg, changes)
-
-
 def execute(cfg: RunSettings, ctl: Controller, run_dir: Path, p: Plan, ws, out,
             progress: Progress | None = None) -> tuple[dict, dict[str, dict]]:
     """Every step on a running controller; returns the investigation's document (with its
@@ -157,9 +151,10 @@ def execute(cfg: RunSettings, ctl: Controller, run_dir: Path, p: Plan, ws, out,
                 docs["compare"] = earlier
                 out.print(f"the compare finished before: {docs['compare']['message']}")
             else:
-                docs["compare"] = compare.execute(_step_cfg(cfg, max_trials=None), ctl, run_dir,
-                                                  ref, out, findings_name="compare",
-                                                  progress=progress)
+                # the compare keeps its own budget: max_trials is the bisect's and the isolate's
+                docs["compare"] = compare.execute(
+                    cfg, CompareRequest.step(cfg, max_trials=None), ctl, run_dir, ref, out,
+                    findings_name="compare", progress=progress)
             if docs["compare"]["verdict"] == "not_reproduced":
                 step[0] = "isolate"
                 out.print("\n== the system: which differences cause it ==")

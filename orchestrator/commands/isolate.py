@@ -27,6 +27,7 @@ from orchestrator.commands import common, compare
 from orchestrator.commands.isolate_findings import document
 from orchestrator.commands.isolate_points import IsolatePoints
 from orchestrator.config import params as experiment_params
+from orchestrator.config.requests import CompareRequest
 from orchestrator.config.settings import RunSettings, as_dict, evolve
 from orchestrator.control.controller import Controller
 from orchestrator.control.drive import drive, replay, unreported
@@ -338,8 +339,8 @@ def _compare(cfg: RunSettings, ctl: Controller, run_dir: Path, ref: dict, out,
     if cdoc is not None:  # a resumed run: the compare finished before
         out.print(f"the compare finished before: {cdoc['message']}")
         return cdoc
-    return compare.execute(cfg, ctl, run_dir, ref, out, findings_name="compare",
-                           progress=progress)
+    return compare.execute(cfg, CompareRequest.step(cfg, cfg.max_trials), ctl, run_dir, ref,
+                           out, findings_name="compare", progress=progress)
 
 
 def _answer(run_dir: Path, store: RunStore, ref: dict | None, out) -> list[dict]:

@@ -21,6 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from orchestrator.config import params as experiment_params
 from orchestrator.config.schema import RunSettings
 from orchestrator.config.settings import as_dict
 from orchestrator.errors import UserError
@@ -156,3 +157,39 @@ class ScenarioRequest:
         return cls(out=Path(str(settings.out)).expanduser().resolve(),
                    commits=int(settings.commits), seed=int(settings.seed),
                    preset=str(settings.preset), apply=settings.apply)
+
+
+def compare_reference(settings: RunSettings) -> str:
+    """The run (or fingerprint file) a compare re-measures: `reference=`, or the older
+    spelling `experiment.params.reference=`; refused first when neither is given."""
+    given = experiment_params.parse(settings.experiment.params).reference or settings.reference
+    if not given:
+        raise UserError("compare needs a reference: sleuth compare reference=RUN_DIR_OR_FINGERPRINT")
+    return str(given)
+
+
+@dataclass(frozen=True)
+class CompareRequest:
+    """`sleuth compare`: the reference to re-measure now, on which metric, within how many
+    restarts (`max_trials`; None: `experiment.params.max_trials`, else 9)."""
+
+    reference: str
+    metric: str = "verify_ms"
+    max_trials: int | None = None
+
+    @classmethod
+    def of(cls, settings: RunSettings) -> CompareRequest:
+        """The request, its reference given and its metric known."""
+        reference = compare_reference(settings)
+        check_metric(settings.metric, target=as_dict(settings.target))
+        return cls(reference=reference, metric=settings.metric,
+                   max_trials=settings.max_trials)
+
+    @classmethod
+    def step(cls, settings: RunSettings, max_trials: int | None) -> CompareRequest:
+        """The compare an isolate or an investigation runs as its first step, with that
+        command's budget for it (checked with that command's request)."""
+        given = experiment_params.parse(settings.experiment.params).reference \
+            or settings.reference
+        return cls(reference=str(given or ""), metric=settings.metric, max_trials=max_trials)
+
