@@ -216,7 +216,7 @@ def _truth_check(truth: dict, docs: dict[str, dict], out) -> bool:
 
 def run(cfg: RunSettings) -> int:
     cfg = common.check_common(cfg)
-    space, settings = sweep.validate(cfg)  # the sweep step's, checked before anything is written
+    space = sweep.validate(cfg).space  # the sweep step's, checked before anything is written
     cfg = pin_run(cfg)
     run_dir, store = create_run(cfg)
     out = render.console()

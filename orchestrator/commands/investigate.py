@@ -50,7 +50,7 @@ from orchestrator.commands.final_check import final_check
 from orchestrator.commands.investigate_answer import Plan
 from orchestrator.config import params as experiment_params
 from orchestrator.config.bisect import bisect_strategy
-from orchestrator.config.requests import BisectRequest, CompareRequest
+from orchestrator.config.requests import BisectRequest, CompareRequest, SweepRequest
 from orchestrator.config.settings import RunSettings, as_dict, evolve
 from orchestrator.control.controller import Controller
 from orchestrator.errors import RunInterrupted, UserError
@@ -124,7 +124,7 @@ def plan(cfg: RunSettings,
         weights = bisect.prior_weights(commits, list(cfg.paths), ws, untouched)
         # its own checks, before anything is written
         bisect_strategy(BisectRequest.stored(cfg), experiment_params.of(cfg), len(points), weights)
-    sweep_plan = sweep.validate_inside(cfg) if cfg.recover else None
+    sweep_plan = SweepRequest.of(cfg) if cfg.recover else None
     return cfg, Plan(reference, base, bad, commits, points, weights, sweep_plan), ws
 
 
@@ -182,10 +182,8 @@ def execute(cfg: RunSettings, ctl: Controller, run_dir: Path, p: Plan, ws, out,
             step[0] = "sweep"
             out.print("\n== recover: a short sweep on the bad commit as the node is now ==")
             mark("sweep")
-            space, settings = p.sweep
-            _, docs["sweep"] = sweep.execute(cfg, ctl, run_dir, space, settings,
-                                             p.bad_candidate, out, progress=progress,
-                                             findings_name="sweep")
+            _, docs["sweep"] = sweep.execute(cfg, p.sweep, ctl, run_dir, p.bad_candidate, out,
+                                             progress=progress, findings_name="sweep")
             findings.write(run_dir, docs["sweep"], "sweep")
         step[0] = "final check"
         both = p.reference is None and p.bad_candidate.key != p.base.key

@@ -22,6 +22,7 @@ from orchestrator.answer.triage import for_investigation
 from orchestrator.commands import next_step
 from orchestrator.commands.final_check import FINAL_PHASE, refreshed, total_rows
 from orchestrator.config import params as experiment_params
+from orchestrator.config.requests import SweepRequest
 from orchestrator.config.settings import RunSettings
 from orchestrator.errors import UserError
 from orchestrator.records import Candidate
@@ -42,7 +43,7 @@ class Plan:
     commits: list[CommitInfo]  # the range good..bad (empty when bad is the same commit)
     points: list[Candidate]
     weights: list[float] | None
-    sweep: tuple | None  # (space, settings) with recover=true
+    sweep: SweepRequest | None  # recover=true: the sweep on the bad commit
 
     @property
     def bad_candidate(self) -> Candidate:

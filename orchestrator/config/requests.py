@@ -20,12 +20,17 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from orchestrator.config import params as experiment_params
 from orchestrator.config.schema import RunSettings
 from orchestrator.config.settings import as_dict
 from orchestrator.errors import UserError
 from orchestrator.metrics import check_metric, regression_direction
+
+if TYPE_CHECKING:  # Optuna comes with them: imported when a sweep's request is built
+    from orchestrator.strategies.sweep.search import SweepSettings
+    from orchestrator.strategies.sweep.space import SearchSpace
 
 
 def check_confidence(confidence: float) -> float:
@@ -193,3 +198,31 @@ class CompareRequest:
             or settings.reference
         return cls(reference=str(given or ""), metric=settings.metric, max_trials=max_trials)
 
+
+@dataclass(frozen=True)
+class SweepRequest:
+    """`sleuth sweep` (and an investigation's `recover=true` step): the search space, the
+    search's settings (`trials` as its budget, sampler, seed, direction, the knobs of
+    `experiment.params`), the metric, and the confidence an answer so far is stated at."""
+
+    space: SearchSpace
+    search: SweepSettings
+    metric: str = "verify_ms"
+    confidence: float = 0.99
+
+    @classmethod
+    def of(cls, settings: RunSettings) -> SweepRequest:
+        """The request, every check that needs no repository made: space, budget, knobs,
+        sampler (a grid only over a finite space small enough to walk)."""
+        from orchestrator.config import sweep as setup
+        from orchestrator.strategies.sweep.search import MAX_GRID
+
+        search = setup.settings(settings)
+        space = setup.space(settings, as_dict(settings.target))
+        if search.sampler == "grid":
+            size = space.size()
+            if size is None or size > MAX_GRID:
+                raise UserError(f"sampler=grid needs a finite space of at most {MAX_GRID} "
+                                f"configurations (this one: {size or 'continuous'}); use tpe")
+        return cls(space=space, search=search, metric=settings.metric,
+                   confidence=float(settings.confidence))
