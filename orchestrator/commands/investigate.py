@@ -50,7 +50,12 @@ from orchestrator.commands.final_check import final_check
 from orchestrator.commands.investigate_answer import Plan
 from orchestrator.config import params as experiment_params
 from orchestrator.config.bisect import bisect_strategy
-from orchestrator.config.requests import BisectRequest, CompareRequest, SweepRequest
+from orchestrator.config.requests import (
+    BisectRequest,
+    CompareRequest,
+    IsolateRequest,
+    SweepRequest,
+)
 from orchestrator.config.settings import RunSettings, as_dict, evolve
 from orchestrator.control.controller import Controller
 from orchestrator.errors import RunInterrupted, UserError
@@ -159,8 +164,11 @@ def execute(cfg: RunSettings, ctl: Controller, run_dir: Path, p: Plan, ws, out,
                 step[0] = "isolate"
                 out.print("\n== the system: which differences cause it ==")
                 mark("isolate")
-                isolated = isolate.isolate_system(cfg, ctl, run_dir, ref, docs["compare"],
-                                                  ws.resolve, out, progress)
+                step_req = IsolateRequest(metric=cfg.metric, direction=cfg.direction,
+                                          confidence=cfg.confidence, max_trials=cfg.max_trials,
+                                          reference=str(cfg.reference or "") or None)
+                isolated = isolate.isolate_system(cfg, step_req, ctl, run_dir, ref,
+                                                  docs["compare"], ws.resolve, out, progress)
                 if isolated is not None:
                     docs["isolate"] = isolated[1]
                     found = investigate_release.follow(cfg, ctl, run_dir, docs["isolate"], out,

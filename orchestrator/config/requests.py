@@ -18,9 +18,10 @@ its request from that command's own (`InvestigateRequest.bisect_step`).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from orchestrator.config import params as experiment_params
 from orchestrator.config.schema import RunSettings
@@ -162,6 +163,53 @@ class ScenarioRequest:
         return cls(out=Path(str(settings.out)).expanduser().resolve(),
                    commits=int(settings.commits), seed=int(settings.seed),
                    preset=str(settings.preset), apply=settings.apply)
+
+
+def candidate_spec(node: object) -> dict[str, Any]:
+    """One side of an isolate (`good.commit=REF good.env.X=V bad.clock=...`) as a plain
+    mapping, its patches absolute (saved so, a resume finds them from anywhere)."""
+    if node is None:
+        return {}
+    if not isinstance(node, Mapping):
+        raise UserError("isolate takes candidate specs: good.commit=REF good.env.X=V bad.clock=..."
+                        " (or reference=RUN)")
+    spec = as_dict(node)
+    if "patches" in spec:
+        spec["patches"] = [str(Path(str(p)).expanduser().resolve()) for p in spec["patches"]]
+    return spec
+
+
+@dataclass(frozen=True)
+class IsolateRequest:
+    """`sleuth isolate`: the two configurations whose differences are tested (`good`/`bad`,
+    candidate specs; empty with a `reference`, whose re-measured differences are tested
+    instead), on which metric, how surely and within how many restarts.
+
+    The specs are plain mappings the record does not copy on reading: take a copy
+    (`as_dict(req.good)`) before changing one."""
+
+    good: Mapping[str, Any] = field(default_factory=dict)
+    bad: Mapping[str, Any] = field(default_factory=dict)
+    metric: str = "verify_ms"
+    direction: str = "auto"
+    confidence: float = 0.99
+    max_trials: int | None = None
+    reference: str | None = None
+
+    @classmethod
+    def of(cls, settings: RunSettings) -> IsolateRequest:
+        """The request, its arguments checked (the shared checks are `check_common`'s): the
+        metric, confidence, budget, and (without a reference) each side's spec."""
+        check_metric(settings.metric, target=as_dict(settings.target))
+        check_confidence(settings.confidence)
+        check_budget(settings.max_trials)
+        reference = _text(settings.reference)
+        good = bad = {}
+        if reference is None:
+            good, bad = candidate_spec(settings.good), candidate_spec(settings.bad)
+        return cls(good=good, bad=bad, metric=settings.metric, direction=settings.direction,
+                   confidence=float(settings.confidence), max_trials=settings.max_trials,
+                   reference=reference)
 
 
 def compare_reference(settings: RunSettings) -> str:
