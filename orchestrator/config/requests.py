@@ -274,3 +274,54 @@ class SweepRequest:
                                 f"configurations (this one: {size or 'continuous'}); use tpe")
         return cls(space=space, search=search, metric=settings.metric,
                    confidence=float(settings.confidence))
+
+
+@dataclass(frozen=True)
+class InvestigateRequest:
+    """`sleuth investigate`: from a `reference` (an earlier run or fingerprint file), or from
+    `good`, to `bad` (refs; `bad` empty: the reference's own commit), on which metric, how
+    surely, within how many restarts per search, and whether to end with a `recover` sweep.
+    Its steps get their requests from it (`bisect_step`, `isolate_step`)."""
+
+    good: str | None = None
+    bad: str | None = None
+    metric: str = "verify_ms"
+    direction: str = "auto"
+    confidence: float = 0.99
+    max_trials: int | None = None
+    first_parent: bool = True
+    paths: tuple[str, ...] = ()
+    reference: str | None = None
+    recover: bool = False
+
+    @classmethod
+    def of(cls, settings: RunSettings) -> InvestigateRequest:
+        """The request, its arguments checked (the shared checks are `check_common`'s;
+        whether a reference or both ends are given is the plan's, since the demo hands
+        its reference over directly)."""
+        _check_metric(settings)
+        check_confidence(settings.confidence)
+        check_budget(settings.max_trials)
+        for side in ("good", "bad"):
+            value = getattr(settings, side)
+            if value is not None and not isinstance(value, str | int):
+                raise UserError(f"investigate takes refs ({side}=REF); candidate specs such as"
+                                f" {side}.commit=... are for sleuth isolate")
+        return cls(good=_text(settings.good), bad=_text(settings.bad), metric=settings.metric,
+                   direction=settings.direction, confidence=float(settings.confidence),
+                   max_trials=settings.max_trials, first_parent=settings.first_parent,
+                   paths=tuple(str(p) for p in settings.paths),
+                   reference=_text(settings.reference), recover=settings.recover)
+
+    def bisect_step(self, good: str, bad: str) -> BisectRequest:
+        """The bisect of the range `good..bad` (SHAs) under today's system."""
+        return BisectRequest(good=good, bad=bad, metric=self.metric, direction=self.direction,
+                             confidence=self.confidence, max_trials=self.max_trials,
+                             first_parent=self.first_parent, paths=self.paths,
+                             reference=self.reference)
+
+    def isolate_step(self) -> IsolateRequest:
+        """The isolate of the differences the compare found (no specs: they come from it)."""
+        return IsolateRequest(metric=self.metric, direction=self.direction,
+                              confidence=self.confidence, max_trials=self.max_trials,
+                              reference=self.reference)
