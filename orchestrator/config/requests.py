@@ -325,3 +325,37 @@ class InvestigateRequest:
         return IsolateRequest(metric=self.metric, direction=self.direction,
                               confidence=self.confidence, max_trials=self.max_trials,
                               reference=self.reference)
+
+
+@dataclass(frozen=True)
+class DemoRequest:
+    """`sleuth demo`: the size and seed of the scenario it builds (its preset is the demo's
+    own); the investigation and the sweep it runs take their requests from the settings."""
+
+    commits: int = 100
+    seed: int = 0
+
+    @classmethod
+    def of(cls, settings: RunSettings) -> DemoRequest:
+        """The request (`commits >= 1` was checked at composition)."""
+        return cls(commits=int(settings.commits), seed=int(settings.seed))
+
+
+@dataclass(frozen=True)
+class RunRequest:
+    """`sleuth report RUN [out=DIR]` and `sleuth resume RUN [max_trials=N]`: the run (an id
+    under `runs_dir` or a directory), where a report's files go (None: the run directory),
+    and a resumed bisect's new budget."""
+
+    run: str
+    out: Path | None = None
+    max_trials: int | None = None
+
+    @classmethod
+    def of(cls, settings: RunSettings) -> RunRequest:
+        """The request; without a run, the command's usage in one line."""
+        if not settings.run_id:
+            raise UserError(f"which run? usage: sleuth {settings.command} RUN (a run id or run"
+                            " directory)")
+        out = Path(str(settings.out)).expanduser().resolve() if settings.out else None
+        return cls(run=str(settings.run_id), out=out, max_trials=settings.max_trials)
