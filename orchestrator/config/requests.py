@@ -12,8 +12,12 @@ ref as `str`, paths as a tuple). The rest of the command reads the request.
 
 A resumed run, or a report replaying one, reads a request whose arguments were checked when
 the run started: `stored(settings)` builds it without the checks, so a run an older release
-accepted still resumes. A command run as a step of another (an investigation's bisect) gets
-its request from that command's own (`InvestigateRequest.bisect_step`).
+accepted still resumes. A command run as a step of another (an investigation's bisect, an
+isolate's compare) gets its request from that command's own (`InvestigateRequest.bisect_step`,
+`CompareRequest.step` with the caller's budget), never by rewriting the settings.
+
+One module for every command, so a newcomer finds what each command is asked in one place;
+the records are small and their checks are the commands' refusals, nothing more.
 """
 
 from __future__ import annotations
