@@ -176,8 +176,8 @@ def prepare(work: Path, use_git: bool, bench: str = BENCH_PY, python: str = sys.
         shas = make_kernel_repo(repo, bench=bench, **sizes)
         cfg = compose_settings("bisect", overrides(repo, work / "runs", shas[0], shas[-1], python,
                                                  0, None))
-        cfg = bisect_command.validate(cfg)
-        commits, points, weights = bisect_command.plan(cfg)
+        cfg, req = bisect_command.validate(cfg)
+        commits, points, weights = bisect_command.plan(cfg, req)
     else:
         repo = work / "revisions"
         commits = make_kernel_dirs(repo, bench=bench, **sizes)
@@ -195,7 +195,8 @@ def run(prepared: Prepared, torch_python: str, gpu: int, seconds_left: float, ou
     t0 = time.monotonic()
     budget = max(12, int(seconds_left / SECONDS_PER_TRIAL))
     cfg = _compose(prepared, torch_python, gpu, budget)
-    cfg = pin_run(bisect_command.validate(cfg))
+    cfg, req = bisect_command.validate(cfg)
+    cfg = pin_run(cfg)
     run_dir, store = create_run(cfg)
     log_path = prepared.work / f"{name}.log"
     events: list[str] = []
@@ -209,7 +210,7 @@ def run(prepared: Prepared, torch_python: str, gpu: int, seconds_left: float, ou
         try:
             with LocalController(cfg, store, run_dir, on_event=events.append, runner=runner,
                                  deadline=t0 + seconds_left) as ctl:
-                verdict, doc = bisect_command.execute(cfg, ctl, run_dir, prepared.commits,
+                verdict, doc = bisect_command.execute(cfg, req, ctl, run_dir, prepared.commits,
                                                       prepared.points, prepared.weights, out)
             store.set_status("done" if verdict.status == "found" else "inconclusive")
             rows = store.trials()

@@ -20,6 +20,7 @@ from conftest import git
 
 from orchestrator.commands import bisect
 from orchestrator.config.compose import compose_settings
+from orchestrator.config.requests import BisectRequest
 from orchestrator.strategies import BisectStrategy, Observation
 from orchestrator.workspace.commits import parent_points
 
@@ -87,7 +88,7 @@ def graph(tmp_path_factory):
     cfg = compose_settings("bisect", [f"repo={repo}", f"good={names['good']}",
                                     f"bad={names['bad']}", "first_parent=false",
                                     f"runs_dir={repo.parent / 'runs'}"])
-    commits, points, _ = bisect.plan(cfg)
+    commits, points, _ = bisect.plan(cfg, BisectRequest.stored(cfg))
     values = [float(git(repo, "show", f"{c.sha}:value.txt")) for c in commits]
     return repo, names, commits, values
 

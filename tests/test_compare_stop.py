@@ -13,6 +13,7 @@ from rich.console import Console
 
 from orchestrator.commands import compare
 from orchestrator.config.compose import compose_settings
+from orchestrator.config.requests import CompareRequest
 from orchestrator.records import Candidate, Measurement, Outcome, TrialResult
 from orchestrator.store import TrialRow
 
@@ -60,12 +61,13 @@ class _Stopped:
 def test_an_interrupted_compare_stores_its_answer_so_far(tmp_path):
     cfg = compose_settings("compare", ["target=sim", "metric=verify_ms", "max_trials=9",
                                      "experiment.params.batch=2"])
+    req = CompareRequest.step(cfg, cfg.max_trials)
     ref = {"candidate": REF, "name": "reference", "values": {"verify_ms": [20.0, 20.2, 19.8]},
            "fingerprint": {**FINGERPRINT, "gpu": {**FINGERPRINT["gpu"], "gpus": [
                {"index": 0, "name": "H200", "power_limit_w": 600}]}}, "telemetry": []}
     buf = io.StringIO()
     with pytest.raises(KeyboardInterrupt):
-        compare.execute(cfg, _Stopped(), tmp_path, ref, Console(file=buf, width=300),
+        compare.execute(cfg, req, _Stopped(), tmp_path, ref, Console(file=buf, width=300),
                         findings_name="compare")
     doc = json.loads((tmp_path / "findings-compare.json").read_text())
     answer = doc["answer"]
@@ -79,7 +81,7 @@ def test_an_interrupted_compare_stores_its_answer_so_far(tmp_path):
     # Its own run says it before the resume line.
     buf = io.StringIO()
     with pytest.raises(KeyboardInterrupt):
-        compare.execute(cfg, _Stopped(), tmp_path, ref, Console(file=buf, width=300))
+        compare.execute(cfg, req, _Stopped(), tmp_path, ref, Console(file=buf, width=300))
     assert "answer: so far (interrupted after 3 restarts)" in buf.getvalue()
     assert json.loads((tmp_path / "findings.json").read_text())["answer"]["status"] == (
         "provisional")

@@ -16,6 +16,7 @@ from pkgwheels import release_line
 
 from orchestrator.commands import bisect_release
 from orchestrator.config.compose import compose_settings
+from orchestrator.config.requests import BisectRequest, InvestigateRequest
 from orchestrator.errors import UserError
 from orchestrator.packages.overlay import OverlaySettings
 from orchestrator.packages.releases import between, list_all, releases_between
@@ -143,7 +144,9 @@ def test_endpoints_are_strings_as_typed_and_package_names_the_search():
                                     "package.pre=true", "good=1.10", "bad=2.0"])
     assert (cfg.package.name, cfg.package.pre, cfg.good, cfg.bad) == ("Slow_Pkg", True, "1.10",
                                                                        "2.0")
-    assert bisect_release.name_of(cfg) == "Slow_Pkg"
+    req = BisectRequest.of(cfg)
+    assert (req.package, req.package_pre, req.good, req.bad, req.first_parent) == (
+        "Slow_Pkg", True, "1.10", "2.0", True)
 
 
 class _Row:
@@ -211,7 +214,7 @@ def test_investigate_names_the_release_in_the_isolate_cause_and_can_be_turned_of
     assert follow.harmful_packages(isolate, 0.99) == [cause]
     assert follow._versions(cause["differences"][0]) == ("2.27.5", "2.28.3")
     off = build({"packages": {"bisect": False}, "confidence": 0.99})
-    assert follow.follow(off, None, None, isolate, None) is None  # nothing listed, nothing run
+    assert follow.follow(off, InvestigateRequest(), None, None, isolate, None) is None  # nothing listed, nothing run
     release = {"verdict": "found", "package": {"versions": [
         {"version": v} for v in ("2.27.5", "2.27.7", "2.28.0", "2.28.3", "2.28.7")]},
         "findings": [

@@ -15,6 +15,7 @@ import pytest
 from pkgwheels import build_test_wheels
 
 from orchestrator.config.compose import compose_settings
+from orchestrator.config.requests import BisectRequest
 from orchestrator.errors import UserError
 from orchestrator.packages import trial as pkg_trial
 from orchestrator.packages.overlay import OverlayCache, OverlayError, OverlaySet, OverlaySettings
@@ -321,7 +322,7 @@ def test_a_bisect_runs_every_candidate_under_the_fixed_overlay(tmp_path, wheels)
     from orchestrator.commands import common
 
     common.check_common(cfg)
-    _, points, _ = bisect.plan(cfg)
+    _, points, _ = bisect.plan(cfg, BisectRequest.stored(cfg))
     assert [p.commit for p in points] == shas and {p.packages for p in points} == {
         ("slowimp==2.0",)}
     assert not (tmp_path / "runs").exists() or not [

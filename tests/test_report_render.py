@@ -21,8 +21,10 @@ import pytest
 
 from orchestrator.cli import main as cli_main
 from orchestrator.commands import bisect
+from orchestrator.config import params as experiment_params
 from orchestrator.config.bisect import bisect_strategy
 from orchestrator.config.compose import compose_settings
+from orchestrator.config.requests import BisectRequest
 from orchestrator.config.settings import to_yaml
 from orchestrator.control.drive import observation
 from orchestrator.records import Candidate, Measurement, Outcome, TrialResult
@@ -75,7 +77,7 @@ def build_bisect_run(root: Path, run_id: str = "syn") -> dict:
                for i in range(N)]
     points = [Candidate.make(c.sha) for c in commits]
     bisect._save_plan(run_dir, commits, points, None)
-    strategy = bisect_strategy(cfg, N, None)
+    strategy = bisect_strategy(BisectRequest.stored(cfg), experiment_params.of(cfg), N, None)
     rng = random.Random(7)
     obs, clock, suspect_id = [], 1000.0, None
     while not strategy.verdict(obs).done:

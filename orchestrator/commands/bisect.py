@@ -40,11 +40,11 @@ from orchestrator.commands.bisect_stop import (
 )
 from orchestrator.config import params as experiment_params
 from orchestrator.config.bisect import bisect_strategy
+from orchestrator.config.requests import BisectRequest, check_budget
 from orchestrator.config.settings import RunSettings, as_dict, evolve
 from orchestrator.control.drive import FixedPoints, drive, replay, unreported
 from orchestrator.control.repetitions import RepetitionDesign, RepetitionSettings
 from orchestrator.errors import RunInterrupted, UserError
-from orchestrator.metrics import check_metric, regression_direction
 from orchestrator.records import Candidate
 from orchestrator.run import findings
 from orchestrator.run.noise_prior import load_noise_prior
@@ -64,24 +64,14 @@ if TYPE_CHECKING:  # `execute` runs on any controller; only `_execute` starts th
 
 
 
-def validate(cfg: RunSettings) -> RunSettings:
-    """The settings checked; returned with their paths absolute (`common.check_common`)."""
+def validate(cfg: RunSettings) -> tuple[RunSettings, BisectRequest]:
+    """The settings checked, with their paths absolute (`common.check_common`), and the
+    bisect's own request (`BisectRequest.of`: endpoints, metric, confidence, budget)."""
     cfg = common.check_common(cfg)
-    check_metric(cfg.metric, custom=cfg.target.name == "command", target=as_dict(cfg.target))
-    regression_direction(cfg.metric, cfg.direction)
-    if not cfg.good or not cfg.bad:
-        raise UserError("bisect needs both endpoints: good=REF bad=REF")
-    if not isinstance(cfg.good, str | int) or not isinstance(cfg.bad, str | int):
-        raise UserError("bisect endpoints are refs (good=REF bad=REF); candidate specs such as"
-                        " good.commit=... are for sleuth isolate")
-    if not 0.5 < cfg.confidence < 1.0:
-        raise UserError(f"confidence must be between 0.5 and 1 (exclusive), got {cfg.confidence}")
-    if cfg.max_trials is not None and cfg.max_trials < 4:
-        raise UserError(f"max_trials must be at least 4 (got {cfg.max_trials})")
-    if bisect_release.name_of(cfg):
-        bisect_release.validate(cfg)
-        cfg = evolve(cfg, first_parent=True)  # releases are a line
-    return cfg
+    req = BisectRequest.of(cfg)
+    if req.package:
+        cfg = evolve(cfg, first_parent=True)  # releases are a line; the stored config says so
+    return cfg, req
 
 
 def prior_weights(commits: list[CommitInfo], paths: list[str], ws, untouched: float) -> list[float] | None:
@@ -91,33 +81,35 @@ def prior_weights(commits: list[CommitInfo], paths: list[str], ws, untouched: fl
     return [1.0 if ws.touches(c, paths) else untouched for c in commits]
 
 
-def plan(cfg: RunSettings) -> tuple[list[CommitInfo], list[Candidate], list[float] | None]:
+def plan(cfg: RunSettings, req: BisectRequest
+         ) -> tuple[list[CommitInfo], list[Candidate], list[float] | None]:
     ws = common.workspace(cfg)
-    good, bad = ws.resolve(str(cfg.good)), ws.resolve(str(cfg.bad))
-    commits = ws.commits_between(good, bad, first_parent=cfg.first_parent)
-    if not cfg.first_parent:
+    good, bad = ws.resolve(req.good), ws.resolve(req.bad)
+    commits = ws.commits_between(good, bad, first_parent=req.first_parent)
+    if not req.first_parent:
         commits = graph_order(commits, ws.commit_infos(boundary_parents(commits)))
     base = common.candidate(evolve(cfg, commit=good), ws)
     points = [dataclasses.replace(base, commit=c.sha) for c in commits]
     untouched = experiment_params.of(cfg).untouched_weight
-    weights = prior_weights(commits, list(cfg.paths), ws, untouched)
+    weights = prior_weights(commits, list(req.paths), ws, untouched)
     return commits, points, weights
 
 
-def reference_level(cfg: RunSettings) -> tuple[float, str] | tuple[float, str, str] | None:
+def reference_level(cfg: RunSettings, req: BisectRequest
+                    ) -> tuple[float, str] | tuple[float, str, str] | None:
     """The level the range's change is judged against: the metric's geometric mean in
     `reference=RUN` and the run's name, or the value the user states with `was=VALUE` (with
     what it is); None without either."""
-    if cfg.was is not None:
-        return float(cfg.was), "was", f"{cfg.metric} was {cfg.was:g} (was=)"
-    if not cfg.reference:
+    if req.was is not None:
+        return req.was, "was", f"{req.metric} was {req.was:g} (was=)"
+    if not req.reference:
         return None
     from orchestrator.commands.compare import load_reference
 
-    ref = load_reference(cfg, str(cfg.reference))
-    values = [v for v in ref["values"].get(cfg.metric, []) if v and v > 0]
+    ref = load_reference(cfg, req.reference)
+    values = [v for v in ref["values"].get(req.metric, []) if v and v > 0]
     if not values:
-        raise UserError(f"reference {cfg.reference} has no measured {cfg.metric} value")
+        raise UserError(f"reference {req.reference} has no measured {req.metric} value")
     return math.exp(sum(math.log(v) for v in values) / len(values)), str(ref["name"])
 
 
@@ -143,23 +135,22 @@ def _load_release(run_dir: Path) -> dict | None:
 
 def run(cfg: RunSettings) -> int:
     if cfg.run_id and (runs_root(cfg) / str(cfg.run_id)).exists():
-        budget = cfg.max_trials
-        if budget is not None and budget < 4:
-            raise UserError(f"max_trials must be at least 4 (got {budget})")
+        budget = check_budget(cfg.max_trials)
         return resume(runs_root(cfg) / str(cfg.run_id), max_trials=budget)
-    cfg = validate(cfg)
-    reference_level(cfg)  # a bad reference is bad input: refused before anything is written
+    cfg, req = validate(cfg)
+    reference_level(cfg, req)  # a bad reference is bad input: refused before anything is written
     release = None
-    if bisect_release.name_of(cfg):
-        commits, points, release = bisect_release.plan(cfg)
+    if req.package:
+        commits, points, release = bisect_release.plan(cfg, req)
         weights = None
     else:
-        commits, points, weights = plan(cfg)
-    bisect_strategy(cfg, len(points), weights, commits)  # constructor checks before anything runs
+        commits, points, weights = plan(cfg, req)
+    # the strategy's constructor checks, before anything runs
+    bisect_strategy(req, experiment_params.of(cfg), len(points), weights, commits)
     cfg = pin_run(cfg)
     run_dir, store = create_run(cfg)
     _save_plan(run_dir, commits, points, weights, release)
-    return _execute(cfg, run_dir, store, commits, points, weights, release)
+    return _execute(cfg, req, run_dir, store, commits, points, weights, release)
 
 
 def resume(run_dir: Path, max_trials: int | None = None) -> int:
@@ -170,7 +161,8 @@ def resume(run_dir: Path, max_trials: int | None = None) -> int:
         return cfg, _load_plan(run_dir)
 
     store, cfg, (commits, points, weights) = common.reopen_run(run_dir, "bisect", prepare)
-    return _execute(cfg, run_dir, store, commits, points, weights, _load_release(run_dir))
+    return _execute(cfg, BisectRequest.stored(cfg), run_dir, store, commits, points, weights,
+                    _load_release(run_dir))
 
 
 def _progress_line(verdict: Verdict, commits: list[CommitInfo], n_obs: int,
@@ -229,14 +221,15 @@ def min_effect_hint(verdict: Verdict, params: experiment_params.ExperimentParams
             "a range without such a change after a few.")
 
 
-def opening_lines(cfg: RunSettings, strategy: BisectStrategy, reference: tuple[float, str] | None) -> list[str]:
+def opening_lines(req: BisectRequest, strategy: BisectStrategy,
+                  reference: tuple[float, str] | None) -> list[str]:
     """What the run will spend and what it is looking for, said before it spends anything."""
     budget = strategy.budget
-    if cfg.max_trials is None:
+    if req.max_trials is None:
         spend = f"budget: {budget} restarts (the default; max_trials=N sets another)"
     else:
         spend = f"budget: {budget} restarts (max_trials)"
-    metric = cfg.metric
+    metric = req.metric
     if strategy.min_effect_pct is not None:
         chase = (f"looking for a change of {metric} of at least {strategy.min_effect_pct:g}% "
                  "(experiment.params.min_effect_pct); smaller ones do not count")
@@ -262,7 +255,8 @@ def _flag_outliers(store: RunStore, verdict: Verdict) -> None:
     store.set_trial_flags("outlier", flags)
 
 
-def execute(cfg: RunSettings, ctl: Controller, run_dir: Path, commits, points, weights, out,
+def execute(cfg: RunSettings, req: BisectRequest, ctl: Controller, run_dir: Path, commits,
+            points, weights, out,
             findings_name: str | None = None, progress=None,
             release: dict | None = None,
             reference: tuple | None = None) -> tuple[Verdict, dict]:
@@ -271,29 +265,31 @@ def execute(cfg: RunSettings, ctl: Controller, run_dir: Path, commits, points, w
     ``release``: the points are a package's releases (`bisect_release`), not commits.
     `reference`: the level the range's change is judged against, `(value, run name[, what it
     is])`, where the caller knows a better one than `reference=RUN`'s own (an investigation
-    whose system changed since the reference: see `orchestrator/commands/investigate.py`)."""
-    graph = "" if cfg.first_parent else " (the full commit graph)"
+    whose system changed since the reference: see `orchestrator/commands/investigate.py`).
+    `cfg` is the run's settings (target, bench, experiment knobs); `req` what is bisected."""
+    metric = req.metric
+    graph = "" if req.first_parent else " (the full commit graph)"
     if release is not None:
-        out.print(f"{bisect_release.opening(release)} on {cfg.metric} with {len(ctl.nodes)}"
+        out.print(f"{bisect_release.opening(release)} on {metric} with {len(ctl.nodes)}"
                   " node(s)")
     else:
         out.print(f"bisecting {len(commits)} commits {commits[0].sha[:10]}.."
-                  f"{commits[-1].sha[:10]}{graph} on {cfg.metric} with {len(ctl.nodes)} node(s)")
+                  f"{commits[-1].sha[:10]}{graph} on {metric} with {len(ctl.nodes)} node(s)")
     if reference is None:
-        reference = reference_level(cfg)
+        reference = reference_level(cfg, req)
     settings = RepetitionSettings.from_conf(cfg.bench)
     prior = None
     if settings.adaptive and settings.prior:
-        prior = load_noise_prior(run_dir, nodes=ctl.nodes, metric=cfg.metric)
+        prior = load_noise_prior(run_dir, nodes=ctl.nodes, metric=metric)
     strategy = bisect_strategy(
-        cfg, len(points), weights, commits, reference_value=reference[0] if reference else None,
+        req, experiment_params.of(cfg), len(points), weights, commits, reference_value=reference[0] if reference else None,
         noise_prior=prior.trial_noise(settings.start) if prior is not None else None)
-    for line in opening_lines(cfg, strategy, reference):
+    for line in opening_lines(req, strategy, reference):
         out.print(line)
     out.print(settings.describe())
     if prior is not None:
         out.print(prior.describe())
-    design = RepetitionDesign(settings, as_dict(cfg.target), cfg.metric,
+    design = RepetitionDesign(settings, as_dict(cfg.target), metric,
                               on_change=lambda text: (progress.note if progress is not None
                                                       else out.print)(text), prior=prior)
     # The report replays the posterior from it (a commit range's: an investigation's release
@@ -308,7 +304,7 @@ def execute(cfg: RunSettings, ctl: Controller, run_dir: Path, commits, points, w
     def announce(v: Verdict, say) -> None:
         if "reproduced" not in said and v.status in ("searching", "verifying"):
             said.add("reproduced")
-            for line in reproduction_notice(v, cfg.metric, budget, design):
+            for line in reproduction_notice(v, metric, budget, design):
                 say(line)
         for note in v.notes:  # a withdrawn reproduction, an early stop: said when it happens
             if note.startswith(("retracted", "stopped early")) and note not in said:
@@ -338,15 +334,15 @@ def execute(cfg: RunSettings, ctl: Controller, run_dir: Path, commits, points, w
         on_verdict(v, n)
 
     try:
-        verdict = drive(ctl, strategy, points, metric=cfg.metric, on_verdict=remember,
+        verdict = drive(ctl, strategy, points, metric=metric, on_verdict=remember,
                         on_system_change=system_changed, repetitions=design)
     except (KeyboardInterrupt, RunInterrupted):
         # What is known so far, stored and said before the run stops (`sleuth report` shows
         # it). Best effort: nothing here may turn a clean stop into a crash.
         try:
             last = seen[-1] if seen else strategy.verdict(replay(
-                ctl.store.trials(), FixedPoints(points), cfg.metric, ctl.retries))
-            doc = provisional_findings(cfg, ctl, run_dir, commits, points, last,
+                ctl.store.trials(), FixedPoints(points), metric, ctl.retries))
+            doc = provisional_findings(cfg, req, ctl, run_dir, commits, points, last,
                                        f"interrupted after {last.n_trials} restarts",
                                        findings_name)
             if findings_name is None:  # a step of an investigation: it says the whole answer
@@ -360,16 +356,16 @@ def execute(cfg: RunSettings, ctl: Controller, run_dir: Path, commits, points, w
             progress.set_cost("")
     rows = ctl.store.trials()
     _flag_outliers(ctl.store, verdict)
-    doc = findings.bisect_findings(run_id=ctl.store.run_id, metric=cfg.metric, verdict=verdict,
+    doc = findings.bisect_findings(run_id=ctl.store.run_id, metric=metric, verdict=verdict,
                                    commits=commits, keys=[p.key for p in points], rows=rows,
                                    min_effect_pct=experiment_params.of(cfg).min_effect_pct,
                                    subjects=release is None)
     if release is not None:
         doc = bisect_release.rewrite(doc, release, rows, [p.key for p in points],
-                                     metric=cfg.metric, direction=cfg.direction)
+                                     metric=metric, direction=req.direction)
     if verdict.status == "budget_exhausted":
         doc["answer"] = so_far(doc["answer"], why=stop_reason(verdict),
-                               confidence=cfg.confidence)
+                               confidence=req.confidence)
         doc["provisional"] = doc["answer"]["provisional"]
     changes = system_changes(rows)
     doc["system_changes"] = [c.to_json() for c in changes]
@@ -395,22 +391,22 @@ def execute(cfg: RunSettings, ctl: Controller, run_dir: Path, commits, points, w
                   f" {run_argument(run_dir)} max_trials={2 * budget}")
     for change in changes:
         out.print(change.warning)
-    silent = unreported(rows, cfg.metric, points)
+    silent = unreported(rows, metric, points)
     if silent:
         out.print(f"warning: {silent}")
     out.print(f"findings: {path}")
     return verdict, doc
 
 
-def _execute(cfg: RunSettings, run_dir: Path, store: RunStore, commits, points, weights,
-             release: dict | None = None) -> int:
+def _execute(cfg: RunSettings, req: BisectRequest, run_dir: Path, store: RunStore, commits,
+             points, weights, release: dict | None = None) -> int:
     from orchestrator.control.controller import Controller
 
     out = render.console()
     with running(store, run_dir, out) as run:
         with Progress(out, done=store.trials()) as progress, \
                 Controller(cfg, store, run_dir, on_event=progress.on_event) as ctl:
-            verdict, doc = execute(cfg, ctl, run_dir, commits, points, weights, out,
+            verdict, doc = execute(cfg, req, ctl, run_dir, commits, points, weights, out,
                                    progress=progress, release=release)
         print_answer(out, doc.get("answer"))
         code = exit_code(verdict, doc)

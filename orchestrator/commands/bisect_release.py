@@ -23,43 +23,26 @@ from collections.abc import Mapping, Sequence
 from orchestrator import answer
 from orchestrator.answer import text
 from orchestrator.commands import common
+from orchestrator.config.requests import BisectRequest
 from orchestrator.config.settings import RunSettings
-from orchestrator.errors import UserError
 from orchestrator.metrics import regression_direction
 from orchestrator.packages import plan as packages
-from orchestrator.packages.pins import canonical, check_version, parse_pin, pin_list
+from orchestrator.packages.pins import canonical, pin_list
 from orchestrator.packages.releases import Listing, describe, releases_between
 from orchestrator.records import Candidate, Outcome
 from orchestrator.workspace import CommitInfo
 
 
-def name_of(cfg: RunSettings) -> str:
-    """The package whose releases are searched (`package=NAME`), or '' for a commit bisect."""
-    return cfg.package.name.strip()
-
-
-def validate(cfg: RunSettings) -> None:
-    """A package name and two exact versions, the package not also pinned for every point."""
-    name = name_of(cfg)
-    try:
-        parse_pin(f"{name}==0")
-    except UserError:
-        raise UserError(f"package={name}: not a package name (package=NAME, e.g."
-                        " package=nvidia-nccl-cu12)") from None
-    check_version(name, cfg.good)
-    check_version(name, cfg.bad)
-    if canonical(name) in packages.fixed_pins(cfg):
-        raise UserError(f"package={name} is searched: leave it out of packages=[...]")
-
-
-def plan(cfg: RunSettings) -> tuple[list[CommitInfo], list[Candidate], dict]:
-    """The releases as bisect points, and what the run records about them (`release`)."""
+def plan(cfg: RunSettings, req: BisectRequest
+         ) -> tuple[list[CommitInfo], list[Candidate], dict]:
+    """The releases as bisect points, and what the run records about them (`release`); the
+    name and the two versions were checked with the request (`BisectRequest.of`)."""
     ws = common.workspace(cfg)
     base = common.candidate(cfg, ws)  # the code every release runs under
-    name = canonical(name_of(cfg))
+    name = canonical(req.package)
     fixed = packages.fixed_pins(cfg)
-    listing = releases_between(packages.settings(cfg), name, str(cfg.good), str(cfg.bad),
-                               pre=cfg.package.pre, python=packages.interpreter(cfg))
+    listing = releases_between(packages.settings(cfg), name, req.good, req.bad,
+                               pre=req.package_pre, python=packages.interpreter(cfg))
     # The endpoints must install: bad input otherwise (one line, nothing written).
     packages.require(cfg, {name: listing.versions[0]}, {name: listing.versions[-1]})
     commits, points = as_points(listing, base, fixed)

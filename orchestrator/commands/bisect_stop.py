@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 from orchestrator.answer.provisional import so_far
 from orchestrator.answer.text import commit_label
 from orchestrator.config import params as experiment_params
+from orchestrator.config.requests import BisectRequest
 from orchestrator.config.settings import RunSettings
 from orchestrator.run import findings
 from orchestrator.strategies.base import Verdict, probability_relation
@@ -49,18 +50,19 @@ def leading(verdict: Verdict, commits) -> str:
     return f"{commit_label(c.sha, c.subject)} (P {probability_relation(p)})"
 
 
-def provisional_findings(cfg: RunSettings, ctl: Controller, run_dir: Path, commits, points,
+def provisional_findings(cfg: RunSettings, req: BisectRequest, ctl: Controller, run_dir: Path,
+                         commits, points,
                          verdict: Verdict, why: str, findings_name: str | None) -> dict:
     """The findings of a bisect stopped before its end, with its answer so far; written where
     the finished run's would be, marked `provisional`."""
     rows = ctl.store.trials()
-    doc = findings.bisect_findings(run_id=ctl.store.run_id, metric=cfg.metric,
+    doc = findings.bisect_findings(run_id=ctl.store.run_id, metric=req.metric,
                                    verdict=verdict, commits=commits,
                                    keys=[p.key for p in points], rows=rows,
                                    min_effect_pct=experiment_params.of(cfg).min_effect_pct)
     doc["answer"] = so_far(doc["answer"], why=why, searching=not verdict.done or
                            verdict.status == "budget_exhausted",
-                           confidence=cfg.confidence, leading=leading(verdict, commits))
+                           confidence=req.confidence, leading=leading(verdict, commits))
     doc["provisional"] = doc["answer"]["provisional"]
     findings.write(run_dir, doc, findings_name)
     return doc

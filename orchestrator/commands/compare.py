@@ -25,10 +25,11 @@ from orchestrator.answer.provisional import so_far
 from orchestrator.commands import common, next_step
 from orchestrator.commands.compare_findings import CHANGE_CONFIDENCE, findings_doc, print_findings
 from orchestrator.config import params as experiment_params
+from orchestrator.config.requests import CompareRequest, compare_reference
 from orchestrator.config.settings import RunSettings, as_dict, evolve, saved_values
 from orchestrator.control.controller import Controller
 from orchestrator.errors import RunInterrupted, UserError
-from orchestrator.metrics import EFFECT_METRICS, check_metric
+from orchestrator.metrics import EFFECT_METRICS
 from orchestrator.packages import plan as packages
 from orchestrator.packages.pins import pin_list
 from orchestrator.records import Candidate, Outcome
@@ -215,13 +216,11 @@ def decide(ref: list[float], now: list[float], min_effect_pct: float, confidence
 
 
 def run(cfg: RunSettings) -> int:
-    ref_arg = experiment_params.of(cfg).reference or cfg.reference
-    if not ref_arg:
-        raise UserError("compare needs a reference: sleuth compare reference=RUN_DIR_OR_FINGERPRINT")
+    compare_reference(cfg)  # the one argument it cannot do without, refused before the rest
     cfg = common.check_common(cfg)
-    metric = cfg.metric
-    check_metric(metric, target=as_dict(cfg.target))
-    ref = load_reference(cfg, str(ref_arg))
+    req = CompareRequest.of(cfg)
+    metric = req.metric
+    ref = load_reference(cfg, req.reference)
     if not cfg.repo:
         if not ref.get("repo"):
             raise UserError("the reference does not say which repository: add repo=PATH")
@@ -242,21 +241,23 @@ def run(cfg: RunSettings) -> int:
             out.print("measuring with the reference's settings: " + ", ".join(adopted))
         with Progress(out, done=store.trials()) as progress, \
                 Controller(cfg, store, run_dir, on_event=progress.on_event) as ctl:
-            doc = execute(cfg, ctl, run_dir, ref, out, progress=progress)
+            doc = execute(cfg, req, ctl, run_dir, ref, out, progress=progress)
         print_answer(out, doc.get("answer"))
         run.status = "done" if doc["verdict"] != "unresolved" else "inconclusive"
         return 0 if doc["verdict"] != "unresolved" else 3
 
 
-def execute(cfg: RunSettings, ctl: Controller, run_dir: Path, ref: dict, out,
-            findings_name: str | None = None, progress: Progress | None = None) -> dict:
-    """Re-measure `ref["candidate"]` in batches until the decision is made; write findings."""
+def execute(cfg: RunSettings, req: CompareRequest, ctl: Controller, run_dir: Path, ref: dict,
+            out, findings_name: str | None = None, progress: Progress | None = None) -> dict:
+    """Re-measure `ref["candidate"]` in batches until the decision is made; write findings.
+    `req` is what is compared (a step of a longer run passes its own budget: an isolate's
+    `max_trials`, none for an investigation's)."""
     params = experiment_params.of(cfg)
-    metric = cfg.metric
+    metric = req.metric
     cand: Candidate = ref["candidate"]
     ref_values = ref["values"].get(metric, [])
     batch = params.batch or 3
-    max_trials = int(cfg.max_trials or params.max_trials or 9)
+    max_trials = int(req.max_trials or params.max_trials or 9)
     min_effect = params.min_effect_pct if params.min_effect_pct is not None else 3.0
     out.print(f"re-measuring the reference candidate of {ref['name']}: {cand.label}")
     if progress is not None:  # an earlier experiment's state would mislead
@@ -293,7 +294,7 @@ def execute(cfg: RunSettings, ctl: Controller, run_dir: Path, ref: dict, out,
             now_rows[:] = [r for r in ctl.store.trials() if r.phase == "compare" and r.finished
                            and r.candidate.key == cand.key
                            and r.outcome is not Outcome.INTERRUPTED]
-            doc, _ = _document(cfg, ctl, ref, now_rows, *decide_now(), min_effect)
+            doc, _ = _document(cfg, req, ctl, ref, now_rows, *decide_now(), min_effect)
             doc["answer"] = so_far(doc["answer"], why=f"interrupted after {len(now_rows)}"
                                    " restarts", searching=False, keep_sentence=True)
             doc["provisional"] = doc["answer"]["provisional"]
@@ -304,7 +305,7 @@ def execute(cfg: RunSettings, ctl: Controller, run_dir: Path, ref: dict, out,
         except Exception as exc:  # noqa: BLE001 - the interrupt is what the user must see
             out.print(f"(the answer so far could not be stored: {exc})")
         raise
-    doc, ranked = _document(cfg, ctl, ref, now_rows, verdict, eff, min_effect)
+    doc, ranked = _document(cfg, req, ctl, ref, now_rows, verdict, eff, min_effect)
     if progress is not None:
         progress.on_verdict(verdict.replace("_", " "), None, None)
     path = findings.write(run_dir, doc, findings_name)
@@ -313,12 +314,13 @@ def execute(cfg: RunSettings, ctl: Controller, run_dir: Path, ref: dict, out,
     return doc
 
 
-def _document(cfg: RunSettings, ctl: Controller, ref: dict, now_rows: list, verdict: str,
-              eff: dict, min_effect: float) -> tuple[dict, list[tuple[Difference, str]]]:
+def _document(cfg: RunSettings, req: CompareRequest, ctl: Controller, ref: dict,
+              now_rows: list, verdict: str, eff: dict, min_effect: float
+              ) -> tuple[dict, list[tuple[Difference, str]]]:
     """The compare's findings document (with its answer) from the restarts measured now, and
     the fingerprint differences ranked by mechanism; the same for a finished compare and for
     one interrupted before it decided."""
-    metric = cfg.metric
+    metric = req.metric
     measured = [r for r in now_rows if r.outcome and r.outcome.measured and not r.suspect]
     effects = {}
     for m in EFFECT_METRICS:
@@ -348,7 +350,7 @@ def _document(cfg: RunSettings, ctl: Controller, ref: dict, now_rows: list, verd
             ref.get("telemetry") or [fp.get("telemetry") for fp in ref_fps],
             [fp.get("telemetry") for fp in now_fps], before_label="reference",
             after_label="now"),
-        next_step=(next_step.command(cfg, "isolate", f"reference={_reference_arg(cfg, ref)}")
+        next_step=(next_step.command(cfg, "isolate", f"reference={_reference_arg(req, ref)}")
                    if verdict == "not_reproduced" else ""))
     return doc, ranked
 
@@ -364,10 +366,10 @@ def finished(run_dir: Path, name: str = "compare") -> dict | None:
     return None if doc.get("provisional") else doc
 
 
-def _reference_arg(cfg: RunSettings, ref: dict) -> str:
+def _reference_arg(req: CompareRequest, ref: dict) -> str:
     """How a next command names this reference: a fingerprint file by its absolute path (the
     next command may run elsewhere), a run by its id in this runs_dir."""
-    given = Path(str(experiment_params.of(cfg).reference or cfg.reference or ""))
+    given = Path(req.reference or "")
     given = given.expanduser()
     if given.is_file():
         return str(given.resolve())

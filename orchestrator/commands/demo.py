@@ -33,7 +33,7 @@ from rich.table import Table
 
 from orchestrator.answer.phases import SIDE_METRICS
 from orchestrator.commands import common, investigate, sweep
-from orchestrator.config import sweep as setup
+from orchestrator.config.requests import DemoRequest, SweepRequest
 from orchestrator.config.settings import RunSettings, as_dict, evolve
 from orchestrator.control.controller import Controller
 from orchestrator.evidence import plan as evidence_plan
@@ -148,18 +148,18 @@ def _reference(rows: list, run_name: str) -> dict:
             "name": f"{run_name} (earlier trials)", "trials": [r.id for r in ok], "run": False}
 
 
-def _sweep_truth(cfg: RunSettings, scenario_out: Path,
-                 space: SearchSpace) -> dict[str, tuple[str, float | None]]:
-    """Noise-free `cfg.metric` of every configuration of the sweep's space on the bad commit
+def _sweep_truth(cfg: RunSettings, scenario_out: Path, space: SearchSpace, metric: str,
+                 bad: str) -> dict[str, tuple[str, float | None]]:
+    """Noise-free `metric` of every configuration of the sweep's space on the `bad` commit
     as the node is now (its GPU state, its login env, the commit's sim profile):
     `{candidate key: (label, value)}`."""
     target_conf = as_dict(cfg.target)
     node_env = json.loads((scenario_out / "now_env.json").read_text())
     target_conf["env"] = {**node_env, **(target_conf.get("env") or {})}
     ws = common.workspace(cfg)
-    oracle = SimOracle(target_conf, as_dict(cfg.bench), metric=cfg.metric,
+    oracle = SimOracle(target_conf, as_dict(cfg.bench), metric=metric,
                        state=load_gpu_state(scenario_out / "now_gpu_state.json"),
-                       profile=ws.checkout(ws.resolve(str(cfg.bad))) / PROFILE_FILENAME)
+                       profile=ws.checkout(ws.resolve(bad)) / PROFILE_FILENAME)
     base = common.candidate(cfg, ws)
     baseline = space.baseline(target_conf)
     out = {}
@@ -169,28 +169,29 @@ def _sweep_truth(cfg: RunSettings, scenario_out: Path,
     return out
 
 
-def _sweep_check(cfg: RunSettings, scenario_out: Path, space: SearchSpace, doc: dict | None,
-                 out) -> bool:
+def _sweep_check(cfg: RunSettings, scenario_out: Path, sweep_req: SweepRequest, bad: str,
+                 doc: dict | None, out) -> bool:
     """Is the sweep's confirmed best truly better than the baseline, and as close to the
     space's true best as the sweep can tell? The sweep confirms "better than the baseline"
     with an interval; two configurations closer than half that interval's width are a tie it
     cannot (and does not claim to) resolve, so the gap allowed is that half-width, at least 2%."""
-    labels = _sweep_truth(cfg, scenario_out, space)
+    metric = sweep_req.metric
+    labels = _sweep_truth(cfg, scenario_out, sweep_req.space, metric, bad)
     truth = {k: v for k, (_, v) in labels.items() if v is not None}
     best = next((f for f in (doc or {}).get("findings", []) if f.get("config") is not None), None)
     if not truth or best is None or doc is None:
         out.print("truth: the sweep named no best configuration: MISSED", style="red")
         return False
-    maximize = setup.maximize(cfg.metric, cfg.direction)
+    maximize = sweep_req.search.maximize
     top = (max if maximize else min)(truth, key=lambda k: truth[k])
     got, base = truth.get(best["after_key"]), truth.get(best.get("before_key"))
     gap = abs(got / truth[top] - 1.0) * 100.0 if got else math.inf
-    ci = ((best.get("effect") or {}).get(cfg.metric) or {}).get("ci") or [0.0, 0.0]
+    ci = ((best.get("effect") or {}).get(metric) or {}).get("ci") or [0.0, 0.0]
     resolution = max(2.0, (ci[1] - ci[0]) / 2.0)
     better = got is not None and base is not None and (got > base if maximize else got < base)
     hit = doc.get("verdict") == "found" and better and gap <= resolution
     out.print(f"truth: the fastest of the {len(truth)} configurations is {labels[top][0]} "
-              f"({cfg.metric} {truth[top]:.2f} noise-free); the sweep confirmed {best['id']}, "
+              f"({metric} {truth[top]:.2f} noise-free); the sweep confirmed {best['id']}, "
               f"{gap:.1f}% from it (the sweep resolves {resolution:.1f}%): "
               + ("found" if hit else "MISSED"),
               style="green" if hit else "red")
@@ -216,12 +217,13 @@ def _truth_check(truth: dict, docs: dict[str, dict], out) -> bool:
 
 def run(cfg: RunSettings) -> int:
     cfg = common.check_common(cfg)
-    space, settings = sweep.validate(cfg)  # the sweep step's, checked before anything is written
+    req = DemoRequest.of(cfg)
+    sweep_req = sweep.validate(cfg)  # the sweep step's, checked before anything is written
     cfg = pin_run(cfg)
     run_dir, store = create_run(cfg)
     out = render.console()
     with running(store, run_dir, out) as run:
-        scenario = generate_scenario(run_dir / "scenario", cfg.commits, cfg.seed,
+        scenario = generate_scenario(run_dir / "scenario", req.commits, req.seed,
                                      DEMO_PRESET)
         truth = scenario.truth
         out.print(f"scenario: {scenario.repo} ({truth['commits']} commits; planted causes in"
@@ -245,7 +247,8 @@ def run(cfg: RunSettings) -> int:
         code = investigate.finish(cfg, run_dir, store, doc, out)
         cfg = evolve(cfg, commit=truth["bad"])  # the sweep's truth: its space on the bad commit
         hit = _truth_check(truth, docs, out)
-        hit = _sweep_check(cfg, scenario.out, space, docs.get("sweep"), out) and hit
+        hit = _sweep_check(cfg, scenario.out, sweep_req, truth["bad"], docs.get("sweep"),
+                           out) and hit
         explained = "the answer explains the change" if code == 0 else \
             "the answer leaves part of the change unexplained"
         out.print(f"truth: {explained}")

@@ -12,7 +12,6 @@ import importlib.metadata
 import importlib.util
 import logging
 import shutil
-import subprocess
 import tempfile
 import time
 from collections.abc import Callable
@@ -24,12 +23,15 @@ Check = tuple[str, str, str]  # (status, name, detail)
 
 
 def check_git() -> Check:
-    git = shutil.which("git")
-    if not git:
+    if not shutil.which("git"):
         return "FAIL", "git", "git is not on PATH"
-    out = subprocess.run([git, "--version"], capture_output=True, text=True, check=False).stdout
-    version = out.strip().rsplit(" ", 1)[-1]
-    parts = tuple(int(p) for p in version.split(".")[:2] if p.isdigit())
+    import git
+
+    # GitPython's parse of `git version` (the one `Workspace` checks its minimum against):
+    # numbers only, so a vendor suffix ("2.39.5 (Apple Git-154)") is not read as the version.
+    numbers = git.Git().version_info
+    version = ".".join(map(str, numbers))
+    parts = numbers[:2]
     if parts < (2, 25):
         return "FAIL", "git", f"git {version} is too old (need >= 2.25 for worktrees)"
     return "ok", "git", version

@@ -50,12 +50,12 @@ from orchestrator.commands.final_check import final_check
 from orchestrator.commands.investigate_answer import Plan
 from orchestrator.config import params as experiment_params
 from orchestrator.config.bisect import bisect_strategy
-from orchestrator.config.settings import RunSettings, as_dict, evolve
+from orchestrator.config.requests import CompareRequest, InvestigateRequest, SweepRequest
+from orchestrator.config.settings import RunSettings, evolve
 from orchestrator.control.controller import Controller
 from orchestrator.errors import RunInterrupted, UserError
 from orchestrator.evidence import collect as evidence
 from orchestrator.evidence import plan as evidence_plan
-from orchestrator.metrics import check_metric
 from orchestrator.run import findings
 from orchestrator.run.rundir import create_run, pin_run, running
 from orchestrator.store import RunStore
@@ -83,23 +83,16 @@ def exit_code(answer: dict) -> int:
 
 def plan(cfg: RunSettings,
          reference: dict | None = None) -> tuple[RunSettings, Plan, object]:
-    """Check the request and plan it; returns (settings to run with, plan, workspace).
-    `reference` is given by the demo (its reference trials live in the same run); otherwise
-    `cfg.reference` names one."""
+    """Check the request and plan it; returns (settings to run with, plan, workspace); the
+    plan holds the request (`InvestigateRequest`) its steps take theirs from. `reference` is
+    given by the demo (its reference trials live in the same run); otherwise
+    `reference=RUN` names one."""
     cfg = common.check_common(cfg)
-    check_metric(cfg.metric, custom=cfg.target.name == "command", target=as_dict(cfg.target))
-    if not 0.5 < cfg.confidence < 1.0:
-        raise UserError(f"confidence must be between 0.5 and 1 (exclusive), got {cfg.confidence}")
-    if cfg.max_trials is not None and cfg.max_trials < 4:
-        raise UserError(f"max_trials must be at least 4 (got {cfg.max_trials})")
-    for side in ("good", "bad"):
-        if getattr(cfg, side) is not None and not isinstance(getattr(cfg, side), str | int):
-            raise UserError(f"investigate takes refs ({side}=REF); candidate specs such as"
-                            f" {side}.commit=... are for sleuth isolate")
-    if reference is None and cfg.reference:
-        reference = compare.load_reference(cfg, str(cfg.reference))
+    req = InvestigateRequest.of(cfg)
+    if reference is None and req.reference:
+        reference = compare.load_reference(cfg, req.reference)
         cfg = evolve(cfg, repo=cfg.repo or reference.get("repo"))
-    if reference is None and not (cfg.good and cfg.bad):
+    if reference is None and not (req.good and req.bad):
         raise UserError("investigate needs reference=RUN (an earlier run that measured the good"
                         " state) or good=REF bad=REF")
     ws = common.workspace(cfg)
@@ -109,33 +102,30 @@ def plan(cfg: RunSettings,
         if reference.get("run", True) and "adopted" not in reference:
             cfg, reference["adopted"] = compare.adopt_reference_config(cfg, reference,
                                                                        ws.resolve)
-        if cfg.good and ws.resolve(str(cfg.good)) != base.commit:
+        if req.good and ws.resolve(req.good) != base.commit:
             raise UserError(f"the reference measured commit {base.commit[:12]}: the range starts"
                             f" there, so leave good= out (or give good={base.commit[:12]})")
     else:
-        base = common.candidate(evolve(cfg, commit=str(cfg.good)), ws)
-    bad = ws.resolve(str(cfg.bad)) if cfg.bad else base.commit
+        base = common.candidate(evolve(cfg, commit=req.good), ws)
+    bad = ws.resolve(req.bad) if req.bad else base.commit
     commits, points, weights = [], [], None
     if bad != base.commit:
-        commits = ws.commits_between(base.commit, bad, first_parent=cfg.first_parent)
+        commits = ws.commits_between(base.commit, bad, first_parent=req.first_parent)
         points = [dataclasses.replace(base, commit=c.sha) for c in commits]
         untouched = experiment_params.of(cfg).untouched_weight
-        weights = bisect.prior_weights(commits, list(cfg.paths), ws, untouched)
-        bisect_strategy(cfg, len(points), weights)  # its own checks, before anything is written
-    sweep_plan = sweep.validate_inside(cfg) if cfg.recover else None
-    return cfg, Plan(reference, base, bad, commits, points, weights, sweep_plan), ws
-
-
-def _step_cfg(cfg: RunSettings, **changes) -> RunSettings:
-    """The settings one step runs with: `max_trials` is the bisect's and the isolate's budget,
-    the compare keeps its own."""
-    return evolve(cfg, changes)
+        weights = bisect.prior_weights(commits, list(req.paths), ws, untouched)
+        # its own checks, before anything is written
+        bisect_strategy(req.bisect_step(base.commit, bad), experiment_params.of(cfg),
+                        len(points), weights)
+    sweep_plan = SweepRequest.of(cfg) if req.recover else None
+    return cfg, Plan(reference, base, bad, commits, points, weights, sweep_plan, req), ws
 
 
 def execute(cfg: RunSettings, ctl: Controller, run_dir: Path, p: Plan, ws, out,
             progress: Progress | None = None) -> tuple[dict, dict[str, dict]]:
     """Every step on a running controller; returns the investigation's document (with its
     answer) and the steps' findings documents by experiment."""
+    req = p.request
     docs: dict[str, dict] = {}
     marks: dict[str, int] = {}  # the first trial id of each step, for a node that changes
 
@@ -155,19 +145,20 @@ def execute(cfg: RunSettings, ctl: Controller, run_dir: Path, p: Plan, ws, out,
                 docs["compare"] = earlier
                 out.print(f"the compare finished before: {docs['compare']['message']}")
             else:
-                docs["compare"] = compare.execute(_step_cfg(cfg, max_trials=None), ctl, run_dir,
-                                                  ref, out, findings_name="compare",
-                                                  progress=progress)
+                # the compare keeps its own budget: max_trials is the bisect's and the isolate's
+                docs["compare"] = compare.execute(
+                    cfg, CompareRequest.step(cfg, max_trials=None), ctl, run_dir, ref, out,
+                    findings_name="compare", progress=progress)
             if docs["compare"]["verdict"] == "not_reproduced":
                 step[0] = "isolate"
                 out.print("\n== the system: which differences cause it ==")
                 mark("isolate")
-                isolated = isolate.isolate_system(cfg, ctl, run_dir, ref, docs["compare"],
-                                                  ws.resolve, out, progress)
+                isolated = isolate.isolate_system(cfg, req.isolate_step(), ctl, run_dir, ref,
+                                                  docs["compare"], ws.resolve, out, progress)
                 if isolated is not None:
                     docs["isolate"] = isolated[1]
-                    found = investigate_release.follow(cfg, ctl, run_dir, docs["isolate"], out,
-                                                       progress)
+                    found = investigate_release.follow(cfg, req, ctl, run_dir, docs["isolate"],
+                                                       out, progress)
                     if found is not None:  # the isolate's package cause now names the release
                         docs["release"] = found
         if p.commits:
@@ -179,16 +170,14 @@ def execute(cfg: RunSettings, ctl: Controller, run_dir: Path, p: Plan, ws, out,
             if yardstick is not None:
                 out.print(yardstick["line"])
             _, docs["bisect"] = bisect.execute(
-                cfg, ctl, run_dir, p.commits, p.points, p.weights, out, findings_name="bisect",
+                cfg, req.bisect_step(p.base.commit, p.bad), ctl, run_dir, p.commits, p.points, p.weights, out, findings_name="bisect",
                 progress=progress, reference=yardstick["level"] if yardstick else None)
         if p.sweep is not None:
             step[0] = "sweep"
             out.print("\n== recover: a short sweep on the bad commit as the node is now ==")
             mark("sweep")
-            space, settings = p.sweep
-            _, docs["sweep"] = sweep.execute(cfg, ctl, run_dir, space, settings,
-                                             p.bad_candidate, out, progress=progress,
-                                             findings_name="sweep")
+            _, docs["sweep"] = sweep.execute(cfg, p.sweep, ctl, run_dir, p.bad_candidate, out,
+                                             progress=progress, findings_name="sweep")
             findings.write(run_dir, docs["sweep"], "sweep")
         step[0] = "final check"
         both = p.reference is None and p.bad_candidate.key != p.base.key
@@ -196,7 +185,7 @@ def execute(cfg: RunSettings, ctl: Controller, run_dir: Path, p: Plan, ws, out,
             ctl, [p.base, p.bad_candidate] if both else [p.bad_candidate],
             lambda rows, check: investigate_answer.answer(cfg, rows, p, docs, ws, check,
                                                           marks=marks, yardstick=yardstick),
-            experiment_params.of(cfg).final_trials, out, progress, metric=cfg.metric)
+            experiment_params.of(cfg).final_trials, out, progress, metric=req.metric)
     except (KeyboardInterrupt, RunInterrupted):
         try:  # best effort: nothing here may turn a clean stop into a crash
             done = sum(1 for r in ctl.store.trials() if r.finished)
@@ -208,7 +197,7 @@ def execute(cfg: RunSettings, ctl: Controller, run_dir: Path, p: Plan, ws, out,
         raise
     why = investigate_answer.incomplete(docs)
     if why:
-        result = so_far(result, why=why, confidence=cfg.confidence)
+        result = so_far(result, why=why, confidence=req.confidence)
     if evidence_plan.kernels_enabled(cfg) and result.get("causes"):
         out.print("\n== kernel evidence: each named cause's two sides, profiled ==")
         result["evidence"] = evidence.for_causes(
@@ -217,7 +206,7 @@ def execute(cfg: RunSettings, ctl: Controller, run_dir: Path, p: Plan, ws, out,
             restarts=cfg.evidence.restarts, max_causes=cfg.evidence.max_causes,
             say=out.print)
     rows = ctl.store.trials()
-    doc = {"run": ctl.store.run_id, "experiment": "investigate", "metric": cfg.metric,
+    doc = {"run": ctl.store.run_id, "experiment": "investigate", "metric": req.metric,
            "verdict": result["status"], "message": result["sentence"], "findings": [],
            "steps": list(docs), "n_trials": len(rows), "answer": result}
     findings.write(run_dir, doc, "investigate")
@@ -238,8 +227,8 @@ def stopped(cfg: RunSettings, ctl: Controller, run_dir: Path, p: Plan, docs: dic
     rows = ctl.store.trials()
     pointing = ((docs.get("bisect") or {}).get("provisional") or {}).get("leading") or ""
     now = investigate_answer.answer(cfg, rows, p, docs, ws, marks=marks, yardstick=yardstick)
-    result = so_far(now, why=why, confidence=cfg.confidence, leading=pointing)
-    doc = {"run": ctl.store.run_id, "experiment": "investigate", "metric": cfg.metric,
+    result = so_far(now, why=why, confidence=p.request.confidence, leading=pointing)
+    doc = {"run": ctl.store.run_id, "experiment": "investigate", "metric": p.request.metric,
            "verdict": result["status"], "message": result["sentence"], "findings": [],
            "steps": list(docs), "n_trials": len(rows), "answer": result,
            "provisional": result["provisional"]}

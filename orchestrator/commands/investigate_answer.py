@@ -22,6 +22,7 @@ from orchestrator.answer.triage import for_investigation
 from orchestrator.commands import next_step
 from orchestrator.commands.final_check import FINAL_PHASE, refreshed, total_rows
 from orchestrator.config import params as experiment_params
+from orchestrator.config.requests import InvestigateRequest, SweepRequest
 from orchestrator.config.settings import RunSettings
 from orchestrator.errors import UserError
 from orchestrator.records import Candidate
@@ -42,7 +43,8 @@ class Plan:
     commits: list[CommitInfo]  # the range good..bad (empty when bad is the same commit)
     points: list[Candidate]
     weights: list[float] | None
-    sweep: tuple | None  # (space, settings) with recover=true
+    sweep: SweepRequest | None  # recover=true: the sweep on the bad commit
+    request: InvestigateRequest  # what was asked: metric, ends, budget (`config/requests.py`)
 
     @property
     def bad_candidate(self) -> Candidate:
@@ -80,7 +82,7 @@ def whole(cfg: RunSettings, rows, p: Plan) -> tuple[LogChange | None, dict]:
     (:func:`orchestrator.commands.final_check.final_check`): they ran interleaved,
     in one time window, so a host that got busier while the bisect ran (the good endpoint
     measured in the first minutes, the bad one an hour later) cannot invent a change."""
-    metric = cfg.metric
+    metric = p.request.metric
     bad_key = p.bad_candidate.key
     after = findings.trial_values(rows, bad_key, metric)
     window = ""
@@ -123,7 +125,7 @@ def answer(cfg: RunSettings, rows, p: Plan, docs: dict[str, dict], ws,
     """The investigation's answer from the trials so far and the steps' documents, within one
     system: the latest epoch, where the bad state was measured (a node that changed during
     the run is said in the answer, with what was measured again and what is not comparable)."""
-    metric = cfg.metric
+    metric = p.request.metric
     ends = [p.bad_candidate.key] if p.reference is not None else [p.base.key,
                                                                    p.bad_candidate.key]
     now_rows, total_now = total_rows(rows, ends, metric)  # never two systems pooled
@@ -205,7 +207,7 @@ def code_yardstick(cfg: RunSettings, rows, p: Plan, compare_doc: dict | None) ->
             or compare_doc.get("verdict") != "not_reproduced"
             or experiment_params.of(cfg).min_effect_pct is not None):
         return None
-    metric = cfg.metric
+    metric = p.request.metric
     now = [v for v in findings.trial_values(rows, p.base.key, metric) if v > 0]
     then = [v for v in p.reference["values"].get(metric, []) if v and v > 0]
     if not now or not then:
@@ -232,7 +234,7 @@ def next_step_of(cfg: RunSettings, p: Plan, docs: dict[str, dict]) -> tuple[str,
     continues from the first of them). Without such a run there is no command to give yet."""
     if p.reference is not None or (docs.get("bisect") or {}).get("verdict") != "not_reproducible":
         return "", ""
-    bad = str(cfg.bad)
+    bad = str(p.request.bad)
     found = reference_runs(runs_root(cfg), p.base.commit, exclude=str(cfg.run_id))
     if found:
         return (f"runs that measured {p.base.commit[:12]} earlier: {', '.join(found)}; the next"

@@ -12,11 +12,13 @@ only says where in the line the change came from, in its own findings (`findings
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 
 from orchestrator.answer.text import change_label
 from orchestrator.commands import bisect, bisect_release
-from orchestrator.config.settings import RunSettings, evolve
+from orchestrator.config.requests import InvestigateRequest
+from orchestrator.config.settings import RunSettings
 from orchestrator.errors import UserError
 from orchestrator.packages import plan as packages
 from orchestrator.packages.releases import releases_between
@@ -40,13 +42,13 @@ def _versions(diff: Mapping) -> tuple[str, str] | None:
     return (str(good), str(bad)) if good and bad and str(good) != str(bad) else None
 
 
-def follow(cfg: RunSettings, ctl, run_dir, isolate_doc: dict, out, progress=None
-           ) -> dict | None:
+def follow(cfg: RunSettings, req: InvestigateRequest, ctl, run_dir, isolate_doc: dict, out,
+           progress=None) -> dict | None:
     """Search the releases of the first package the isolate named; returns the search's
     findings document (None when nothing was searched, with the reason printed)."""
     if not cfg.packages.bisect:
         return None
-    for finding in harmful_packages(isolate_doc, cfg.confidence):
+    for finding in harmful_packages(isolate_doc, req.confidence):
         diff = finding["differences"][0]
         ends = _versions(diff)
         name = str(diff.get("level_key") or diff.get("key"))
@@ -70,8 +72,9 @@ def follow(cfg: RunSettings, ctl, run_dir, isolate_doc: dict, out, progress=None
             continue
         out.print(f"\n== which release of {name}: {ends[0]} -> {ends[1]} ==")
         commits, points = bisect_release.as_points(listing, base, base.package_dict)
-        step = evolve(cfg, first_parent=True, reference=None)
-        _, doc = bisect.execute(step, ctl, run_dir, commits, points, None, out,
+        # releases are a line, judged on their own ends (not against the reference's level)
+        step = dataclasses.replace(req.bisect_step(*ends), first_parent=True, reference=None)
+        _, doc = bisect.execute(cfg, step, ctl, run_dir, commits, points, None, out,
                                 findings_name="release", progress=progress,
                                 release=bisect_release.release_doc(listing))
         name_release(finding, doc)

@@ -27,11 +27,12 @@ from orchestrator.commands import common, compare
 from orchestrator.commands.isolate_findings import document
 from orchestrator.commands.isolate_points import IsolatePoints
 from orchestrator.config import params as experiment_params
+from orchestrator.config.requests import CompareRequest, IsolateRequest
 from orchestrator.config.settings import RunSettings, as_dict, evolve
 from orchestrator.control.controller import Controller
 from orchestrator.control.drive import drive, replay, unreported
 from orchestrator.errors import RunInterrupted, UserError
-from orchestrator.metrics import check_metric, regression_direction
+from orchestrator.metrics import regression_direction
 from orchestrator.packages import plan as packages
 from orchestrator.packages.pins import pins_of
 from orchestrator.run import findings
@@ -51,18 +52,6 @@ from orchestrator.system.fingerprint_diff import NOT_FROM_RECORD, Difference
 from orchestrator.system.watch import latest_epoch, system_changes
 from orchestrator.ui import render
 from orchestrator.ui.progress import Progress
-
-
-def _spec(node) -> dict:
-    if node is None:
-        return {}
-    if not isinstance(node, Mapping):
-        raise UserError("isolate takes candidate specs: good.commit=REF good.env.X=V bad.clock=..."
-                        " (or reference=RUN)")
-    spec = as_dict(node)
-    if "patches" in spec:
-        spec["patches"] = [str(Path(str(p)).expanduser().resolve()) for p in spec["patches"]]
-    return spec
 
 
 def _check_changes(cfg: RunSettings, ws, good: dict, bad: dict, changes: list[Change]) -> None:
@@ -114,13 +103,16 @@ def _reporter(out, progress: Progress | None) -> Callable[[Verdict, int], None]:
     return plain
 
 
-def execute(cfg: RunSettings, ctl: Controller, run_dir: Path, good: dict, changes: list[Change],
-            resolve, out, findings_name: str | None = None, progress: Progress | None = None):
-    metric = cfg.metric
+def execute(cfg: RunSettings, req: IsolateRequest, ctl: Controller, run_dir: Path, good: dict,
+            changes: list[Change], resolve, out, findings_name: str | None = None,
+            progress: Progress | None = None):
+    """Test `changes` from `good` on a running controller (`req`: metric, direction,
+    confidence, budget); writes the findings and returns the verdict and them."""
+    metric = req.metric
     labels = [c.label for c in changes]
     strategy = IsolateStrategy(
-        len(changes), direction=regression_direction(metric, cfg.direction),
-        confidence=cfg.confidence, max_trials=cfg.max_trials, labels=labels,
+        len(changes), direction=regression_direction(metric, req.direction),
+        confidence=req.confidence, max_trials=req.max_trials, labels=labels,
         min_effect_pct=experiment_params.of(cfg).min_effect_pct)
     check_distinct(good, changes, resolve)
     points = IsolatePoints(strategy, good, changes, resolve)
@@ -135,13 +127,13 @@ def execute(cfg: RunSettings, ctl: Controller, run_dir: Path, good: dict, change
         # command says it). Best effort: nothing here may turn a clean stop into a crash.
         try:
             last = strategy.verdict(replay(ctl.store.trials(), points, metric, ctl.retries))
-            findings.write(run_dir, document(cfg, ctl, strategy, points, changes, last,
+            findings.write(run_dir, document(cfg, req, ctl, strategy, points, changes, last,
                                              stopped=f"interrupted after {last.n_trials}"
                                              " restarts"), findings_name)
         except Exception as exc:  # noqa: BLE001 - the interrupt is what the user must see
             out.print(f"(the answer so far could not be stored: {exc})")
         raise
-    doc = document(cfg, ctl, strategy, points, changes, verdict)
+    doc = document(cfg, req, ctl, strategy, points, changes, verdict)
     all_rows = ctl.store.trials()
     rows, system = latest_epoch(all_rows), system_changes(all_rows)
     path = findings.write(run_dir, doc, findings_name)
@@ -163,8 +155,8 @@ def execute(cfg: RunSettings, ctl: Controller, run_dir: Path, good: dict, change
     return verdict, doc
 
 
-def isolate_system(cfg: RunSettings, ctl: Controller, run_dir: Path, ref: dict, cdoc: dict,
-                   resolve, out, progress: Progress | None = None
+def isolate_system(cfg: RunSettings, req: IsolateRequest, ctl: Controller, run_dir: Path,
+                   ref: dict, cdoc: dict, resolve, out, progress: Progress | None = None
                    ) -> tuple[object, dict] | None:
     """Isolate the controllable differences a `compare` found; returns (verdict, findings doc),
     or None when there is nothing to test. The compare document keeps only the differences
@@ -209,7 +201,7 @@ def isolate_system(cfg: RunSettings, ctl: Controller, run_dir: Path, ref: dict, 
         out.print("no controllable difference to isolate")
         return None
     good = reference_good(ref["candidate"], changes)
-    return execute(cfg, ctl, run_dir, good, changes, resolve, out, "isolate", progress)
+    return execute(cfg, req, ctl, run_dir, good, changes, resolve, out, "isolate", progress)
 
 
 def differences_from_compare(doc: Mapping) -> list[Difference]:
@@ -217,36 +209,32 @@ def differences_from_compare(doc: Mapping) -> list[Difference]:
     return [Difference.from_json(d) for d in doc.get("differences", [])]
 
 
-def _plan(cfg: RunSettings) -> tuple[RunSettings, dict | None, object, dict | None,
-                                     list[Change] | None]:
-    """Check the request and work out what to test: ``(settings to run with, reference,
-    workspace, good, changes)``; with a reference, the differences come later, from the
-    compare."""
+def _plan(cfg: RunSettings) -> tuple[RunSettings, IsolateRequest, dict | None, object,
+                                     dict | None, list[Change] | None]:
+    """Check the request and work out what to test: ``(settings to run with, request,
+    reference, workspace, good, changes)``; with a reference, the differences come later,
+    from the compare."""
     cfg = common.check_common(cfg)
-    check_metric(cfg.metric, target=as_dict(cfg.target))
-    if not 0.5 < cfg.confidence < 1.0:
-        raise UserError(f"confidence must be between 0.5 and 1 (exclusive), got {cfg.confidence}")
-    if cfg.max_trials is not None and cfg.max_trials < 4:
-        raise UserError(f"max_trials must be at least 4 (got {cfg.max_trials})")
-    if cfg.reference:
-        ref = compare.load_reference(cfg, str(cfg.reference))
+    req = IsolateRequest.of(cfg)
+    if req.reference:
+        ref = compare.load_reference(cfg, req.reference)
         cfg = evolve(cfg, repo=cfg.repo or ref.get("repo"))
         ws = common.workspace(cfg)
         ws.resolve(ref["candidate"].commit)
         cfg, ref["adopted"] = compare.adopt_reference_config(cfg, ref, ws.resolve)
         packages.require(cfg, ref["candidate"].package_dict)
-        return cfg, ref, ws, None, None
-    for side in ("good", "bad"):  # saved absolute, so that a resume finds them from anywhere
-        spec = _spec(getattr(cfg, side))
-        if "patches" in spec:
-            cfg = evolve(cfg, {f"{side}.patches": spec["patches"]})
-    good, changes = changes_between(*_with_fixed_pins(cfg, _spec(cfg.good), _spec(cfg.bad)))
+        return cfg, req, ref, ws, None, None
+    for side, spec in (("good", req.good), ("bad", req.bad)):
+        if "patches" in spec:  # saved absolute, so that a resume finds them from anywhere
+            cfg = evolve(cfg, {f"{side}.patches": list(spec["patches"])})
+    good, changes = changes_between(*_with_fixed_pins(cfg, as_dict(req.good), as_dict(req.bad)))
     if not changes:
         raise UserError("good and bad are the same configuration: nothing to isolate")
     ws = common.workspace(cfg)
-    bad = changes_between(*reversed(_with_fixed_pins(cfg, _spec(cfg.good), _spec(cfg.bad))))[0]
+    bad = changes_between(*reversed(_with_fixed_pins(cfg, as_dict(req.good),
+                                                     as_dict(req.bad))))[0]
     _check_changes(cfg, ws, good, bad, changes)
-    return cfg, None, ws, good, changes
+    return cfg, req, None, ws, good, changes
 
 
 def _with_fixed_pins(cfg: RunSettings, good: dict, bad: dict) -> tuple[dict, dict]:
@@ -273,10 +261,10 @@ def refuse_redacted(cfg: RunSettings, name: str) -> None:
 
 
 def run(cfg: RunSettings) -> int:
-    cfg, ref, ws, good, changes = _plan(cfg)
+    cfg, req, ref, ws, good, changes = _plan(cfg)
     cfg = pin_run(cfg)
     run_dir, store = create_run(cfg)
-    return _execute(cfg, run_dir, store, ref, ws, good, changes)
+    return _execute(cfg, req, run_dir, store, ref, ws, good, changes)
 
 
 def resume(run_dir: Path) -> int:
@@ -285,15 +273,15 @@ def resume(run_dir: Path) -> int:
     a compare that had finished is not repeated."""
     def prepare(cfg: RunSettings) -> tuple[RunSettings, tuple]:
         refuse_redacted(cfg, run_dir.name)
-        cfg, ref, ws, good, changes = _plan(cfg)
-        return cfg, (ref, ws, good, changes)
+        cfg, req, ref, ws, good, changes = _plan(cfg)
+        return cfg, (req, ref, ws, good, changes)
 
-    store, cfg, (ref, ws, good, changes) = common.reopen_run(run_dir, "isolate", prepare)
-    return _execute(cfg, run_dir, store, ref, ws, good, changes)
+    store, cfg, (req, ref, ws, good, changes) = common.reopen_run(run_dir, "isolate", prepare)
+    return _execute(cfg, req, run_dir, store, ref, ws, good, changes)
 
 
-def _execute(cfg: RunSettings, run_dir: Path, store: RunStore, ref: dict | None, ws,
-             good: dict | None, changes: list[Change] | None) -> int:
+def _execute(cfg: RunSettings, req: IsolateRequest, run_dir: Path, store: RunStore,
+             ref: dict | None, ws, good: dict | None, changes: list[Change] | None) -> int:
     out = render.console()
     with running(store, run_dir, out) as run:
         if ref is not None and ref.get("adopted"):
@@ -302,23 +290,23 @@ def _execute(cfg: RunSettings, run_dir: Path, store: RunStore, ref: dict | None,
             with Progress(out, done=store.trials()) as progress, \
                     Controller(cfg, store, run_dir, on_event=progress.on_event) as ctl:
                 if ref is not None:
-                    cdoc = _compare(cfg, ctl, run_dir, ref, out, progress)
+                    cdoc = _compare(cfg, req, ctl, run_dir, ref, out, progress)
                     if cdoc["verdict"] != "not_reproduced":
                         run.status = "done" if cdoc["verdict"] == "reproduced" else "inconclusive"
                         out.print("nothing to isolate: the reference "
                                   + ("reproduces" if cdoc["verdict"] == "reproduced" else
                                      "could not be decided"))
                         return 0 if cdoc["verdict"] == "reproduced" else 3
-                    result = isolate_system(cfg, ctl, run_dir, ref, cdoc, ws.resolve, out,
-                                            progress)
+                    result = isolate_system(cfg, req, ctl, run_dir, ref, cdoc, ws.resolve,
+                                            out, progress)
                     if result is None:
                         run.status = "inconclusive"
                         return 3
                     verdict, _ = result
                 else:
                     assert good is not None and changes is not None
-                    verdict, _ = execute(cfg, ctl, run_dir, good, changes, ws.resolve, out,
-                                         progress=progress)
+                    verdict, _ = execute(cfg, req, ctl, run_dir, good, changes, ws.resolve,
+                                         out, progress=progress)
         except (KeyboardInterrupt, RunInterrupted):
             try:  # the answer so far (stored by `execute`), said before the resume line
                 _answer(run_dir, store, ref, out)
@@ -331,15 +319,15 @@ def _execute(cfg: RunSettings, run_dir: Path, store: RunStore, ref: dict | None,
         return 0 if ok else 3
 
 
-def _compare(cfg: RunSettings, ctl: Controller, run_dir: Path, ref: dict, out,
-             progress: Progress) -> dict:
+def _compare(cfg: RunSettings, req: IsolateRequest, ctl: Controller, run_dir: Path, ref: dict,
+             out, progress: Progress) -> dict:
     """The reference re-measured now; a resumed run's finished compare is read back."""
     cdoc = compare.finished(run_dir)
     if cdoc is not None:  # a resumed run: the compare finished before
         out.print(f"the compare finished before: {cdoc['message']}")
         return cdoc
-    return compare.execute(cfg, ctl, run_dir, ref, out, findings_name="compare",
-                           progress=progress)
+    return compare.execute(cfg, CompareRequest.step(cfg, req.max_trials), ctl, run_dir, ref,
+                           out, findings_name="compare", progress=progress)
 
 
 def _answer(run_dir: Path, store: RunStore, ref: dict | None, out) -> list[dict]:

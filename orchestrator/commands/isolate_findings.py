@@ -14,6 +14,7 @@ from __future__ import annotations
 from orchestrator import answer
 from orchestrator.answer.provisional import so_far
 from orchestrator.config import params as experiment_params
+from orchestrator.config.requests import IsolateRequest
 from orchestrator.config.settings import RunSettings
 from orchestrator.control.controller import Controller
 from orchestrator.metrics import EFFECT_METRICS
@@ -48,14 +49,15 @@ def remainder(verdict) -> dict:
                           "ci": [round(float(x), 3) for x in ci], "unexplained": True}}
 
 
-def document(cfg: RunSettings, ctl: Controller, strategy: IsolateStrategy, points,
+def document(cfg: RunSettings, req: IsolateRequest, ctl: Controller, strategy: IsolateStrategy,
+             points,
              changes: list[Change], verdict: Verdict, *, stopped: str = "") -> dict:
     """The isolate's findings document for `verdict` over the run's trials so far.
 
     `stopped`: why a run ended before its verdict was final ("interrupted after 12
     restarts"); its answer is then the answer so far. A verdict at the budget or the cap is
     provisional too, with that as its reason."""
-    metric = cfg.metric
+    metric = req.metric
     all_rows = ctl.store.trials()
     rows = latest_epoch(all_rows)  # every effect, total and share on one system
     good_key = points.candidate(0).key
@@ -113,6 +115,6 @@ def document(cfg: RunSettings, ctl: Controller, strategy: IsolateStrategy, point
         stopped = (f"budget spent after {verdict.n_trials} restarts" if verdict.status ==
                    "budget_exhausted" else f"inconclusive after {verdict.n_trials} restarts")
     if stopped:  # at its budget, its cap, or interrupted: the answer so far
-        doc["answer"] = so_far(doc["answer"], confidence=cfg.confidence, why=stopped)
+        doc["answer"] = so_far(doc["answer"], confidence=req.confidence, why=stopped)
         doc["provisional"] = doc["answer"]["provisional"]
     return doc

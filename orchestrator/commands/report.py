@@ -11,10 +11,9 @@ in a read-only directory is still shown in the terminal; its files need `out=DIR
 from __future__ import annotations
 
 import os
-from pathlib import Path
 
+from orchestrator.config.requests import RunRequest
 from orchestrator.config.settings import RunSettings
-from orchestrator.errors import UserError
 from orchestrator.run.rundir import find_run
 from orchestrator.ui import render
 from orchestrator.ui.report import load_run, write_files
@@ -22,10 +21,9 @@ from orchestrator.ui.report.terminal import print_report
 
 
 def run(cfg: RunSettings) -> int:
-    if not cfg.run_id:
-        raise UserError("which run? usage: sleuth report RUN (a run id or run directory)")
-    run_dir = find_run(cfg, str(cfg.run_id))
-    out_dir = Path(str(cfg.out)).expanduser().resolve() if cfg.out else None
+    req = RunRequest.of(cfg)
+    run_dir = find_run(cfg, req.run)
+    out_dir = req.out
     data = load_run(run_dir)
     console = render.console()
     if out_dir is None and not os.access(run_dir, os.W_OK):

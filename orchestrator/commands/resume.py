@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from orchestrator.commands.common import article
+from orchestrator.config.requests import RunRequest
 from orchestrator.config.settings import RunSettings
 from orchestrator.errors import UserError
 from orchestrator.run.rundir import find_run
@@ -10,9 +11,8 @@ from orchestrator.store import RunStore
 
 
 def run(cfg: RunSettings) -> int:
-    if not cfg.run_id:
-        raise UserError("which run? usage: sleuth resume RUN (a run id or run directory)")
-    run_dir = find_run(cfg, str(cfg.run_id))
+    req = RunRequest.of(cfg)
+    run_dir = find_run(cfg, req.run)
     store = RunStore.open(run_dir / "trials.db")
     command = store.command
     stored = store.config_yaml()
@@ -25,7 +25,7 @@ def run(cfg: RunSettings) -> int:
         from orchestrator.commands import bisect
 
         # `sleuth resume RUN max_trials=N`: a larger budget
-        return bisect.resume(run_dir, max_trials=cfg.max_trials)
+        return bisect.resume(run_dir, max_trials=req.max_trials)
     if command == "isolate":
         from orchestrator.commands import isolate
 

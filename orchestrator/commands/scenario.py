@@ -15,10 +15,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from orchestrator.config.requests import ScenarioRequest
 from orchestrator.config.settings import RunSettings
 from orchestrator.errors import UserError
 from orchestrator.run.rundir import runs_root
-from orchestrator.sim_scenarios.generate import DEFAULT_PRESET, PRESETS, generate_scenario
+from orchestrator.sim_scenarios.generate import DEFAULT_PRESET, generate_scenario
 
 STATE_FILES = ("gpu_state", "env", "packages", "launcher")
 
@@ -29,13 +30,10 @@ def generate(out: Path, commits: int, seed: int, preset: str = DEFAULT_PRESET) -
 
 
 def run(cfg: RunSettings) -> int:
-    if not cfg.out:
-        raise UserError(f"where to? usage: sleuth scenario out=DIR [commits=N] [seed=S]"
-                        f" [preset={'|'.join(PRESETS)}], or out=DIR apply=reference|now")
-    out = Path(str(cfg.out)).expanduser().resolve()
-    if cfg.apply:
-        return apply(cfg, out, cfg.apply)
-    scenario = generate_scenario(out, cfg.commits, cfg.seed, cfg.preset)
+    req = ScenarioRequest.of(cfg)
+    if req.apply:
+        return apply(cfg, req.out, req.apply)
+    scenario = generate_scenario(req.out, req.commits, req.seed, req.preset)
     truth = scenario.truth
     print(f"repo: {scenario.repo}")
     print(f"truth: {scenario.out / 'truth.json'}")

@@ -20,11 +20,11 @@ from orchestrator import answer
 from orchestrator.answer.provisional import so_far
 from orchestrator.commands import common
 from orchestrator.config import params as experiment_params
-from orchestrator.config import sweep as setup
+from orchestrator.config.requests import SweepRequest
 from orchestrator.config.settings import RunSettings, as_dict
 from orchestrator.control.controller import Controller
 from orchestrator.control.drive import observation
-from orchestrator.errors import RunInterrupted, UserError
+from orchestrator.errors import RunInterrupted
 from orchestrator.records import Candidate
 from orchestrator.run import findings
 from orchestrator.run import sweep_findings as report
@@ -32,14 +32,11 @@ from orchestrator.run.rundir import create_run, pin_run, running, runs_root
 from orchestrator.store import RunStore
 from orchestrator.strategies.sweep import importance
 from orchestrator.strategies.sweep.search import (
-    MAX_GRID,
     SweepResult,
     SweepSearch,
-    SweepSettings,
     Work,
     parse_phase,
 )
-from orchestrator.strategies.sweep.space import SearchSpace
 from orchestrator.strategies.sweep.study import make_sampler, open_study, storage_url
 from orchestrator.system.watch import SystemWatch, system_changes
 from orchestrator.ui import render
@@ -50,46 +47,33 @@ EXIT_INCONCLUSIVE = 3
 PLAN_FILE = "sweep.json"
 
 
-def validate(cfg: RunSettings) -> tuple[SearchSpace, SweepSettings]:
-    """Every check that needs no repository: space, budget, knobs, sampler."""
+def validate(cfg: RunSettings) -> SweepRequest:
+    """Every check that needs no repository: the shared ones (`check_common`), then the
+    sweep's own (`SweepRequest.of`: space, budget, knobs, sampler)."""
     common.check_common(cfg)
-    return validate_inside(cfg)
-
-
-def validate_inside(cfg: RunSettings) -> tuple[SearchSpace, SweepSettings]:
-    """The sweep's own checks, for a command that runs a sweep as one of its steps (its
-    shared checks are that command's)."""
-    target_conf = as_dict(cfg.target)
-    settings = setup.settings(cfg)
-    space = setup.space(cfg, target_conf)
-    if settings.sampler == "grid":
-        size = space.size()
-        if size is None or size > MAX_GRID:
-            raise UserError(f"sampler=grid needs a finite space of at most {MAX_GRID} "
-                            f"configurations (this one: {size or 'continuous'}); use tpe")
-    return space, settings
+    return SweepRequest.of(cfg)
 
 
 def run(cfg: RunSettings) -> int:
     if cfg.run_id and (runs_root(cfg) / str(cfg.run_id)).exists():
         return resume(runs_root(cfg) / str(cfg.run_id))
     cfg = common.check_common(cfg)
-    space, settings = validate_inside(cfg)
+    req = SweepRequest.of(cfg)
     base = common.candidate(cfg, common.workspace(cfg))
     cfg = pin_run(cfg)
     run_dir, store = create_run(cfg)
     (run_dir / PLAN_FILE).write_text(json.dumps({"base": base.to_json()}, indent=1) + "\n")
-    return _execute(cfg, run_dir, store, space, settings, base)
+    return _execute(cfg, req, run_dir, store, base)
 
 
 def resume(run_dir: Path) -> int:
     def prepare(cfg: RunSettings) -> tuple[RunSettings, tuple]:
-        space, settings = validate(cfg)
+        req = validate(cfg)
         base = Candidate.from_json(json.loads((run_dir / PLAN_FILE).read_text())["base"])
-        return cfg, (space, settings, base)
+        return cfg, (req, base)
 
-    store, cfg, (space, settings, base) = common.reopen_run(run_dir, "sweep", prepare)
-    return _execute(cfg, run_dir, store, space, settings, base)
+    store, cfg, (req, base) = common.reopen_run(run_dir, "sweep", prepare)
+    return _execute(cfg, req, run_dir, store, base)
 
 
 def _finished(store: RunStore, metric: str, final_attempt: int) -> list[tuple]:
@@ -111,14 +95,13 @@ def _progress_state(search: SweepSearch) -> tuple[str, str | None]:
     return "searching", leaders[0].label if leaders else None
 
 
-def execute(cfg: RunSettings, ctl: Controller, run_dir: Path, space: SearchSpace,
-            settings: SweepSettings, base: Candidate, out,
-            progress: Progress | None = None,
+def execute(cfg: RunSettings, req: SweepRequest, ctl: Controller, run_dir: Path,
+            base: Candidate, out, progress: Progress | None = None,
             findings_name: str | None = None) -> tuple[SweepResult, dict]:
     """Run (or continue) the sweep on a running controller; returns the result and the
     findings document (the caller writes it: a run holding several experiments names it
     `findings_name`). Interrupted, it writes its answer so far there itself."""
-    metric = cfg.metric
+    metric, space, settings = req.metric, req.space, req.search
     target_conf = as_dict(cfg.target)
     sampler = make_sampler(settings.sampler, space, seed=settings.seed,
                            budget=settings.budget,
@@ -166,7 +149,7 @@ def execute(cfg: RunSettings, ctl: Controller, run_dir: Path, space: SearchSpace
         # Best effort: nothing here may turn a clean stop into a crash.
         try:
             doc = stopped_findings(ctl, search, metric, f"interrupted after {search.spent}"
-                                   " restarts", cfg.confidence)
+                                   " restarts", req.confidence)
             findings.write(run_dir, doc, findings_name)
             if findings_name is None:  # its own run (an investigation says the whole answer)
                 out.print("")
@@ -222,14 +205,13 @@ def stopped_findings(ctl: Controller, search: SweepSearch, metric: str, why: str
     return doc
 
 
-def _execute(cfg: RunSettings, run_dir: Path, store: RunStore, space: SearchSpace,
-             settings: SweepSettings, base: Candidate) -> int:
+def _execute(cfg: RunSettings, req: SweepRequest, run_dir: Path, store: RunStore,
+             base: Candidate) -> int:
     out = render.console()
     with running(store, run_dir, out) as run:
         with Progress(out, done=store.trials()) as progress, \
                 Controller(cfg, store, run_dir, on_event=progress.on_event) as ctl:
-            result, doc = execute(cfg, ctl, run_dir, space, settings, base, out,
-                                  progress=progress)
+            result, doc = execute(cfg, req, ctl, run_dir, base, out, progress=progress)
         out.print(f"findings: {findings.write(run_dir, doc)}")
         print_answer(out, doc.get("answer"))
         if result.status == "no_data":

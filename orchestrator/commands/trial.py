@@ -12,6 +12,7 @@ otherwise (the trials that did measure are kept and usable as a reference).
 from __future__ import annotations
 
 from orchestrator.commands import common
+from orchestrator.config.requests import TrialRequest
 from orchestrator.config.settings import RunSettings, evolve
 from orchestrator.control.controller import Controller
 from orchestrator.run.rundir import create_run, pin_run, running
@@ -30,9 +31,10 @@ def nodes_for(restarts: int, asked: int) -> tuple[int, str | None]:
 
 def run(cfg: RunSettings) -> int:
     cfg = common.check_common(cfg)
+    req = TrialRequest.of(cfg)
     ws = common.workspace(cfg)
     cand = common.candidate(cfg, ws)
-    restarts = cfg.restarts
+    restarts = req.restarts
     nodes, why = nodes_for(restarts, cfg.nodes)
     cfg = pin_run(evolve(cfg, nodes=nodes))
     run_dir, store = create_run(cfg)

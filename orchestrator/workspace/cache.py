@@ -1,7 +1,8 @@
 """The worktree cache's own bookkeeping: state files, the size cap, the private repository.
 
-No git command runs here except `git init` for the private repository; `git.Workspace` owns the
-worktrees themselves and calls in for the rest.
+No git command runs here except `git init` for the private repository (its settings are written
+by GitPython's config writer); `git.Workspace` owns the worktrees themselves and calls in for
+the rest.
 
 - State: `.state/<key>.json` says what an intact worktree is (its SHA, the hash of its applied
   diff, its size when made); its mtime is the worktree's last use. `.state/<key>.verified.json`
@@ -175,13 +176,15 @@ class WorktreeCache:
                 return path
             temp = path.with_name(f"{TEMP_PREFIX}{path.name}-{secrets.token_hex(4)}")
             try:
-                git.Git().init("--bare", "--quiet", f"--object-format={object_format()}",
-                               str(temp))
-                config = str(temp / "config")
-                runner = git.Git(str(temp))
-                # Never gc here (the objects are borrowed) and never run a hook.
-                runner.config("--file", config, "gc.auto", "0")
-                runner.config("--file", config, "core.hooksPath", os.devnull)
+                # `git init` in `temp` (made here), then its own config through GitPython's
+                # config writer (the file is written when the block ends).
+                mirror = git.Repo.init(temp, bare=True, quiet=True,
+                                       object_format=object_format())
+                with mirror.config_writer() as config:
+                    # Never gc here (the objects are borrowed) and never run a hook.
+                    config.set_value("gc", "auto", 0)
+                    config.set_value("core", "hooksPath", os.devnull)
+                mirror.close()
                 (temp / "objects" / "info").mkdir(parents=True, exist_ok=True)
                 (temp / "objects" / "info" / "alternates").write_text(f"{objects_dir}\n")
                 path.parent.mkdir(parents=True, exist_ok=True)

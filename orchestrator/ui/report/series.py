@@ -130,15 +130,17 @@ def posterior_history(data: RunData) -> PosteriorHistory | None:
     """
     if data.plan is None:
         return None
+    from orchestrator.config import params as experiment_params
     from orchestrator.config.bisect import bisect_strategy
+    from orchestrator.config.requests import BisectRequest
     from orchestrator.control.drive import observation
 
     n = len(data.plan.candidates)
     weights = list(data.plan.prior_weights) if data.plan.prior_weights else None
     try:
         cfg = data.config
-        strategy = bisect_strategy(cfg, n, weights, list(data.plan.commits),
-                                            replay=True)
+        strategy = bisect_strategy(BisectRequest.stored(cfg), experiment_params.of(cfg), n,
+                                   weights, list(data.plan.commits), replay=True)
     except Exception:  # a config the strategy no longer accepts: no replay, not a crash
         return None
     index = {c.key: i for i, c in enumerate(data.plan.candidates)}

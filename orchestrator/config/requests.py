@@ -1,0 +1,372 @@
+"""What each command is asked to do: one small frozen record per command, built once from the
+run's settings at the command's entry.
+
+`RunSettings` (`schema.py`) is the composed tree Hydra fills and the run stores; it holds the
+shared settings (target, bench, cluster, the candidate's keys) beside fields that only one
+command reads (`good`/`bad`, a sweep's `trials`, a scenario's `out`, ...), typed loosely
+because Hydra composes one schema for every command (`good` is a ref for a bisect and a
+candidate spec for an isolate). A command does not read those fields from the tree: its entry
+builds its request (`BisectRequest.of(settings)`, ...), which checks the command's own
+arguments (one `UserError` line, exit 2, before anything is written) and holds them typed (a
+ref as `str`, paths as a tuple). The rest of the command reads the request.
+
+A resumed run, or a report replaying one, reads a request whose arguments were checked when
+the run started: `stored(settings)` builds it without the checks, so a run an older release
+accepted still resumes. A command run as a step of another (an investigation's bisect, an
+isolate's compare) gets its request from that command's own (`InvestigateRequest.bisect_step`,
+`CompareRequest.step` with the caller's budget), never by rewriting the settings.
+
+One module for every command, so a newcomer finds what each command is asked in one place;
+the records are small and their checks are the commands' refusals, nothing more.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from orchestrator.config import params as experiment_params
+from orchestrator.config.schema import RunSettings
+from orchestrator.config.settings import as_dict
+from orchestrator.errors import UserError
+from orchestrator.metrics import check_metric, regression_direction
+
+if TYPE_CHECKING:  # Optuna comes with them: imported when a sweep's request is built
+    from orchestrator.strategies.sweep.search import SweepSettings
+    from orchestrator.strategies.sweep.space import SearchSpace
+
+
+def check_confidence(confidence: float) -> float:
+    """A posterior mass to reach: strictly between a coin flip and certainty."""
+    if not 0.5 < confidence < 1.0:
+        raise UserError(f"confidence must be between 0.5 and 1 (exclusive), got {confidence}")
+    return float(confidence)
+
+
+def check_budget(max_trials: int | None) -> int | None:
+    """A bisect's or an isolate's restart budget: the endpoints and a split need four."""
+    if max_trials is not None and max_trials < 4:
+        raise UserError(f"max_trials must be at least 4 (got {max_trials})")
+    return max_trials
+
+
+def _check_metric(settings: RunSettings) -> str:
+    """The metric, known to the metric table (or one a `command` target's bench reports)."""
+    target = settings.target
+    check_metric(settings.metric, custom=target.name == "command", target=as_dict(target))
+    return settings.metric
+
+
+def _text(value: object) -> str | None:
+    return str(value) if value else None
+
+
+@dataclass(frozen=True)
+class BisectRequest:
+    """`sleuth bisect`: the range (or a package's releases) to search and how surely.
+
+    `good`/`bad` are refs (or, with `package`, two versions of that package); `direction` is as
+    given (`auto` follows the metric table); `reference` names an earlier run whose level sets
+    the change being chased, `was` states that level directly (one or the other:
+    `check_common`)."""
+
+    good: str
+    bad: str
+    metric: str = "verify_ms"
+    direction: str = "auto"
+    confidence: float = 0.99
+    max_trials: int | None = None
+    first_parent: bool = True
+    paths: tuple[str, ...] = ()
+    reference: str | None = None
+    was: float | None = None  # `was=VALUE`: the good level as the user states it
+    package: str = ""  # `package=NAME`: its releases are the points, not commits
+    package_pre: bool = False
+
+    @classmethod
+    def of(cls, settings: RunSettings) -> BisectRequest:
+        """The request, its arguments checked (the shared checks are `check_common`'s)."""
+        _check_metric(settings)
+        regression_direction(settings.metric, settings.direction)
+        good, bad = settings.good, settings.bad
+        if not good or not bad:
+            raise UserError("bisect needs both endpoints: good=REF bad=REF")
+        if not isinstance(good, str | int) or not isinstance(bad, str | int):
+            raise UserError("bisect endpoints are refs (good=REF bad=REF); candidate specs such"
+                            " as good.commit=... are for sleuth isolate")
+        check_confidence(settings.confidence)
+        check_budget(settings.max_trials)
+        if settings.package.name.strip():
+            _check_release(settings)
+        return cls.stored(settings)
+
+    @classmethod
+    def stored(cls, settings: RunSettings) -> BisectRequest:
+        """The request of a run checked when it started (a resume, a report's replay); an
+        investigation's stored settings may hold no endpoints (its reference is one)."""
+        package = settings.package.name.strip()
+        return cls(good=str(settings.good or ""), bad=str(settings.bad or ""),
+                   metric=settings.metric, direction=settings.direction,
+                   confidence=float(settings.confidence), max_trials=settings.max_trials,
+                   first_parent=settings.first_parent or bool(package),  # releases are a line
+                   paths=tuple(str(p) for p in settings.paths),
+                   reference=_text(settings.reference),
+                   was=float(settings.was) if settings.was is not None else None,
+                   package=package,
+                   package_pre=settings.package.pre)
+
+
+def _check_release(settings: RunSettings) -> None:
+    """A package name and two exact versions, the package not also pinned for every point."""
+    from orchestrator.packages import plan as packages
+    from orchestrator.packages.pins import canonical, check_version, parse_pin
+
+    name = settings.package.name.strip()
+    try:
+        parse_pin(f"{name}==0")
+    except UserError:
+        raise UserError(f"package={name}: not a package name (package=NAME, e.g."
+                        " package=nvidia-nccl-cu12)") from None
+    check_version(name, settings.good)
+    check_version(name, settings.bad)
+    if canonical(name) in packages.fixed_pins(settings):
+        raise UserError(f"package={name} is searched: leave it out of packages=[...]")
+
+
+@dataclass(frozen=True)
+class TrialRequest:
+    """`sleuth trial`: how many server restarts of the run's candidate (`restarts=N`; three
+    or more make a reference for `sleuth investigate`)."""
+
+    restarts: int = 1
+
+    @classmethod
+    def of(cls, settings: RunSettings) -> TrialRequest:
+        """The request (its range, `restarts >= 1`, was checked at composition)."""
+        return cls(restarts=int(settings.restarts))
+
+
+@dataclass(frozen=True)
+class ScenarioRequest:
+    """`sleuth scenario`: where to write a scenario and its shape, or (`apply`) which of an
+    existing scenario's recorded node states to put the simulated nodes in."""
+
+    out: Path
+    commits: int = 100
+    seed: int = 0
+    preset: str = "one_culprit"
+    apply: str | None = None  # reference | now
+
+    @classmethod
+    def of(cls, settings: RunSettings) -> ScenarioRequest:
+        """The request, `out` made absolute; without one, the usage in one line. The preset is
+        checked by the generator, before it writes anything."""
+        if not settings.out:
+            from orchestrator.sim_scenarios.generate import PRESETS
+
+            raise UserError(f"where to? usage: sleuth scenario out=DIR [commits=N] [seed=S]"
+                            f" [preset={'|'.join(PRESETS)}], or out=DIR apply=reference|now")
+        return cls(out=Path(str(settings.out)).expanduser().resolve(),
+                   commits=int(settings.commits), seed=int(settings.seed),
+                   preset=str(settings.preset), apply=settings.apply)
+
+
+def candidate_spec(node: object) -> dict[str, Any]:
+    """One side of an isolate (`good.commit=REF good.env.X=V bad.clock=...`) as a plain
+    mapping, its patches absolute (saved so, a resume finds them from anywhere)."""
+    if node is None:
+        return {}
+    if not isinstance(node, Mapping):
+        raise UserError("isolate takes candidate specs: good.commit=REF good.env.X=V bad.clock=..."
+                        " (or reference=RUN)")
+    spec = as_dict(node)
+    if "patches" in spec:
+        spec["patches"] = [str(Path(str(p)).expanduser().resolve()) for p in spec["patches"]]
+    return spec
+
+
+@dataclass(frozen=True)
+class IsolateRequest:
+    """`sleuth isolate`: the two configurations whose differences are tested (`good`/`bad`,
+    candidate specs; empty with a `reference`, whose re-measured differences are tested
+    instead), on which metric, how surely and within how many restarts.
+
+    The specs are plain mappings the record does not copy on reading: take a copy
+    (`as_dict(req.good)`) before changing one."""
+
+    good: Mapping[str, Any] = field(default_factory=dict)
+    bad: Mapping[str, Any] = field(default_factory=dict)
+    metric: str = "verify_ms"
+    direction: str = "auto"
+    confidence: float = 0.99
+    max_trials: int | None = None
+    reference: str | None = None
+
+    @classmethod
+    def of(cls, settings: RunSettings) -> IsolateRequest:
+        """The request, its arguments checked (the shared checks are `check_common`'s): the
+        metric, confidence, budget, and (without a reference) each side's spec."""
+        check_metric(settings.metric, target=as_dict(settings.target))
+        check_confidence(settings.confidence)
+        check_budget(settings.max_trials)
+        reference = _text(settings.reference)
+        good = bad = {}
+        if reference is None:
+            good, bad = candidate_spec(settings.good), candidate_spec(settings.bad)
+        return cls(good=good, bad=bad, metric=settings.metric, direction=settings.direction,
+                   confidence=float(settings.confidence), max_trials=settings.max_trials,
+                   reference=reference)
+
+
+def compare_reference(settings: RunSettings) -> str:
+    """The run (or fingerprint file) a compare re-measures: `reference=`, or the older
+    spelling `experiment.params.reference=`; refused first when neither is given."""
+    given = experiment_params.parse(settings.experiment.params).reference or settings.reference
+    if not given:
+        raise UserError("compare needs a reference: sleuth compare reference=RUN_DIR_OR_FINGERPRINT")
+    return str(given)
+
+
+@dataclass(frozen=True)
+class CompareRequest:
+    """`sleuth compare`: the reference to re-measure now, on which metric, within how many
+    restarts (`max_trials`; None: `experiment.params.max_trials`, else 9)."""
+
+    reference: str
+    metric: str = "verify_ms"
+    max_trials: int | None = None
+
+    @classmethod
+    def of(cls, settings: RunSettings) -> CompareRequest:
+        """The request, its reference given and its metric known."""
+        reference = compare_reference(settings)
+        check_metric(settings.metric, target=as_dict(settings.target))
+        return cls(reference=reference, metric=settings.metric,
+                   max_trials=settings.max_trials)
+
+    @classmethod
+    def step(cls, settings: RunSettings, max_trials: int | None) -> CompareRequest:
+        """The compare an isolate or an investigation runs as its first step, with that
+        command's budget for it (checked with that command's request)."""
+        given = experiment_params.parse(settings.experiment.params).reference \
+            or settings.reference
+        return cls(reference=str(given or ""), metric=settings.metric, max_trials=max_trials)
+
+
+@dataclass(frozen=True)
+class SweepRequest:
+    """`sleuth sweep` (and an investigation's `recover=true` step): the search space, the
+    search's settings (`trials` as its budget, sampler, seed, direction, the knobs of
+    `experiment.params`), the metric, and the confidence an answer so far is stated at."""
+
+    space: SearchSpace
+    search: SweepSettings
+    metric: str = "verify_ms"
+    confidence: float = 0.99
+
+    @classmethod
+    def of(cls, settings: RunSettings) -> SweepRequest:
+        """The request, every check that needs no repository made: space, budget, knobs,
+        sampler (a grid only over a finite space small enough to walk)."""
+        from orchestrator.config import sweep as setup
+        from orchestrator.strategies.sweep.search import MAX_GRID
+
+        search = setup.settings(settings)
+        space = setup.space(settings, as_dict(settings.target))
+        if search.sampler == "grid":
+            size = space.size()
+            if size is None or size > MAX_GRID:
+                raise UserError(f"sampler=grid needs a finite space of at most {MAX_GRID} "
+                                f"configurations (this one: {size or 'continuous'}); use tpe")
+        return cls(space=space, search=search, metric=settings.metric,
+                   confidence=float(settings.confidence))
+
+
+@dataclass(frozen=True)
+class InvestigateRequest:
+    """`sleuth investigate`: from a `reference` (an earlier run or fingerprint file), or from
+    `good`, to `bad` (refs; `bad` empty: the reference's own commit), on which metric, how
+    surely, within how many restarts per search, and whether to end with a `recover` sweep.
+    Its steps get their requests from it (`bisect_step`, `isolate_step`)."""
+
+    good: str | None = None
+    bad: str | None = None
+    metric: str = "verify_ms"
+    direction: str = "auto"
+    confidence: float = 0.99
+    max_trials: int | None = None
+    first_parent: bool = True
+    paths: tuple[str, ...] = ()
+    reference: str | None = None
+    was: float | None = None
+    recover: bool = False
+
+    @classmethod
+    def of(cls, settings: RunSettings) -> InvestigateRequest:
+        """The request, its arguments checked (the shared checks are `check_common`'s;
+        whether a reference or both ends are given is the plan's, since the demo hands
+        its reference over directly)."""
+        _check_metric(settings)
+        check_confidence(settings.confidence)
+        check_budget(settings.max_trials)
+        for side in ("good", "bad"):
+            value = getattr(settings, side)
+            if value is not None and not isinstance(value, str | int):
+                raise UserError(f"investigate takes refs ({side}=REF); candidate specs such as"
+                                f" {side}.commit=... are for sleuth isolate")
+        return cls(good=_text(settings.good), bad=_text(settings.bad), metric=settings.metric,
+                   direction=settings.direction, confidence=float(settings.confidence),
+                   max_trials=settings.max_trials, first_parent=settings.first_parent,
+                   paths=tuple(str(p) for p in settings.paths),
+                   reference=_text(settings.reference),
+                   was=float(settings.was) if settings.was is not None else None,
+                   recover=settings.recover)
+
+    def bisect_step(self, good: str, bad: str) -> BisectRequest:
+        """The bisect of the range `good..bad` (SHAs) under today's system."""
+        return BisectRequest(good=good, bad=bad, metric=self.metric, direction=self.direction,
+                             confidence=self.confidence, max_trials=self.max_trials,
+                             first_parent=self.first_parent, paths=self.paths,
+                             reference=self.reference, was=self.was)
+
+    def isolate_step(self) -> IsolateRequest:
+        """The isolate of the differences the compare found (no specs: they come from it)."""
+        return IsolateRequest(metric=self.metric, direction=self.direction,
+                              confidence=self.confidence, max_trials=self.max_trials,
+                              reference=self.reference)
+
+
+@dataclass(frozen=True)
+class DemoRequest:
+    """`sleuth demo`: the size and seed of the scenario it builds (its preset is the demo's
+    own); the investigation and the sweep it runs take their requests from the settings."""
+
+    commits: int = 100
+    seed: int = 0
+
+    @classmethod
+    def of(cls, settings: RunSettings) -> DemoRequest:
+        """The request (`commits >= 1` was checked at composition)."""
+        return cls(commits=int(settings.commits), seed=int(settings.seed))
+
+
+@dataclass(frozen=True)
+class RunRequest:
+    """`sleuth report RUN [out=DIR]` and `sleuth resume RUN [max_trials=N]`: the run (an id
+    under `runs_dir` or a directory), where a report's files go (None: the run directory),
+    and a resumed bisect's new budget."""
+
+    run: str
+    out: Path | None = None
+    max_trials: int | None = None
+
+    @classmethod
+    def of(cls, settings: RunSettings) -> RunRequest:
+        """The request; without a run, the command's usage in one line."""
+        if not settings.run_id:
+            raise UserError(f"which run? usage: sleuth {settings.command} RUN (a run id or run"
+                            " directory)")
+        out = Path(str(settings.out)).expanduser().resolve() if settings.out else None
+        return cls(run=str(settings.run_id), out=out, max_trials=settings.max_trials)
