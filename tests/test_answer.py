@@ -382,3 +382,19 @@ def test_the_investigation_exit_code_says_which_answer():
                                  [{"summary": "SM clock lock: none -> 1700 MHz", "node": "n",
                                    "before_trial": 3, "after_trial": 4}])
     assert exit_code(changed) == 5
+
+
+def test_a_bisect_that_rules_out_the_change_being_chased_exits_0():
+    """"Not reproducible" against a change being chased (`was=` or a reference run) answers
+    the user's question, whatever the answer's own min effect leaves undecided; without one,
+    only an answer that explains (no change larger than the min effect) exits 0."""
+    from orchestrator.commands.bisect_stop import exit_code as bisect_exit
+    from orchestrator.strategies.base import Verdict
+
+    verdict = Verdict(done=True, status="not_reproducible", message="")
+    undecided = {"answer": {"explains": False, "status": "undecided"}}
+    assert bisect_exit(verdict, undecided) == 3
+    assert bisect_exit(verdict, {**undecided, "chased": {"pct": 46.0}}) == 0
+    assert bisect_exit(verdict, {"answer": {"explains": True}}) == 0
+    stopped = Verdict(done=True, status="budget_exhausted", message="")
+    assert bisect_exit(stopped, {**undecided, "chased": {"pct": 46.0}}) == 3

@@ -201,9 +201,14 @@ def test_concurrent_requests_share_lockstep_batches(tmp_path):
     with server as sim:
         before = _scrape(sim)
 
+        # The four requests leave together (a barrier, not the threads' start order, which a
+        # busy host can stretch past a whole request), so the scheduler batches them.
+        barrier = threading.Barrier(4)
+
         def one(i: int) -> None:
             doc = {"input_ids": list(range(300 + 40 * i, 332 + 40 * i)),
                    "sampling_params": {"max_new_tokens": 120, "ignore_eos": True}}  # fmt: skip
+            barrier.wait(timeout=60)
             results.append(sim.post_json("/generate", doc)["meta_info"]["completion_tokens"])
 
         threads = [threading.Thread(target=one, args=(i,)) for i in range(4)]

@@ -6,8 +6,9 @@
 
 Exit 0 when it names the culprit(s), or when the range holds no change larger than the min
 effect (`experiment.params.min_effect_pct`, else 4% or a tenth of the change: the answer says
-"no change larger than x%"); 3 when it stops at its budget (with its answer so far) or cannot
-tell.
+"no change larger than x%"), or, given the change being chased (`reference=RUN` or
+`was=VALUE`), when the range's change is confidently under half of it (the regression is not
+in this range); 3 when it stops at its budget (with its answer so far) or cannot tell.
 
 Resuming: `sleuth bisect run_id=RUN` (or `sleuth resume RUN`) reopens the run's store and
 continues; every finished trial is reused. `sleuth bisect run_id=RUN max_trials=N` continues a
@@ -52,6 +53,7 @@ from orchestrator.run.rundir import create_run, pin_run, run_argument, running, 
 from orchestrator.store import RunStore
 from orchestrator.strategies.base import Verdict
 from orchestrator.strategies.bisect import BisectStrategy
+from orchestrator.strategies.bisect.verdict import chased_change_pct
 from orchestrator.system.watch import SystemChange, system_changes
 from orchestrator.ui import render
 from orchestrator.ui.progress import Progress, expected_bisect_trials, verdict_best
@@ -367,6 +369,12 @@ def execute(cfg: RunSettings, req: BisectRequest, ctl: Controller, run_dir: Path
         doc["answer"] = so_far(doc["answer"], why=stop_reason(verdict),
                                confidence=req.confidence)
         doc["provisional"] = doc["answer"]["provisional"]
+    chased = chased_change_pct(strategy)
+    if chased is not None and reference is not None:
+        # What a range that does not reproduce was measured against (the exit code's 0)
+        doc["chased"] = {"pct": round(chased, 2), "level": reference[0],
+                         "since": reference[2] if len(reference) > 2 else
+                         f"reference run {reference[1]}"}
     changes = system_changes(rows)
     doc["system_changes"] = [c.to_json() for c in changes]
     design.update(rows, [o.trial_id for o in verdict.outliers if o.trial_id is not None])

@@ -45,7 +45,7 @@ def _interval(ci: tuple[float, float] | None) -> str:
     return f" [{ci[0]:+.1f}%, {ci[1]:+.1f}%]"
 
 
-def _chased_change(strategy: BisectState) -> float | None:
+def chased_change_pct(strategy: BisectState) -> float | None:
     """The change from a stated good level (a reference run's or ``was=``) to the bad
     endpoint now, in percent: what a range that does not reproduce was measured against."""
     if strategy.reference_value is None or strategy.min_effect is not None:
@@ -262,7 +262,7 @@ def describe(strategy: BisectState) -> Verdict:
     if status in ("not_reproducible", "reversed", "inconclusive"):
         if status == "not_reproducible":
             message = f"{NOT_REPRODUCIBLE_MESSAGE} (endpoint change {change})."
-            chased = _chased_change(strategy)
+            chased = chased_change_pct(strategy)
             if chased is not None:
                 message += (f" The change being chased, from the good level "
                             f"{strategy.reference_value:.4g} to the bad commit now, is "
