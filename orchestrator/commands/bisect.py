@@ -20,6 +20,9 @@ verified against its real git parent(s), listed as points even when they lie out
 
 `sleuth bisect package=NAME good=V1 bad=V2 [package.pre=true] packages.find_links=DIR ...`
 searches the releases of a package instead, at the run's commit (`bisect_release`).
+
+Size: the command (plan, refusals, run, resume); its stop and findings helpers are
+`bisect_stop.py`, the release search's `bisect_release.py`.
 """
 
 from __future__ import annotations

@@ -23,6 +23,9 @@ or `choice(...)` carries its bounds in its metadata, every float must be finite,
 `orchestrator/config/checks.py` walks the composed config against them before any command
 looks at it (`trial.ready_timeout_s=nan` would otherwise wait forever for a server that never
 gets ready). Typed settings objects can read the same metadata.
+
+Size: the schema is one place on purpose (the shape of every setting, read top to bottom);
+it is declarations, no logic.
 """
 
 from __future__ import annotations

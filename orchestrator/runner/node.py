@@ -15,6 +15,9 @@ server for a leftover and kill it, nor set its clocks under the first run's tria
 The holder also names its controller. An actor whose controller is gone (SIGKILLed) is an
 orphan that Ray is about to reap; a new run (or `sleuth resume` of the same one) waits for it,
 and after `ORPHAN_WAIT_S` ends it, instead of refusing a node nobody uses any more.
+
+Size: one actor class whose lock, holder record, orphan handling and trial loop share one
+node's state; the trial's own steps are `trial.py` and `trial_checks.py`.
 """
 
 from __future__ import annotations

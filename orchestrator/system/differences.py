@@ -14,6 +14,10 @@ server setting, one package's version) to its good or its bad level; a level of 
 "not set by the candidate: as the node (or the target config) has it". Every kind is a small :class:`FactorKind` that
 reads and writes its level in a spec and in a candidate: package versions are the
 :class:`_Package` kind and the `packages` part of :class:`~orchestrator.records.Candidate`.
+
+Size: one factor kind per candidate part (commit, patch, env, clock part, server setting,
+package), each short and read through the same small interface; kept together so the kinds
+are seen side by side.
 """
 
 from __future__ import annotations

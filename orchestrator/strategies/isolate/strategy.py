@@ -40,6 +40,9 @@ Plan, each step justified by what a trial costs (a server restart):
 Every test is three-way (present / absent / unresolved -> more trials) and capped; a capped test
 is decided by its estimate and leaves the answer's probability honest, below ``confidence``.
 Batches for ``k`` idle nodes hold distinct subsets, never one already in flight.
+
+Size: the strategy's driver (the registry of subsets, the phase transitions, proposals); the
+chains, the verification, the explanation and the verdict are their own modules.
 """
 
 from __future__ import annotations

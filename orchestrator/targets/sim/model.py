@@ -17,6 +17,9 @@ Calibration (default GPU state, tp 8, default env, neutral profile, batch 1):
 
 Everything the server sleeps comes from `PassCostModel`; tests and the orchestrator compare
 measurements against `predict()` and `expected_request_ms()`.
+
+Size: one calibrated model (each pass's roofline, the power throttle, the calibration
+constants), pure functions read together against the seed's numbers.
 """
 
 from __future__ import annotations
