@@ -51,9 +51,14 @@ def test_a_server_killed_while_it_loads_is_interrupted_and_runs_again(tmp_path, 
     if sig is signal.SIGKILL and oom_kills() is None:
         pytest.skip("no OOM-kill counter here: a SIGKILL is kept as the candidate's failure")
     repo, shas = sim_repo
-    # Loading takes 400 modeled seconds (8 s of wall time): long enough to be caught in it.
+    # The server stays in its loading phase while `barrier` exists (the sim's hold_loading
+    # fault), so it is caught loading however busy the host; once the barrier is gone the
+    # attempt that runs again loads in its usual time.
+    barrier = tmp_path / "loading"
+    barrier.touch()
     cfg = compose_settings("trial", [f"repo={repo}", f"runs_dir={tmp_path / 'runs'}", *FAST,
-                                   "target.load_seconds=400", "trial.ready_timeout_s=120"])
+                                   "target.load_seconds=5", f"target.fault=hold_loading:{barrier}",
+                                   "trial.ready_timeout_s=120"])
     run_dir, store = create_run(cfg)
     pidfile = tmp_path / "runs" / ".nodes" / "local-0" / "server.json"
     with Controller(cfg, store, run_dir) as ctl:
@@ -66,6 +71,7 @@ def test_a_server_killed_while_it_loads_is_interrupted_and_runs_again(tmp_path, 
             time.sleep(0.1)
         server = json.loads(pidfile.read_text())
         os.kill(server["pgid"], sig)  # as a user's `kill PID` would
+        barrier.unlink()
         (final,) = ctl.wait()
     rows = store.trials()
     assert rows[0].outcome is Outcome.INTERRUPTED, rows[0].detail

@@ -214,7 +214,8 @@ def test_fault_specs():
     assert parse_faults(None) == parse_faults("")
     held = parse_faults("hold_from:2:/some/dir/hold")
     assert (held.hold_from, held.hold_path) == (2, "/some/dir/hold")
+    assert parse_faults("hold_loading:/some/dir/load").hold_loading == "/some/dir/load"
     for bad in ("explode", "crash_after", "crash_after:x", "degrade:fast", "never_ready:1",
-                "hold_from:2", "hold_from:x:/p"):
+                "hold_from:2", "hold_from:x:/p", "hold_loading"):
         with pytest.raises(FaultSpecError):
             parse_faults(bad)

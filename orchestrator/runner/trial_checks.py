@@ -161,9 +161,11 @@ def server_environ(proc: ServerProcess) -> dict[str, str] | None:
 
 
 # Readiness is polled every READY_POLL_S for the first READY_FAST_S (a fast server, the sim, a
-# small model: each poll's latency is added to every trial), then less and less often, up to
-# once a second (a large model loading for minutes does not need 20 probes a second).
-READY_POLL_S = 0.05
+# small model: half a poll interval is added to every trial on average, 10 ms at 20 ms where
+# the sim is ready 0.2-0.3 s after its launch), then less and less often, up to once a second
+# (a large model loading for minutes does not need 50 probes a second; a probe of a server
+# that is still loading is a refused connection or an immediate 503).
+READY_POLL_S = 0.02
 READY_FAST_S = 10.0
 READY_MAX_POLL_S = 1.0
 

@@ -9,6 +9,8 @@ degrade:PCT          each completed request makes the following ones PCT% slower
 refuse_bind          exit 1 with uvicorn's "address already in use" error
 hold_from:N:PATH     requests from number N on (0-based, warm-up included) wait to be admitted
                      while the file PATH exists: a test's barrier that keeps a trial mid-run
+hold_loading:PATH    the loading phase waits while the file PATH exists (503 meanwhile): a
+                     test's barrier that keeps a server loading until the test is done with it
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from dataclasses import dataclass
 
 FAULT_NAMES = (
     "exit_at_start", "crash_after", "never_ready", "hang_mid_stream", "degrade", "refuse_bind",
-    "hold_from",
+    "hold_from", "hold_loading",
 )  # fmt: skip
 
 
@@ -35,6 +37,7 @@ class FaultPlan:
     refuse_bind: bool = False
     hold_from: int | None = None
     hold_path: str | None = None
+    hold_loading: str | None = None
 
     def degrade_factor(self, completed_requests: int) -> float:
         return (1.0 + self.degrade_pct / 100.0) ** completed_requests
@@ -72,6 +75,8 @@ def parse_faults(spec: str | None) -> FaultPlan:
             count, _, path = arg.partition(":")
             fields["hold_from"] = _count(name, count)
             fields["hold_path"] = path
+        elif name == "hold_loading" and arg:
+            fields["hold_loading"] = arg
         elif name == "degrade" and arg:
             try:
                 fields["degrade_pct"] = float(arg)
@@ -80,6 +85,7 @@ def parse_faults(spec: str | None) -> FaultPlan:
         else:
             raise FaultSpecError(
                 f"unknown fault {item!r} (known: exit_at_start, crash_after:N, never_ready, "
-                "hang_mid_stream[:N], degrade:PCT, refuse_bind, hold_from:N:PATH)"
+                "hang_mid_stream[:N], degrade:PCT, refuse_bind, hold_from:N:PATH, "
+                "hold_loading:PATH)"
             )
     return FaultPlan(**fields)
