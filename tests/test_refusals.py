@@ -236,3 +236,25 @@ def test_a_good_level_is_refused_where_nothing_is_measured_against_it(world, ray
     assert code == 2 and len(err.splitlines()) == 1, err
     assert "was=19" in err and "for sleuth bisect and investigate" in err, err
     assert ray_starts == [] and not world["runs"].exists()
+
+
+def test_a_resume_with_a_budget_under_four_is_refused_as_the_bisect_refuses_it(world, capsys):
+    """`sleuth resume RUN max_trials=2` is the same request as `sleuth bisect run_id=RUN
+    max_trials=2`, which is refused: the endpoints and a split need four restarts."""
+    argv = ["resume", "some-run", "max_trials=2", f"runs_dir={world['runs']}"]
+    code, err = _refused(argv, world["base"], capsys)
+    assert code == 2 and len(err.splitlines()) == 1, err
+    assert "max_trials must be at least 4 (got 2)" in err, err
+
+
+@pytest.mark.parametrize(("numbers", "status"), [((2, 30, 9), "FAIL"), ((2, 31, 0), "ok")])
+def test_doctor_holds_git_to_the_version_every_command_needs(numbers, status, monkeypatch):
+    """doctor said ok from git 2.25 while every command refuses anything before 2.31 (`git log
+    --diff-merges`): it now reads the same minimum. Only git's version string is replaced."""
+    import git
+
+    monkeypatch.setattr(git.Git, "version_info", property(lambda self: numbers))
+    result, name, detail = doctor.check_git()
+    assert (result, name) == (status, "git"), detail
+    if status == "FAIL":
+        assert "need >= 2.31" in detail

@@ -31,9 +31,12 @@ def check_git() -> Check:
     # numbers only, so a vendor suffix ("2.39.5 (Apple Git-154)") is not read as the version.
     numbers = git.Git().version_info
     version = ".".join(map(str, numbers))
-    parts = numbers[:2]
-    if parts < (2, 25):
-        return "FAIL", "git", f"git {version} is too old (need >= 2.25 for worktrees)"
+    from orchestrator.workspace.git import MIN_GIT_VERSION
+
+    if tuple(numbers[:2]) < MIN_GIT_VERSION:  # the minimum every command checks, one constant
+        need = ".".join(map(str, MIN_GIT_VERSION))
+        return "FAIL", "git", (f"git {version} is too old (need >= {need}: commit ranges use"
+                               " `git log --diff-merges`)")
     return "ok", "git", version
 
 

@@ -369,4 +369,5 @@ class RunRequest:
             raise UserError(f"which run? usage: sleuth {settings.command} RUN (a run id or run"
                             " directory)")
         out = Path(str(settings.out)).expanduser().resolve() if settings.out else None
-        return cls(run=str(settings.run_id), out=out, max_trials=settings.max_trials)
+        # As `sleuth bisect run_id=RUN max_trials=N` checks it: a resume is no way around it
+        return cls(run=str(settings.run_id), out=out, max_trials=check_budget(settings.max_trials))
