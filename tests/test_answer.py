@@ -394,7 +394,9 @@ def test_a_bisect_that_rules_out_the_change_being_chased_exits_0():
     verdict = Verdict(done=True, status="not_reproducible", message="")
     undecided = {"answer": {"explains": False, "status": "undecided"}}
     assert bisect_exit(verdict, undecided) == 3
-    assert bisect_exit(verdict, {**undecided, "chased": {"pct": 46.0}}) == 0
+    assert bisect_exit(verdict, {**undecided, "chased": {"pct": 46.0, "ruled_out": True}}) == 0
+    # The cap on endpoint restarts, not the chased change, ended it: still undecided.
+    assert bisect_exit(verdict, {**undecided, "chased": {"pct": 46.0, "ruled_out": False}}) == 3
     assert bisect_exit(verdict, {"answer": {"explains": True}}) == 0
     stopped = Verdict(done=True, status="budget_exhausted", message="")
-    assert bisect_exit(stopped, {**undecided, "chased": {"pct": 46.0}}) == 3
+    assert bisect_exit(stopped, {**undecided, "chased": {"pct": 46.0, "ruled_out": True}}) == 3

@@ -377,6 +377,7 @@ def test_the_level_the_user_remembers_rules_a_range_out(tmp_path, ray_session, c
     assert "The change being chased, from the good level 13 to the bad commit now, is +" \
         in doc["message"]
     assert doc["chased"]["since"] == "verify_ms was 13 (was=)" and doc["chased"]["pct"] > 30
+    assert doc["chased"]["ruled_out"] is True
     assert "looking for the change since verify_ms was 13 (was=)" in capsys.readouterr().out
     store = RunStore.open(tmp_path / "runs" / "was" / "trials.db")
     assert len(store.trials()) < 96  # the 48-a-side cap that rules out changes over 1%

@@ -314,3 +314,26 @@ def test_a_free_node_waits_for_the_head_to_head_in_flight():
     assert strategy.propose(obs, [6], 1) == []
     obs.append(Observation(6, 60.0, trial_id=len(obs)))
     assert strategy.verdict(obs).status == "found"
+
+
+def test_a_range_under_half_the_chased_change_is_ruled_out_and_says_so():
+    """Told the good level (a reference's or `was=`) 40% under both endpoints, a flat range
+    is ruled out as soon as its change is confidently under half of that, and the decision
+    is kept as made; a stated min effect is not a change being chased."""
+    from orchestrator.strategies.bisect.verdict import chased_change_pct, chased_ruled_out
+
+    def run(**kwargs) -> BisectStrategy:
+        strategy = BisectStrategy(20, confidence=0.99, **kwargs)
+        rng = np.random.default_rng(11)
+        obs: list[Observation] = []
+        while proposals := strategy.propose(obs, [], 1):
+            obs.append(Observation(proposals[0].point, 19.0 * math.exp(0.02 * rng.normal()),
+                                   trial_id=len(obs)))
+        assert strategy.verdict(obs).status == "not_reproducible"
+        return strategy
+
+    chased = run(reference_value=19.0 / 1.4)
+    assert chased_ruled_out(chased) and 30 < chased_change_pct(chased) < 50
+    assert "this range holds less than half of it" in chased.verdict(chased._consumed).message
+    stated = run(min_effect_pct=20.0)
+    assert not chased_ruled_out(stated) and chased_change_pct(stated) is None

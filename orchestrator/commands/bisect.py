@@ -56,7 +56,7 @@ from orchestrator.run.rundir import create_run, pin_run, run_argument, running, 
 from orchestrator.store import RunStore
 from orchestrator.strategies.base import Verdict
 from orchestrator.strategies.bisect import BisectStrategy
-from orchestrator.strategies.bisect.verdict import chased_change_pct
+from orchestrator.strategies.bisect.verdict import chased_change_pct, chased_ruled_out
 from orchestrator.system.watch import SystemChange, system_changes
 from orchestrator.ui import render
 from orchestrator.ui.progress import Progress, expected_bisect_trials, verdict_best
@@ -377,7 +377,8 @@ def execute(cfg: RunSettings, req: BisectRequest, ctl: Controller, run_dir: Path
         # What a range that does not reproduce was measured against (the exit code's 0)
         doc["chased"] = {"pct": round(chased, 2), "level": reference[0],
                          "since": reference[2] if len(reference) > 2 else
-                         f"reference run {reference[1]}"}
+                         f"reference run {reference[1]}",
+                         "ruled_out": chased_ruled_out(strategy)}
     changes = system_changes(rows)
     doc["system_changes"] = [c.to_json() for c in changes]
     design.update(rows, [o.trial_id for o in verdict.outliers if o.trial_id is not None])

@@ -86,10 +86,10 @@ def exit_code(verdict: Verdict, doc: dict) -> int:
     """0 when the culprits are named, or when the range holds nothing reproducibly slower:
     its change's interval lies within the min effect ("no change larger than x%"), or, with a
     change being chased (`doc["chased"]`: a reference run's or `was=`), is confidently under
-    half of it, which is what "not reproducible" then means; 3 for a run stopped at its
+    half of it (`ruled_out`), which is what "not reproducible" then means; 3 for a run stopped at its
     budget, a change it could neither rule in nor out, and the rest."""
     if verdict.status == "found":
         return 0
     settled = verdict.status == "not_reproducible" and (
-        (doc.get("answer") or {}).get("explains") or doc.get("chased") is not None)
+        (doc.get("answer") or {}).get("explains") or (doc.get("chased") or {}).get("ruled_out"))
     return 0 if settled else EXIT_INCONCLUSIVE

@@ -40,11 +40,11 @@ def negligible_part(strategy: BisectState, rem: Remainder) -> bool:
     (:func:`orchestrator.stats.min_effect.min_effect_log`: the stated ``min_effect_pct``, else
     the larger of 4% and a tenth of the endpoints' change): whatever it hints at is a change the
     answer would call explained (the answer's rule, with the answer's 95% interval), so it is
-    neither searched nor measured further. On a quiet
-    node a part reading +0.1% [-0.1%, +0.2%] has p under ``remainder_suggestive`` as often as a
-    noisy one does; measuring its anchors again to chase a tenth of a percent cost a 10-release
-    search a restart and a half on average, and after a x3 step found on two nodes, a +0.6%
-    [-0.1%, +1.4%] part held the run for 30 restarts (docs/packages.md)."""
+    neither searched nor measured further. On a quiet node a part reading +0.1% [-0.1%, +0.2%]
+    has p under ``remainder_suggestive`` as often as a noisy one does; measuring its anchors
+    again to chase a tenth of a percent cost a 10-release search a restart and a half on
+    average, and after a x3 step found on a busy host a -2.8% [-5.6%, +0.1%] part held a
+    two-node run for 126 restarts (docs/packages.md)."""
     floor = run_min_effect(strategy)
     diff = rem.diff
     half = float(student_t.ppf(0.5 + ANSWER_CONFIDENCE / 2.0, diff.df)) * diff.se

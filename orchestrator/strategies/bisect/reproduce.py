@@ -58,6 +58,10 @@ def check_reproduced(strategy: BisectState) -> bool:
         strategy.outcome = "reversed"
     elif small or negligible or min(counts) >= cfg.reproduce_max_per_endpoint:
         strategy.outcome = "not_reproducible"
+        # Decided against the change being chased (a reference's or `was=`), not a stated
+        # min effect: the range does not hold the regression. Kept as decided, whatever
+        # trials still in flight add to the interval afterwards.
+        strategy.chase_ruled_out = small and strategy.min_effect is None
     else:
         return False
     return True

@@ -43,6 +43,7 @@ class BisectState(Protocol):
     reproduced_order: int
     first_forecast: int | None
     outcome: str | None
+    chase_ruled_out: bool
     note: str
     retracted: str | None
     stopped_early: str | None

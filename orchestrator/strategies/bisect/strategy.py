@@ -168,6 +168,7 @@ class BisectStrategy(Strategy):
         self.reproduced_order = 0
         self.first_forecast: int | None = None
         self.outcome: str | None = None  # not_reproducible | reversed | inconclusive | budget
+        self.chase_ruled_out = False  # not reproducible: under half the change being chased
         self.note = ""
         self.retracted: str | None = None
         self.stopped_early: str | None = None

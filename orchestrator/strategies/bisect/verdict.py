@@ -56,6 +56,13 @@ def chased_change_pct(strategy: BisectState) -> float | None:
     return 100.0 * float(np.expm1(strategy.sign * 2.0 * floor))
 
 
+def chased_ruled_out(strategy: BisectState) -> bool:
+    """The range was found not to reproduce because its change is confidently (at the
+    reproduce check's level) under half of the change being chased: it does not hold the
+    regression."""
+    return strategy.outcome == "not_reproducible" and strategy.chase_ruled_out
+
+
 def _culprit_sentence(culprit: Culprit, direction_word: str | None = None) -> str:
     if culprit.range is not None:
         lo, hi = culprit.range
@@ -266,7 +273,9 @@ def describe(strategy: BisectState) -> Verdict:
             if chased is not None:
                 message += (f" The change being chased, from the good level "
                             f"{strategy.reference_value:.4g} to the bad commit now, is "
-                            f"{_pct(chased)}: this range holds less than half of it.")
+                            f"{_pct(chased)}")
+                message += (": this range holds less than half of it." if
+                            chased_ruled_out(strategy) else ".")
             if strategy.retracted:
                 message += f" Retracted: {strategy.retracted}."
         elif status == "reversed":
