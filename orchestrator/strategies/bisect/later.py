@@ -25,8 +25,9 @@ def signalled(strategy: BisectState) -> bool:
     Not a sticky decision: a later stage with no such part is idle (the run is done) and
     wakes up if trials still in flight show one."""
     cfg, ev = strategy.settings, strategy.evidence
+    floor = run_min_effect(strategy)
     for rem in strategy.remainders():
-        if negligible_part(strategy, rem):
+        if negligible_part(rem, floor):
             continue
         solid = min(ev.count(rem.lo), ev.count(rem.hi)) >= cfg.remainder_max_per_endpoint
         if rem.p_value < cfg.remainder_clear_p or (solid and
@@ -35,17 +36,15 @@ def signalled(strategy: BisectState) -> bool:
     return False
 
 
-def negligible_part(strategy: BisectState, rem: Remainder) -> bool:
-    """The part's interval lies within +-the run's min effect
-    (:func:`orchestrator.stats.min_effect.min_effect_log`: the stated ``min_effect_pct``, else
-    the larger of 4% and a tenth of the endpoints' change): whatever it hints at is a change the
-    answer would call explained (the answer's rule, with the answer's 95% interval), so it is
+def negligible_part(rem: Remainder, floor: float) -> bool:
+    """The part's interval lies within +-``floor``, the run's min effect (:func:`run_min_effect`,
+    read once per decision: the stated ``min_effect_pct``, else the larger of 4% and a tenth of
+    the endpoints' change): whatever it hints at is a change the answer would call explained (the answer's rule, with the answer's 95% interval), so it is
     neither searched nor measured further. On a quiet node a part reading +0.1% [-0.1%, +0.2%]
     has p under ``remainder_suggestive`` as often as a noisy one does; measuring its anchors
     again to chase a tenth of a percent cost a 10-release search a restart and a half on
     average, and after a x3 step found on a busy host a -2.8% [-5.6%, +0.1%] part held a
     two-node run for 126 restarts (docs/packages.md)."""
-    floor = run_min_effect(strategy)
     diff = rem.diff
     half = float(student_t.ppf(0.5 + ANSWER_CONFIDENCE / 2.0, diff.df)) * diff.se
     return -floor < diff.diff - half and diff.diff + half < floor
@@ -105,8 +104,9 @@ def suggestive_points(strategy: BisectState) -> list[int]:
     points = []
     whole = unexplained_total(strategy, cfg.verify_confidence)
     escalate = whole is not None and whole.p_value < cfg.remainder_escalate_p
+    floor = run_min_effect(strategy)
     for rem in strategy.remainders():
-        if negligible_part(strategy, rem):
+        if negligible_part(rem, floor):
             continue
         if rem.p_value >= cfg.remainder_suggestive and not escalate:
             if cfg.remainder_min_trials:
