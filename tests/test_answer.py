@@ -175,6 +175,29 @@ def test_same_code_says_code_is_not_the_cause():
     assert "code not the cause" in a["sentence"] and a["explains"]
 
 
+def test_an_undecided_compare_leaves_the_total_to_the_isolates_head_to_head():
+    """A reference of a noisy old session cannot decide; its isolate measured the reference's
+    configuration, recreated, against now: the answer's total is that, and the undecided
+    compare is said beside it, never added up with the causes."""
+    compare = {**_compare_doc(), "verdict": "unresolved",
+               "total_effect": {"verify_ms": {"pct": 20.0, "ci": [-6.0, 52.0],
+                                              "log": [math.log(1.2), 0.12, 8]}}}
+    isolate = {**_isolate_doc(), "total_effect": {"verify_ms": {
+        "pct": 29.0, "ci": [26.0, 32.0], "log": [math.log(1.29), 0.012, 10]}}}
+    a = pick([compare, isolate])
+    assert a["total"]["pct"] == 29.0 and a["causes"][0]["id"] == "power_limit_w"
+    assert a["sentence"].startswith("verify_ms +29.0% [") and (
+        "] against the reference's configuration recreated now (against the reference's own"
+        " restarts: undecided, +20.0% [-6.0, +52.0]) = ") in a["sentence"], a["sentence"]
+    assert "power limit 600 W -> 450 W +28.0%" in a["sentence"]
+    assert {g["reason"] for g in a["not_tested"]} >= {"not settable per trial"}
+    # Decided, the compare's own total stays the one the causes add up to.
+    assert pick([_compare_doc(), isolate])["total"]["pct"] == 29.0
+    assert pick([{**_compare_doc(), "total_effect": {"verify_ms": {
+        "pct": 25.0, "ci": [21.0, 29.0], "log": [math.log(1.25), 0.014, 6]}}}, isolate]
+    )["total"]["pct"] == 25.0
+
+
 def test_a_range_that_measures_alike_sends_the_user_elsewhere():
     doc = _bisect_doc("not_reproducible")
     a = for_bisect(doc, good="commit aaaa", bad="commit bbbb", next_step="sleuth investigate ...")

@@ -17,6 +17,7 @@ import pytest
 from conftest import git
 from pkgwheels import build_test_wheels
 
+from orchestrator.commands import compare as compare_cmd
 from orchestrator.commands import isolate as isolate_cmd
 from orchestrator.commands import trial as trial_cmd
 from orchestrator.config.compose import compose_settings
@@ -133,12 +134,19 @@ def test_command_server_that_drops_pythonpath_is_env_mismatch(tmp_path, wheels, 
 
 
 @pytest.mark.e2e
-def test_sim_nccl_upgrade_isolate_names_the_package(tmp_path, ray_session):
+@pytest.mark.parametrize("reference", ["run", "undecided"])
+def test_sim_nccl_upgrade_isolate_names_the_package(tmp_path, ray_session, reference):
     """The `nccl_upgrade` story: since the reference the node's NCCL wheel went 2.27.5 ->
     2.28.3, xgrammar and safetensors were bumped and a variable dropped. `isolate reference=`
     with the node's old wheels names the NCCL package with its verify effect, clears xgrammar
     and the variable, and sets safetensors aside (its old wheel is not there) with pip's
-    reason."""
+    reason.
+
+    `undecided`: the reference is a fingerprint file of two restarts 40% apart (an old, noisy
+    session), so the compare cannot decide whatever "now" measures; the isolate tests the
+    differences anyway (it measures the reference's configuration, recreated, against now),
+    and the answer's total is that head-to-head, not the undecided compare. A reference of
+    one restart lands here now and then by chance (its own noise stays in the compare)."""
     sc = generate_scenario(tmp_path / "sc", 20, 4, "nccl_upgrade")
     runs = tmp_path / "runs"
 
@@ -153,9 +161,18 @@ def test_sim_nccl_upgrade_isolate_names_the_package(tmp_path, ray_session):
     nodes("reference")
     assert trial_cmd.run(compose_settings("trial", [*base, f"commit={sc.truth['bad']}",
                                                   "run_id=reference"])) == 0
+    given = "reference"
+    if reference == "undecided":
+        ref = compare_cmd.load_reference(compose_settings("compare", base), "reference")
+        (v,) = ref["values"]["verify_ms"]
+        given = str(tmp_path / "old-session.json")
+        Path(given).write_text(json.dumps({
+            "candidate": ref["candidate"].to_json(), "fingerprint": ref["fingerprint"],
+            "repo": ref["repo"], "config": ref["config"],
+            "values": {"verify_ms": [0.8 * v, 1.2 * v]}}))
     nodes("now")
     code = isolate_cmd.run(compose_settings("isolate", [
-        *base, "reference=reference", "run_id=iso",
+        *base, f"reference={given}", "run_id=iso",
         f"packages.find_links={sc.out / sc.truth['system']['wheels']}"]))
     doc = json.loads((runs / "iso" / "findings-isolate.json").read_text())
     assert code == 0, doc["message"]
@@ -167,5 +184,11 @@ def test_sim_nccl_upgrade_isolate_names_the_package(tmp_path, ray_session):
     assert lo > 3 and lo < truth["effect"]["verify_ms"]["pct"] < hi + 3
     assert {c["key"] for c in doc["cleared"]} == {"xgrammar", "TRANSFORMERS_VERBOSITY"}
     compare = json.loads((runs / "iso" / "findings-compare.json").read_text())
+    answer = json.loads((runs / "iso" / "findings.json").read_text())["answer"]
+    if reference == "undecided":
+        assert compare["verdict"] == "unresolved"
+        assert answer["total"]["pct"] == doc["total_effect"]["verify_ms"]["pct"]
+        assert "against the reference's configuration recreated now" in answer["sentence"]
+        assert "nvidia-nccl-cu12" in answer["sentence"], answer["sentence"]
     untested = {f["id"]: f["untested"] for f in compare["findings"]}
     assert untested["safetensors"].startswith("not tested: Could not find a version")

@@ -32,8 +32,18 @@ def for_system(compare_doc: Mapping, isolate_doc: Mapping | None, *,
     causes = causes_of(isolate_doc) if isolate_doc else []
     lead = "since the reference" + (f", same code ({same_code})" if same_code else
                                     ", same code and configuration")
-    return assemble(metric, _total(compare_doc), causes, lead=lead,
-                    whole_extra=_means(compare_doc), not_tested_groups=not_tested(compare_doc),
+    whole_doc = compare_doc
+    if compare_doc.get("verdict") == "unresolved" and isolate_doc and _total(isolate_doc):
+        # The reference's own restarts could not decide (often a single number from an
+        # earlier session); the isolate measured its configuration, recreated, against the
+        # node as it is, both sides now: that total is the one its causes add up to.
+        whole_doc = isolate_doc
+        old = _total_effect(compare_doc)
+        lead = ("against the reference's configuration recreated now (against the reference's"
+                " own restarts: undecided"
+                + (f", {T.change_text(old, metric)}" if old and "ci" in old else "") + ")")
+    return assemble(metric, _total(whole_doc), causes, lead=lead,
+                    whole_extra=_means(whole_doc), not_tested_groups=not_tested(compare_doc),
                     mechanism=(compare_doc.get("answer") or {}).get("mechanism"),
                     code_clause="code not the cause (the same commit then and now)",
                     attribution=(isolate_doc or {}).get("attribution"))
@@ -111,7 +121,7 @@ def pick(docs: Sequence[Mapping]) -> dict | None:
             return dict(d["answer"])
     by_kind = {d.get("experiment"): d for d in docs}
     compare, isolate = by_kind.get("compare"), by_kind.get("isolate")
-    if compare and isolate and compare.get("verdict") == "not_reproduced" \
+    if compare and isolate and compare.get("verdict") in ("not_reproduced", "unresolved") \
             and "bisect" not in by_kind:
         joined = for_system(compare, isolate)
         stop = isolate.get("provisional") or (isolate.get("answer") or {}).get("provisional")
