@@ -247,6 +247,33 @@ def test_a_resume_with_a_budget_under_four_is_refused_as_the_bisect_refuses_it(w
     assert "max_trials must be at least 4 (got 2)" in err, err
 
 
+def test_a_run_another_process_is_writing_is_refused_not_joined(world, capsys):
+    """`sleuth resume RUN` typed while RUN still runs (in another terminal, or on a node the
+    live run does not hold) would mark its running trials interrupted and measure beside it.
+    The live run holds the run's writer lock (here this process, as its controller would):
+    the resume is one line, exit 2, and the live run's trial and status are as they were.
+    Once the holder closes (it ended, or it was killed: the kernel drops the lock), the same
+    resume goes past the lock."""
+    from orchestrator.records import Candidate
+    from orchestrator.run.rundir import create_run
+    from orchestrator.store import RunStore
+
+    cfg = compose_settings("bisect", ["target=sim", f"repo={world['repo']}", "good=HEAD~4",
+                                      "bad=HEAD", f"runs_dir={world['runs']}", "run_id=live"])
+    run_dir, live = create_run(cfg)
+    trial = live.begin_trial(live.candidate_id(Candidate(world["shas"][0])), node="local-0",
+                             phase="reproduce")
+    before = live.trial(trial).state
+    code, err = _refused(["resume", "live", f"runs_dir={world['runs']}"], world["repo"], capsys)
+    assert code == 2 and len(err.splitlines()) == 1, err
+    assert f"run live is being written by sleuth bisect (pid {os.getpid()})" in err, err
+    assert live.trial(trial).state == before and live.status() == "running"
+    live.close()
+    other = RunStore.open(run_dir / "trials.db")
+    other.claim()  # the holder is gone: the lock is free again
+    other.close()
+
+
 @pytest.mark.parametrize(("numbers", "status"), [((2, 30, 9), "FAIL"), ((2, 31, 0), "ok")])
 def test_doctor_holds_git_to_the_version_every_command_needs(numbers, status, monkeypatch):
     """doctor said ok from git 2.25 while every command refuses anything before 2.31 (`git log

@@ -206,6 +206,7 @@ def reopen_run(run_dir: Path, command: str,
         if store.command != command:
             raise UserError(f"{run_dir.name} is {article(store.command or 'unknown')} run,"
                             f" not {article(command)}")
+        store.claim()  # before anything is written: a live run is refused, not joined
         cfg, prepared = prepare(load_saved(store.config_yaml()))
     except BaseException:
         store.close()

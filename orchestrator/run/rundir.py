@@ -65,6 +65,7 @@ def create_run(cfg: RunSettings) -> tuple[Path, RunStore]:
         (run_dir / "config.yaml").write_text(text)
         store = RunStore.create(run_dir / "trials.db", run_id=run_id, command=cfg.command,
                                 config_yaml=text)
+        store.claim()
     except BaseException as exc:
         shutil.rmtree(run_dir, ignore_errors=True)
         if no_space(exc):

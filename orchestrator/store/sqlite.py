@@ -21,6 +21,7 @@ write discipline; splitting the tables apart would split the transactions that m
 from __future__ import annotations
 
 import errno
+import fcntl
 import json
 import os
 import sqlite3
@@ -43,6 +44,8 @@ from orchestrator.system import wallclock
 # Room kept for the last writes of a run whose disk filled up: a few trial results with their
 # fingerprints, the in-flight trials marked interrupted and the run's status.
 RESERVE_BYTES = 1 << 20
+# Held by the one process that writes a run (`RunStore.claim`).
+WRITER_LOCK = ".writer.lock"
 
 _T = TypeVar("_T")
 
@@ -69,6 +72,7 @@ class RunStore:
         # Called once, just after the first trial row is written (the run directory is then
         # announced: see `rundir.running`).
         self.on_first_trial: Callable[[], None] | None = None
+        self._writer: int | None = None  # the descriptor holding `.writer.lock` (`claim`)
 
     # -- lifecycle ---------------------------------------------------------------------------
     @classmethod
@@ -183,8 +187,40 @@ class RunStore:
                 raise
         return sqlite3.connect(f"{uri}?immutable=1", uri=True, isolation_level=None)
 
+    def claim(self) -> None:
+        """Become the run's one writer, or refuse: another process already writes it.
+
+        A second controller on a live run (a `sleuth resume` typed in another terminal, or
+        a continued `run_id=`) would mark the first one's running trials interrupted and add
+        its own beside them. An exclusive `flock` on `.writer.lock` in the run directory,
+        held until `close`, tells; the kernel drops it when the holder dies however it dies,
+        so a killed run never stays claimed. Readers (`sleuth report`) never claim. A
+        filesystem without `flock` goes unguarded rather than refused."""
+        if self._writer is not None:
+            return
+        lock = self.path.with_name(WRITER_LOCK)
+        descriptor = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(descriptor, 200, 0).decode("utf-8", "replace").split()
+            os.close(descriptor)
+            who = (f"sleuth {holder[1]} (pid {holder[0]})" if len(holder) >= 2
+                   else "another sleuth process")
+            raise UserError(f"run {self.path.parent.name} is being written by {who}: wait for"
+                            " it to end, or stop it and then resume the run") from None
+        except OSError:
+            os.close(descriptor)
+            return
+        os.ftruncate(descriptor, 0)
+        os.pwrite(descriptor, f"{os.getpid()} {self.command or '?'}\n".encode(), 0)
+        self._writer = descriptor
+
     def close(self) -> None:
         self._conn.close()
+        if self._writer is not None:
+            os.close(self._writer)  # closing the descriptor drops the flock
+            self._writer = None
 
     # -- space -------------------------------------------------------------------------------
     def ensure_reserve(self) -> None:
