@@ -281,6 +281,11 @@ class Evidence:
         points, _, _, _ = self._arrays()
         return sorted(set(points[self.status() == PENDING].tolist()))
 
+    def left_out_at(self, point: int) -> list[float]:
+        """Values of a point's trials left out (outlier or pending), in trial order."""
+        points, values, _, _ = self._arrays()
+        return values[(points == point) & (self.status() != KEPT)].tolist()
+
     def flagged(self) -> list[FlaggedTrial]:
         """Every measured trial left out as an outlier or a pending surprise."""
         points, values, _, orders = self._arrays()
