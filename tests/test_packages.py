@@ -155,6 +155,22 @@ def test_an_unresolvable_pin_fails_with_pips_reason_in_one_line(tmp_path, wheels
     assert cache.entries() == []
 
 
+def test_only_the_configured_sources_are_searched(tmp_path, wheels, monkeypatch):
+    """A user's shell may name pip sources of its own (PIP_FIND_LINKS, PIP_INDEX_URL): with
+    packages.find_links given, the overlay comes from there alone, as its cache key and the
+    findings say, never from a directory the run did not record."""
+    from orchestrator.packages.wheels import write_wheel
+
+    elsewhere = tmp_path / "elsewhere"
+    write_wheel(elsewhere, "slowimp", "3.0", {"slowimp/__init__.py": "__version__ = '3.0'\n"})
+    monkeypatch.setenv("PIP_FIND_LINKS", str(elsewhere))
+    monkeypatch.setenv("PIP_EXTRA_INDEX_URL", elsewhere.as_uri())
+    cache = OverlayCache(_settings(tmp_path / "ov", wheels))
+    with pytest.raises(OverlayError, match="satisfies the requirement slowimp==3.0"):
+        cache.ensure("slowimp==3.0")
+    assert cache.ensure("slowimp==2.0").version == "2.0"
+
+
 def test_two_builders_of_one_overlay_build_it_once(tmp_path, wheels):
     settings = _settings(tmp_path / "ov", wheels)
     calls, lock = [], threading.Lock()

@@ -52,6 +52,9 @@ _KEY = re.compile(r"[0-9a-f]{64}")
 _NATIVE = re.compile(r"^lib[^/]+\.so(?:\.\d+)*$")
 # pip settings that would send an install elsewhere than the overlay directory.
 _PIP_ENV_DROPPED = ("PIP_TARGET", "PIP_PREFIX", "PIP_ROOT", "PIP_USER", "PYTHONPATH")
+# pip settings that name package sources: with sources configured, pip uses those alone (the
+# ones the overlay's cache key and the findings record), not a shell's own.
+_PIP_ENV_SOURCES = ("PIP_FIND_LINKS", "PIP_INDEX_URL", "PIP_EXTRA_INDEX_URL", "PIP_NO_INDEX")
 
 
 class OverlayError(Exception):
@@ -240,7 +243,8 @@ class OverlayCache:
         return overlay
 
     def _pip(self, python: str, target: Path, pin: str) -> subprocess.CompletedProcess:
-        env = {k: v for k, v in os.environ.items() if k not in _PIP_ENV_DROPPED}
+        dropped = _PIP_ENV_DROPPED + (_PIP_ENV_SOURCES if self.settings.configured else ())
+        env = {k: v for k, v in os.environ.items() if k not in dropped}
         args = ["install", "--no-deps", "--target", str(target), "--disable-pip-version-check",
                 "--no-input", "--no-warn-script-location", "--progress-bar", "off",
                 *self.settings.source_args(), pin]
