@@ -198,8 +198,10 @@ class RunStore:
         filesystem without `flock` goes unguarded rather than refused."""
         if self._writer is not None:
             return
-        lock = self.path.with_name(WRITER_LOCK)
-        descriptor = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            descriptor = os.open(self.path.with_name(WRITER_LOCK), os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError:  # a directory this user cannot write: the store's own writes will say
+            return
         try:
             fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
