@@ -118,13 +118,19 @@ def test_an_endpoint_pip_cannot_install_is_bad_input(tmp_path):
 
 
 @pytest.mark.e2e
-def test_sim_investigate_names_the_nccl_release(tmp_path, ray_session):
+@pytest.mark.parametrize("reference", ["run", "undecided"])
+def test_sim_investigate_names_the_nccl_release(tmp_path, ray_session, reference):
     """The `nccl_upgrade` story with a wheel directory holding the NCCL line 2.27.5 .. 2.28.3:
     the sim prices 2.28.0 - 2.28.6 with a small-message regression. `investigate` proves the
     package change harmful (isolate), then searches the releases in between and its answer
-    names 2.28.0 against 2.27.7, not only the package."""
+    names 2.28.0 against 2.27.7, not only the package.
+
+    `undecided`: the reference is a fingerprint file of two restarts 40% apart, so the compare
+    cannot decide; the system's differences are tested all the same (against the reference's
+    configuration recreated now), and the answer says the compare was undecided."""
     from test_packages_e2e import SIM_FAST
 
+    from orchestrator.commands import compare as compare_cmd
     from orchestrator.commands import investigate as investigate_cmd
     from orchestrator.commands import trial as trial_cmd
     from orchestrator.packages.wheels import write_wheel
@@ -150,9 +156,18 @@ def test_sim_investigate_names_the_nccl_release(tmp_path, ray_session):
     nodes("reference")
     assert trial_cmd.run(compose_settings("trial", [*base, f"commit={sc.truth['bad']}",
                                                   "run_id=reference", "restarts=3"])) == 0
+    given = "reference"
+    if reference == "undecided":
+        ref = compare_cmd.load_reference(compose_settings("compare", base), "reference")
+        v = ref["values"]["verify_ms"][0]
+        given = str(tmp_path / "old-session.json")
+        Path(given).write_text(json.dumps({
+            "candidate": ref["candidate"].to_json(), "fingerprint": ref["fingerprint"],
+            "repo": ref["repo"], "config": ref["config"],
+            "values": {"verify_ms": [0.8 * v, 1.2 * v]}}))
     nodes("now")
     investigate_cmd.run(compose_settings("investigate", [
-        *base, "reference=reference", "run_id=inv", f"packages.find_links={wheels}"]))
+        *base, f"reference={given}", "run_id=inv", f"packages.find_links={wheels}"]))
     release = json.loads((runs / "inv" / "findings-release.json").read_text())
     assert release["verdict"] == "found", release["message"]
     top = release["findings"][0]
@@ -163,6 +178,10 @@ def test_sim_investigate_names_the_nccl_release(tmp_path, ray_session):
     assert cause["release"] == "2.28.0"
     answer = json.loads((runs / "inv" / "findings-investigate.json").read_text())["answer"]
     assert "regression in 2.28.0 against 2.27.7" in answer["sentence"], answer["sentence"]
+    if reference == "undecided":
+        compare = json.loads((runs / "inv" / "findings-compare.json").read_text())
+        assert compare["verdict"] == "unresolved"
+        assert "whether the reference still reproduces is undecided" in answer["sentence"]
 
 
 def test_bisect_over_an_index_names_the_release_with_its_date(tmp_path, ray_session):

@@ -7,7 +7,9 @@
 With a reference (a run that measured the good state, e.g. `sleuth trial commit=GOOD
 restarts=3`, or a fingerprint JSON), sleuth re-measures the reference's whole candidate now
 (`compare`). If it no longer reproduces, part of the cause is at the system level: the
-fingerprint diff is ranked by mechanism and its controllable differences are tested (`isolate`).
+fingerprint diff is ranked by mechanism and its controllable differences are tested (`isolate`);
+so they are when the compare is undecided (a reference of one restart, its own noise in the
+estimate), since the isolate measures the reference's configuration recreated now.
 When `bad` is another commit than the reference's, the range between them is bisected too, under
 today's system (`bisect`); when the system changed, the range is judged against the change left
 once the system's part is taken out
@@ -149,9 +151,11 @@ def execute(cfg: RunSettings, ctl: Controller, run_dir: Path, p: Plan, ws, out,
                 docs["compare"] = compare.execute(
                     cfg, CompareRequest.step(cfg, max_trials=None), ctl, run_dir, ref, out,
                     findings_name="compare", progress=progress)
-            if docs["compare"]["verdict"] == "not_reproduced":
+            if docs["compare"]["verdict"] in ("not_reproduced", "unresolved"):
                 step[0] = "isolate"
                 out.print("\n== the system: which differences cause it ==")
+                if docs["compare"]["verdict"] == "unresolved":
+                    out.print(isolate.UNDECIDED_COMPARE)
                 mark("isolate")
                 isolated = isolate.isolate_system(cfg, req.isolate_step(), ctl, run_dir, ref,
                                                   docs["compare"], ws.resolve, out, progress)
