@@ -8,6 +8,7 @@ import io
 import math
 import random
 
+import pytest
 from rich.console import Console
 
 from orchestrator.answer.epochs import mark_system_change
@@ -217,3 +218,40 @@ def test_a_final_check_whose_node_changes_measures_the_new_state_within_its_budg
         # stated as from before the change, never pooled across it.
         assert (owed(rows, [GOOD, BAD], "verify_ms") == []) is done
         assert total_rows(rows, [GOOD.key, BAD.key], "verify_ms")[1] is done
+
+
+def _undecided(n_then: int, se: float, rest: float = 0.0) -> dict:
+    """An investigation's answer against a reference of `n_then` restarts, undecided."""
+    return {"status": "undecided", "min_effect": {"pct": 4.0, "stated": False},
+            "total": {"log": [math.log(1.3), se, 12], "n": [n_then, 6]},
+            "unexplained": {"log": [math.log1p(rest / 100.0), se, 12]}}
+
+
+def test_a_final_check_that_no_restart_now_can_decide_spends_none():
+    """A one-restart reference in 2.5% restart noise keeps the remainder's interval at least
+    +-4.9% wide however often now is measured: past a 4% min effect, "explained" is out of
+    reach, and with the estimate near zero so is "a remainder". The check says so and spends
+    nothing; a reference of three restarts (floor 2.8%), or an estimate far enough out that
+    more restarts could still show a remainder, is measured as before."""
+    from orchestrator.answer.compose import _check_words
+    from orchestrator.commands.final_check import reference_floor
+
+    sigma = 0.025
+    one = _undecided(1, sigma * math.sqrt(1 + 1 / 6))
+    floor = reference_floor(one)
+    assert floor == {"pct": pytest.approx(5.02, abs=0.05), "n_then": 1}
+    assert reference_floor(_undecided(3, sigma * math.sqrt(1 / 3 + 1 / 6))) is None
+    assert reference_floor(_undecided(1, sigma * math.sqrt(1 + 1 / 6), rest=12.0)) is None
+    seen: list[dict | None] = []
+
+    def answer_of(rows, check):
+        seen.append(check)
+        return one
+
+    node = _Node(change_after=1000)
+    final_check(node, [BAD], answer_of, 12, Console(file=io.StringIO()), metric="verify_ms")
+    assert node.rows == [] and seen[-1]["floor"] == floor and seen[-1]["spent"] == 0
+    words = _check_words(seen[-1])
+    assert words.startswith(" (the reference's 1 restart alone keeps its interval +-5.0% wide"
+                            " however often now is measured: the final check stopped after 0"
+                            " of 12 restarts"), words

@@ -170,6 +170,13 @@ def _rest_words(decision: Decision, check: Mapping | None) -> str:
 def _check_words(check: Mapping | None) -> str:
     if not check or not check.get("budget"):
         return ""
+    floor = check.get("floor")
+    if floor:
+        n = floor["n_then"]
+        return (f" (the reference's {n} restart{'s alone keep' if n != 1 else ' alone keeps'} its interval"
+                f" +-{floor['pct']:.1f}% wide however often now is measured: the final check"
+                f" stopped after {check.get('spent', 0)} of {check['budget']} restarts; a"
+                " reference of more restarts could decide it)")
     return (f" (the final check's {check.get('spent', 0)} of {check['budget']} restarts did"
             " not decide it)")
 
