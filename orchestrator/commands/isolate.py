@@ -323,9 +323,9 @@ def _execute(cfg: RunSettings, req: IsolateRequest, run_dir: Path, store: RunSto
 # An undecided compare is most often a reference of one restart: its own noise stays in the
 # estimate however often "now" is measured. The isolate does not rest on it: it sets the
 # reference's configuration per trial and measures both sides now, as often as it needs.
-UNDECIDED_COMPARE = ("the compare could not decide against the reference's own restarts; its"
-                     " controllable differences are tested anyway, against the reference's"
-                     " configuration recreated now")
+UNDECIDED_COMPARE = ("the compare could not decide against the reference's own restarts; the"
+                     " controllable differences it found are tested anyway, against the"
+                     " reference's configuration recreated now")
 
 
 def _compare(cfg: RunSettings, req: IsolateRequest, ctl: Controller, run_dir: Path, ref: dict,
