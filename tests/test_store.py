@@ -295,3 +295,37 @@ def test_a_new_store_is_at_the_current_version_with_every_table(tmp_path):
     tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type='table'")}
     assert {"meta", "runs", "candidates", "trials", "trial_states", "measurements",
             "fingerprints", "trial_flags", "repetition_times"} <= tables
+
+
+def test_a_run_whose_writer_was_killed_reads_stopped_not_running(tmp_path):
+    """A SIGKILLed controller cannot store "interrupted": its run stays "running" in the
+    store. The writer lock tells the two apart: while a process holds it the report says who
+    runs it, and once the kernel has dropped it with the process the report says the run
+    stopped without a word and how to continue it."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    from orchestrator.ui.report.collect import load_run
+
+    run_dir = tmp_path / "r1"
+    run_dir.mkdir()
+    child = subprocess.Popen(
+        [sys.executable, "-c",
+         "import sys; from pathlib import Path; from orchestrator.store import RunStore\n"
+         f"s = RunStore.create(Path({str(run_dir / 'trials.db')!r}), run_id='r1',"
+         " command='bisect', config_yaml='a: 1\\n')\n"
+         "s.claim(); print('ready', flush=True); sys.stdin.read()"],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout.readline().strip() == "ready"
+        assert RunStore.writer_of(run_dir) == f"sleuth bisect (pid {child.pid})"
+        assert load_run(run_dir).status == f"running: sleuth bisect (pid {child.pid})"
+    finally:
+        os.kill(child.pid, signal.SIGKILL)
+        child.wait()
+    assert RunStore.writer_of(run_dir) == ""
+    assert load_run(run_dir).status == ("stopped without a word (no process writes it; sleuth"
+                                        " resume r1 continues it)")
+    assert RunStore.writer_of(tmp_path) is None  # a run from before the lock: not told

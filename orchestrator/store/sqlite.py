@@ -218,6 +218,28 @@ class RunStore:
         os.pwrite(descriptor, f"{os.getpid()} {self.command or '?'}\n".encode(), 0)
         self._writer = descriptor
 
+    @staticmethod
+    def writer_of(run_dir: Path) -> str | None:
+        """Who writes the run now: "sleuth COMMAND (pid N)", "" when nobody does (its writer
+        is gone, however it went), None when that cannot be told (a run from before the
+        writer lock, a directory whose lock file cannot be read). Never takes the lock."""
+        try:
+            descriptor = os.open(run_dir / WRITER_LOCK, os.O_RDONLY)
+        except OSError:
+            return None
+        try:
+            try:
+                fcntl.flock(descriptor, fcntl.LOCK_SH | fcntl.LOCK_NB)
+            except BlockingIOError:
+                holder = os.pread(descriptor, 200, 0).decode("utf-8", "replace").split()
+                return (f"sleuth {holder[1]} (pid {holder[0]})" if len(holder) >= 2
+                        else "another sleuth process")
+            except OSError:
+                return None
+            return ""
+        finally:
+            os.close(descriptor)  # a shared lock taken here goes with it
+
     def close(self) -> None:
         self._conn.close()
         if self._writer is not None:

@@ -99,6 +99,13 @@ def load_run(run_dir: Path) -> RunData:
         config_yaml = store.config_yaml()
     finally:
         store.close()
+    if status == "running":  # stored while it ran: is anybody still running it?
+        writer = RunStore.writer_of(run_dir)
+        if writer:
+            status = f"running: {writer}"
+        elif writer == "":
+            status = (f"stopped without a word (no process writes it; sleuth resume"
+                      f" {run_dir.name} continues it)")
     docs = tuple(ranking.load_docs(run_dir))
     metric = str(docs[0].get("metric") if docs and docs[0].get("metric") else
                  _stored_metric(config_yaml))
