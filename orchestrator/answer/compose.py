@@ -173,7 +173,8 @@ def _check_words(check: Mapping | None) -> str:
     floor = check.get("floor")
     if floor:
         n = floor["n_then"]
-        return (f" (the reference's {n} restart{'s alone keep' if n != 1 else ' alone keeps'} its interval"
+        which = f"{n} restarts alone keep" if n != 1 else "1 restart alone keeps"
+        return (f" (the reference's {which} its interval"
                 f" +-{floor['pct']:.1f}% wide however often now is measured: the final check"
                 f" stopped after {check.get('spent', 0)} of {check['budget']} restarts; a"
                 " reference of more restarts could decide it)")
