@@ -57,13 +57,30 @@ def check_reproduced(strategy: IsolateState) -> bool:
     if lo > 0.0 and not small:
         strategy.reproduced = True
         start_chain(strategy, strategy.good, tuple(range(strategy.n_differences)), "search")
-    elif hi < 0.0:
+    elif hi < 0.0 and clearly_reversed(strategy, counts):
         strategy.outcome = "reversed"
     elif small or counts >= cfg.reproduce_max_per_endpoint:
         strategy.outcome = "not_reproducible"
     else:
         return False
     return True
+
+
+def clearly_reversed(strategy: IsolateState, counts: int) -> bool:
+    """A reversal ends the run, so it needs stronger evidence than reproduction: at least
+    ``reversed_min_per_endpoint`` trials a side, and at the ``k``-th look from there the level
+    ``(1 - reversed_confidence) / (k (k + 1))``, whose sum over all looks is
+    ``1 - reversed_confidence`` (a union bound), so two configurations that measure alike end
+    "reversed" with at most that probability however long the reproduction takes
+    (:func:`orchestrator.strategies.bisect.reproduce.clearly_reversed`, the same rule)."""
+    cfg = strategy.settings
+    if counts < cfg.reversed_min_per_endpoint:
+        return False
+    k = counts - cfg.reversed_min_per_endpoint + 1
+    total = strategy.total()
+    assert total is not None
+    _, hi = total.interval(1.0 - (1.0 - cfg.reversed_confidence) / (k * (k + 1)))
+    return hi < 0.0
 
 
 def start_chain(
