@@ -29,11 +29,13 @@ class IsolateSettings:
       different orders, for one residual or one partner before giving up on it.
     * ``speculate``: during reproduction, give idle nodes evenly spaced points of the first
       chain instead of nothing.
-    * ``reversed_confidence`` / ``reversed_min_per_endpoint``: "reversed" ends the run, and the
-      reproduce interval is looked at after every trial, so a reversal needs this many trials
-      of each endpoint and a level that shrinks with every look (as in the bisection
-      strategy): checked at the reproduce level, 47 of 400 seeded pairs that measure alike
-      ended "reversed".
+    * ``end_confidence`` / ``end_min_per_endpoint``: "reversed" and "alike" end the run, and
+      the endpoints' interval is looked at after every trial, so either needs this many trials
+      of each endpoint and a level that shrinks with every look (as the bisection strategy's
+      reversal does): checked at the reproduce level, 47 of 400 seeded pairs that measure
+      alike ended "reversed". "Alike" (not reproducible before ``reproduce_max_per_endpoint``)
+      is the interval within +-the run's min effect (4% unless ``min_effect_pct`` is given,
+      which has its own rule).
     * ``max_per_subset``: no configuration ever gets more trials than this (failed and
       suspect ones included, the good and bad ones too): when everything the answer still
       needs has reached it, the run ends inconclusive instead of measuring one configuration
@@ -43,8 +45,8 @@ class IsolateSettings:
     reproduce_confidence: float = 0.95
     reproduce_min_per_endpoint: int = 2
     reproduce_max_per_endpoint: int = 24
-    reversed_confidence: float = 0.99
-    reversed_min_per_endpoint: int = 4
+    end_confidence: float = 0.99
+    end_min_per_endpoint: int = 4
     search_confidence: float = 0.95
     route_confidence: float = 0.95
     residual_confidence: float = 0.99
