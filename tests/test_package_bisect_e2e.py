@@ -128,9 +128,8 @@ def test_sim_investigate_names_the_nccl_release(tmp_path, ray_session, reference
     `undecided`: the reference is a fingerprint file of two restarts 40% apart, so the compare
     cannot decide; the system's differences are tested all the same (against the reference's
     configuration recreated now), and the answer says the compare was undecided."""
-    from test_packages_e2e import SIM_FAST
+    from test_packages_e2e import SIM_FAST, noisy_reference
 
-    from orchestrator.commands import compare as compare_cmd
     from orchestrator.commands import investigate as investigate_cmd
     from orchestrator.commands import trial as trial_cmd
     from orchestrator.packages.wheels import write_wheel
@@ -156,15 +155,7 @@ def test_sim_investigate_names_the_nccl_release(tmp_path, ray_session, reference
     nodes("reference")
     assert trial_cmd.run(compose_settings("trial", [*base, f"commit={sc.truth['bad']}",
                                                   "run_id=reference", "restarts=3"])) == 0
-    given = "reference"
-    if reference == "undecided":
-        ref = compare_cmd.load_reference(compose_settings("compare", base), "reference")
-        v = ref["values"]["verify_ms"][0]
-        given = str(tmp_path / "old-session.json")
-        Path(given).write_text(json.dumps({
-            "candidate": ref["candidate"].to_json(), "fingerprint": ref["fingerprint"],
-            "repo": ref["repo"], "config": ref["config"],
-            "values": {"verify_ms": [0.8 * v, 1.2 * v]}}))
+    given = noisy_reference(tmp_path, base) if reference == "undecided" else "reference"
     nodes("now")
     investigate_cmd.run(compose_settings("investigate", [
         *base, f"reference={given}", "run_id=inv", f"packages.find_links={wheels}"]))

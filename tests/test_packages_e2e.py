@@ -133,6 +133,19 @@ def test_command_server_that_drops_pythonpath_is_env_mismatch(tmp_path, wheels, 
     assert "slowimp==2.0 requested but the server imports no slowimp" in row.detail, row.detail
 
 
+def noisy_reference(tmp_path: Path, base: list[str]) -> str:
+    """The run `reference` as a fingerprint file of an old, noisy session: two restarts 40%
+    apart around its first verify_ms, so that no compare against it can decide."""
+    ref = compare_cmd.load_reference(compose_settings("compare", base), "reference")
+    v = ref["values"]["verify_ms"][0]
+    path = tmp_path / "old-session.json"
+    path.write_text(json.dumps({
+        "candidate": ref["candidate"].to_json(), "fingerprint": ref["fingerprint"],
+        "repo": ref["repo"], "config": ref["config"],
+        "values": {"verify_ms": [0.8 * v, 1.2 * v]}}))
+    return str(path)
+
+
 @pytest.mark.e2e
 @pytest.mark.parametrize("reference", ["run", "undecided"])
 def test_sim_nccl_upgrade_isolate_names_the_package(tmp_path, ray_session, reference):
@@ -161,15 +174,7 @@ def test_sim_nccl_upgrade_isolate_names_the_package(tmp_path, ray_session, refer
     nodes("reference")
     assert trial_cmd.run(compose_settings("trial", [*base, f"commit={sc.truth['bad']}",
                                                   "run_id=reference"])) == 0
-    given = "reference"
-    if reference == "undecided":
-        ref = compare_cmd.load_reference(compose_settings("compare", base), "reference")
-        (v,) = ref["values"]["verify_ms"]
-        given = str(tmp_path / "old-session.json")
-        Path(given).write_text(json.dumps({
-            "candidate": ref["candidate"].to_json(), "fingerprint": ref["fingerprint"],
-            "repo": ref["repo"], "config": ref["config"],
-            "values": {"verify_ms": [0.8 * v, 1.2 * v]}}))
+    given = noisy_reference(tmp_path, base) if reference == "undecided" else "reference"
     nodes("now")
     code = isolate_cmd.run(compose_settings("isolate", [
         *base, f"reference={given}", "run_id=iso",
