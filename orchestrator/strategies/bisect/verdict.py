@@ -151,11 +151,16 @@ def unexplained_parts(strategy: BisectState) -> list[Unexplained]:
     or one whose part is measured less than the endpoints), that whole as a part of kind
     "total": the answer then says that part of the change is unexplained and how large,
     instead of only that each part alone is not distinguishable from no change."""
+    from orchestrator.strategies.bisect.later import negligible_part, run_min_effect
     from orchestrator.strategies.bisect.remainders import unexplained_total
 
     ev = strategy.evidence
+    # A part within the run's min effect is what the end rule stopped measuring: never called
+    # unexplained (the answer's rule too), even where its interval clears zero.
+    floor = run_min_effect(strategy)
     parts = [Unexplained(r.lo, r.hi, ev.to_pct(r.diff.diff), ev.ci_pct(r.diff.lo, r.diff.hi),
-                         r.flagged) for r in strategy.remainders()]
+                         r.flagged and not negligible_part(r, floor))
+             for r in strategy.remainders()]
     for stage in strategy.stages:
         if stage.outcome == "spread":
             spread = _spread(strategy, stage)
@@ -163,7 +168,7 @@ def unexplained_parts(strategy: BisectState) -> list[Unexplained]:
                 parts.append(spread)
     if not any(p.flagged for p in parts):
         whole = unexplained_total(strategy, strategy.settings.verify_confidence)
-        if whole is not None and whole.flagged:
+        if whole is not None and whole.flagged and not negligible_part(whole, floor):
             parts.append(Unexplained(whole.lo, whole.hi, ev.to_pct(whole.diff.diff),
                                      ev.ci_pct(whole.diff.lo, whole.diff.hi), True, "total"))
     return parts
@@ -212,7 +217,10 @@ def _parts_sentence(parts: list[Unexplained], culprits: list[Culprit]) -> str:
         rest = ", ".join(f"{_pct(p.effect_pct)}{_interval(p.effect_ci)} between points {p.lo} "
                          f"and {p.hi}" for p in quiet)
         lead = "its parts are" if any(p.kind == "total" for p in parts) else "what is left is"
-        out.append(f"{lead} not distinguishable from no change at this precision ({rest})")
+        within = ("" if not any(p.effect_ci and (p.effect_ci[0] > 0 or p.effect_ci[1] < 0)
+                                for p in quiet) else ", or within the run's min effect")
+        out.append(f"{lead} not distinguishable from no change at this precision{within}"
+                   f" ({rest})")
         bounds = [_open_bound(p) for p in quiet]
         bounds = [b for b in bounds if b]
         if bounds:
