@@ -12,7 +12,7 @@ import signal
 import sys
 from collections.abc import Sequence
 
-from orchestrator.errors import SleuthError, UserError
+from orchestrator.errors import SleuthError, UserError, did_you_mean
 from orchestrator.ui.safe_text import printable
 
 COMMANDS = {
@@ -63,7 +63,8 @@ HELP_FLAGS = ("-h", "--help")
 
 
 def _unknown(command: str) -> UserError:
-    return UserError(f"unknown command {command!r} (known: {', '.join(COMMANDS)})")
+    return UserError(f"unknown command {command!r}{did_you_mean(command, COMMANDS)} (known:"
+                     f" {', '.join(COMMANDS)})")
 
 
 def parse_args(argv: Sequence[str]) -> tuple[str, bool, str | None, list[str]]:
@@ -128,11 +129,14 @@ def run(argv: Sequence[str]) -> int:
         name = command.split(":", 1)[1]
         print(command_help(name, COMMANDS[name]))
         return 0
-    from orchestrator.config.compose import compose_config, to_yaml
+    from orchestrator.config import early
     from orchestrator.config.overrides import check_repeats
-    from orchestrator.config.settings import settings_of
 
     check_repeats(overrides)
+    early.check(command, overrides, config_dir)  # what the raw words decide, before Hydra
+    from orchestrator.config.compose import compose_config, to_yaml
+    from orchestrator.config.settings import settings_of
+
     cfg = compose_config(command, overrides, config_dir=config_dir)
     if show_cfg:
         print(to_yaml(cfg), end="")

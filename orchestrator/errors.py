@@ -56,3 +56,14 @@ class RayStartFailed(SleuthError):
     message says whether it failed or only ran out of Ray's own start-up time."""
 
     exit_code = 1
+
+
+def did_you_mean(word: str, choices) -> str:
+    """" (did you mean X?)" for a near miss among `choices`, else "": a typo in a key, metric,
+    target or command is answered with the word meant, not only the list of all of them."""
+    import difflib
+
+    close = difflib.get_close_matches(str(word), [str(c) for c in choices], n=2, cutoff=0.6)
+    if not close:
+        return ""
+    return f" (did you mean {' or '.join(close)}?)"

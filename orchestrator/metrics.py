@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from orchestrator.errors import UserError
+from orchestrator.errors import UserError, did_you_mean
 from orchestrator.targets.sglang_versions import FORWARD_SECONDS_RENAMED as PER_PASS_TIMERS
 from orchestrator.targets.sglang_versions import parse_version
 
@@ -81,7 +81,8 @@ def check_metric(name: str, *, custom: bool = False, target: Mapping | None = No
     if info is None:
         if custom and name.replace("_", "").replace(".", "").isalnum():
             return MetricInfo(name, "", False, "client")
-        raise UserError(f"unknown metric {name!r} (known: {', '.join(METRICS)})")
+        raise UserError(f"unknown metric {name!r}{did_you_mean(name, METRICS)} (known:"
+                        f" {', '.join(METRICS)})")
     if target is not None and not custom and target.get("name") in SERVER_TARGETS:
         speculative = target.get("speculative_algorithm")
         if speculative and name in PLAIN_ONLY:

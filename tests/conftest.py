@@ -103,11 +103,17 @@ def pytest_collection_modifyitems(config, items) -> None:
 
 @pytest.fixture(autouse=True)
 def fast_lane_starts_no_ray(request, monkeypatch):
-    """A test not marked `e2e` that starts Ray in this process fails, naming the marker: the
-    fast lane's promise (no Ray) is checked, not hoped for."""
+    """A test not marked `e2e` that starts Ray fails, naming the marker: the fast lane's
+    promise (no Ray) is checked, not hoped for. In this process `ray.init` is watched; in a
+    child process (a `sleuth` command, a script) Ray is seen by where it writes: `RAY_TMPDIR`
+    points every child at a directory of this test's own, where a Ray instance leaves its
+    `ray/session_*` directory (Ray's `get_default_system_temp_dir`)."""
     if request.node.get_closest_marker("e2e") is not None:
         yield
         return
+    import shutil
+    import tempfile
+
     import ray
 
     started: list[str] = []
@@ -118,8 +124,16 @@ def fast_lane_starts_no_ray(request, monkeypatch):
         return real_init(*args, **kwargs)
 
     monkeypatch.setattr(ray, "init", recording_init)
-    yield
-    assert not started, "this test starts Ray: mark it @pytest.mark.e2e"
+    watched = Path(tempfile.mkdtemp(prefix="sl-noray-"))  # short: Ray's socket paths
+    monkeypatch.setenv("RAY_TMPDIR", str(watched))
+    try:
+        yield
+        in_children = sorted(p.name for p in (watched / "ray").glob("session_*"))
+        assert not started, "this test starts Ray: mark it @pytest.mark.e2e"
+        assert not in_children, ("this test starts Ray in a child process"
+                                 f" ({', '.join(in_children)}): mark it @pytest.mark.e2e")
+    finally:
+        shutil.rmtree(watched, ignore_errors=True)
 
 
 class RayWouldStart(Exception):

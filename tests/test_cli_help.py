@@ -57,6 +57,42 @@ def test_the_options_help_names_exist_in_the_configuration(command):
         assert OmegaConf.select(cfg, key, default="<absent>") != "<absent>", (command, key)
 
 
+# Each command's request record (`config/requests.py`) holds what the command reads from the
+# command line: every field is an option its help shows (the key a user types for it).
+REQUEST_KEYS = {"package_pre": "package.pre", "run": "RUN", "search": "trials",
+                "space": "space", "out": "out"}
+
+
+def _request_fields(command: str) -> list[str]:
+    import dataclasses
+
+    from orchestrator.config import requests
+
+    record = getattr(requests, f"{command.capitalize()}Request", None)
+    if command in ("report", "resume"):
+        record = requests.RunRequest
+    return [f.name for f in dataclasses.fields(record)] if record is not None else []
+
+
+@pytest.mark.parametrize("command", [c for c in COMMANDS if _request_fields(c)])
+def test_every_argument_a_command_reads_is_in_its_help(capsys, command):
+    code, out = _run(capsys, [command, "--help"])
+    options = {line.split()[0].split("=", 1)[0] for line in out.splitlines()
+               if line.startswith("  ") and line.split()}
+    usage = out.split("\n\n", 1)[0]
+    skip = {"resume": {"out"}, "report": {"max_trials"}}.get(command, set())
+    for name in _request_fields(command):
+        key = REQUEST_KEYS.get(name, name)
+        if name in skip:
+            continue
+        assert key in options or f"{key}=" in usage or f" {key}" in usage, (command, key)
+
+
+def test_demo_help_offers_no_target(capsys):
+    code, out = _run(capsys, ["demo", "--help"])
+    assert code == 0 and "target=" not in out
+
+
 def test_help_of_an_unknown_command_is_bad_input(capsys):
     with pytest.raises(SystemExit) as exc:
         main(["help", "frobnicate"])

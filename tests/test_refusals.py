@@ -14,6 +14,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shutil
 import socket
 from pathlib import Path
 
@@ -285,3 +286,87 @@ def test_doctor_holds_git_to_the_version_every_command_needs(numbers, status, mo
     assert (result, name) == (status, "git"), detail
     if status == "FAIL":
         assert "need >= 2.31" in detail
+
+
+def _live_run(world) -> tuple[Path, object]:
+    """A run this process writes, as its controller would (the writer lock held)."""
+    from orchestrator.run.rundir import create_run
+
+    cfg = compose_settings("bisect", ["target=sim", f"repo={world['repo']}", "good=HEAD~4",
+                                      "bad=HEAD", f"runs_dir={world['runs']}", "run_id=live"])
+    return create_run(cfg)
+
+
+EARLY = {
+    "metric typo": (["bisect", "target=sim", "good=HEAD~1", "bad=HEAD", "metric=verfy_ms"],
+                    "did you mean verify_ms"),
+    "target typo": (["trial", "target=simm"], "did you mean sim?"),
+    "resume of a run being written": (["resume", "live"], "is being written by sleuth bisect"),
+    "bisect run_id= of a run being written": (["bisect", "run_id=live"],
+                                              "is being written by sleuth bisect"),
+}
+
+
+@pytest.mark.parametrize("name", list(EARLY))
+def test_a_refusal_from_the_words_alone_loads_not_even_hydra(name, world):
+    """What the typed words decide (a metric or target typo, a run another process writes) is
+    refused before Hydra composes anything: the refusal's cost is the interpreter's start, not
+    Hydra's import and composition (counted in a fresh process's modules, not timed)."""
+    import subprocess
+    import sys
+
+    run_dir, live = _live_run(world)
+    args, says = EARLY[name]
+    argv = [*args, f"repo={world['repo']}", f"runs_dir={world['runs']}"]
+    script = ("import sys\nfrom orchestrator.cli import run\nfrom orchestrator.errors import"
+              " UserError\ntry:\n    run(sys.argv[1:])\nexcept UserError as e:\n"
+              "    print(e)\nelse:\n    sys.exit('not refused')\nprint(sorted(m for m in"
+              " ('hydra', 'omegaconf', 'ray', 'scipy.stats') if m in sys.modules))\n")
+    root = Path(__file__).resolve().parents[1]
+    try:
+        done = subprocess.run([sys.executable, "-c", script, *argv], cwd=root,
+                              capture_output=True, text=True, timeout=120)
+    finally:
+        live.close()
+    assert done.returncode == 0, done.stderr
+    message, modules = done.stdout.strip().splitlines()
+    assert says in message, message
+    assert modules == "[]", modules
+
+
+def test_a_run_id_is_looked_up_in_runs_dir_first_and_an_ambiguous_one_is_refused(
+        world, capsys, monkeypatch):
+    """`sleuth resume RUN runs_dir=D` (the line printed after a full disk) opens D/RUN even
+    when the current directory holds a folder RUN; with runs_dir at its default, a run of that
+    name both in ./runs and in . is refused in one line naming both."""
+    from orchestrator.run.locate import locate_run
+
+    run_dir, live = _live_run(world)
+    live.close()
+    monkeypatch.chdir(world["base"])
+    (world["base"] / "live").mkdir()  # a folder of that name, not a run
+    assert locate_run("live", str(world["runs"])) == run_dir.resolve()
+    (world["base"] / "live").rmdir()
+    shutil.copytree(run_dir, world["base"] / "live")  # now a run here too
+    assert locate_run("live", str(world["runs"])) == run_dir.resolve()  # runs_dir= given
+    shutil.copytree(run_dir, world["base"] / "runs" / "live2")
+    shutil.copytree(run_dir, world["base"] / "live2")
+    code, err = _refused(["report", "live2"], world["base"], capsys)
+    assert code == 2 and len(err.splitlines()) == 1, err
+    assert "'live2' names two runs" in err and str(world["base"] / "live2") in err, err
+    assert str(world["base"] / "runs" / "live2") in err, err
+    assert locate_run("./live2", "runs") == (world["base"] / "live2").resolve()
+
+
+@pytest.mark.parametrize(("argv", "says"), [
+    (["trail"], "unknown command 'trail' (did you mean trial?)"),
+    (["trial", "bench.repetitons=3"], "(did you mean repetitions"),
+    (["trial", "tartget=sim"], "(did you mean target?)"),
+    (["trial", "experiment.params.min_efect_pct=1"], "(did you mean min_effect_pct?)"),
+    (["bisect", "target=sim", "metric=verfy_ms"], "(did you mean verify_ms"),
+    (["trial", "target=simm"], "unknown target 'simm' (did you mean sim?) (known: command,"),
+])
+def test_a_typo_is_answered_with_the_word_meant(argv, says, world, capsys):
+    code, err = _refused([*argv, f"runs_dir={world['runs']}"], world["base"], capsys)
+    assert code == 2 and len(err.splitlines()) == 1, err
+    assert says in err, err

@@ -65,6 +65,7 @@ ray.shutdown()
 """
 
 
+@pytest.mark.e2e  # starts Ray in a child process
 def test_local_ray_listens_on_loopback_only(tmp_path):
     out = subprocess.run([sys.executable, "-c", LISTENERS], cwd=tmp_path, capture_output=True,
                          text=True, timeout=180, check=True).stdout.strip().splitlines()[-1]

@@ -172,6 +172,7 @@ print(json.dumps(seen))
 """
 
 
+@pytest.mark.e2e  # starts Ray in a child process
 def test_one_ray_instance_serves_every_controller_of_a_command(tmp_path):
     import json
     import os

@@ -37,6 +37,14 @@ def workspace(cfg: RunSettings) -> Workspace:
     return Workspace(repo, runs_root(cfg) / ".cache" / "worktrees")
 
 
+def require_bench(cfg: RunSettings) -> None:
+    """`target=command` measures nothing without its benchmark command."""
+    if cfg.target.name == "command" and not str(cfg.target.bench).strip():
+        raise UserError("target=command needs its benchmark command: add 'target.bench=CMD'"
+                        " (run in each worktree; its last stdout line is a JSON object of"
+                        " metrics or a number)")
+
+
 def check_common(cfg: RunSettings) -> RunSettings:
     """Checks every command shares: target known, env names valid, runs_dir writable. Returns
     the settings with their paths made absolute (`absolute_paths`), which the run stores.
@@ -44,6 +52,8 @@ def check_common(cfg: RunSettings) -> RunSettings:
     Numbers (budgets, timeouts, sizes) are range-checked once when the configuration is
     composed (`orchestrator/config/checks.py`), not here."""
     target_class(cfg.target.name)
+    if not cfg.reference:  # a reference run brings its own bench (`adopt_reference_config`)
+        require_bench(cfg)
     cfg = absolute_paths(cfg)
     for env in (cfg.env, cfg.target.env):
         for key in env:

@@ -29,7 +29,7 @@ from orchestrator.config.requests import CompareRequest, compare_reference
 from orchestrator.config.settings import RunSettings, as_dict, evolve, saved_values
 from orchestrator.control.controller import Controller
 from orchestrator.errors import RunInterrupted, UserError
-from orchestrator.metrics import EFFECT_METRICS
+from orchestrator.metrics import EFFECT_METRICS, effect_metrics
 from orchestrator.packages import plan as packages
 from orchestrator.packages.pins import pin_list
 from orchestrator.records import Candidate, Outcome
@@ -78,8 +78,12 @@ def load_reference(cfg: RunSettings, ref: str) -> dict:
         ref_cfg = saved_values(store.config_yaml())
     finally:
         store.close()
-    values = {m: [v for r in chosen if (v := r.result.value(m)) is not None]
-              for m in dict.fromkeys((*EFFECT_METRICS, *phases.SIDE_METRICS))}
+    # Every metric the reference measured, not only SGLang's: a `target=command` bench's
+    # `value` or any key of its JSON line is as comparable as verify_ms.
+    names = dict.fromkeys((*EFFECT_METRICS, *phases.SIDE_METRICS))
+    for r in chosen:
+        names.update(dict.fromkeys(r.result.metric_names()))
+    values = {m: [v for r in chosen if (v := r.result.value(m)) is not None] for m in names}
     fps = [r.result.fingerprint for r in chosen]
     return {"candidate": chosen[0].candidate, "values": {m: v for m, v in values.items() if v},
             "fingerprint": chosen[-1].result.fingerprint, "repo": ref_cfg.get("repo"),
@@ -94,10 +98,7 @@ def _user_set(cfg: RunSettings) -> RunSettings:
     from orchestrator.config.compose import compose_settings
 
     name = cfg.target.name
-    group = [f"target={name}"] if name else []
-    if name == "command":  # its one required key; the user's own always differs from this
-        group.append("target.bench=true")
-    return compose_settings(cfg.command, group)
+    return compose_settings(cfg.command, [f"target={name}"] if name else [])
 
 
 def adopt_reference_config(cfg: RunSettings, ref: dict,
@@ -160,7 +161,9 @@ def adopt_reference_config(cfg: RunSettings, ref: dict,
         raise UserError("compare re-measures the reference's own configuration, and the command"
                         " line changes it: " + "; ".join(conflicts) + ". Leave these out (to test"
                         " a change, use isolate good.*=... bad.*=...)")
-    return evolve(cfg, taken), adopted
+    cfg = evolve(cfg, taken)
+    common.require_bench(cfg)
+    return cfg, adopted
 
 
 def _redacted(value: object) -> bool:
@@ -323,7 +326,7 @@ def _document(cfg: RunSettings, req: CompareRequest, ctl: Controller, ref: dict,
     metric = req.metric
     measured = [r for r in now_rows if r.outcome and r.outcome.measured and not r.suspect]
     effects = {}
-    for m in EFFECT_METRICS:
+    for m in effect_metrics(metric):
         a = ref["values"].get(m, [])
         b = [v for r in measured if (v := r.result.value(m)) is not None]
         if a and len(b) >= 2 and min(a + b) > 0:

@@ -60,8 +60,6 @@ def _defaults(cfg: RunSettings) -> RunSettings:
     from orchestrator.config.compose import compose_settings
 
     group = [f"target={cfg.target.name}"] if cfg.target.name else []
-    if cfg.target.name == "command":
-        group.append("target.bench=true")  # its one required key; the user's own differs
     return compose_settings(cfg.command or "trial", group)
 
 

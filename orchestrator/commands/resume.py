@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from orchestrator.commands.common import article
+from orchestrator.config.early import not_resumable
 from orchestrator.config.requests import RunRequest
 from orchestrator.config.settings import RunSettings
 from orchestrator.errors import UserError
-from orchestrator.run.rundir import find_run
+from orchestrator.run.rundir import RESUMABLE, find_run
 from orchestrator.store import RunStore
 
 
@@ -17,6 +17,8 @@ def run(cfg: RunSettings) -> int:
     command = store.command
     stored = store.config_yaml()
     store.close()
+    if command not in RESUMABLE:  # before the commands' modules bring Ray and SciPy along
+        raise UserError(not_resumable(run_dir, command))
     from orchestrator.commands.isolate import refuse_redacted
     from orchestrator.config.settings import load_saved
 
@@ -38,4 +40,4 @@ def run(cfg: RunSettings) -> int:
         from orchestrator.commands import sweep
 
         return sweep.resume(run_dir)
-    raise UserError(f"{run_dir.name} is {article(command or 'unknown')} run: it cannot be resumed")
+    raise UserError(not_resumable(run_dir, command))

@@ -11,7 +11,7 @@ otherwise (the trials that did measure are kept and usable as a reference).
 
 from __future__ import annotations
 
-from orchestrator.commands import common
+from orchestrator.commands import common, next_step
 from orchestrator.config.requests import TrialRequest
 from orchestrator.config.settings import RunSettings, evolve
 from orchestrator.control.controller import Controller
@@ -63,6 +63,9 @@ def run(cfg: RunSettings) -> int:
         if not failed:
             run.status = "done"
             if restarts > 1:
-                out.print(f"reference: sleuth investigate reference={run_dir.name} ...")
+                # complete, so it runs as printed once the node is slow: where and how this
+                # run measured (target, repository, runs_dir, metric) carried along
+                out.print("reference: " + next_step.command(
+                    cfg, "investigate", f"reference={run_dir.name}", "bad=HEAD"))
             return 0
         return 1

@@ -7,6 +7,7 @@ output directory; compose gives us only the merged, type-checked config.
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from pathlib import Path
 
@@ -19,7 +20,7 @@ from orchestrator.config import schema
 from orchestrator.config.checks import check_values
 from orchestrator.config.overrides import check_overrides
 from orchestrator.config.settings import RunSettings, settings_of, writable
-from orchestrator.errors import UserError
+from orchestrator.errors import UserError, did_you_mean
 
 CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
 
@@ -49,6 +50,36 @@ def _first_line(exc: BaseException) -> str:
     if cause is not None and line(cause) not in msg:
         msg = f"{msg.rstrip('.')}: {line(cause)}"
     return msg
+
+
+_UNKNOWN_KEY = re.compile(r"Key '([^']+)' not in '(\w+)'")
+_UNKNOWN_OPTION = re.compile(r"Could not find '(\w+)/([^']+)'")
+
+
+def group_options(group: str, config_dir: str | Path | None = None) -> list[str]:
+    """The options of a config group (`target`: sim, sglang, ...), the user's own included."""
+    dirs = [CONF_DIR / group]
+    if config_dir is not None:
+        dirs.insert(0, Path(config_dir).expanduser() / group)
+    return sorted({p.stem for d in dirs if d.is_dir() for p in d.glob("*.yaml")})
+
+
+def _with_hint(message: str, config_dir: str | Path | None) -> str:
+    """Hydra's one line with the key or option meant by a typo, and a group's options: Hydra
+    names what it could not find, not what there is."""
+    m = _UNKNOWN_KEY.search(message)
+    if m:
+        record = getattr(schema, m.group(2), None)
+        if record is not None and dataclasses.is_dataclass(record):
+            names = [f.name for f in dataclasses.fields(record)]
+            return message + did_you_mean(m.group(1), names)
+        return message
+    m = _UNKNOWN_OPTION.search(message)
+    if m:
+        options = group_options(m.group(1), config_dir)
+        return (f"unknown {m.group(1)} {m.group(2)!r}{did_you_mean(m.group(2), options)}"
+                f" (known: {', '.join(options)})")
+    return message
 
 
 # Keys under these dict nodes are open-ended (any environment variable name, any strategy knob):
@@ -205,7 +236,7 @@ def compose_config(
                            f"command={command}"],
             )
     except Exception as exc:  # Hydra/OmegaConf raise many types; all mean "bad input" here.
-        raise UserError(f"bad configuration: {_first_line(exc)}") from exc
+        raise UserError(f"bad configuration: {_with_hint(_first_line(exc), config_dir)}") from exc
     finally:
         GlobalHydra.instance().clear()
     try:

@@ -25,7 +25,7 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 from orchestrator.config.schema import Bounds, RunSettings
-from orchestrator.errors import UserError
+from orchestrator.errors import UserError, did_you_mean
 
 IMPORTANCE_EVALUATORS = ("additive", "fanova", "mdi", "ped_anova")
 
@@ -133,7 +133,7 @@ def parse(values: Mapping[str, Any] | None) -> ExperimentParams:
     unknown = sorted(set(values) - set(KNOBS))
     if unknown:
         raise UserError(f"unknown setting experiment.params.{unknown[0]}"
-                        f" (known: {', '.join(KNOBS)})")
+                        f"{did_you_mean(unknown[0], KNOBS)} (known: {', '.join(KNOBS)})")
     converted = {}
     for f in dataclasses.fields(ExperimentParams):
         if f.name not in values:

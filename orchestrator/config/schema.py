@@ -187,7 +187,8 @@ class CommandTargetConf(TargetConf):
 
     name: str = "command"
     # One repetition; its last stdout line is a JSON object of metrics or a bare number.
-    bench: str = MISSING
+    # Required (`commands/common.py: require_bench`), unless a reference run supplies its own.
+    bench: str = ""
     build: str = ""  # once per worktree (commit + patches), cached
     server: str = ""  # optional; `{port}` is replaced by the trial's port
     ready_url: str = ""  # optional; default: ready when the port accepts connections

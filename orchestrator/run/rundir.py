@@ -25,6 +25,7 @@ from pathlib import Path
 
 from orchestrator.config.settings import RunSettings, as_dict, evolve, load_saved, to_yaml
 from orchestrator.errors import DiskFull, RunInterrupted, SleuthError, UserError
+from orchestrator.run.locate import locate_run
 from orchestrator.store import RunStore
 from orchestrator.system.redact import redact_config
 
@@ -86,13 +87,8 @@ def no_space(exc: BaseException) -> bool:
 
 
 def find_run(cfg: RunSettings, ref: str) -> Path:
-    """A run given as a directory path or as a run id under runs_dir."""
-    path = Path(ref).expanduser()
-    if not path.is_dir():
-        path = runs_root(cfg) / ref
-    if not (path / "trials.db").is_file():
-        raise UserError(f"no run {ref!r}: expected a run directory with trials.db")
-    return path.resolve()
+    """A run given as a directory path or as a run id under runs_dir (`run/locate.py`)."""
+    return locate_run(ref, cfg.runs_dir)
 
 
 @dataclass

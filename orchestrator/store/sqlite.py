@@ -39,13 +39,12 @@ from orchestrator.store.schema import (
     needs_migration,
     user_version,
 )
+from orchestrator.store.writer import WRITER_LOCK, being_written, holder_text, writer_of
 from orchestrator.system import wallclock
 
 # Room kept for the last writes of a run whose disk filled up: a few trial results with their
 # fingerprints, the in-flight trials marked interrupted and the run's status.
 RESERVE_BYTES = 1 << 20
-# Held by the one process that writes a run (`RunStore.claim`).
-WRITER_LOCK = ".writer.lock"
 
 _T = TypeVar("_T")
 
@@ -205,12 +204,9 @@ class RunStore:
         try:
             fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            holder = os.pread(descriptor, 200, 0).decode("utf-8", "replace").split()
+            who = holder_text(os.pread(descriptor, 200, 0))
             os.close(descriptor)
-            who = (f"sleuth {holder[1]} (pid {holder[0]})" if len(holder) >= 2
-                   else "another sleuth process")
-            raise UserError(f"run {self.path.parent.name} is being written by {who}: wait for"
-                            " it to end, or stop it and then resume the run") from None
+            raise UserError(being_written(self.path.parent, who)) from None
         except OSError:
             os.close(descriptor)
             return
@@ -220,25 +216,8 @@ class RunStore:
 
     @staticmethod
     def writer_of(run_dir: Path) -> str | None:
-        """Who writes the run now: "sleuth COMMAND (pid N)", "" when nobody does (its writer
-        is gone, however it went), None when that cannot be told (a run from before the
-        writer lock, a directory whose lock file cannot be read). Never takes the lock."""
-        try:
-            descriptor = os.open(run_dir / WRITER_LOCK, os.O_RDONLY)
-        except OSError:
-            return None
-        try:
-            try:
-                fcntl.flock(descriptor, fcntl.LOCK_SH | fcntl.LOCK_NB)
-            except BlockingIOError:
-                holder = os.pread(descriptor, 200, 0).decode("utf-8", "replace").split()
-                return (f"sleuth {holder[1]} (pid {holder[0]})" if len(holder) >= 2
-                        else "another sleuth process")
-            except OSError:
-                return None
-            return ""
-        finally:
-            os.close(descriptor)  # a shared lock taken here goes with it
+        """Who writes the run now (`store/writer.py: writer_of`)."""
+        return writer_of(run_dir)
 
     def close(self) -> None:
         self._conn.close()

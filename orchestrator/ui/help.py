@@ -19,6 +19,10 @@ HELP: dict[str, tuple[tuple[str, ...], tuple[tuple[str, str], ...]]] = {
          ("bad=REF", "the commit that is slow now (default: the reference's own commit)"),
          ("good=REF", "without a reference: the good end of the range to bisect"),
          ("metric=NAME", "what got worse (default verify_ms; value for target=command)"),
+         ("was=VALUE", "without a reference: the level the metric had when it was fast"),
+         ("direction=auto", "auto | increase | decrease: which way is worse"),
+         ("first_parent=true", "bisect the mainline (a merge is one step)"),
+         ("paths=[python/sglang/srt]", "commits touching these paths are likelier"),
          ("recover=true", "end with a short sweep of space= on the bad commit"),
          ("space=NAME", "the sweep's space with recover=true (default nccl_quick)"),
          ("nodes=K", "trials in parallel on K nodes"),
@@ -34,6 +38,9 @@ HELP: dict[str, tuple[tuple[str, ...], tuple[tuple[str, str], ...]]] = {
         (("repo=PATH", "the git repository to check out"),
          ("commit=REF", "the commit to run (default HEAD)"),
          ("restarts=N", "N trials (server restarts): a reference for investigate"),
+         ("run_id=NAME", "the run's name, to give later as reference=NAME"),
+         ("nodes=K", "restarts in parallel on K nodes"),
+         ("packages=[NAME==V]", "package versions installed over the node's for the trial"),
          ("patches=[a.patch,b.patch]", "patches applied to the worktree"),
          ("env.VAR=VALUE", "environment of the server (env.VAR='<unset>' removes one)"),
          ("clock=POLICY", "default | locked:MHZ | power:W | app:MHZ, parts joined by commas"),
@@ -51,6 +58,11 @@ HELP: dict[str, tuple[tuple[str, ...], tuple[tuple[str, str], ...]]] = {
          ("first_parent=true", "follow the mainline (a merge is one step)"),
          ("paths=[python/sglang/srt]", "commits touching these paths are likelier"),
          ("experiment.params.min_effect_pct=P", "a change below P% does not count"),
+         ("reference=RUN", "an earlier run that measured the good state: its level is the"
+          " change being chased (a range that does not hold it is ruled out sooner)"),
+         ("was=VALUE", "the good level as you remember it (e.g. was=19), instead of a"
+          " reference"),
+         ("run_id=RUN max_trials=N", "continue a bisect that stopped at its budget"),
          ("package=NAME", "search the releases of NAME between versions good and bad"),
          ("package.pre=true", "pre-releases too (yanked ones only when named)"))),
     "compare": (
@@ -64,6 +76,10 @@ HELP: dict[str, tuple[tuple[str, ...], tuple[tuple[str, str], ...]]] = {
         (("reference=RUN", "test the controllable differences since that run"),
          ("good.PART=...", "the good configuration: commit, patches, env.VAR, clock, server"),
          ("bad.PART=...", "the bad configuration (a part left out: same as good)"),
+         ("good.packages=[NAME==V]", "a side's package versions (bad.packages likewise)"),
+         ("packages.find_links=DIR", "the wheels the versions install from (or"
+          " packages.index_url=URL)"),
+         ("direction=auto", "auto | increase | decrease: which way is worse"),
          ("metric=NAME", "what got worse"),
          ("confidence=0.99", "the probability at which a cause is named"),
          ("max_trials=N", "stop after N trials"),
@@ -74,15 +90,21 @@ HELP: dict[str, tuple[tuple[str, ...], tuple[tuple[str, str], ...]]] = {
          ("metric=NAME", "what to optimise"),
          ("direction=auto", "auto | maximize | minimize"),
          ("trials=N", "search budget in restarts (the confirmation adds its own)"),
+         ("confidence=0.99", "how surely the best setting must beat the baseline"),
          ("sampler=tpe", "tpe | random | grid"),
          ("seed=S", "the sampler's seed"),
          ("nodes=K", "configurations in flight"),
          ("experiment.params.KNOB=V", "the sweep's knobs (orchestrator/config/params.py)"))),
     "report": (("sleuth report RUN [out=DIR]",),
-               (("RUN", "a run id under runs_dir, or a run directory"),
+               (("RUN", "a run id under runs_dir (looked up there first), or a run"
+                 " directory (./RUN)"),
+                ("runs_dir=DIR", "where the run's directory is (default runs)"),
                 ("out=DIR", "write report.md / report.html there"))),
-    "resume": (("sleuth resume RUN",),
-               (("RUN", "an interrupted bisect, isolate, sweep or investigate run"),)),
+    "resume": (("sleuth resume RUN [runs_dir=DIR] [max_trials=N]",),
+               (("RUN", "an interrupted bisect, isolate, sweep or investigate run: its id"
+                 " (looked up in runs_dir first) or its directory (./RUN)"),
+                ("runs_dir=DIR", "where the run's directory is (default runs)"),
+                ("max_trials=N", "a bisect's new, larger budget"))),
     "scenario": (("sleuth scenario out=DIR [commits=100] [seed=0] [preset=one_culprit]",
                   "sleuth scenario out=DIR apply=reference|now [runs_dir=R] [nodes=K]"),
                  (("out=DIR", "where to write the repo and truth.json"),
@@ -103,6 +125,7 @@ COMMON = (
     ("--cfg [job]", "print the resolved configuration and exit"),
     ("--config-dir DIR", "your own config groups, e.g. DIR/target/mynode.yaml"),
 )
+DEMO_COMMON = ("runs_dir=DIR", "--cfg [job]")
 
 
 WIDTH = 80
@@ -131,7 +154,9 @@ def command_help(command: str, summary: str) -> str:
              "", summary]
     if options:
         lines += ["", "options:", *_options(options)]
-    if command not in ("report", "resume", "doctor", "scenario"):
+    if command == "demo":  # the demo is the simulated node's own story: no target to choose
+        lines += ["", "common options:", *_options(o for o in COMMON if o[0] in DEMO_COMMON)]
+    elif command not in ("report", "resume", "doctor", "scenario"):
         lines += ["", "common options:", *_options(COMMON)]
     if command == "scenario":
         from orchestrator.sim_scenarios.presets import PRESETS
