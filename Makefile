@@ -1,13 +1,15 @@
 # Two commands do all set-up on a fresh machine with Python >= 3.11 and git:
 #   make demo   create .venv if missing, install sleuth, run the demo on the simulated node
 #   make test   same install, then run the whole test suite (every lane)
-#   make test-fast  the unit and strategy tests only: no Ray, no sleuth command, no server runs
+#   make test-fast  the unit and strategy tests only: no Ray, no sleuth command, no server runs,
+#                   and the many-seed statistical tests on a few seeds
+#   make test-stats the many-seed statistical tests alone (make test runs them too)
 PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test test-fast lint install bench-localize bench-isolate bench-cost clean
+.PHONY: demo test test-fast test-stats lint install bench-localize bench-isolate bench-cost clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -26,9 +28,13 @@ demo: $(STAMP)
 test: $(STAMP)
 	$(BIN)/python -m pytest tests -q
 
-# The end-to-end tests (marker `e2e`: Ray, the sleuth command, real server runs) left out.
+# The end-to-end tests (marker `e2e`: Ray, the sleuth command, real server runs) and the
+# many-seed statistical tests (marker `stats`; their few-seed versions stay) left out.
 test-fast: $(STAMP)
-	$(BIN)/python -m pytest tests -q -m "not e2e"
+	$(BIN)/python -m pytest tests -q -m "not e2e and not stats"
+
+test-stats: $(STAMP)
+	$(BIN)/python -m pytest tests -q -m stats
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

@@ -66,6 +66,15 @@ def _canonical_env(env: Mapping[str, str]) -> tuple[tuple[str, str], ...]:
     return tuple(sorted((str(k), str(v)) for k, v in env.items()))
 
 
+
+# A candidate's env value that means "this variable must NOT be set" (a difference like
+# "NCCL_PROTO was dropped from the environment" must be expressible as a factor level).
+UNSET = "<unset>"
+
+
+def apply_unset(env: dict[str, str]) -> dict[str, str]:
+    return {k: v for k, v in env.items() if v != UNSET}
+
 @dataclass(frozen=True)
 class Candidate:
     """One assignment of a level to every factor: what a trial runs."""

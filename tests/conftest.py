@@ -86,6 +86,14 @@ def make_sim_repo(path: Path, profiles: list[dict]) -> list[str]:
     return shas
 
 
+def seed_counts(many: int, few: int) -> list:
+    """The seeds a many-seed statistical test runs, as a parametrization: `few` in every lane,
+    `many` only where the `stats` marker is run (`make test`, `make test-stats`). The seeds are
+    fixed, so a few-seed version checks the same cases every time."""
+    return [pytest.param(few, id=f"{few}-seeds"),
+            pytest.param(many, id=f"{many}-seeds", marks=pytest.mark.stats)]
+
+
 def pytest_collection_modifyitems(config, items) -> None:
     """A test that uses the session's Ray instance is end-to-end whether or not its file says
     so: `make test-fast` (-m "not e2e") must never start Ray, or its time bound means nothing.
@@ -102,12 +110,15 @@ def pytest_collection_modifyitems(config, items) -> None:
 
 
 @pytest.fixture(autouse=True)
-def fast_lane_starts_no_ray(request, monkeypatch):
+def fast_lane_starts_no_ray(request):
     """A test not marked `e2e` that starts Ray fails, naming the marker: the fast lane's
     promise (no Ray) is checked, not hoped for. In this process `ray.init` is watched; in a
     child process (a `sleuth` command, a script) Ray is seen by where it writes: `RAY_TMPDIR`
     points every child at a directory of this test's own, where a Ray instance leaves its
-    `ray/session_*` directory (Ray's `get_default_system_temp_dir`)."""
+    `ray/session_*` directory (Ray's `get_default_system_temp_dir`).
+
+    Its own MonkeyPatch, not the test's `monkeypatch`: set up before the test's, it is undone
+    after it, so the check and the clean-up run with the test's own patches gone."""
     if request.node.get_closest_marker("e2e") is not None:
         yield
         return
@@ -123,17 +134,16 @@ def fast_lane_starts_no_ray(request, monkeypatch):
         started.append(str(kwargs.get("address", args[0] if args else "")))
         return real_init(*args, **kwargs)
 
-    monkeypatch.setattr(ray, "init", recording_init)
     watched = Path(tempfile.mkdtemp(prefix="sl-noray-"))  # short: Ray's socket paths
-    monkeypatch.setenv("RAY_TMPDIR", str(watched))
-    try:
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(ray, "init", recording_init)
+        patch.setenv("RAY_TMPDIR", str(watched))
         yield
-        in_children = sorted(p.name for p in (watched / "ray").glob("session_*"))
-        assert not started, "this test starts Ray: mark it @pytest.mark.e2e"
-        assert not in_children, ("this test starts Ray in a child process"
-                                 f" ({', '.join(in_children)}): mark it @pytest.mark.e2e")
-    finally:
-        shutil.rmtree(watched, ignore_errors=True)
+    in_children = sorted(p.name for p in (watched / "ray").glob("session_*"))
+    shutil.rmtree(watched, ignore_errors=True)
+    assert not started, "this test starts Ray: mark it @pytest.mark.e2e"
+    assert not in_children, ("this test starts Ray in a child process"
+                             f" ({', '.join(in_children)}): mark it @pytest.mark.e2e")
 
 
 class RayWouldStart(Exception):

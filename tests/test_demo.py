@@ -10,10 +10,13 @@ against `truth.json`), not the statistics: those are the benchmarks' job.
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
-from orchestrator.commands import demo
 from orchestrator.config.compose import compose_settings
 from orchestrator.store import RunStore
 
@@ -24,14 +27,18 @@ FAST = ["target=sim", "target.time_scale=0.02", "target.load_seconds=5", "bench.
         "trial.ready_timeout_s=30"]
 
 
-def test_demo_tells_the_whole_story_and_matches_the_truth(tmp_path, ray_session, capsys):
+def test_demo_tells_the_whole_story_and_matches_the_truth(tmp_path):
     runs = tmp_path / "runs"
-    cfg = compose_settings("demo", [f"runs_dir={runs}", "commits=40", "seed=3",
-                                  "target.noise_restart_cv=0.005", *FAST])
+    args = [f"runs_dir={runs}", "commits=40", "seed=3", "target.noise_restart_cv=0.005", *FAST]
+    cfg = compose_settings("demo", args)
     assert cfg.nodes == 3 and cfg.space.name == "nccl_quick"  # the demo's own defaults
 
-    code = demo.run(cfg)
-    printed = capsys.readouterr().out
+    # as `make demo` runs it: the installed `sleuth`, in a process of its own
+    done = subprocess.run([str(Path(sys.executable).parent / "sleuth"), "demo", *args],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=1200,
+                          env={**os.environ, "COLUMNS": "1000"})
+    code, printed = done.returncode, done.stdout
+    assert "Traceback" not in done.stderr, done.stderr[-3000:]
 
     assert code == 0, printed[-3000:]
     (run_dir,) = [p for p in runs.iterdir() if (p / "trials.db").exists()]

@@ -8,7 +8,7 @@ import pytest
 from orchestrator.commands.isolate_points import IsolatePoints
 from orchestrator.errors import SleuthError, UserError
 from orchestrator.gpu.base import ClockPolicy, format_parts, parse_parts
-from orchestrator.records import Candidate
+from orchestrator.records import UNSET, Candidate
 from orchestrator.strategies.isolate import IsolateStrategy
 from orchestrator.system.differences import (
     Change,
@@ -19,7 +19,6 @@ from orchestrator.system.differences import (
     reference_good,
 )
 from orchestrator.system.fingerprint_diff import Difference, diff
-from orchestrator.targets.base import UNSET
 
 SHA = "a" * 40
 

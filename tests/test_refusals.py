@@ -23,7 +23,7 @@ import pytest
 from orchestrator.cli import main
 from orchestrator.commands import common, doctor
 from orchestrator.config.compose import compose_settings
-from orchestrator.runner.node import HOLDER_FILE, NODE_LOCK
+from orchestrator.runner.holder import HOLDER_FILE, NODE_LOCK
 from orchestrator.runner.process import start_time
 from orchestrator.workspace.locking import release, try_exclusive
 from tests.conftest import make_sim_repo

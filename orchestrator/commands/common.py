@@ -19,7 +19,7 @@ from orchestrator.store import RunStore
 from orchestrator.system.envcheck import check_env
 from orchestrator.system.fingerprint import is_secret
 from orchestrator.system.redact import secret_in_value
-from orchestrator.targets.registry import target_class
+from orchestrator.targets.registry import check_name
 from orchestrator.ui import render
 from orchestrator.workspace import Workspace
 
@@ -51,7 +51,7 @@ def check_common(cfg: RunSettings) -> RunSettings:
 
     Numbers (budgets, timeouts, sizes) are range-checked once when the configuration is
     composed (`orchestrator/config/checks.py`), not here."""
-    target_class(cfg.target.name)
+    check_name(cfg.target.name)
     if not cfg.reference:  # a reference run brings its own bench (`adopt_reference_config`)
         require_bench(cfg)
     cfg = absolute_paths(cfg)
@@ -134,7 +134,7 @@ def check_nodes_free(cfg: RunSettings) -> None:
     cluster the nodes' own locks decide, once the actors start."""
     if cfg.cluster.kind != "local":
         return
-    from orchestrator.runner.node import held_message, holder_of
+    from orchestrator.runner.holder import held_message, holder_of
 
     root = runs_root(cfg) / ".nodes"
     held = []

@@ -40,5 +40,6 @@ def check(command: str, cfg: RunSettings) -> None:
     if not isinstance(good, str) or not isinstance(bad, str) or not good or not bad:
         return  # the command says what is missing or misplaced
     ws = common.workspace(cfg)
-    if ws.resolve(good) != ws.resolve(bad):  # the same commit: each command has its own word
+    # the same commit: the bisect's word is the workspace's; investigate has its own
+    if command == "bisect" or ws.resolve(good) != ws.resolve(bad):
         ws.commits_between(good, bad, first_parent=cfg.first_parent)

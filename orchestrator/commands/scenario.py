@@ -59,7 +59,7 @@ def _state_files(out: Path, when: str) -> dict[str, Path]:
 def apply(cfg: RunSettings, out: Path, when: str) -> int:
     """Copy the scenario's `when` state into each simulated node's state directory."""
     from orchestrator.commands.common import check_nodes_free
-    from orchestrator.runner.node import held_message, holder_of
+    from orchestrator.runner.holder import held_message, holder_of
     from orchestrator.targets.simnode import set_node_state
 
     files = _state_files(out, when)

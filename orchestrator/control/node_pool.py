@@ -21,7 +21,8 @@ import ray
 from orchestrator.config.settings import RunSettings
 from orchestrator.control.ray_cluster import NODE_RESOURCE, node_name, sleuth_nodes
 from orchestrator.errors import NodeBusy, NodesLost, UserError
-from orchestrator.runner.node import NodeRunner, held_message
+from orchestrator.runner.holder import held_message
+from orchestrator.runner.node import NodeRunner
 from orchestrator.runner.process import start_time
 
 SCAN_INTERVAL_S = 2.0

@@ -23,7 +23,6 @@ node's state; the trial's own steps are `trial.py` and `trial_checks.py`.
 from __future__ import annotations
 
 import errno
-import fcntl
 import json
 import os
 import shutil
@@ -43,6 +42,13 @@ from orchestrator.config.settings import (
 )
 from orchestrator.gpu.base import ClockPolicy
 from orchestrator.records import Outcome, TrialResult, TrialState
+from orchestrator.runner.holder import (
+    HOLDER_FILE,
+    NODE_LOCK,
+    _alive,
+    _orphaned,
+    _read_json,
+)
 from orchestrator.runner.process import ServerProcess, group_members, start_time
 from orchestrator.runner.trial import TrialSpec, run_trial
 from orchestrator.runner.trial_checks import clock_problem
@@ -52,8 +58,6 @@ from orchestrator.targets.registry import make_target
 from orchestrator.workspace import Workspace
 from orchestrator.workspace.locking import release, try_exclusive
 
-NODE_LOCK = "node.lock"
-HOLDER_FILE = "holder.json"
 ORPHAN_WAIT_S = 20.0
 
 
@@ -341,59 +345,6 @@ class NodeRunner:
             return False
         proc.teardown(grace_s=5.0)
         return True
-
-
-def held_message(name: str, holder: Mapping) -> str:
-    since = holder.get("since")
-    when = time.strftime(" since %H:%M:%S", time.localtime(since)) if since else ""
-    return (f"node {name} is held by another sleuth run ({holder.get('run_id') or 'run ?'},"
-            f" pid {holder.get('pid')} on {holder.get('host', '?')}{when})")
-
-
-def holder_of(state_dir: Path) -> dict | None:
-    """Who holds the node whose state is in `state_dir`, found without taking it and without
-    writing anything: None when it is free, or held only by an orphan a new run takes over.
-
-    Lets a command refuse a node another run holds before it starts Ray (the actor's own
-    `_hold` stays the authority: a run that starts in between is still refused there)."""
-    try:
-        descriptor = os.open(state_dir / NODE_LOCK, os.O_RDONLY)
-    except OSError:
-        return None  # never held here, or not readable: the actor will judge
-    try:
-        fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        pass
-    except OSError:
-        return None  # a filesystem without flock: the actor falls back on the holder file
-    else:
-        return None  # free; closing the descriptor lets go of it again
-    finally:
-        os.close(descriptor)
-    doc = _read_json(state_dir / HOLDER_FILE) or {"pid": None}
-    return None if _orphaned(doc) else doc
-
-
-def _read_json(path: Path) -> dict | None:
-    try:
-        doc = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None
-    return doc if isinstance(doc, dict) else None
-
-
-def _alive(process: Mapping) -> bool:
-    """The process (pid, start time, host) still runs. One on another host is assumed to."""
-    if process.get("host") != socket.gethostname():
-        return True
-    pid = process.get("pid")
-    return bool(pid) and start_time(int(pid)) == process.get("start_time")
-
-
-def _orphaned(holder: Mapping) -> bool:
-    """A holding actor whose controller (on this host) is gone."""
-    controller = holder.get("controller") or {}
-    return bool(controller.get("pid")) and not _alive(controller) and _alive(holder)
 
 
 def _end(holder: Mapping) -> None:

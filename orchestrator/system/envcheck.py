@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from orchestrator.errors import UserError
-from orchestrator.targets.base import UNSET
+from orchestrator.records import UNSET
 
 _ENUMS = {
     "NCCL_PROTO": {"LL", "LL128", "SIMPLE"},

@@ -28,14 +28,7 @@ from orchestrator.config.settings import (
     bench_record,
     target_record,
 )
-
-# A candidate's env value that means "this variable must NOT be set" (a difference like
-# "NCCL_PROTO was dropped from the environment" must be expressible as a factor level).
-UNSET = "<unset>"
-
-
-def apply_unset(env: dict[str, str]) -> dict[str, str]:
-    return {k: v for k, v in env.items() if v != UNSET}
+from orchestrator.records import apply_unset
 
 
 @dataclass(frozen=True)

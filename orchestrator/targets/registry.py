@@ -3,10 +3,22 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import TYPE_CHECKING
 
 from orchestrator.config.schema import BenchConf, TargetConf
-from orchestrator.errors import UserError
-from orchestrator.targets.base import NodeContext, Target
+from orchestrator.errors import UserError, did_you_mean
+
+if TYPE_CHECKING:  # the adapters (and the HTTP client they bring) load only when one is made
+    from orchestrator.targets.base import NodeContext, Target
+
+TARGETS = ("sim", "sglang", "command")
+
+
+def check_name(name: str) -> None:
+    """Refuse an unknown target name without importing any adapter."""
+    if name not in TARGETS:
+        raise UserError(f"unknown target {name!r}{did_you_mean(name, TARGETS)} (known:"
+                        f" {', '.join(TARGETS)})")
 
 
 def target_class(name: str) -> type[Target]:
@@ -22,7 +34,8 @@ def target_class(name: str) -> type[Target]:
         from orchestrator.targets.command import CommandTarget
 
         return CommandTarget
-    raise UserError(f"unknown target {name!r} (known: sim, sglang, command)")
+    check_name(name)
+    raise AssertionError(name)  # every name check_name accepts has its branch above
 
 
 def make_target(conf: TargetConf | Mapping, bench: BenchConf | Mapping,

@@ -44,9 +44,10 @@ import httpx
 from orchestrator.bench import server_measure
 from orchestrator.bench.client import BenchError, RequestSpec
 from orchestrator.config.schema import BenchConf, SglangTargetConf
+from orchestrator.records import apply_unset
 from orchestrator.system import fingerprint
 from orchestrator.targets import sglang_versions as versions
-from orchestrator.targets.base import Target, apply_unset
+from orchestrator.targets.base import Target
 from orchestrator.targets.command import run_command
 
 DEVICE_TIMER_ENV = "SGLANG_ENABLE_METRICS_DEVICE_TIMER"

@@ -21,7 +21,8 @@ import httpx
 
 from orchestrator.bench import server_measure
 from orchestrator.bench.client import RequestSpec
-from orchestrator.targets.base import Target, apply_unset
+from orchestrator.records import apply_unset
+from orchestrator.targets.base import Target
 from orchestrator.targets.sim.dialect import DEVICE_TIMER_ENV, Dialect, UnknownVersion, dialect
 
 

@@ -28,7 +28,8 @@ from omegaconf import OmegaConf
 from orchestrator.bench.client import BenchError
 from orchestrator.config.compose import compose_config
 from orchestrator.gpu.base import GpuControl
-from orchestrator.targets.base import UNSET, NodeContext, Target
+from orchestrator.records import UNSET
+from orchestrator.targets.base import NodeContext, Target
 from orchestrator.targets.registry import is_simulated, make_target, target_class
 from tests.conformance.fake_pynvml import FakeGpu, FakeNvml
 

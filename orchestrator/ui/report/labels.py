@@ -12,8 +12,7 @@ import textwrap
 from collections.abc import Mapping
 
 from orchestrator.gpu.base import parse_parts
-from orchestrator.records import Candidate
-from orchestrator.targets.base import UNSET
+from orchestrator.records import UNSET, Candidate
 from orchestrator.ui.safe_text import printable
 
 _CLOCK = {"power": ("power limit", " W"), "locked": ("SM clock lock", " MHz"),
