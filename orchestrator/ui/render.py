@@ -115,12 +115,15 @@ class SafeConsole(Console):
 
 
 def console() -> Console:
-    """Rich on a terminal; wide plain tables when output goes to a file or pipe."""
+    """Rich on a terminal; wide plain tables when output goes to a file or pipe (160 columns,
+    or `COLUMNS` where the caller sets it, as a script that greps whole lines does)."""
+    import os
     import sys
 
     # markup=False: commit subjects and server output are printed as text, never interpreted.
+    piped = not sys.stdout.isatty() and "COLUMNS" not in os.environ
     return SafeConsole(highlight=False, soft_wrap=False, markup=False,
-                       width=None if sys.stdout.isatty() else 160)
+                       width=160 if piped else None)
 
 
 def finding_id(finding: dict, width: int = 40) -> str:
