@@ -8,6 +8,7 @@ from collections import Counter
 
 import numpy as np
 import pytest
+from conftest import seed_counts
 
 from experiments.bench_localize import N_COMMITS, REGIMES, VirtualOracle, drive, run_benchmark
 from orchestrator.strategies import BisectStrategy, Observation
@@ -235,12 +236,13 @@ def test_posteriors_that_learn_the_levels_need_more_of_the_same_trials():
     assert mean["known"] < mean["noise_told"] <= mean["learned"]
 
 
-def test_endpoints_that_measure_alike_are_rarely_called_reversed():
+@pytest.mark.parametrize("n", seed_counts(400, few=40))
+def test_endpoints_that_measure_alike_are_rarely_called_reversed(n):
     """The reversal check is repeated after every trial while a range reproduces; its level
     shrinks with each look so that over all of them a no-change range ends "reversed" at most
     1% of the time. A fixed 99% interval did so in 18 of these 400 seeded ranges."""
     outcomes = Counter()
-    for seed in range(400):
+    for seed in range(n):
         strategy = BisectStrategy(50)
         rng = np.random.default_rng((99, seed))
         obs: list[Observation] = []
@@ -250,8 +252,8 @@ def test_endpoints_that_measure_alike_are_rarely_called_reversed():
                                    trial_id=len(obs)))
             strategy.verdict(obs)
         outcomes[strategy.outcome or "reproduced"] += 1
-    assert outcomes["reversed"] <= 4, outcomes
-    assert outcomes["not_reproducible"] > 200, outcomes
+    assert outcomes["reversed"] <= max(1, n // 100), outcomes
+    assert outcomes["not_reproducible"] > n // 2, outcomes
 
 
 def test_a_stated_minimum_effect_refutes_a_lucky_reproduction_sooner():
