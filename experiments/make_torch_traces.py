@@ -42,7 +42,8 @@ def step():
     opt.step()
     opt.zero_grad()
 
-step()  # warm-up outside the profile
+for _ in range(3):  # warm-up outside the profile (allocator, thread pools)
+    step()
 # exported when the active steps end (after `with`, the profiler has cleared them: an export
 # there writes a trace with no events, which sleuth refuses as an empty profile)
 with profile(activities=[ProfilerActivity.CPU], schedule=schedule(wait=0, warmup=1, active=2),

@@ -16,7 +16,9 @@ source is kept beside it in tests/fixtures/kernel_names.json). Why this order:
   GEMMs are CUTLASS or `f8f8bf16` kernels and are GEMMs by those words). Rotary *position*
   embeddings are elementwise and stay `other`;
 - attention before convolution and GEMM: FlashAttention and MLA kernels are built with CUTLASS
-  and often say so; PyTorch's memory-efficient attention is `fmha_cutlass*`;
+  and often say so; PyTorch's memory-efficient attention is `fmha_cutlass*`. SGLang's Triton
+  attention backend names its kernels `_fwd_kernel` (extend) and `_fwd_grouped_kernel_stage1`
+  / `_fwd_kernel_stage1` (decode), which are attention in a serving trace;
 - convolution before GEMM: cuDNN and MIOpen convolutions are implicit GEMMs and say so
   (`sm80_xmma_fprop_implicit_gemm_*`, `implicit_convolve_sgemm`, `igemm_fwd_gtcx*`), but a
   reader asks "did the convolutions get slower", not "did some GEMM";
@@ -53,8 +55,8 @@ FAMILY_PATTERNS: tuple[tuple[str, re.Pattern[str]], ...] = (
     ("embedding", re.compile(r"(?<!rotary_)(?<!rotary)embedding|embeddingbag", re.I)),
     ("attention", re.compile(
         r"attn|attention|flash_?fwd|flash_?bwd|flash_?mla|fmha|_mla|mla_|paged_?kv|"
-        r"paged_attention|batchprefill|batchdecode|merge_state|xqa|sdpa|scaled_dot_product",
-        re.I)),
+        r"paged_attention|batchprefill|batchdecode|merge_state|xqa|sdpa|scaled_dot_product|"
+        r"^_fwd_(?:grouped_)?kernel", re.I)),
     ("conv", re.compile(
         r"convolution|convolve|(?<![a-z])conv(?:[123]d)?(?![a-z])|MIOpenConv|scudnn|winograd|"
         r"(?:fprop|dgrad|wgrad)_implicit|implicit_?gemm|igemm_(?:fwd|bwd|wrw)|miopenSp\d", re.I)),
