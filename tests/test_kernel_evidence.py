@@ -301,3 +301,63 @@ def test_two_slow_restarts_of_three_are_never_taken_for_the_side():
         d = K.diff(before, [_restart(rng) for _ in range(3)])
         assert d.outliers == 0  # one good restart is no interval: all kept, intervals wide
         assert not d.movers, K.evidence_line(d)
+
+
+# -- which sides: other causes restored, related causes together, a line for every cause ---------
+class _NoProfiles:
+    """A controller whose restarts all fail to profile: records what would be launched."""
+
+    def __init__(self):
+        from types import SimpleNamespace
+
+        self.store = SimpleNamespace(trials=lambda: [])
+        self.submitted, self._done = [], []
+
+    def idle_nodes(self):
+        return True
+
+    def submit(self, cand, phase, repetitions):
+        from types import SimpleNamespace
+
+        from orchestrator.records import Outcome
+
+        self.submitted.append(cand)
+        self._done.append(SimpleNamespace(outcome=Outcome.CRASHED, candidate=cand, id=len(
+            self.submitted), result=None))
+
+    def wait(self):
+        done, self._done = self._done, []
+        return done
+
+
+def test_overlapping_causes_are_profiled_together_others_restored_and_every_cause_has_a_line():
+    """Four variables set on the node since the reference: A and B overlap, C and D hurt alone;
+    evidence.max_causes=2. A + B is one pair of sides (restore both vs. now); C is profiled with
+    A, B and D restored (before, they rode along from the node); D gets a line saying why it
+    was not profiled."""
+    from orchestrator.evidence.collect import for_causes
+    from orchestrator.records import Candidate
+    from orchestrator.targets.base import UNSET
+
+    names = ["VAR_A", "VAR_B", "VAR_C", "VAR_D"]
+    diffs = [{"factor": "env", "key": v, "good": UNSET, "bad": None} for v in names]
+    findings = [{"kind": "env", "id": v, "differences": [d]} for v, d in zip(names, diffs, strict=True)]
+    isolate = {"experiment": "isolate", "findings": findings, "differences": diffs}
+    causes = [{"kind": "env", "id": v, "label": v} for v in names]
+    attribution = {"causes": [{"id": v, "label": v} for v in names],
+                   "relations": [{"causes": [0, 1], "kind": "overlap"}]}
+    good = bad = Candidate.make("a" * 40, (), {}, "default")
+    ctl, said = _NoProfiles(), []
+    out = for_causes(ctl, causes, bad, good, [None, isolate], lambda r: r, restarts=2,
+                     max_causes=2, say=said.append, attribution=attribution)
+    assert [e["cause"] for e in out] == ["VAR_A + VAR_B", "VAR_C", "VAR_D"]
+    assert out[0]["relation"] == "overlap" and "restore both vs. now" in out[0]["sides_rule"]
+    assert "evidence.max_causes=2" in out[2]["line"] and "not profiled" in out[2]["line"]
+    assert all(e["line"].startswith("kernels: ") for e in out)
+    envs = {tuple(sorted(c.env_dict.items())) for c in ctl.submitted}
+    restored = {v: UNSET for v in names}
+    assert tuple(sorted(restored.items())) in envs  # before: every variable restored
+    pair_now = {k: v for k, v in restored.items() if k not in ("VAR_A", "VAR_B")}
+    c_now = {k: v for k, v in restored.items() if k != "VAR_C"}
+    assert envs == {tuple(sorted(restored.items())), tuple(sorted(pair_now.items())),
+                    tuple(sorted(c_now.items()))}
