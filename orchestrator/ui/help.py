@@ -94,6 +94,15 @@ HELP: dict[str, tuple[tuple[str, ...], tuple[tuple[str, str], ...]]] = {
              (("seed=S", "the scenario's seed"), ("commits=N", "history length"),
               ("nodes=K", "simulated nodes (default 3)"))),
     "doctor": (("sleuth doctor",), ()),
+    "kernels": (("sleuth kernels then=DIR|FILES now=DIR|FILES [mode=NAME]",),
+                (("then=DIR|FILES", "traces of the fast run: a directory, a file, a glob or"
+                  " [a,b,c]; one file per restart (SGLang's -TP-N and stage files of one"
+                  " profile id are one restart)"),
+                 ("now=DIR|FILES", "traces of the slow run, the same way"),
+                 ("mode=NAME", "compare only these forward modes (target_verify, draft,"
+                  " decode, extend, step, other; comma-separated), or all: each trace as one"
+                  " pass"),
+                 ("runs_dir=DIR", "where the run directory goes (default runs)"))),
 }
 
 COMMON = (
@@ -131,7 +140,7 @@ def command_help(command: str, summary: str) -> str:
              "", summary]
     if options:
         lines += ["", "options:", *_options(options)]
-    if command not in ("report", "resume", "doctor", "scenario"):
+    if command not in ("report", "resume", "doctor", "scenario", "kernels"):
         lines += ["", "common options:", *_options(COMMON)]
     if command == "scenario":
         from orchestrator.sim_scenarios.presets import PRESETS
