@@ -9,6 +9,7 @@ on such a run renders this page again from its findings.json.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 from pathlib import Path
@@ -71,6 +72,13 @@ def write(run_dir: Path, doc: dict | None = None, out_dir: Path | None = None
     target.mkdir(parents=True, exist_ok=True)
     with matplotlib_module().rc_context(_RC):
         plot = kernels_plot(doc["answer"]["evidence"])
+    if plot is not None:
+        plot = dataclasses.replace(
+            plot, title="Kernel diff: then -> now",
+            caption="Device time per pass of each kernel family in each forward mode, the"
+                    " traces of each side as restarts; red: a mover (interval across restarts"
+                    " excludes zero at the Bonferroni-corrected level, change of 3% or more);"
+                    " no whisker: one trace a side, no interval.")
     png = None
     if plot is not None:
         (target / "plots").mkdir(exist_ok=True)
