@@ -130,7 +130,8 @@ def for_causes(ctl, causes: Sequence[Mapping], bad: Candidate, good: Candidate,
                                  "id": group[0].get("id")}
         if len(group) > 1:
             rel = _relation(attribution, group)
-            entry.update(ids=[c.get("id") for c in group], relation=rel.get("kind"))
+            entry.update(ids=[c.get("id") for c in group], relation=rel.get("kind"),
+                         relation_words=rel.get("words"))
         if n >= max_causes:
             entry["line"] = (f"kernels: not profiled (evidence.max_causes={max_causes}: the"
                              f" {max_causes} most probable were; evidence.max_causes="
@@ -139,8 +140,8 @@ def for_causes(ctl, causes: Sequence[Mapping], bad: Candidate, good: Candidate,
             continue
         if len(group) > 1:
             pair = system_sides(group, good, docs, resolve, restored)
-            how = ("they overlap: either alone shows all of it" if entry["relation"] == "overlap"
-                   else "they hurt only together: either alone shows nothing")
+            how = entry["relation_words"] or ("they overlap" if entry["relation"] == "overlap"
+                                              else "they hurt more together than apart")
             entry["sides_rule"] = f"restore both vs. now ({how})"
         else:
             pair = sides(group[0], bad, good, docs, resolve, restored)
