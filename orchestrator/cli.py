@@ -27,6 +27,7 @@ COMMANDS = {
     "scenario": "a repo with planted causes (out=DIR); apply=reference|now",
     "doctor": "check this machine: git, Ray, NVML/GPUs, sglang, runs/ writable",
     "sweep": "search a space of settings (space=nccl_pcie) for the fastest",
+    "kernels": "diff profiler traces you have: then=DIR|FILES now=DIR|FILES",
 }
 
 # Commands whose first plain argument names a run (id or directory).
@@ -48,6 +49,7 @@ def _help() -> str:
               "  sleuth demo                    the whole story on the simulated node",
               "  sleuth trial repo=PATH commit=GOOD restarts=3        a reference, now",
               "  sleuth investigate repo=PATH reference=RUN bad=HEAD  later: why slower?",
+              "  sleuth kernels then=DIR now=DIR  which kernels got slower, from your traces",
               "  sleuth bisect --help           one command's usage and options",
               "  sleuth trial --cfg             print the resolved configuration and exit",
               "",

@@ -60,7 +60,7 @@ def test_the_options_help_names_exist_in_the_configuration(command):
 # Each command's request record (`config/requests.py`) holds what the command reads from the
 # command line: every field is an option its help shows (the key a user types for it).
 REQUEST_KEYS = {"package_pre": "package.pre", "run": "RUN", "search": "trials",
-                "space": "space", "out": "out"}
+                "space": "space", "out": "out", "modes": "mode"}
 
 
 def _request_fields(command: str) -> list[str]:

@@ -132,6 +132,13 @@ class Workspace:
 
         return f"127.0.0.1:{free_port('127.0.0.1')}"
 
+    def prepare(self, doc: str) -> None:
+        """What a block's prose says is already there before its first command."""
+        if doc == "docs/kernels.md":  # "Given traces/fast/ and traces/slow/ (torch traces)"
+            from test_kernels_command import _traces
+
+            _traces(self.cwd)
+
     def truth(self, scenario: str, key: str) -> str:
         return json.loads((Path(self.get("tmp")) / scenario / "truth.json").read_text())[key]
 
@@ -253,6 +260,26 @@ def _seed_story_answer(ws: Workspace, output: str) -> None:
     assert [c["id"] for c in causes if c.get("kind") == "env"] == ["NCCL_PROTO"], causes
 
 
+def _kernels_run(ws: Workspace, output: str) -> None:
+    """A kernels run writes what every run does, and its table names the planted mover (the
+    relabelled traces' matmul, three times slower); `sleuth report` renders it again."""
+    run_dir = Path(re.findall(r"^run directory: (\S+)", output, re.M)[-1])
+    for name in ("config.yaml", "trials.db", "findings.json", "report.md", "report.html",
+                 "plots/kernels.png"):
+        assert (run_dir / name).is_file(), name
+    doc = json.loads((run_dir / "findings.json").read_text())
+    entry = doc["answer"]["evidence"][0]
+    assert "| mode | family |" in (run_dir / "report.md").read_text()
+    if doc["verdict"] == "not_judged":  # one trace a side: the table as measured, no interval
+        assert "no interval" in output
+        assert entry["families"] and all(r["ci"] is None for r in entry["families"])
+    else:
+        assert doc["verdict"] == "moved" and entry["top"] == {"mode": "step", "family": "gemm"}
+    report = subprocess.run([SLEUTH, "report", str(run_dir)], cwd=ws.cwd, capture_output=True,
+                            text=True, timeout=300)
+    assert report.returncode == 0 and "report.html" in report.stdout
+
+
 SGLANG_MISSING = (r"^sleuth: error: SGLang is not installed for this Python, and the default"
                   r" target is a real SGLang server")
 NEEDS_SGLANG = "a real SGLang server on GPUs (the real package is not installed in the suite)"
@@ -332,6 +359,13 @@ CASES: dict[str, Runs | Refused] = {
     "sleuth bisect package=slowpkg good=1.0 bad=1.9 packages.find_links=/wheels target=command"
     " repo=R target.bench=python bench.py metric=value":
         Runs(0, r"^answer: value x\d.* = slowpkg 1\.5 -> 1\.6 ", _names_release_16),
+    # docs/kernels.md: traces a user already has
+    "sleuth kernels then=traces/fast now=traces/slow":
+        Runs(0, r"kernels: step: GEMM", _kernels_run),
+    "sleuth kernels then=traces/fast/*.json.gz now=traces/slow/*.json.gz mode=step":
+        Runs(0, r"kernels: step: GEMM", _kernels_run),
+    "sleuth kernels then=[traces/fast/fast-0.trace.json.gz]"
+    " now=[traces/slow/slow-0.trace.json.gz]": Runs(3, r"no interval", _kernels_run),
     # docs/statistics.md
     "sleuth sweep repo=PATH commit=REF space=nccl_pcie metric=output_throughput trials=40"
     " nodes=K": Refused(NEEDS_SGLANG, SGLANG_MISSING),
@@ -373,6 +407,7 @@ def _run(command: Command, ws: Workspace) -> subprocess.CompletedProcess:
 @pytest.mark.parametrize("block", _all_blocks(), ids=lambda b: b.id)
 def test_documented_block_runs_as_written(block: Block, tmp_path):
     ws = Workspace(tmp_path)
+    ws.prepare(block.doc)
     for command in block.commands:
         if not _runnable(command):
             continue

@@ -16,6 +16,7 @@ import pytest
 from orchestrator.evidence import kernels as K
 from orchestrator.evidence.families import collective, family
 from orchestrator.evidence.trace import (
+    PassProfile,
     TraceError,
     decode_trace,
     merge_profiles,
@@ -45,7 +46,9 @@ def test_fixture_trace_reads_per_mode_per_pass():
     assert p.pass_ms("target_verify") == pytest.approx(6.1 + 5.2 + 3.1 + 2.4 + 0.4)
     # draft passes: 4 draft steps (0.47 ms) and 2 draft-extends (0.59 ms) over 6 spans
     assert p.pass_ms("draft") == pytest.approx((4 * 0.47 + 2 * 0.59) / 6)
-    assert sum(p.per_pass("other").values()) == pytest.approx(0.003)  # the copy outside any step
+    # the copy outside any step: 0.003 ms over the trace's 9 step spans, 0.3% of its device time
+    assert sum(p.per_pass("other").values()) == pytest.approx(0.003 / 9)
+    assert p.outside_share() == pytest.approx(0.003 / p.device_ms)
 
 
 def test_gzip_and_device_only_traces_read_the_same():
@@ -82,8 +85,9 @@ def test_step_spans_follow_sglang_stage_names():
     ("nvjet_tst_128x64_64x8_1x1_v_bz_coopB_TNT", "gemm"),
     ("sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x128x64", "gemm"),
     ("fused_moe_kernel", "gemm"),
-    ("void flashinfer::norm::FusedAddRMSNormKernel<8u, __nv_bfloat16>", "other"),
-    ("Memcpy DtoH (Device -> Pinned)", "other"),
+    ("void flashinfer::norm::FusedAddRMSNormKernel<8u, __nv_bfloat16>", "norm"),
+    ("Memcpy DtoH (Device -> Pinned)", "memory"),
+    ("rotary_embedding_kernel", "other"),
 ])  # fmt: skip
 def test_families(name, fam):
     assert family(name) == fam
@@ -202,10 +206,22 @@ def test_evidence_line_table_and_json():
     assert not ar  # only the moved family's kernels are listed
 
 
-def test_diff_needs_two_restarts_a_side():
+def test_one_trace_a_side_is_shown_as_measured_and_never_judged():
+    """One trace a side has no restart noise to judge against: rows and changes as measured,
+    no interval, no mover, and the line says why (never "moved", never "within the noise")."""
     p = read_profile(TRACE.read_bytes())
-    with pytest.raises(ValueError, match="two restarts"):
-        K.diff([p], [p, p])
+    slow = PassProfile(p.passes, {k: ms * (1.5 if family(k[1]) == "attention" else 1.0)
+                                  for k, ms in p.kernel_ms.items()})
+    d = K.diff([p], [slow, slow])
+    assert not d.intervals and not d.movers and d.rows
+    line = K.evidence_line(d)
+    assert "no interval" in line and "nothing is called a mover" in line
+    assert "target_verify: attention" in line and "+50%" in line
+    assert "within the noise" not in line and "no kernel family moved" not in line
+    assert all(r["ci"] is None for r in K.to_json(d)["families"])
+    assert "| not judged |" in "\n".join(K.table(d))
+    with pytest.raises(ValueError, match="one profile"):
+        K.diff([], [p])
     assert merge_profiles([p, p]).passes["draft"] == 12
 
 
@@ -285,3 +301,63 @@ def test_two_slow_restarts_of_three_are_never_taken_for_the_side():
         d = K.diff(before, [_restart(rng) for _ in range(3)])
         assert d.outliers == 0  # one good restart is no interval: all kept, intervals wide
         assert not d.movers, K.evidence_line(d)
+
+
+# -- which sides: other causes restored, related causes together, a line for every cause ---------
+class _NoProfiles:
+    """A controller whose restarts all fail to profile: records what would be launched."""
+
+    def __init__(self):
+        from types import SimpleNamespace
+
+        self.store = SimpleNamespace(trials=lambda: [])
+        self.submitted, self._done = [], []
+
+    def idle_nodes(self):
+        return True
+
+    def submit(self, cand, phase, repetitions):
+        from types import SimpleNamespace
+
+        from orchestrator.records import Outcome
+
+        self.submitted.append(cand)
+        self._done.append(SimpleNamespace(outcome=Outcome.CRASHED, candidate=cand, id=len(
+            self.submitted), result=None))
+
+    def wait(self):
+        done, self._done = self._done, []
+        return done
+
+
+def test_overlapping_causes_are_profiled_together_others_restored_and_every_cause_has_a_line():
+    """Four variables set on the node since the reference: A and B overlap, C and D hurt alone;
+    evidence.max_causes=2. A + B is one pair of sides (restore both vs. now); C is profiled with
+    A, B and D restored (before, they rode along from the node); D gets a line saying why it
+    was not profiled."""
+    from orchestrator.evidence.collect import for_causes
+    from orchestrator.records import Candidate
+    from orchestrator.targets.base import UNSET
+
+    names = ["VAR_A", "VAR_B", "VAR_C", "VAR_D"]
+    diffs = [{"factor": "env", "key": v, "good": UNSET, "bad": None} for v in names]
+    findings = [{"kind": "env", "id": v, "differences": [d]} for v, d in zip(names, diffs, strict=True)]
+    isolate = {"experiment": "isolate", "findings": findings, "differences": diffs}
+    causes = [{"kind": "env", "id": v, "label": v} for v in names]
+    attribution = {"causes": [{"id": v, "label": v} for v in names],
+                   "relations": [{"causes": [0, 1], "kind": "overlap"}]}
+    good = bad = Candidate.make("a" * 40, (), {}, "default")
+    ctl, said = _NoProfiles(), []
+    out = for_causes(ctl, causes, bad, good, [None, isolate], lambda r: r, restarts=2,
+                     max_causes=2, say=said.append, attribution=attribution)
+    assert [e["cause"] for e in out] == ["VAR_A + VAR_B", "VAR_C", "VAR_D"]
+    assert out[0]["relation"] == "overlap" and "restore both vs. now" in out[0]["sides_rule"]
+    assert "evidence.max_causes=2" in out[2]["line"] and "not profiled" in out[2]["line"]
+    assert all(e["line"].startswith("kernels: ") for e in out)
+    envs = {tuple(sorted(c.env_dict.items())) for c in ctl.submitted}
+    restored = {v: UNSET for v in names}
+    assert tuple(sorted(restored.items())) in envs  # before: every variable restored
+    pair_now = {k: v for k, v in restored.items() if k not in ("VAR_A", "VAR_B")}
+    c_now = {k: v for k, v in restored.items() if k != "VAR_C"}
+    assert envs == {tuple(sorted(restored.items())), tuple(sorted(pair_now.items())),
+                    tuple(sorted(c_now.items()))}

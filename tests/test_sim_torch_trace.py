@@ -64,7 +64,7 @@ def test_profile_endpoints_write_a_trace_like_sglang(tmp_path):
     assert prof.passes["draft"] == 1 + 3 * prof.passes["target_verify"]  # prefill + 2 steps + extend
     verify = prof.per_pass("target_verify")
     fams = {family(k) for k in verify}
-    assert fams == {"attention", "gemm", "allreduce", "other"}
+    assert fams == {"attention", "gemm", "allreduce", "norm", "other"}
     # the kernels are the model's verify pass (19 ms at the default state, a few ms of it host gap)
     assert 12.0 < prof.pass_ms("target_verify") < 19.5
     short = read_profile(next((tmp_path / "default").iterdir()).read_bytes())

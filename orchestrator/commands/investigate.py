@@ -208,7 +208,7 @@ def execute(cfg: RunSettings, ctl: Controller, run_dir: Path, p: Plan, ws, out,
             ctl, result["causes"], p.bad_candidate, p.base,
             [docs.get("bisect"), docs.get("isolate")], ws.resolve,
             restarts=cfg.evidence.restarts, max_causes=cfg.evidence.max_causes,
-            say=out.print)
+            say=out.print, attribution=result.get("attribution"))
     rows = ctl.store.trials()
     doc = {"run": ctl.store.run_id, "experiment": "investigate", "metric": req.metric,
            "verdict": result["status"], "message": result["sentence"], "findings": [],

@@ -108,7 +108,7 @@ def _as_string(override: str) -> str:
 # `HEAD~3`, `v1.2^`, `main@{1}` or `~/src/sglang`, and would read a short SHA of digits as an
 # int (losing its leading zeros). Shell quoting never reaches sleuth, so they are quoted here.
 _VERBATIM_KEY = re.compile(
-    r"^(?:(?:good|bad)\.)?commit=|^(?:good|bad|repo|runs_dir|reference|run_id|out)="
+    r"^(?:(?:good|bad)\.)?commit=|^(?:good|bad|repo|runs_dir|reference|run_id|out|then|now)="
 )
 
 

@@ -18,6 +18,9 @@ isolate's compare) gets its request from that command's own (`InvestigateRequest
 
 One module for every command, so a newcomer finds what each command is asked in one place;
 the records are small and their checks are the commands' refusals, nothing more.
+
+Size: one record per command (eleven of them) with its checks beside it; splitting them by
+command would scatter the one place a newcomer reads what each command is asked.
 """
 
 from __future__ import annotations
@@ -371,3 +374,67 @@ class RunRequest:
         out = Path(str(settings.out)).expanduser().resolve() if settings.out else None
         # As `sleuth bisect run_id=RUN max_trials=N` checks it: a resume is no way around it
         return cls(run=str(settings.run_id), out=out, max_trials=check_budget(settings.max_trials))
+
+
+TRACE_SUFFIXES = (".json", ".json.gz")
+MODE_NAMES = ("target_verify", "draft", "decode", "extend", "step", "all", "other")
+
+
+def _trace_files(side: str, given: object) -> tuple[Path, ...]:
+    """The trace files one side of `sleuth kernels` names: a directory (its `*.json` and
+    `*.json.gz` files), a file, a glob (the shell leaves `then=runs/*.gz` alone), or a list of
+    those. Refused in one line when a path is missing or a directory holds no trace file."""
+    import glob
+
+    if given in (None, "", []):
+        raise UserError("kernels needs both sides: sleuth kernels then=DIR|FILES"
+                        " now=DIR|FILES [mode=...]")
+    items = list(given) if isinstance(given, list | tuple) else [given]
+    files: list[Path] = []
+    for item in items:
+        text = str(item)
+        path = Path(text).expanduser()
+        if glob.has_magic(text):
+            matched = sorted(Path(p) for p in glob.glob(str(path)) if Path(p).is_file())
+            if not matched:
+                raise UserError(f"{side}={text}: no file matches")
+            files += matched
+        elif path.is_dir():
+            found = sorted(p for p in path.iterdir()
+                           if p.is_file() and p.name.endswith(TRACE_SUFFIXES))
+            if not found:
+                raise UserError(f"{side}={text}: the directory holds no trace file"
+                                f" (*{', *'.join(TRACE_SUFFIXES)})")
+            files += found
+        elif path.is_file():
+            files.append(path)
+        else:
+            raise UserError(f"{side}={text}: no such file or directory")
+    return tuple(dict.fromkeys(p.resolve() for p in files))
+
+
+@dataclass(frozen=True)
+class KernelsRequest:
+    """`sleuth kernels then=... now=... [mode=...]`: the trace files of each side (one per
+    restart, see orchestrator/commands/kernels.py for how files group into restarts) and the
+    forward modes to compare (empty: every mode both sides have; `all`: each trace as one
+    pass of its whole device time)."""
+
+    then: tuple[Path, ...]
+    now: tuple[Path, ...]
+    modes: tuple[str, ...] = ()
+
+    @classmethod
+    def of(cls, settings: RunSettings) -> KernelsRequest:
+        """The request, both sides' paths checked (what the files hold is the command's
+        check, before it writes anything)."""
+        then = _trace_files("then", settings.then)
+        now = _trace_files("now", settings.now)
+        modes = tuple(m.strip() for m in str(settings.mode or "").split(",") if m.strip())
+        unknown = [m for m in modes if m not in MODE_NAMES]
+        if unknown:
+            raise UserError(f"mode={','.join(unknown)}: not a forward mode (one or more of"
+                            f" {', '.join(MODE_NAMES)})")
+        if "all" in modes and len(modes) > 1:
+            raise UserError("mode=all reads each trace as one pass: give it alone")
+        return cls(then=then, now=now, modes=modes)

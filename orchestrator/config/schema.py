@@ -397,6 +397,12 @@ class RunSettings:
     # `sleuth scenario out=DIR apply=reference|now`: put the simulated nodes of `runs_dir` into
     # the scenario's recorded system state (as it was when fast, or as it is now).
     apply: str | None = choice(None, "reference", "now")
+    # `sleuth kernels then=DIR|FILES now=DIR|FILES [mode=NAME]`: profiler traces of the fast
+    # and the slow runs (a directory, a file, a glob, or a list), and which forward mode(s) to
+    # compare (empty: every mode both sides have; `all`: each trace as one pass).
+    then: Any = None
+    now: Any = None
+    mode: str | None = None
     # What serves target=sglang: `sglang` (default) or `sim`, the embedded simulator behind the
     # same adapter (`sleuth bisect target=sglang launcher=sim ...`); sets target.engine.
     launcher: str | None = choice(None, "sglang", "sim")

@@ -15,7 +15,7 @@ from typing import Any
 
 from orchestrator.evidence import kernels as K
 from orchestrator.evidence.plan import KERNELS_PHASE
-from orchestrator.evidence.sides import sides
+from orchestrator.evidence.sides import restored_differences, sides, system_sides
 from orchestrator.evidence.trace import PassProfile, TraceError, read_profile
 from orchestrator.records import Candidate, Outcome
 
@@ -77,15 +77,74 @@ def _run_sides(ctl, before: Candidate, after: Candidate, restarts: int
     return got[before.key], got[after.key], ids
 
 
+def _groups(causes: Sequence[Mapping], attribution: Mapping | None) -> list[list[Mapping]]:
+    """The causes to profile, most probable first: one group per cause, except causes the
+    attribution relates (they overlap, or hurt only together), which are one group of two,
+    placed where the first of them stands."""
+    ids = [str(c.get("id")) for c in (attribution or {}).get("causes", [])]
+    paired: dict[str, str] = {}
+    for rel in (attribution or {}).get("relations", []):
+        pair = rel.get("causes") or []
+        if len(pair) == 2 and rel.get("kind") in ("overlap", "synergy"):
+            if max(pair) >= len(ids):
+                continue
+            a, b = ids[pair[0]], ids[pair[1]]
+            if a not in paired and b not in paired:
+                paired[a], paired[b] = b, a
+    groups: list[list[Mapping]] = []
+    seen: set[str] = set()
+    for c in causes:
+        cid = str(c.get("id"))
+        if cid in seen:
+            continue
+        mate = next((m for m in causes if str(m.get("id")) == paired.get(cid)), None)
+        group = [c] if mate is None else [c, mate]
+        seen.update(str(m.get("id")) for m in group)
+        groups.append(group)
+    return groups
+
+
+def _relation(attribution: Mapping | None, group: Sequence[Mapping]) -> Mapping:
+    ids = [str(c.get("id")) for c in (attribution or {}).get("causes", [])]
+    want = {str(c.get("id")) for c in group}
+    for rel in (attribution or {}).get("relations", []):
+        if {ids[i] for i in rel.get("causes", []) if i < len(ids)} == want:
+            return rel
+    return {}
+
+
 def for_causes(ctl, causes: Sequence[Mapping], bad: Candidate, good: Candidate,
                docs: Sequence[Mapping | None], resolve: Callable[[str], str], *,
-               restarts: int, max_causes: int, say: Callable[[str], None]) -> list[dict[str, Any]]:
-    """One evidence entry per named cause (up to `max_causes`): its line, table and numbers."""
+               restarts: int, max_causes: int, say: Callable[[str], None],
+               attribution: Mapping | None = None) -> list[dict[str, Any]]:
+    """One evidence entry per named cause (up to `max_causes` profiled sides, most probable
+    first): its line, table and numbers. Causes that overlap or hurt only together share one
+    entry (restore both vs. now); a cause past the limit gets a line that says so."""
     out = []
-    for cause in list(causes)[:max_causes]:
-        label = str(cause.get("label") or cause.get("id"))
-        entry: dict[str, Any] = {"cause": label, "kind": cause.get("kind"), "id": cause.get("id")}
-        pair = sides(cause, bad, good, docs, resolve)
+    restored = restored_differences(causes, docs)
+    groups = _groups(causes, attribution)
+    for n, group in enumerate(groups):
+        labels = [str(c.get("label") or c.get("id")) for c in group]
+        label = " + ".join(labels)
+        entry: dict[str, Any] = {"cause": label, "kind": group[0].get("kind"),
+                                 "id": group[0].get("id")}
+        if len(group) > 1:
+            rel = _relation(attribution, group)
+            entry.update(ids=[c.get("id") for c in group], relation=rel.get("kind"),
+                         relation_words=rel.get("words"))
+        if n >= max_causes:
+            entry["line"] = (f"kernels: not profiled (evidence.max_causes={max_causes}: the"
+                             f" {max_causes} most probable were; evidence.max_causes="
+                             f"{len(groups)} profiles this one too)")
+            out.append(entry)
+            continue
+        if len(group) > 1:
+            pair = system_sides(group, good, docs, resolve, restored)
+            how = entry["relation_words"] or ("they overlap" if entry["relation"] == "overlap"
+                                              else "they hurt more together than apart")
+            entry["sides_rule"] = f"restore both vs. now ({how})"
+        else:
+            pair = sides(group[0], bad, good, docs, resolve, restored)
         if isinstance(pair, str):
             entry["line"] = f"kernels: not profiled ({pair})"
             out.append(entry)
@@ -100,5 +159,7 @@ def for_causes(ctl, causes: Sequence[Mapping], bad: Candidate, good: Candidate,
         else:
             d = K.diff(pb, pa)
             entry.update(K.to_json(d), table=K.table(d))
+            if entry.get("sides_rule"):
+                entry["line"] += f" (profiled together: {entry['sides_rule']})"
         out.append(entry)
     return out

@@ -116,6 +116,15 @@ HELP: dict[str, tuple[tuple[str, ...], tuple[tuple[str, str], ...]]] = {
              (("seed=S", "the scenario's seed"), ("commits=N", "history length"),
               ("nodes=K", "simulated nodes (default 3)"))),
     "doctor": (("sleuth doctor",), ()),
+    "kernels": (("sleuth kernels then=DIR|FILES now=DIR|FILES [mode=NAME]",),
+                (("then=DIR|FILES", "traces of the fast run: a directory, a file, a glob or"
+                  " [a,b,c]; one file per restart (SGLang's -TP-N and stage files of one"
+                  " profile id are one restart)"),
+                 ("now=DIR|FILES", "traces of the slow run, the same way"),
+                 ("mode=NAME", "compare only these forward modes (target_verify, draft,"
+                  " decode, extend, step, other; comma-separated), or all: each trace as one"
+                  " pass"),
+                 ("runs_dir=DIR", "where the run directory goes (default runs)"))),
 }
 
 COMMON = (
@@ -156,7 +165,7 @@ def command_help(command: str, summary: str) -> str:
         lines += ["", "options:", *_options(options)]
     if command == "demo":  # the demo is the simulated node's own story: no target to choose
         lines += ["", "common options:", *_options(o for o in COMMON if o[0] in DEMO_COMMON)]
-    elif command not in ("report", "resume", "doctor", "scenario"):
+    elif command not in ("report", "resume", "doctor", "scenario", "kernels"):
         lines += ["", "common options:", *_options(COMMON)]
     if command == "scenario":
         from orchestrator.sim_scenarios.presets import PRESETS

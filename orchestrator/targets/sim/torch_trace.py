@@ -54,11 +54,21 @@ def _family(name: str) -> str:
     return family(name)
 
 
+def _families() -> tuple[str, ...]:
+    from orchestrator.evidence.families import FAMILIES
+
+    return FAMILIES
+
+
 class SimProfiler:
     def __init__(self, seed: int, env: Mapping[str, str], host_pid: int | None = None):
         self.rng = random.Random(seed ^ 0x7072_6F66)
         self.family_factor = {f: lognormal_factor(self.rng, cv)
                               for f, cv in FAMILY_RESTART_CV.items()}  # fmt: skip
+        # the families the sim's names never fall in share `other`'s factor (no extra draws:
+        # a seeded profile stays what it was)
+        self.family_factor.update({f: self.family_factor["other"] for f in _families()
+                                   if f not in self.family_factor})
         self.default_dir = env.get("SGLANG_TORCH_PROFILER_DIR", "/tmp")
         self.host_pid = host_pid if host_pid is not None else os.getpid()
         self.lock = threading.Lock()

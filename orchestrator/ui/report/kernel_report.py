@@ -29,8 +29,9 @@ def kernel_figure(entries: Sequence[Mapping]) -> Figure | None:
         rows = list(e["families"])[:ROWS_SHOWN][::-1]  # movers first, drawn top down
         y = np.arange(len(rows))
         pct = np.array([r["pct"] for r in rows])
-        lo = np.array([r["ci"][0] for r in rows])
-        hi = np.array([r["ci"][1] for r in rows])
+        # no interval (one trace a side): the bar alone, no whisker
+        lo = np.array([r["ci"][0] if r.get("ci") else r["pct"] for r in rows])
+        hi = np.array([r["ci"][1] if r.get("ci") else r["pct"] for r in rows])
         colors = [MOVED_COLOR if r.get("mover") else STILL_COLOR for r in rows]
         ax.barh(y, pct, color=colors, alpha=0.85,
                 xerr=np.vstack([np.clip(pct - lo, 0, None), np.clip(hi - pct, 0, None)]),
@@ -56,11 +57,13 @@ def kernel_tables(entries: Sequence[Mapping]) -> list:
             continue
         rows = [(r["mode"], FAMILY_LABELS.get(r["family"], r["family"]), "(all)",
                  f"{r['before_ms']:.3f}", f"{r['after_ms']:.3f}", f"{r['pct']:+.1f}%",
-                 f"[{r['ci'][0]:+.0f}%, {r['ci'][1]:+.0f}%]", "yes" if r.get("mover") else "no")
+                 f"[{r['ci'][0]:+.0f}%, {r['ci'][1]:+.0f}%]" if r.get("ci") else "none",
+                 ("yes" if r.get("mover") else "no") if r.get("ci") else "not judged")
                 for r in e["families"]]
         rows += [(k["mode"], FAMILY_LABELS.get(k["family"], k["family"]),
                   short_name(k["kernel"]), f"{k['before_ms']:.3f}", f"{k['after_ms']:.3f}",
-                  f"{k['pct']:+.1f}%" if k["before_ms"] > 0 else "new", "", "")
+                  f"{k['pct']:+.1f}%" if k["before_ms"] > 0 and k.get("pct") is not None
+                  else "new", "", "")
                  for k in e.get("kernels", [])]
         out.append(TextTable(f"kernels-{i}", f"Kernels: {e.get('cause', '')}",
                              ("mode", "family", "kernel", "before ms/pass", "after ms/pass",
