@@ -196,6 +196,7 @@ def isolate_system(cfg: RunSettings, req: IsolateRequest, ctl: Controller, run_d
         f["untested"] = (NOT_FROM_RECORD if NOT_FROM_RECORD in detail
                          else no_package[f["id"]] if f["id"] in no_package
                          else "set aside: shell/session variable" if f["difference"]["controllable"]
+                         else UNKNOWN_THEN if f["difference"].get("category") == "unknown"
                          else "not settable per trial")
     findings.write(run_dir, cdoc, "compare")
     if not changes:
@@ -318,6 +319,10 @@ def _execute(cfg: RunSettings, req: IsolateRequest, run_dir: Path, store: RunSto
         ok = verdict.status == "found" and not changed
         run.status = "done" if ok else "inconclusive"
         return 0 if ok else 3
+
+
+# What an old log (`reference=log:PATH`) cannot tell: listed apart from what no trial can set.
+UNKNOWN_THEN = "not in the reference's record (unknown then)"
 
 
 # An undecided compare is most often a reference of one restart: its own noise stays in the
