@@ -24,7 +24,7 @@ COMMANDS = {
     "isolate": "which differences between good.* and bad.* (or since a reference)",
     "compare": "re-measure a reference now; if it differs, diff the system",
     "demo": "build a scenario repo and investigate it on the simulated node",
-    "scenario": "a repo with planted causes (out=DIR); apply=reference|now",
+    "scenario": "a repo with planted causes (out=DIR); apply=reference|now|live",
     "doctor": "check this machine: git, Ray, NVML/GPUs, sglang, runs/ writable",
     "sweep": "search a space of settings (space=nccl_pcie) for the fastest",
 }

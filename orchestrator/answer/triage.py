@@ -71,7 +71,7 @@ def for_investigation(metric: str, whole: LogChange | None, *, whole_extra: Mapp
         if verdict == "reproduced":
             clauses.append("the system is not the cause (the reference reproduces: "
                            f"{T.change_text(system, metric)})")
-        elif verdict != "not_reproduced":
+        elif verdict != "not_reproduced" and not compare_doc.get("no_level"):
             clauses.append("whether the reference still reproduces is undecided")
     if bisect_doc is None:
         if compare_doc is not None:

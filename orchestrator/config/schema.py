@@ -420,7 +420,7 @@ class RunSettings:
     preset: str = "one_culprit"
     # `sleuth scenario out=DIR apply=reference|now`: put the simulated nodes of `runs_dir` into
     # the scenario's recorded system state (as it was when fast, or as it is now).
-    apply: str | None = choice(None, "reference", "now")
+    apply: str | None = choice(None, "reference", "now", "live")
     # What serves target=sglang: `sglang` (default) or `sim`, the embedded simulator behind the
     # same adapter (`sleuth bisect target=sglang launcher=sim ...`); sets target.engine.
     launcher: str | None = choice(None, "sglang", "sim")

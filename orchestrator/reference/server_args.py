@@ -110,14 +110,3 @@ def _same(a: Any, b: Any) -> bool:
             and not isinstance(b, bool):
         return float(a) == float(b)
     return a == b
-
-
-def server_settings(info: Mapping | None) -> dict[str, Any] | None:
-    """The settings of a server from its `/server_info` (SGLang puts `ServerArgs` at the top
-    level beside its scheduler's state): the state, the version and the scheduler's sizes
-    left out, secrets redacted."""
-    if not isinstance(info, Mapping):
-        return None
-    skip = {"internal_states", "version", "max_total_num_tokens", "max_req_input_len",
-            "status"}
-    return {str(k): redact_config(v, str(k)) for k, v in info.items() if k not in skip}

@@ -84,7 +84,7 @@ HELP: dict[str, tuple[tuple[str, ...], tuple[tuple[str, str], ...]]] = {
     "resume": (("sleuth resume RUN",),
                (("RUN", "an interrupted bisect, isolate, sweep or investigate run"),)),
     "scenario": (("sleuth scenario out=DIR [commits=100] [seed=0] [preset=one_culprit]",
-                  "sleuth scenario out=DIR apply=reference|now [runs_dir=R] [nodes=K]"),
+                  "sleuth scenario out=DIR apply=reference|now|live [runs_dir=R] [nodes=K]"),
                  (("out=DIR", "where to write the repo and truth.json"),
                   ("commits=N", "history length"), ("seed=S", "the scenario's seed"),
                   ("preset=NAME", "which causes to plant (sleuth scenario --help lists them)"),
