@@ -141,7 +141,9 @@ def run(argv: Sequence[str]) -> int:
     from orchestrator.commands import preflight
 
     preflight.check(command, settings)  # before the command's module brings Ray and SciPy along
-    module = importlib.import_module(f"orchestrator.commands.{command}")
+    # `investigate live=PID|URL` starts from the running server (commands/investigate_live.py)
+    name = "investigate_live" if command == "investigate" and settings.live.server else command
+    module = importlib.import_module(f"orchestrator.commands.{name}")
     return int(module.run(settings))
 
 

@@ -294,6 +294,9 @@ def run(cfg: RunSettings) -> int:
 def resume(run_dir: Path) -> int:
     def prepare(cfg: RunSettings) -> tuple[RunSettings, tuple]:
         isolate.refuse_redacted(cfg, run_dir.name)
+        if cfg.live.server:
+            raise UserError(f"{run_dir.name} started from a running server (live=), which it"
+                            " relaunched: start a new investigation")
         cfg, p, ws = plan(cfg)
         return cfg, (p, ws)
 

@@ -23,11 +23,12 @@ from orchestrator.bench.client import make_requests, run_repetition
 from orchestrator.sim_scenarios import presets as material
 from orchestrator.sim_scenarios.old_log import SERVER_FLAGS, checkout
 from orchestrator.targets.sim import gpu_state, model
+from orchestrator.targets.sim.dialect import DEVICE_TIMER_ENV
 from orchestrator.targets.sim.faults import parse_faults
 
 DIR = "live"
-FAULT = "state:30:40"  # +30% per 1000 requests served, at most +40%
-AGE_REQUESTS = 1500  # what "days" of traffic leave: +40% (the cap)
+FAULT = "state:40:40"  # +40% per 1000 requests served, at most +40%
+AGE_REQUESTS = 1000  # what "days" of traffic leave: +40% (the cap)
 TIME_SCALE = 0.05
 
 
@@ -40,7 +41,7 @@ def plan_live(out: Path, truth: Mapping, seed: int) -> dict:
                           material.effects_of(profile, env=env)).verify_ms
     factor = parse_faults(FAULT).state_factor(AGE_REQUESTS, False)
     plan = {"flags": [*SERVER_FLAGS, "--sim-time-scale", str(TIME_SCALE), "--sim-fault", FAULT,
-                      "--sim-seed", str(seed)],
+                      "--gc-warning-threshold-secs", "0.2"],  # no seed: each start its own noise
             "commit": truth["bad"], "age_requests": AGE_REQUESTS}
     (out / "live_server.json").write_text(material.render_json(plan))
     return {"fault": FAULT, "age_requests": AGE_REQUESTS, "state_pct": round(100 * (factor - 1), 2),
@@ -63,6 +64,7 @@ def start(out: Path, node_dir: Path, port: int) -> subprocess.Popen:
         env.update({str(k): str(v) for k, v in json.loads(env_file.read_text()).items()})
     root = str(Path(__file__).resolve().parents[2])
     env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
+    env[DEVICE_TIMER_ENV] = "1"  # per-phase seconds in /metrics, as the node's servers run
     argv = [sys.executable, "-P", "-m", "orchestrator.targets.sim", *plan["flags"],
             "--host", "127.0.0.1", "--port", str(port),
             "--sim-gpu-state", str(node_dir / "gpu_state.json")]

@@ -19,7 +19,8 @@ the configuration, the system and the code.
 state:PCT[:MAX]      every 1000 client requests served make every forward pass PCT% slower,
                      up to MAX% (default 100): throughput that degrades with requests served
                      (llama.cpp issue 22360, "slows over time, a restart restores it"). The
-                     server keeps 64 KiB per request served (its resident memory grows)
+                     server keeps 64 KiB per request served (its resident memory grows), and
+                     with `--gc-warning-threshold-secs` logs SGLang's long-GC warning
 burst:QUEUE:PCT      once QUEUE requests wait at the same time (an overload burst), every later
                      forward pass is PCT% slower (SGLang issue 30596: gen-2 GC pauses after a
                      transient overload, 33-41% lower throughput until `/freeze_gc`); with

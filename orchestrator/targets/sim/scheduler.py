@@ -550,13 +550,15 @@ class Scheduler:
 
     def _log_instrumentation(self, bs: int) -> None:
         """After a decode-log line: the custom verify line (`--sim-verify-log`), and SGLang's
-        long-GC warning (`--gc-warning-threshold-secs`) while a burst's state lasts."""
+        long-GC warning (`--gc-warning-threshold-secs`) while the server's accumulated state
+        (`state:`, `burst:`) slows it by more than 5%."""
         if self.verify_log and self._window_verify_passes:
             mean = self._window_verify_ms / self._window_verify_passes
             self.log.tp(f"[EAGLE] verify {mean:.2f} ms (bs {bs}, draft tokens"
                         f" {self.launch.speculative_num_draft_tokens})")
         self._window_verify_ms, self._window_verify_passes = 0.0, 0
-        if self.burst_hit and self.gc_warning_s is not None and GC_PAUSE_S > self.gc_warning_s:
+        aged = self.faults.state_factor(self.completed_client_requests, self.burst_hit) > 1.05
+        if aged and self.gc_warning_s is not None and GC_PAUSE_S > self.gc_warning_s:
             gen2 = 880_000 + 17 * self.completed_client_requests
             self.log.tp(f"LONG GARBAGE COLLECTION DETECTED | Generation 2 | Duration:"
                         f" {GC_PAUSE_S:.4f}s | # Objects: gen0=1210, gen1=310, gen2={gen2} |"
