@@ -25,6 +25,7 @@ The triage from where the user stands: the slow server is running now. Steps, on
 from __future__ import annotations
 
 import json
+import math
 import re
 import subprocess
 from dataclasses import dataclass
@@ -205,6 +206,7 @@ def _measure(cfg: RunSettings, lp: LivePlan, run_dir: Path, store, out, stopped:
     fresh_cand = Candidate.make(sha, server={"live": f"fresh start of {label}'s command"})
     min_effect = experiment_params.of(cfg).min_effect_pct or 4.0
     metric = cfg.metric
+    then = _level_then(cfg, lp, metric)
     out.print("\n== the running server, measured as it is (no restart) ==")
     tid = store.begin_trial(store.candidate_id(live_cand), node="live", phase=PHASE_LIVE)
     result = measure_running(target, server, run_dir / "trials" / str(tid), protocol, sha)
@@ -212,7 +214,8 @@ def _measure(cfg: RunSettings, lp: LivePlan, run_dir: Path, store, out, stopped:
     target.close()
     live_value = result.value(metric)
     out.print(f"running server: {metric} {_show(live_value)} ({result.outcome.value})")
-    verdict = V.decide(live_value, [], min_effect)
+    chase = math.log(live_value / then) if live_value and then else None
+    verdict = V.decide(live_value, [], min_effect, chase)
     if not cfg.live.restart or live_value is None:
         return verdict, store.trials()
     out.print("\n== a fresh start of the same command on the same node ==")
@@ -234,12 +237,24 @@ def _measure(cfg: RunSettings, lp: LivePlan, run_dir: Path, store, out, stopped:
         if value is not None:
             fresh.append(value)
         if len(fresh) >= FIRST_FRESH:
-            verdict = V.decide(live_value, fresh, min_effect)
-            if verdict.status != V.UNDECIDED:
+            verdict = V.decide(live_value, fresh, min_effect, chase)
+            if V.settled(verdict, cfg.was, min_effect):
                 break
         if attempts >= 2 and not fresh:
             break  # its command does not start fresh: said in the answer
-    return V.decide(live_value, fresh, min_effect), store.trials()
+    return V.decide(live_value, fresh, min_effect, chase), store.trials()
+
+
+def _level_then(cfg: RunSettings, lp: LivePlan, metric: str) -> float | None:
+    """The level then, when one is known: `was=`, or the reference's own (its geometric
+    mean): the change the live server's state is weighed against."""
+    if cfg.was is not None:
+        return float(cfg.was)
+    if lp.inner is None:
+        return None
+    values = [v for v in (lp.inner[1].reference or {}).get("values", {}).get(metric, [])
+              if v and v > 0]
+    return math.exp(sum(math.log(v) for v in values) / len(values)) if values else None
 
 
 def _show(value: float | None) -> str:

@@ -10,11 +10,18 @@ against theirs has a t-interval whose variance is the restart noise the fresh st
   five fresh starts) the 99% interval itself must clear the min effect, since a few starts can
   show too little spread by chance;
 - **no state**: the 95% interval lies within +-the min effect: a fresh start measures as the
-  running server does, so the slowdown is not state inside it;
+  running server does, so the slowdown is not state inside it. With a level then (a reference
+  or `was=`), the change being chased is known, and as the bisect rules a range out once its
+  change is confidently under half of the change it hunts, state is ruled out as the cause
+  once its 95% interval lies within +-half of that change: the running server is a single
+  lifetime, and its own restart noise keeps a tighter bound out of reach (at 2% noise the
+  interval stays wider than +-4% however many fresh starts are made);
 - **undecided** otherwise, with its interval.
 
-A stated level (`was=19`) is taken as one lifetime then, as the number a person remembers came
-from one. Pure functions: the command measures, this decides and words it.
+A stated level (`was=19`) is taken as the level then, exactly, as `bisect was=` takes it: the
+total is the running server against it, and what state leaves (a fresh start against it) has
+the fresh starts' own interval, which more fresh starts narrow. Pure functions: the command
+measures, this decides and words it.
 """
 
 from __future__ import annotations
@@ -24,10 +31,10 @@ import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from orchestrator.answer.combine import LogChange
+from orchestrator.answer.combine import LogChange, min_effect
 from orchestrator.answer.compose import assemble
 from orchestrator.answer.phases import log_change
-from orchestrator.answer.text import change_text
+from orchestrator.answer.text import change_text, interval_text, pct_text
 
 STATE_CONFIDENCE = 0.99  # as a compare's "not reproduced"
 MIN_DF = 4
@@ -46,8 +53,11 @@ class StateVerdict:
         return math.exp(statistics.fmean(math.log(v) for v in self.fresh)) if self.fresh else None
 
 
-def decide(live: float | None, fresh: Sequence[float], min_effect_pct: float) -> StateVerdict:
-    """The verdict on server state from the running server's level and the fresh starts'."""
+def decide(live: float | None, fresh: Sequence[float], min_effect_pct: float,
+           chase: float | None = None) -> StateVerdict:
+    """The verdict on server state from the running server's level and the fresh starts';
+    `chase` is the change being explained (the running server against the level then, log
+    scale), when one is known."""
     fresh = tuple(v for v in fresh if v > 0 and math.isfinite(v))
     if live is None or live <= 0:
         return StateVerdict(UNDECIDED, None, live, fresh)
@@ -64,6 +74,10 @@ def decide(live: float | None, fresh: Sequence[float], min_effect_pct: float) ->
         return StateVerdict(STATE, change, live, fresh)
     if -bound < lo95 and hi95 < bound:
         return StateVerdict(NO_STATE, change, live, fresh)
+    if chase is not None and abs(chase) >= bound and not shown:
+        half = abs(chase) / 2.0
+        if -half < lo95 and hi95 < half:
+            return StateVerdict(NO_STATE, change, live, fresh)
     return StateVerdict(UNDECIDED, change, live, fresh)
 
 
@@ -102,46 +116,98 @@ def sentence(v: StateVerdict, metric: str, unit: str, uptime: str, restarted: bo
     return f"{head}; {fresh}: undecided whether state inside the server matters ({effect}){seen}"
 
 
+def rest_after_state(fresh: Sequence[float], was: float) -> LogChange | None:
+    """A fresh start against the stated level (exact): what is left once state is gone."""
+    logs = [math.log(v) for v in fresh if v > 0]
+    if len(logs) < 2:
+        return None
+    mean = statistics.fmean(logs)
+    sd = statistics.stdev(logs)
+    return LogChange(mean - math.log(was), sd / math.sqrt(len(logs)), len(logs) - 1)
+
+
+def rest_decision(rest: LogChange | None, min_effect_pct: float) -> str:
+    """explained (within the min effect) | remainder (beyond it) | undecided."""
+    if rest is None:
+        return UNDECIDED
+    bound = math.log1p(min_effect_pct / 100.0)
+    lo, hi = rest.log_interval()
+    if -bound < lo and hi < bound:
+        return "explained"
+    if lo > bound or hi < -bound:
+        return "remainder"
+    return UNDECIDED
+
+
+def settled(v: StateVerdict, was: float | None, min_effect_pct: float) -> bool:
+    """Whether more fresh starts would change nothing the answer decides: the state verdict,
+    and with a stated level and state shown, whether state explains all of the change."""
+    if v.status == UNDECIDED:
+        return False
+    if was is None or v.status != STATE:
+        return True
+    return rest_decision(rest_after_state(v.fresh, was), min_effect_pct) != UNDECIDED
+
+
 def answer(v: StateVerdict, metric: str, unit: str, *, uptime: str, restarted: bool,
            was: float | None, min_effect_pct: float | None,
            observations: Sequence[str] = ()) -> dict:
     """The answer of a live investigation without a reference configuration: the total is the
     running server against the stated level (`was=`), else against a fresh start; server state
-    is its one testable cause."""
+    is its one testable cause, and with a stated level a fresh start against it is what it
+    leaves."""
     shown = v.status == STATE and v.change is not None
     causes = [state_cause(v, metric)] if shown else []
+    bound_pct = min_effect_pct
     if was is not None and v.live is not None:
-        whole = log_change([was], [v.live], *_pooled(v.fresh))
+        ss, df = _pooled(v.fresh)
+        whole = (LogChange(math.log(v.live / was), math.sqrt(ss / df), df) if df else
+                 LogChange(math.log(v.live / was), math.inf, 0.0))
         lead = f"from {_ms(was, unit)} (was=) to the running server now"
     else:
         whole = v.change
         lead = "from a fresh restart of the same command to the running server"
+    if bound_pct is None:
+        bound_pct = 100.0 * math.expm1(min_effect(whole))
     status = None if restarted and v.status != UNTESTED else "untested"
     if v.status == UNDECIDED and restarted:
         status = "undecided"
-    doc = assemble(metric, whole, causes, lead=lead, min_effect_pct=min_effect_pct,
-                   status=status)
+    doc = assemble(metric, whole, causes, lead=lead, min_effect_pct=bound_pct, status=status)
     doc["breakdown"] = doc["sentence"]
     doc["sentence"] = sentence(v, metric, unit, uptime, restarted, observations)
-    if was is not None and whole is not None:
-        rest = doc.get("unexplained") or {}
-        if shown and rest.get("decision") == "remainder":
-            doc["sentence"] += (f"; against was={was:g} a fresh restart is still"
-                                f" {change_text(rest, metric)}: more than state, and without"
-                                " a reference configuration nothing else can be tested"
-                                " (reference=RUN or reference=log:PATH)")
-        elif not shown and v.status == NO_STATE:
+    if was is not None and whole is not None and restarted:
+        rest = rest_after_state(v.fresh, was)
+        decision = rest_decision(rest, bound_pct)
+        if rest is not None:  # the fresh starts against the stated level, directly
+            doc["unexplained"] = {**rest.to_json(), "decision": decision,
+                                  "share": None}
+        said = (f"a fresh restart against was={was:g}:"
+                f" {pct_text(rest.pct) if rest else '?'}"
+                f" {interval_text(rest.to_json()['ci'], rest.pct) if rest else ''}".rstrip())
+        if shown:
+            doc["explains"] = decision == "explained"
+            doc["status"] = {"explained": "explained", "remainder": "partly_explained"}.get(
+                decision, "undecided")
+            if decision == "explained":
+                doc["sentence"] += f"; {said}: state explains the change"
+            elif decision == "remainder":
+                doc["sentence"] += (f"; {said}: more than state, and without a reference"
+                                    " configuration nothing else can be tested"
+                                    " (reference=RUN or reference=log:PATH)")
+            else:
+                doc["sentence"] += (f"; {said}: undecided whether state explains all of it"
+                                    f" (within {bound_pct:.1f}%)")
+        elif v.status == NO_STATE:
             doc["sentence"] += (f"; the change from was={was:g},"
                                 f" {change_text(doc['total'], metric)}, is elsewhere: give"
                                 " reference=RUN or reference=log:PATH to test the system and"
                                 " the code")
+    elif v.status in (STATE, NO_STATE) and restarted:
+        doc["explains"] = True  # the question (is it state?) is answered, either way
+        doc["status"] = "explained" if v.status == STATE else "no_change"
     doc["server_state"] = {"status": v.status, "live": v.live, "fresh": list(v.fresh),
                            **({"change": v.change.to_json()} if v.change else {}),
                            "observations": list(observations)}
-    if v.status == STATE and (was is None or doc.get("explains")):
-        doc["explains"] = True
-    if v.status == NO_STATE and was is None:
-        doc["explains"] = True  # the question (is it state?) is answered: no
     return doc
 
 
