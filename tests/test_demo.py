@@ -34,6 +34,8 @@ def test_demo_tells_the_whole_story_and_matches_the_truth(tmp_path, ray_session,
     printed = capsys.readouterr().out
 
     assert code == 0, printed[-3000:]
+    # ... and the slow server running now: server state named, the demo's server stopped
+    assert "sleuth named server state +" in printed and "(requests served)" in printed
     (run_dir,) = [p for p in runs.iterdir() if (p / "trials.db").exists()]
     truth = json.loads((run_dir / "scenario" / "truth.json").read_text())
     ranked = json.loads((run_dir / "findings.json").read_text())

@@ -157,7 +157,7 @@ def execute(cfg: RunSettings, ctl: Controller, run_dir: Path, p: Plan, ws, out,
                 step[0] = "isolate"
                 out.print("\n== the system: which differences cause it ==")
                 if docs["compare"]["verdict"] == "unresolved":
-                    out.print(isolate.UNDECIDED_COMPARE)
+                    out.print(isolate.undecided_compare(docs["compare"]))
                 mark("isolate")
                 isolated = isolate.isolate_system(cfg, req.isolate_step(), ctl, run_dir, ref,
                                                   docs["compare"], ws.resolve, out, progress)

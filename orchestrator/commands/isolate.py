@@ -298,7 +298,7 @@ def _execute(cfg: RunSettings, req: IsolateRequest, run_dir: Path, store: RunSto
                         out.print("nothing to isolate: the reference reproduces")
                         return 0
                     if cdoc["verdict"] == "unresolved":
-                        out.print(UNDECIDED_COMPARE)
+                        out.print(undecided_compare(cdoc))
                     result = isolate_system(cfg, req, ctl, run_dir, ref, cdoc, ws.resolve,
                                             out, progress)
                     if result is None:
@@ -331,6 +331,15 @@ UNKNOWN_THEN = "not in the reference's record (unknown then)"
 UNDECIDED_COMPARE = ("the compare could not decide against the reference's own restarts; the"
                      " controllable differences it found are tested anyway, against the"
                      " reference's configuration recreated now")
+
+
+def undecided_compare(cdoc: Mapping) -> str:
+    """Why the isolate goes on after an undecided compare (an old log without the metric's
+    level has nothing to decide against: its configuration, recreated, is "then")."""
+    if cdoc.get("no_level"):
+        return ("the reference holds no level of the metric: the controllable differences are"
+                " tested against its configuration recreated now, which stands for \"then\"")
+    return UNDECIDED_COMPARE
 
 
 def _compare(cfg: RunSettings, req: IsolateRequest, ctl: Controller, run_dir: Path, ref: dict,

@@ -74,7 +74,7 @@ def apply(cfg: RunSettings, out: Path, when: str) -> int:
     """Copy the scenario's `when` state into each simulated node's state directory (`live`:
     the "now" state, then start and age the scenario's long-running server)."""
     if when == "live":
-        return _live(cfg, out)
+        return start_live(cfg, out)
     root, names = _set_state(cfg, out, when)
     truth = _truth(out)
     print(f"node state '{when}' of {out} applied to {len(names)} simulated node(s) in {root}")
@@ -125,7 +125,7 @@ def _truth(out: Path) -> dict | None:
     return doc if isinstance(doc, dict) and "good" in doc and "bad" in doc else None
 
 
-def _live(cfg: RunSettings, out: Path) -> int:
+def start_live(cfg: RunSettings, out: Path) -> int:
     """Start the `server_state` scenario's server on the first node and age it."""
     from orchestrator.runner.process import free_port
     from orchestrator.sim_scenarios import live

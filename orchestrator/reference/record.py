@@ -28,6 +28,7 @@ from typing import Any
 
 from orchestrator.config.settings import RunSettings, evolve
 from orchestrator.errors import UserError
+from orchestrator.live.proc import uptime_text
 from orchestrator.records import Candidate
 from orchestrator.reference.parsed import Lifetime, ParsedLog, parse_files, spread
 from orchestrator.reference.server_args import comparable, target_settings
@@ -234,18 +235,6 @@ def preview(summary: Mapping, how: str) -> list[str]:
             + ["not in the log: " + "; ".join(unknown)])
 
 
-def _hours(seconds: float | None) -> str:
-    if seconds is None:
-        return "an unknown time"
-    if seconds >= 86400:
-        return f"{int(seconds // 86400)} d {int(seconds % 86400 // 3600)} h"
-    if seconds >= 3600:
-        return f"{int(seconds // 3600)} h {int(seconds % 3600 // 60)} min"
-    if seconds >= 60:
-        return f"{int(seconds // 60)} min {int(seconds % 60)} s"
-    return f"{seconds:.0f} s"
-
-
 def statements(summary: Mapping, chosen: Sequence[Mapping], values: Mapping[str, list[float]],
                how: str) -> tuple[list[str], list[str]]:
     """What the log tells (one line each) and what it cannot tell."""
@@ -275,7 +264,7 @@ def statements(summary: Mapping, chosen: Sequence[Mapping], values: Mapping[str,
                  f" {trend['last_quarter']:.4g}" if trend else "")
         seconds = sum(float(lt.get("seconds") or 0.0) for lt in chosen)
         knows.append(f"{metric} {_level(values[metric])} (median of {n} lines over"
-                     f" {_hours(seconds)} in {runs} server run{'s' if runs != 1 else ''};"
+                     f" {uptime_text(seconds)} in {runs} server run{'s' if runs != 1 else ''};"
                      f" 10-90%: {s['p10']:.4g}-{s['p90']:.4g}{drift})")
     left = summary.get("left_out") or []
     if left:
