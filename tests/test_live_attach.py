@@ -114,3 +114,30 @@ def test_a_server_without_the_device_timer_cannot_report_verify(tmp_path):
                                f"runs_dir={tmp_path / 'r'}"], capture_output=True, text=True,
                               timeout=120)
     assert done.returncode == 2 and "measured only with speculative decoding" in done.stderr
+
+
+def test_without_a_restart_the_running_server_is_weighed_against_the_reference(tmp_path,
+                                                                               sim_repo):
+    """No restart: nothing is launched (the server holds the node), state is not tested, and
+    the running server is set against the reference's level (an old log's, here), exit 3."""
+    repo, _ = sim_repo
+    log = ROOT / "tests" / "fixtures" / "sglang_logs" / "sglang_0523_tp8.log"
+    spec = ["--speculative-algorithm", "EAGLE3", "--speculative-num-steps", "2",
+            "--speculative-eagle-topk", "1", "--speculative-num-draft-tokens", "3"]
+    env = {**os.environ, "SGLANG_ENABLE_METRICS_DEVICE_TIMER": "1"}
+    with run_sim([*ARGS, *spec], cwd=tmp_path, log_path=tmp_path / "s.log", env=env) as sim:
+        done = subprocess.run(
+            [SLEUTH, "investigate", "target=sim", f"live={sim.process.pid}", f"repo={repo}",
+             f"runs_dir={tmp_path / 'r'}", "run_id=x", f"reference=log:{log}",
+             "log.pattern=verify (?P<verify_ms>[0-9.]+) ms", "bench.requests=2",
+             "bench.output_len=16", "bench.repetitions=2"],
+            capture_output=True, text=True, timeout=300)
+        assert sim.process.poll() is None  # never stopped
+    import json
+
+    answer = json.loads((tmp_path / "r" / "x" / "findings-investigate.json").read_text())["answer"]
+    assert done.returncode == 3, done.stdout[-2000:] + done.stderr
+    assert "server state was not tested" in answer["sentence"]
+    assert "the reference's configuration was not tested" in answer["sentence"]
+    assert "from 18.9" in answer["breakdown"] and "the reference log:" in answer["breakdown"]
+    assert not (tmp_path / "r" / "x" / "relaunched.json").exists()

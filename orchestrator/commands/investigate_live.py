@@ -64,6 +64,7 @@ GC_WARNING = "LONG GARBAGE COLLECTION DETECTED"
 class LivePlan:
     server: LiveServer
     cfg: RunSettings  # the investigation's settings
+    reference: dict | None  # the reference's record (`reference=`), for its level then
     live_cfg: RunSettings  # the settings the running server is measured with (its own)
     commit: str | None  # the commit its working directory has checked out, if in `repo`
     inner: tuple | None  # (settings, Plan, workspace) of the investigation that follows
@@ -121,13 +122,18 @@ def plan(cfg: RunSettings) -> LivePlan:
     live_cfg = _live_settings(cfg, server)
     check_metric(cfg.metric, target=as_dict(live_cfg.target))
     _check_phase_metric(cfg.metric, server)
-    inner = None
+    inner = reference = None
     if cfg.reference:
         if not cfg.bad and commit is not None:
             cfg = evolve(cfg, bad=commit)
         if cfg.live.restart:  # the server stopped: sleuth's own trials can use the node
             inner = investigate.plan(evolve(cfg, {"live.server": ""}))
-    return LivePlan(server, cfg, live_cfg, commit, inner)
+            reference = inner[1].reference
+        else:  # its level only: nothing can be launched while the server holds the node
+            from orchestrator.commands.compare import load_reference
+
+            reference = load_reference(cfg, str(cfg.reference))
+    return LivePlan(server, cfg, reference, live_cfg, commit, inner)
 
 
 # Metrics read from SGLang's per-phase device timer (`/metrics`): a server started without it
@@ -250,9 +256,7 @@ def _level_then(cfg: RunSettings, lp: LivePlan, metric: str) -> float | None:
     mean): the change the live server's state is weighed against."""
     if cfg.was is not None:
         return float(cfg.was)
-    if lp.inner is None:
-        return None
-    values = [v for v in (lp.inner[1].reference or {}).get("values", {}).get(metric, [])
+    values = [v for v in (lp.reference or {}).get("values", {}).get(metric, [])
               if v and v > 0]
     return math.exp(sum(math.log(v) for v in values) / len(values)) if values else None
 
@@ -317,9 +321,12 @@ def _answer(cfg: RunSettings, lp: LivePlan, run_dir: Path, store, verdict: V.Sta
         doc["answer"]["server_state"] = {"status": verdict.status, "live": verdict.live,
                                          "fresh": list(verdict.fresh)}
     else:
+        then = _level_then(cfg, lp, metric)
+        label = "" if cfg.was is not None or lp.reference is None else \
+            f"the reference {lp.reference['name']}"
         answer = V.answer(verdict, metric, unit, uptime=uptime, restarted=cfg.live.restart,
-                          was=cfg.was, min_effect_pct=experiment_params.of(cfg).min_effect_pct,
-                          observations=observations)
+                          was=then, min_effect_pct=experiment_params.of(cfg).min_effect_pct,
+                          observations=observations, was_label=label)
         if cfg.reference and not cfg.live.restart:
             answer["sentence"] += ("; the reference's configuration was not tested: sleuth's"
                                    " trials need the GPUs the running server holds"

@@ -151,11 +151,12 @@ def settled(v: StateVerdict, was: float | None, min_effect_pct: float) -> bool:
 
 def answer(v: StateVerdict, metric: str, unit: str, *, uptime: str, restarted: bool,
            was: float | None, min_effect_pct: float | None,
-           observations: Sequence[str] = ()) -> dict:
+           observations: Sequence[str] = (), was_label: str = "") -> dict:
     """The answer of a live investigation without a reference configuration: the total is the
-    running server against the stated level (`was=`), else against a fresh start; server state
-    is its one testable cause, and with a stated level a fresh start against it is what it
-    leaves."""
+    running server against the stated level (`was=`; `was_label` names another source of the
+    level then, a reference's), else against a fresh start; server state is its one testable
+    cause, and with a level then a fresh start against it is what it leaves."""
+    then = was_label or (f"was={was:g}" if was is not None else "")
     shown = v.status == STATE and v.change is not None
     causes = [state_cause(v, metric)] if shown else []
     bound_pct = min_effect_pct
@@ -163,7 +164,7 @@ def answer(v: StateVerdict, metric: str, unit: str, *, uptime: str, restarted: b
         ss, df = _pooled(v.fresh)
         whole = (LogChange(math.log(v.live / was), math.sqrt(ss / df), df) if df else
                  LogChange(math.log(v.live / was), math.inf, 0.0))
-        lead = f"from {_ms(was, unit)} (was=) to the running server now"
+        lead = f"from {_ms(was, unit)} ({then}) to the running server now"
     else:
         whole = v.change
         lead = "from a fresh restart of the same command to the running server"
@@ -181,7 +182,7 @@ def answer(v: StateVerdict, metric: str, unit: str, *, uptime: str, restarted: b
         if rest is not None:  # the fresh starts against the stated level, directly
             doc["unexplained"] = {**rest.to_json(), "decision": decision,
                                   "share": None}
-        said = (f"a fresh restart against was={was:g}:"
+        said = (f"a fresh restart against {then}:"
                 f" {pct_text(rest.pct) if rest else '?'}"
                 f" {interval_text(rest.to_json()['ci'], rest.pct) if rest else ''}".rstrip())
         if shown:
@@ -198,7 +199,7 @@ def answer(v: StateVerdict, metric: str, unit: str, *, uptime: str, restarted: b
                 doc["sentence"] += (f"; {said}: undecided whether state explains all of it"
                                     f" (within {bound_pct:.1f}%)")
         elif v.status == NO_STATE:
-            doc["sentence"] += (f"; the change from was={was:g},"
+            doc["sentence"] += (f"; the change from {then},"
                                 f" {change_text(doc['total'], metric)}, is elsewhere: give"
                                 " reference=RUN or reference=log:PATH to test the system and"
                                 " the code")
