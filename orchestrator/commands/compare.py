@@ -265,6 +265,7 @@ def execute(cfg: RunSettings, req: CompareRequest, ctl: Controller, run_dir: Pat
     batch = params.batch or 3
     max_trials = int(req.max_trials or params.max_trials or 9)
     min_effect = params.min_effect_pct if params.min_effect_pct is not None else 3.0
+    log_record.keep(run_dir, ref)  # a resumed run reads the log as it was read now
     for line in log_record.describe(ref):
         out.print(line)
     missing = log_record.no_level(ref, metric)

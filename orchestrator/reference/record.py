@@ -59,6 +59,28 @@ def stored(cfg: RunSettings, ref: str | None) -> Path | None:
     return found if found.is_file() else None
 
 
+def _own_copy(cfg: RunSettings) -> Path | None:
+    """The copy of the log's summary a run keeps (`keep`): a resumed run reads the log as it
+    was read at its start, not as rotation has left it since."""
+    if not cfg.run_id:
+        return None
+    from orchestrator.run.rundir import runs_root
+
+    path = runs_root(cfg) / str(cfg.run_id) / STORED
+    return path if path.is_file() else None
+
+
+def keep(run_dir: Path, ref: Mapping) -> None:
+    """Write the log reference's summary into the run, once (see `_own_copy`)."""
+    path = run_dir / STORED
+    if "log" not in ref or path.exists():
+        return
+    path.write_text(json.dumps({"summary": ref["log"], "repo": ref.get("repo"),
+                                "commit": ref["candidate"].commit,
+                                "files": ref["log"].get("files", []), "name": ref["name"]},
+                               indent=1, sort_keys=True, default=str))
+
+
 def load_any(cfg: RunSettings, ref: str) -> dict:
     """The record of `log:PATH` or of a stored log reference run; the commit it is measured
     at is resolved in `repo` (the log does not say which code ran)."""
@@ -66,8 +88,9 @@ def load_any(cfg: RunSettings, ref: str) -> dict:
     from orchestrator.workspace import Workspace
 
     doc = None
-    if not is_log(ref):
-        path = stored(cfg, ref)
+    own = _own_copy(cfg) if is_log(ref) else None
+    if own is not None or not is_log(ref):
+        path = own or stored(cfg, ref)
         assert path is not None
         try:
             doc = json.loads(path.read_text())
@@ -86,7 +109,8 @@ def load_any(cfg: RunSettings, ref: str) -> dict:
     resolve = Workspace(repo, runs_root(cfg) / ".cache" / "worktrees").resolve
     if doc is None:
         return load(cfg, ref[len(PREFIX):], resolve)
-    record = from_summary(cfg, doc["summary"], Path(str(path.parent)).name, resolve)
+    name = doc.get("name", ref) if own is not None else Path(str(path.parent)).name
+    record = from_summary(cfg, doc["summary"], name, resolve)
     record["repo"] = str(repo)
     record["stored"] = True
     return record
