@@ -18,6 +18,8 @@ from orchestrator.live.attach import attach
 from orchestrator.live.restart import relaunch, stop
 from orchestrator.targets.sim.launcher import free_port, run_sim
 
+pytestmark = pytest.mark.e2e  # real servers, and the sleuth command
+
 ROOT = Path(__file__).resolve().parents[1]
 ARGS = ["--tp-size", "8", "--enable-metrics", "--sim-time-scale", "0.02",
         "--sim-load-seconds", "2"]

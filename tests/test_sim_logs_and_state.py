@@ -18,6 +18,8 @@ from orchestrator.reference.parsed import parse_files
 from orchestrator.targets.sim.faults import FaultSpecError, parse_faults
 from orchestrator.targets.sim.launcher import run_sim
 
+pytestmark = pytest.mark.e2e  # real simulated servers
+
 SPEC = ["--tp-size", "8", "--enable-metrics", "--speculative-algorithm", "EAGLE3",
         "--speculative-num-steps", "2", "--speculative-eagle-topk", "1",
         "--speculative-num-draft-tokens", "3", "--sim-time-scale", "0.02",
