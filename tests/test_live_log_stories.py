@@ -195,6 +195,7 @@ def test_a_live_server_whose_state_degraded_is_named_and_left_running(tmp_path):
         assert state["kind"] == "state" and held(truth["state_pct"], state["ci"]), state
         assert "resident memory" in answer["sentence"]
         assert "long garbage-collection warning" in answer["sentence"]
+        assert "requests served before sleuth measured it" in answer["sentence"]
         # the node as it was found: the original command runs again, and answers
         note = json.loads((runs / "live" / "relaunched.json").read_text())
         assert note["ready"] and note["pid"] != pid and not liveproc.exists(pid)

@@ -110,6 +110,8 @@ def plan(cfg: RunSettings) -> LivePlan:
         raise UserError(f"live={cfg.live.server}: live.restart=true needs the server's process"
                         " on this machine, readable by this user (it is stopped, started"
                         " fresh with the same command and environment, and relaunched)")
+    if cfg.live.restart:
+        common.check_nodes_free(cfg)  # another run's trials on this node: not ours to stop
     head = _git_head(server.cwd)
     if not cfg.repo and head is not None:
         cfg = evolve(cfg, repo=head[1])
@@ -170,9 +172,10 @@ def run(cfg: RunSettings) -> int:
             out.print(line)
         relaunched = None
         stopped: list[bool] = []  # set once the running server is stopped
+        served = _served(server)  # before sleuth's own requests add to it
         try:
             verdict, rows = _measure(cfg, lp, run_dir, store, out, stopped)
-            doc = _answer(cfg, lp, run_dir, store, verdict, rows, out)
+            doc = _answer(cfg, lp, run_dir, store, verdict, rows, out, served)
         finally:
             if stopped:  # whatever happened since, the original command runs again
                 relaunched = _leave_as_found(cfg, server, run_dir, out)
@@ -293,7 +296,7 @@ def _served(server: LiveServer) -> float | None:
 
 
 def _answer(cfg: RunSettings, lp: LivePlan, run_dir: Path, store, verdict: V.StateVerdict,
-            rows, out) -> dict:
+            rows, out, served: float | None = None) -> dict:
     metric, server = cfg.metric, lp.server
     unit = METRICS[metric].unit if metric in METRICS else ""
     uptime = liveproc.uptime_text(server.uptime_s)
@@ -305,7 +308,7 @@ def _answer(cfg: RunSettings, lp: LivePlan, run_dir: Path, store, verdict: V.Sta
             live_rows[0].result.fingerprint,
             [r.result.fingerprint for r in fresh_rows if r.result.fingerprint],
             _gc_warnings(server.log_path),
-            [n for r in fresh_rows if (n := _gc_warnings(r.log_path)) is not None], None)
+            [n for r in fresh_rows if (n := _gc_warnings(r.log_path)) is not None], served)
     live_doc = {"run": store.run_id, "experiment": "live", "metric": metric,
                 "verdict": verdict.status, "server": _facts(server, lp.commit),
                 "trials": [r.id for r in live_rows + fresh_rows], "findings": []}

@@ -21,7 +21,6 @@ from pathlib import Path
 from urllib.parse import urlparse
 
 from orchestrator.bench.client import BenchError
-from orchestrator.bench.server_measure import settings_of
 from orchestrator.live.attach import LiveServer
 from orchestrator.live.proc import rss_bytes
 from orchestrator.records import Measurement, Outcome, TrialResult, TrialState
@@ -213,7 +212,3 @@ def _result(outcome: Outcome, detail: str, side: _Side, started: float, node: st
         fingerprint=fp, log_tail=tail, suspect=suspect and outcome is Outcome.OK,
         suspect_reason=str(telemetry.get("suspect_reason", "")) if suspect else "")
 
-
-def settings_from_info(info) -> dict | None:
-    """The server's settings from what it answered at attach time."""
-    return settings_of(info)
