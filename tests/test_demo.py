@@ -93,6 +93,6 @@ def test_demo_tells_the_whole_story_and_matches_the_truth(tmp_path, ray_session,
     assert rows and all(r.finished for r in rows)
     phases = {(r.phase or "").split("/")[0] for r in rows}
     assert {"reference", "sweep"} <= phases
-    assert printed.count(": found") == 3 and "MISSED" not in printed
+    assert printed.count(": found") == 4 and "MISSED" not in printed  # 3 + the live server
     assert (run_dir / "report.md").is_file() and (run_dir / "report.html").is_file()
     assert f"report: {run_dir / 'report.html'}" in printed.replace("\n", "")
