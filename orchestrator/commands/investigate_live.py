@@ -321,6 +321,10 @@ def _answer(cfg: RunSettings, lp: LivePlan, run_dir: Path, store, verdict: V.Sta
     if lp.inner is not None:
         doc = _inner(cfg, lp, run_dir, store, out)
         doc["answer"]["sentence"] += "; " + V.clause(verdict, metric, unit, uptime)
+        if lp.commit is None and not lp.cfg.bad:
+            doc["answer"]["sentence"] += (f"; the running server's working directory"
+                                          f" ({server.cwd}) is not a checkout of repo=, so the"
+                                          " code it runs was not compared: bad=REF names it")
         doc["answer"]["server_state"] = {"status": verdict.status, "live": verdict.live,
                                          "fresh": list(verdict.fresh)}
     else:
