@@ -95,6 +95,7 @@ def test_one_log_one_lifetime_with_every_part():
     assert lt.hosts == ("gpu-node-17",)
     assert len(lt.values("verify_ms")) == 24 and 18.5 < lt.level("verify_ms") < 19.5
     assert len(lt.values("log_accept_len")) == 24 and lt.gc_pauses == (0.4123,)
+    assert lt.prefill == (24, 24 * 128, 0)  # 0.5.23's prefill lines, read by field name
 
 
 def test_rotated_and_gzipped_files_are_read_oldest_first():
@@ -144,7 +145,7 @@ def test_the_record_states_what_the_log_tells_and_what_it_cannot(tmp_path, sim_r
     assert any("NCCL 2.27.5" in k and "NCCL_PROTO=LL128" in k for k in knows)
     assert any(k.startswith("verify_ms 18.9") for k in knows)
     for part in ("clocks and power limit", "GPU driver", "the commit it ran",
-                 "#running-req 1-3"):
+                 "#running-req 1-3", "24 prefill batches, 128 new tokens each, 0% from the"):
         assert part in unknown
     assert ref["fingerprint"]["env"]["server"]["NCCL_DEBUG"] == "INFO"
     assert record.no_level(ref, "verify_ms") is None

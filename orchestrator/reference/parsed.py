@@ -54,6 +54,7 @@ class Lifetime:
     samples: tuple[Sample, ...] = ()
     running_req: tuple[int, ...] = ()
     gc_pauses: tuple[float, ...] = ()
+    prefill: tuple[int, int, int] = (0, 0, 0)  # prefill lines, new tokens, cached tokens
 
     def values(self, metric: str) -> list[float]:
         return [s.metrics[metric] for s in self.samples if metric in s.metrics]
@@ -85,7 +86,7 @@ class ParsedLog:
 
     @property
     def readable(self) -> bool:
-        return any(lt.server_args is not None or lt.samples or lt.nccl_info
+        return any(lt.server_args is not None or lt.samples or lt.nccl_info or lt.prefill[0]
                    for lt in self.lifetimes)
 
 
@@ -104,6 +105,7 @@ class _Builder:
         self.samples: list[Sample] = []
         self.running: list[int] = []
         self.gc: list[float] = []
+        self.prefill = [0, 0, 0]
         self.seen = args is not None
 
     def stamp(self, stamp: float | None) -> None:
@@ -130,7 +132,8 @@ class _Builder:
         return Lifetime(self.index, args, form, self.where, self.started, self.first, self.last,
                         self.nccl_version, dict(self.nccl_env), self.nccl_info,
                         tuple(dict.fromkeys(self.conflicts)), tuple(self.hosts),
-                        tuple(self.samples), tuple(self.running), tuple(self.gc))
+                        tuple(self.samples), tuple(self.running), tuple(self.gc),
+                        (self.prefill[0], self.prefill[1], self.prefill[2]))
 
 
 def parse_lines(lines: Iterable[tuple[str, str, int]], pattern: L.UserPattern | None = None
@@ -181,6 +184,13 @@ def parse_lines(lines: Iterable[tuple[str, str, int]], pattern: L.UserPattern | 
                 current.samples.append(Sample(stamp, metrics, "decode"))
             current.seen = True
             continue
+        p = L.prefill(message)
+        if p is not None:  # the prompts then: how many, and how much the prefix cache hit
+            current.prefill[0] += 1
+            current.prefill[1] += p.new_tokens or 0
+            current.prefill[2] += p.cached_tokens or 0
+            current.seen = True
+            continue
         gc = L.gc_pause(message)
         if gc is not None:
             current.gc.append(gc[1])
@@ -216,7 +226,7 @@ def parse_files(spec: str, pattern: str = "") -> ParsedLog:
         names = ", ".join(f.path.name for f in ordered[:3]) + (" ..." if len(ordered) > 3 else "")
         why = f" ({problems[0]})" if problems else ""
         raise UserError(f"log:{spec}: no line sleuth can read in {count} lines of {names}"
-                        f" (no server_args=, Decode batch, NCCL INFO"
+                        f" (no server_args=, Decode or Prefill batch, NCCL INFO"
                         f"{' or log.pattern' if user else ''} line){why}")
     return log
 

@@ -183,7 +183,9 @@ def summarize(log: ParsedLog) -> dict:
             "levels": levels,
             "running_req": ({"min": running[0], "median": running[len(running) // 2],
                              "max": running[-1]} if running else None),
-            "gc_pauses": len(lt.gc_pauses)})
+            "gc_pauses": len(lt.gc_pauses),
+            "prefill": {"lines": lt.prefill[0], "new_tokens": lt.prefill[1],
+                        "cached_tokens": lt.prefill[2]}})
     return {"files": list(log.files), "lines": log.lines, "problems": list(log.problems),
             "pattern": log.pattern, "lifetimes": lifetimes,
             "chosen": [lt.index for lt in chosen], "left_out": [lt.index for lt in others]}
@@ -297,10 +299,18 @@ def statements(summary: Mapping, chosen: Sequence[Mapping], values: Mapping[str,
     unknown += list(NOT_IN_LOG)
     unknown.append("environment variables other than NCCL_*")
     unknown.append(f"the commit it ran ({how})")
-    running = last.get("running_req")
-    unknown.append("the workload (sleuth's bench is not the traffic then" + (
-        f"; the log's decode lines show #running-req {running['min']}-{running['max']},"
-        f" median {running['median']})" if running else ")"))
+    running, prefill = last.get("running_req"), last.get("prefill") or {}
+    seen = []
+    if running:
+        seen.append(f"#running-req {running['min']}-{running['max']}, median"
+                    f" {running['median']}")
+    if prefill.get("lines"):
+        new, cached = prefill["new_tokens"], prefill["cached_tokens"]
+        seen.append(f"{prefill['lines']} prefill batches, {new / prefill['lines']:.0f} new"
+                    f" tokens each, {100 * cached / max(new + cached, 1):.0f}% from the prefix"
+                    " cache")
+    unknown.append("the workload (sleuth's bench is not the traffic then"
+                   + (f"; the log shows {'; '.join(seen)})" if seen else ")"))
     return knows, unknown
 
 
