@@ -131,8 +131,14 @@ def test_an_overload_burst_slows_a_server_until_freeze_gc(tmp_path):
     with run_sim([*SPEC, "--sim-fault", "burst:8:35"], cwd=tmp_path, log_path=tmp_path / "c.log",
                  env=_env()) as sim:
         fresh = _verify_ms(sim)
-        _generate(sim, 64, tokens=4, concurrency=64)  # 48 run, the rest wait: the burst
-        assert _verify_ms(sim) / fresh == pytest.approx(1.35, rel=0.01)
+        # 128 at once: 48 run, the rest wait (the burst). How many wait at the same moment
+        # depends on how fast this host starts the clients, so a burst is tried a few times.
+        for _ in range(5):
+            _generate(sim, 128, tokens=4, concurrency=128)
+            slowed = _verify_ms(sim) / fresh
+            if slowed > 1.01:
+                break
+        assert slowed == pytest.approx(1.35, rel=0.01)
         import urllib.request
 
         urllib.request.urlopen(urllib.request.Request(sim.base_url + "/freeze_gc", method="POST"),
