@@ -24,7 +24,7 @@ COMMANDS = {
     "isolate": "which differences between good.* and bad.* (or since a reference)",
     "compare": "re-measure a reference now; if it differs, diff the system",
     "demo": "build a scenario repo and investigate it on the simulated node",
-    "scenario": "a repo with planted causes (out=DIR); apply=reference|now",
+    "scenario": "a repo with planted causes (out=DIR); apply=reference|now|live",
     "doctor": "check this machine: git, Ray, NVML/GPUs, sglang, runs/ writable",
     "sweep": "search a space of settings (space=nccl_pcie) for the fastest",
     "kernels": "diff profiler traces you have: then=DIR|FILES now=DIR|FILES",
@@ -147,7 +147,9 @@ def run(argv: Sequence[str]) -> int:
     from orchestrator.commands import preflight
 
     preflight.check(command, settings)  # before the command's module brings Ray and SciPy along
-    module = importlib.import_module(f"orchestrator.commands.{command}")
+    # `investigate live=PID|URL` starts from the running server (commands/investigate_live.py)
+    name = "investigate_live" if command == "investigate" and settings.live.server else command
+    module = importlib.import_module(f"orchestrator.commands.{name}")
     return int(module.run(settings))
 
 

@@ -19,7 +19,8 @@ from orchestrator.packages.pins import pin_list, pins_of
 
 # Trials recorded as a reference (e.g. "how the node measured earlier") may come from another
 # system state; they are compared against, never reused or pooled as evidence of the current one.
-NOT_EVIDENCE_PHASES = frozenset({"reference", "kernels"})  # kernels: orchestrator/evidence
+NOT_EVIDENCE_PHASES = frozenset({"reference", "kernels",  # kernels: orchestrator/evidence
+                                 "live", "fresh"})  # a running server: orchestrator/live
 
 
 class TrialState(StrEnum):

@@ -14,6 +14,7 @@ test runs the words the shell would hand to `sleuth`.
 
 from __future__ import annotations
 
+import re
 import shlex
 from dataclasses import dataclass
 from pathlib import Path
@@ -68,13 +69,18 @@ def _shell_lines(content: str) -> list[str]:
     return lines
 
 
+_SUBSTITUTION = re.compile(r"\$\(([^()]*)\)")
+
+
 def _sleuth_words(line: str) -> tuple[str, ...] | None:
-    """The words after `sleuth` if the line runs sleuth (prompt and venv prefix allowed)."""
+    """The words after `sleuth` if the line runs sleuth (prompt and venv prefix allowed). A
+    command substitution `$(...)` stays one word, as the shell expands it into one."""
     stripped = line.strip()
     if stripped.startswith("$ "):
         stripped = stripped[2:]
+    held = _SUBSTITUTION.sub(lambda m: "$(" + m.group(1).replace(" ", "\0") + ")", stripped)
     try:
-        words = shlex.split(stripped, comments=True)
+        words = [w.replace("\0", " ") for w in shlex.split(held, comments=True)]
     except ValueError:
         return None
     if not words or Path(words[0]).name != "sleuth" or words[0] not in (

@@ -41,6 +41,8 @@ def test_demo_tells_the_whole_story_and_matches_the_truth(tmp_path):
     assert "Traceback" not in done.stderr, done.stderr[-3000:]
 
     assert code == 0, printed[-3000:]
+    # ... and the slow server running now: server state named, the demo's server stopped
+    assert "sleuth named server state +" in printed and "(requests served)" in printed
     (run_dir,) = [p for p in runs.iterdir() if (p / "trials.db").exists()]
     truth = json.loads((run_dir / "scenario" / "truth.json").read_text())
     ranked = json.loads((run_dir / "findings.json").read_text())
@@ -98,6 +100,6 @@ def test_demo_tells_the_whole_story_and_matches_the_truth(tmp_path):
     assert rows and all(r.finished for r in rows)
     phases = {(r.phase or "").split("/")[0] for r in rows}
     assert {"reference", "sweep"} <= phases
-    assert printed.count(": found") == 3 and "MISSED" not in printed
+    assert printed.count(": found") == 4 and "MISSED" not in printed  # 3 + the live server
     assert (run_dir / "report.md").is_file() and (run_dir / "report.html").is_file()
     assert f"report: {run_dir / 'report.html'}" in printed.replace("\n", "")

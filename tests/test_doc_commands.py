@@ -126,6 +126,29 @@ class Workspace:
         return release_line(self.base / "wheels", "slowpkg",
                             {v: (60.0 if i >= 6 else 20.0) for i, v in enumerate(versions)})
 
+    def _make_sglang_logs(self) -> Path:
+        """/var/log/sglang/: real-format SGLang logs (tests/fixtures/sglang_logs, each line's
+        source named in its README there)."""
+        import shutil
+
+        return Path(shutil.copytree(Path(__file__).parent / "fixtures" / "sglang_logs",
+                                    self.base / "sglang_logs"))
+
+    def cleanup(self) -> None:
+        """A block that leaves a server running as documented (the live server relaunched, as
+        the node was found) has it stopped here, as the user would stop theirs."""
+        import signal
+
+        mine = str(self.base)
+        for entry in os.listdir("/proc"):
+            if not entry.isdigit() or int(entry) == os.getpid():
+                continue
+            try:
+                if os.readlink(f"/proc/{entry}/cwd").startswith(mine):
+                    os.kill(int(entry), signal.SIGKILL)
+            except OSError:
+                continue
+
     def _make_closed_address(self) -> str:
         """A cluster address nothing listens at: the command's refusal comes at once."""
         from orchestrator.runner.process import free_port
@@ -169,10 +192,13 @@ PLACEHOLDERS: dict[str, Callable[[Workspace], str]] = {
     "$GOOD": lambda w: w.truth("sc", "good"),
     "$BAD": lambda w: w.truth("sc", "bad"),
     "10.0.0.1:6379": lambda w: w.get("closed_address"),
+    "/var/log/sglang": lambda w: w.get("sglang_logs"),
 }
 
 
 def _map_value(value: str, ws: Workspace) -> str:
+    if value.startswith("log:"):  # reference=log:PATH
+        return "log:" + _map_value(value[4:], ws)
     if value in PLACEHOLDERS:
         return PLACEHOLDERS[value](ws)
     for name, make in PLACEHOLDERS.items():
@@ -181,17 +207,31 @@ def _map_value(value: str, ws: Workspace) -> str:
     return value
 
 
+def _substitute(value: str, ws: Workspace) -> str:
+    """A command substitution as the shell would expand it on a machine of the suite:
+    `$(cat PATH)` reads the (mapped) file; `$(pgrep ...)` finds no SGLang server here."""
+    inner = value[2:-1].split()
+    if inner[0] == "cat":
+        return Path(_map_value(inner[1], ws)).read_text().strip()
+    if inner[0] == "pgrep":
+        return ""
+    raise AssertionError(f"no rule for the substitution {value!r}")
+
+
 def mapped(words: tuple[str, ...], ws: Workspace) -> list[str]:
-    """The command's words with every placeholder replaced (inside a quoted bench command too:
-    `'target.bench=python /srv/bench/matmul.py --json'`)."""
+    """The command's words with every placeholder replaced (inside a quoted target command
+    too: `'target.bench=python /srv/bench/matmul.py --json'`) and `$(...)` expanded."""
     out = []
     for word in words:
         key, eq, value = word.partition("=")
         if not eq:
             out.append(_map_value(word, ws))
-            continue
-        parts = value.split(" ")
-        out.append(f"{key}=" + " ".join(_map_value(p, ws) for p in parts))
+        elif value.startswith("$(") and value.endswith(")"):
+            out.append(f"{key}={_substitute(value, ws)}")
+        elif key.startswith("target."):  # a command line: each of its words
+            out.append(f"{key}=" + " ".join(_map_value(p, ws) for p in value.split(" ")))
+        else:
+            out.append(f"{key}={_map_value(value, ws)}")
     return out
 
 
@@ -280,6 +320,24 @@ def _kernels_run(ws: Workspace, output: str) -> None:
     assert report.returncode == 0 and "report.html" in report.stdout
 
 
+def _old_log_answer(ws: Workspace, output: str) -> None:
+    """The old log's story names the power limit (unknown then: "not in the log") and the
+    dropped NCCL variable, and nothing else."""
+    answer = _findings(ws, output, "findings-investigate.json")["answer"]
+    causes = {c["id"]: c for c in answer["causes"]}
+    assert set(causes) == {"power_limit_w", "NCCL_PROTO"}, answer["sentence"]
+    assert "not in the log" in causes["power_limit_w"]["label"]
+
+
+def _state_answer(ws: Workspace, output: str) -> None:
+    """The live story names server state as the one cause; the original command runs again."""
+    run_dir = Path(re.findall(r"^run directory: (\S+)", output, re.M)[-1])
+    answer = json.loads((run_dir / "findings-investigate.json").read_text())["answer"]
+    (state,) = answer["causes"]
+    assert state["kind"] == "state", answer["sentence"]
+    assert json.loads((run_dir / "relaunched.json").read_text())["ready"]
+
+
 SGLANG_MISSING = (r"^sleuth: error: SGLang is not installed for this Python, and the default"
                   r" target is a real SGLang server")
 NEEDS_SGLANG = "a real SGLang server on GPUs (the real package is not installed in the suite)"
@@ -359,6 +417,28 @@ CASES: dict[str, Runs | Refused] = {
     "sleuth bisect package=slowpkg good=1.0 bad=1.9 packages.find_links=/wheels target=command"
     " repo=R target.bench=python bench.py metric=value":
         Runs(0, r"^answer: value x\d.* = slowpkg 1\.5 -> 1\.6 ", _names_release_16),
+    # README.md: you have only logs; the slow server is running now
+    "sleuth investigate repo=/srv/src/sglang reference=log:/var/log/sglang/"
+    " log.pattern=verify (?P<verify_ms>[0-9.]+) ms": Refused(NEEDS_SGLANG, SGLANG_MISSING),
+    "sleuth trial from_log=/var/log/sglang/ run_id=ref-log":
+        Runs(0, r"^reference: sleuth investigate reference=ref-log"),
+    "sleuth investigate live=$(pgrep -of sglang.launch_server) live.restart=true was=19":
+        Refused(NEEDS_SGLANG, SGLANG_MISSING),
+    # docs/system-level.md: an old log on the simulated node
+    "sleuth scenario out=/tmp/oldlog preset=old_log": Runs(0, r"old log:"),
+    "sleuth scenario out=/tmp/oldlog apply=now runs_dir=/tmp/runs-oldlog":
+        Runs(0, r"reference=log:"),
+    "sleuth investigate target=sim repo=/tmp/oldlog/repo runs_dir=/tmp/runs-oldlog"
+    " reference=log:/tmp/oldlog/old_logs": Runs((0, 4), r"^answer: verify_ms", _old_log_answer),
+    "sleuth trial from_log=/tmp/oldlog/old_logs run_id=oldlog runs_dir=/tmp/runs-oldlog"
+    " log.pattern=verify (?P<verify_ms>[0-9.]+) ms":
+        Runs(0, r"^reference: sleuth investigate reference=oldlog"),
+    # docs/system-level.md: the slow server, running now
+    "sleuth scenario out=/tmp/slow preset=server_state": Runs(0, r"apply=live"),
+    "sleuth scenario out=/tmp/slow apply=live runs_dir=/tmp/runs-slow": Runs(0, r"live="),
+    "sleuth investigate target=sim runs_dir=/tmp/runs-slow live=$(cat /tmp/slow/live/pid)"
+    " live.restart=true was=19.0":
+        Runs(0, r"the slowdown is state inside the long-running server", _state_answer),
     # docs/kernels.md: traces a user already has
     "sleuth kernels then=traces/fast now=traces/slow":
         Runs(0, r"kernels: step: GEMM", _kernels_run),
@@ -408,6 +488,13 @@ def _run(command: Command, ws: Workspace) -> subprocess.CompletedProcess:
 def test_documented_block_runs_as_written(block: Block, tmp_path):
     ws = Workspace(tmp_path)
     ws.prepare(block.doc)
+    try:
+        _run_block(block, ws)
+    finally:
+        ws.cleanup()
+
+
+def _run_block(block: Block, ws: Workspace) -> None:
     for command in block.commands:
         if not _runnable(command):
             continue

@@ -336,8 +336,7 @@ def test_overlapping_causes_are_profiled_together_others_restored_and_every_caus
     A, B and D restored (before, they rode along from the node); D gets a line saying why it
     was not profiled."""
     from orchestrator.evidence.collect import for_causes
-    from orchestrator.records import Candidate
-    from orchestrator.targets.base import UNSET
+    from orchestrator.records import UNSET, Candidate
 
     names = ["VAR_A", "VAR_B", "VAR_C", "VAR_D"]
     diffs = [{"factor": "env", "key": v, "good": UNSET, "bad": None} for v in names]

@@ -120,10 +120,13 @@ def not_tested(compare_doc: Mapping | None) -> list[dict]:
         reason = f.get("untested") or "not tested yet"
         if reason.startswith("set aside"):  # a shell's own variables: their names say enough
             item = str(d.get("key") or f.get("id"))
+        elif d.get("category") == "unknown":  # what an old log cannot tell, and how it is now
+            item = f"{d.get('key')} ({d.get('now')})"
         else:
             item = T.change_label(str(d.get("label") or f.get("id")))
         groups.setdefault(reason, []).append(item)
-    order = ["not tested yet", "not settable per trial", "set aside: shell/session variable"]
+    order = ["not tested yet", "not settable per trial", "set aside: shell/session variable",
+             "not in the reference's record (unknown then)"]
     out = []
     for reason in sorted(groups, key=lambda r: order.index(r) if r in order else len(order)):
         items = groups[reason]
@@ -133,6 +136,8 @@ def not_tested(compare_doc: Mapping | None) -> list[dict]:
         # again (a package's reason arrives as "not tested: no package source ...").
         why = {"set aside: shell/session variable": "that changed",
                "not settable per trial": "that cannot be set per trial",
+               "not in the reference's record (unknown then)": "the reference cannot tell"
+                                                               " (unknown then)",
                "not tested yet": "in the fingerprint (most likely first)"}.get(reason)
         shown = ", ".join(items[:NOT_TESTED_SHOWN]) + (" ..." if len(items) > NOT_TESTED_SHOWN
                                                        else "")

@@ -42,6 +42,9 @@ def for_system(compare_doc: Mapping, isolate_doc: Mapping | None, *,
         lead = ("against the reference's configuration recreated now (against the reference's"
                 " own restarts: undecided"
                 + (f", {T.change_text(old, metric)}" if old and "ci" in old else "") + ")")
+        if compare_doc.get("no_level"):  # an old log that never printed the metric
+            lead = (f"against the reference's configuration recreated now (the log holds no"
+                    f" {metric})")
     return assemble(metric, _total(whole_doc), causes, lead=lead,
                     whole_extra=_means(whole_doc), not_tested_groups=not_tested(compare_doc),
                     mechanism=(compare_doc.get("answer") or {}).get("mechanism"),
@@ -71,7 +74,7 @@ def for_investigation(metric: str, whole: LogChange | None, *, whole_extra: Mapp
         if verdict == "reproduced":
             clauses.append("the system is not the cause (the reference reproduces: "
                            f"{T.change_text(system, metric)})")
-        elif verdict != "not_reproduced":
+        elif verdict != "not_reproduced" and not compare_doc.get("no_level"):
             clauses.append("whether the reference still reproduces is undecided")
     if bisect_doc is None:
         if compare_doc is not None:

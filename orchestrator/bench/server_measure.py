@@ -49,6 +49,21 @@ def flush_cache(client: httpx.Client, base_url: str) -> bool:
     return r.status_code == 200
 
 
+# What `/server_info` holds beside `ServerArgs`: the scheduler's state and sizes, the release.
+_NOT_SETTINGS = frozenset({"internal_states", "version", "max_total_num_tokens",
+                           "max_req_input_len", "status"})
+
+
+def settings_of(info: Mapping | None) -> dict | None:
+    """The server's settings from its `/server_info` (SGLang puts `ServerArgs` at the top
+    level), secrets redacted; None without an answer."""
+    from orchestrator.system.redact import redact_config
+
+    if not isinstance(info, Mapping):
+        return None
+    return {str(k): redact_config(v, str(k)) for k, v in info.items() if k not in _NOT_SETTINGS}
+
+
 def server_accept_length(info: Mapping) -> float | None:
     """Mean accept length over the server's data-parallel ranks (`internal_states`)."""
     states = info.get("internal_states") or []

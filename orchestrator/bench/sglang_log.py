@@ -17,6 +17,7 @@ import statistics
 from dataclasses import dataclass
 
 _DECODE = re.compile(r"Decode batch(?: \[\d+\])?[.,] (?P<fields>.*)$")
+_PREFILL = re.compile(r"Prefill batch(?: \[\d+\])?[.,] (?P<fields>.*)$")
 _GRAPH_KEY = re.compile(r"[a-z]+ graph")  # cuda graph, cpu graph, npu graph, musa graph
 _FIELD = re.compile(r"(?P<key>[#A-Za-z][#A-Za-z _\-()/]*?): (?P<value>[^,]+)")
 
@@ -53,6 +54,29 @@ def parse_decode(line: str) -> DecodeLine | None:
         cuda_graph=None if graph is None else graph == "True",
         gen_throughput=_num(f, "gen throughput (token/s)"),
     )
+
+
+@dataclass(frozen=True)
+class PrefillLine:
+    new_seq: int | None
+    new_tokens: int | None
+    cached_tokens: int | None
+    input_throughput: float | None
+
+
+def parse_prefill(line: str) -> PrefillLine | None:
+    """A `Prefill batch` line (0.5.9 and 0.5.23 order their fields differently: by name)."""
+    m = _PREFILL.search(line)
+    if not m:
+        return None
+    f = _fields(m.group("fields"))
+
+    def count(key: str) -> int | None:
+        value = _num(f, key)
+        return int(value) if value is not None else None
+
+    return PrefillLine(count("#new-seq"), count("#new-token"), count("#cached-token"),
+                       _num(f, "input throughput (token/s)"))
 
 
 def log_metrics(text: str) -> dict[str, float]:

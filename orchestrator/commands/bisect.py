@@ -113,6 +113,8 @@ def reference_level(cfg: RunSettings, req: BisectRequest
 
     ref = load_reference(cfg, req.reference)
     values = [v for v in ref["values"].get(req.metric, []) if v and v > 0]
+    if not values and "log" in ref:  # an old log without the metric: no level to chase
+        return None
     if not values:
         raise UserError(f"reference {req.reference} has no measured {req.metric} value")
     return math.exp(sum(math.log(v) for v in values) / len(values)), str(ref["name"])

@@ -33,6 +33,8 @@ from orchestrator.metrics import EFFECT_METRICS, effect_metrics
 from orchestrator.packages import plan as packages
 from orchestrator.packages.pins import pin_list
 from orchestrator.records import Candidate, Outcome
+from orchestrator.reference import record as log_record
+from orchestrator.reference.diff import differences
 from orchestrator.run import findings
 from orchestrator.run.rundir import create_run, find_run, pin_run, running
 from orchestrator.stats import caveats
@@ -40,7 +42,7 @@ from orchestrator.stats.effect import log_difference, log_effect
 from orchestrator.store import RunStore
 from orchestrator.system import mechanism
 from orchestrator.system.fingerprint import relevant_env
-from orchestrator.system.fingerprint_diff import Difference, diff
+from orchestrator.system.fingerprint_diff import Difference
 from orchestrator.system.redact import is_redacted, redact_config
 from orchestrator.ui import render
 from orchestrator.ui.progress import Progress
@@ -51,7 +53,11 @@ WHERE = {"target": ("host", "gpu_state", "python")}
 
 
 def load_reference(cfg: RunSettings, ref: str) -> dict:
-    """The reference: its candidate, trial-level values per metric, fingerprint, repo."""
+    """The reference: its candidate, trial-level values per metric, fingerprint, repo. An old
+    server log (`log:PATH`, or a run `sleuth trial from_log=PATH` made) gives a partial one
+    (:mod:`orchestrator.reference.record`)."""
+    if log_record.is_log(ref) or log_record.stored(cfg, ref) is not None:
+        return log_record.load_any(cfg, ref)
     path = Path(ref).expanduser()
     if path.is_file():
         try:
@@ -233,7 +239,7 @@ def run(cfg: RunSettings) -> int:
     cand: Candidate = ref["candidate"]
     ws.resolve(cand.commit)
     ref_values = ref["values"].get(metric, [])
-    if not ref_values:
+    if not ref_values and log_record.no_level(ref, metric) is None:
         raise UserError(f"the reference has no measured {metric} value")
     packages.require(cfg, cand.package_dict)  # the reference's own pins, built again if need be
     cfg = pin_run(cfg)
@@ -262,6 +268,14 @@ def execute(cfg: RunSettings, req: CompareRequest, ctl: Controller, run_dir: Pat
     batch = params.batch or 3
     max_trials = int(req.max_trials or params.max_trials or 9)
     min_effect = params.min_effect_pct if params.min_effect_pct is not None else 3.0
+    log_record.keep(run_dir, ref)  # a resumed run reads the log as it was read now
+    for line in log_record.describe(ref):
+        out.print(line)
+    missing = log_record.no_level(ref, metric)
+    if missing:  # measured once, for the fingerprint now: there is no level to decide against
+        out.print(f"{missing}: the compare measures the configuration now for its fingerprint"
+                  " only")
+        max_trials = min(max_trials, batch)
     out.print(f"re-measuring the reference candidate of {ref['name']}: {cand.label}")
     if progress is not None:  # an earlier experiment's state would mislead
         progress.set_total(None)
@@ -274,7 +288,7 @@ def execute(cfg: RunSettings, req: CompareRequest, ctl: Controller, run_dir: Pat
     def decide_now() -> tuple[str, dict]:
         now_vals = [v for r in now_rows if r.outcome.measured and not r.suspect
                     and (v := r.result.value(metric)) is not None]
-        if len(now_vals) < 2:
+        if len(now_vals) < 2 or not ref_values:
             return "unresolved", eff
         return decide(ref_values, now_vals, min_effect, 0.95, final=len(now_rows) >= max_trials,
                       bound_pct=params.bound_pct)
@@ -338,7 +352,7 @@ def _document(cfg: RunSettings, req: CompareRequest, ctl: Controller, ref: dict,
                               cpus=((now_fps[-1].get("host") or {}).get("cpus") if now_fps else None))
     ranked: list[tuple[Difference, str]] = []
     if measured:
-        diffs = diff(ref["fingerprint"], now_fps[-1]) + _not_reaching(now_fps[-1])
+        diffs = differences(ref["fingerprint"], now_fps[-1]) + _not_reaching(now_fps[-1])
         ref_telemetry = ref.get("telemetry") or [fp.get("telemetry") for fp in ref_fps]
         s = mechanism.signals(effects, ref_telemetry, [fp.get("telemetry") for fp in now_fps])
         ranked = mechanism.rank(diffs, s)
@@ -346,6 +360,13 @@ def _document(cfg: RunSettings, req: CompareRequest, ctl: Controller, ref: dict,
                        [r.id for r in now_rows])
     doc["differences"] = [d.to_json() for d, _ in ranked]
     doc["min_effect_pct"] = min_effect  # what "reproduces" was judged against
+    missing = log_record.no_level(ref, metric)
+    if missing:
+        doc["message"] = f"no level to compare against: {missing}"
+        doc["no_level"] = missing
+    if ref.get("log"):
+        doc["reference"]["log"] = {k: ref["log"][k] for k in ("knows", "unknown", "files",
+                                                              "commit") if k in ref["log"]}
     doc["answer"] = answer.for_compare(
         doc, mechanism=phases.mechanism(
             ref["values"], {m: [v for r in measured if (v := r.result.value(m)) is not None]
@@ -372,6 +393,8 @@ def finished(run_dir: Path, name: str = "compare") -> dict | None:
 def _reference_arg(req: CompareRequest, ref: dict) -> str:
     """How a next command names this reference: a fingerprint file by its absolute path (the
     next command may run elsewhere), a run by its id in this runs_dir."""
+    if log_record.is_log(req.reference):  # the files it read, absolute: the next step may
+        return log_record.PREFIX + ",".join(ref["log"]["files"])  # run from elsewhere
     given = Path(req.reference or "")
     given = given.expanduser()
     if given.is_file():

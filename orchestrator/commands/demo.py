@@ -19,6 +19,11 @@ The story (`seed_story` scenario, truth in `scenario/truth.json`):
 3. A check against the truth: the planted commit, the planted system causes, the sweep's
    confirmed configuration truly better than the baseline and within the sweep's own
    resolution (half its confirmation interval, at least 2%) of the true best of its space.
+4. *The slow server running now* (`server_state` scenario): a long-running server worn down
+   by the traffic it served; `sleuth investigate live=PID live.restart=true was=LEVEL` measures
+   it as it is, then fresh starts of its command, names server state, relaunches it, and the
+   planted state is checked against the truth. Its run lives in the demo's run directory
+   (`live/`), and the demo stops the server it started when done.
 Everything printed was measured in this run.
 """
 
@@ -252,5 +257,48 @@ def run(cfg: RunSettings) -> int:
         explained = "the answer explains the change" if code == 0 else \
             "the answer leaves part of the change unexplained"
         out.print(f"truth: {explained}")
+        out.print("\n== 3. and a server that is slow now, after days of traffic ==")
+        hit = _live_story(cfg, run_dir, req.seed, out) and hit
         run.status = "done" if hit else "inconclusive"
         return 0 if hit else 3
+
+
+def _live_story(cfg: RunSettings, run_dir: Path, seed: int, out) -> bool:
+    """The `server_state` scenario: start and age its server, investigate it live, check the
+    planted state, stop the server the demo started."""
+    import os
+    import signal
+
+    from orchestrator.commands import investigate_live
+    from orchestrator.commands.scenario import start_live
+    from orchestrator.config.compose import compose_settings
+
+    scenario = generate_scenario(run_dir / "scenario-live", 20, seed, "server_state")
+    truth = scenario.truth["live"]
+    runs = run_dir / "live"
+    base = evolve(cfg, runs_dir=str(runs), nodes=1)
+    start_live(base, scenario.out)
+    pid = int((scenario.out / "live" / "pid").read_text())
+    live_cfg = compose_settings("investigate", [
+        "target=sim", f"runs_dir={runs}", f"live={pid}", "live.restart=true",
+        f"was={truth['fresh_verify_ms']:.2f}", "run_id=live", "evidence.kernels=false"])
+    try:
+        code = investigate_live.run(live_cfg)
+    finally:
+        relaunched = runs / "live" / "relaunched.json"
+        for stale in {pid, json.loads(relaunched.read_text()).get("pid")
+                      if relaunched.exists() else None} - {None}:
+            try:
+                os.kill(int(stale), signal.SIGTERM)  # the demo's own server: stopped
+            except ProcessLookupError:
+                pass
+    answer = json.loads((runs / "live" / "findings-investigate.json").read_text())["answer"]
+    state = next((c for c in answer.get("causes", []) if c.get("kind") == "state"), None)
+    hit = (code == 0 and state is not None
+           and state["ci"][0] - 2.0 <= truth["state_pct"] <= state["ci"][1] + 2.0)
+    named = (f"server state {state['pct']:+.1f}% [{state['ci'][0]:+.1f}, {state['ci'][1]:+.1f}]"
+             if state else "no server state")
+    out.print(f"truth: planted server state +{truth['state_pct']:g}% (requests served), sleuth"
+              f" named {named}: " + ("found" if hit else "MISSED"),
+              style="green" if hit else "red")
+    return hit

@@ -58,6 +58,8 @@ from orchestrator.control.controller import Controller
 from orchestrator.errors import RunInterrupted, UserError
 from orchestrator.evidence import collect as evidence
 from orchestrator.evidence import plan as evidence_plan
+from orchestrator.records import Candidate
+from orchestrator.reference import record as log_record
 from orchestrator.run import findings
 from orchestrator.run.rundir import create_run, pin_run, running
 from orchestrator.store import RunStore
@@ -155,12 +157,13 @@ def execute(cfg: RunSettings, ctl: Controller, run_dir: Path, p: Plan, ws, out,
                 step[0] = "isolate"
                 out.print("\n== the system: which differences cause it ==")
                 if docs["compare"]["verdict"] == "unresolved":
-                    out.print(isolate.UNDECIDED_COMPARE)
+                    out.print(isolate.undecided_compare(docs["compare"]))
                 mark("isolate")
                 isolated = isolate.isolate_system(cfg, req.isolate_step(), ctl, run_dir, ref,
                                                   docs["compare"], ws.resolve, out, progress)
                 if isolated is not None:
                     docs["isolate"] = isolated[1]
+                    p.recreated = recreated(ref, req.metric, docs["isolate"])
                     found = investigate_release.follow(cfg, req, ctl, run_dir, docs["isolate"],
                                                        out, progress)
                     if found is not None:  # the isolate's package cause now names the release
@@ -185,8 +188,10 @@ def execute(cfg: RunSettings, ctl: Controller, run_dir: Path, p: Plan, ws, out,
             findings.write(run_dir, docs["sweep"], "sweep")
         step[0] = "final check"
         both = p.reference is None and p.bad_candidate.key != p.base.key
+        first = p.recreated if p.recreated is not None else p.base
+        both = both or p.recreated is not None
         result = final_check(
-            ctl, [p.base, p.bad_candidate] if both else [p.bad_candidate],
+            ctl, [first, p.bad_candidate] if both else [p.bad_candidate],
             lambda rows, check: investigate_answer.answer(cfg, rows, p, docs, ws, check,
                                                           marks=marks, yardstick=yardstick),
             experiment_params.of(cfg).final_trials, out, progress, metric=req.metric)
@@ -215,6 +220,15 @@ def execute(cfg: RunSettings, ctl: Controller, run_dir: Path, p: Plan, ws, out,
            "steps": list(docs), "n_trials": len(rows), "answer": result}
     findings.write(run_dir, doc, "investigate")
     return doc, docs
+
+
+def recreated(ref: dict, metric: str, isolate_doc: dict) -> Candidate | None:
+    """The isolate's recreation of the reference's configuration, when the reference holds no
+    level of `metric` (an old log that never printed it): "then" is measured now instead."""
+    ends = isolate_doc.get("ends") or {}
+    if not ends.get("good") or log_record.no_level(ref, metric) is None:
+        return None
+    return Candidate.from_json(ends["good"])
 
 
 def stopped(cfg: RunSettings, ctl: Controller, run_dir: Path, p: Plan, docs: dict[str, dict],
@@ -280,6 +294,9 @@ def run(cfg: RunSettings) -> int:
 def resume(run_dir: Path) -> int:
     def prepare(cfg: RunSettings) -> tuple[RunSettings, tuple]:
         isolate.refuse_redacted(cfg, run_dir.name)
+        if cfg.live.server:
+            raise UserError(f"{run_dir.name} started from a running server (live=), which it"
+                            " relaunched: start a new investigation")
         cfg, p, ws = plan(cfg)
         return cfg, (p, ws)
 

@@ -45,6 +45,9 @@ class Plan:
     weights: list[float] | None
     sweep: SweepRequest | None  # recover=true: the sweep on the bad commit
     request: InvestigateRequest  # what was asked: metric, ends, budget (`config/requests.py`)
+    # A reference without a level of the metric (an old log that never printed it): the
+    # isolate's recreation of its configuration, measured now, stands in for "then".
+    recreated: Candidate | None = None
 
     @property
     def bad_candidate(self) -> Candidate:
@@ -86,15 +89,16 @@ def whole(cfg: RunSettings, rows, p: Plan) -> tuple[LogChange | None, dict]:
     bad_key = p.bad_candidate.key
     after = findings.trial_values(rows, bad_key, metric)
     window = ""
-    if p.reference is not None:
+    start = p.recreated or (p.base if p.reference is None else None)
+    if start is None:
         before = list(p.reference["values"].get(metric, []))
     else:
-        before = findings.trial_values(rows, p.base.key, metric)
+        before = findings.trial_values(rows, start.key, metric)
         last = [r for r in rows if r.phase == FINAL_PHASE]
-        a, b = (findings.trial_values(last, key, metric) for key in (p.base.key, bad_key))
+        a, b = (findings.trial_values(last, key, metric) for key in (start.key, bad_key))
         if min(len(a), len(b)) >= 2:
             before, after, window = a, b, "final check"
-    ss, df = findings.pooled_log_ss(rows, metric, (p.base.key, bad_key))
+    ss, df = findings.pooled_log_ss(rows, metric, ((start or p.base).key, bad_key))
     change = log_change(before, after, ss, df) if before and after else None
     extra = {"before": sum(before) / len(before) if before else None,
              "after": sum(after) / len(after) if after else None,
@@ -107,7 +111,11 @@ def whole(cfg: RunSettings, rows, p: Plan) -> tuple[LogChange | None, dict]:
 def phase_mechanism(rows, p: Plan) -> dict:
     bad_key = p.bad_candidate.key
     after = findings.side_values(rows, bad_key)
-    if p.reference is not None:
+    if p.recreated is not None:
+        before = findings.side_values(rows, p.recreated.key)
+        before_tel = findings.side_telemetry(rows, p.recreated.key)
+        label = "recreated"
+    elif p.reference is not None:
         before = p.reference["values"]
         before_tel = p.reference.get("telemetry") or []
         label = "reference"
@@ -128,10 +136,15 @@ def answer(cfg: RunSettings, rows, p: Plan, docs: dict[str, dict], ws,
     metric = p.request.metric
     ends = [p.bad_candidate.key] if p.reference is not None else [p.base.key,
                                                                    p.bad_candidate.key]
+    if p.recreated is not None:
+        ends = [p.recreated.key, p.bad_candidate.key]
     now_rows, total_now = total_rows(rows, ends, metric)  # never two systems pooled
     change, extra = whole(cfg, now_rows, p)
     bad_label = label(p.bad_candidate, p.commits, ws) + " now"
-    if p.reference is not None:
+    if p.recreated is not None:  # the reference holds no level: its configuration, now
+        start = (f"the reference's configuration recreated now ({label(p.base, p.commits, ws)};"
+                 f" {p.reference['name']} holds no {metric})")
+    elif p.reference is not None:
         start = f"the reference ({label(p.base, p.commits, ws)}, then)"
     else:
         start = label(p.base, p.commits, ws) + " now"

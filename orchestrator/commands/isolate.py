@@ -196,6 +196,7 @@ def isolate_system(cfg: RunSettings, req: IsolateRequest, ctl: Controller, run_d
         f["untested"] = (NOT_FROM_RECORD if NOT_FROM_RECORD in detail
                          else no_package[f["id"]] if f["id"] in no_package
                          else "set aside: shell/session variable" if f["difference"]["controllable"]
+                         else UNKNOWN_THEN if f["difference"].get("category") == "unknown"
                          else "not settable per trial")
     findings.write(run_dir, cdoc, "compare")
     if not changes:
@@ -297,7 +298,7 @@ def _execute(cfg: RunSettings, req: IsolateRequest, run_dir: Path, store: RunSto
                         out.print("nothing to isolate: the reference reproduces")
                         return 0
                     if cdoc["verdict"] == "unresolved":
-                        out.print(UNDECIDED_COMPARE)
+                        out.print(undecided_compare(cdoc))
                     result = isolate_system(cfg, req, ctl, run_dir, ref, cdoc, ws.resolve,
                                             out, progress)
                     if result is None:
@@ -320,12 +321,25 @@ def _execute(cfg: RunSettings, req: IsolateRequest, run_dir: Path, store: RunSto
         return 0 if ok else 3
 
 
+# What an old log (`reference=log:PATH`) cannot tell: listed apart from what no trial can set.
+UNKNOWN_THEN = "not in the reference's record (unknown then)"
+
+
 # An undecided compare is most often a reference of one restart: its own noise stays in the
 # estimate however often "now" is measured. The isolate does not rest on it: it sets the
 # reference's configuration per trial and measures both sides now, as often as it needs.
 UNDECIDED_COMPARE = ("the compare could not decide against the reference's own restarts; the"
                      " controllable differences it found are tested anyway, against the"
                      " reference's configuration recreated now")
+
+
+def undecided_compare(cdoc: Mapping) -> str:
+    """Why the isolate goes on after an undecided compare (an old log without the metric's
+    level has nothing to decide against: its configuration, recreated, is "then")."""
+    if cdoc.get("no_level"):
+        return ("the reference holds no level of the metric: the controllable differences are"
+                " tested against its configuration recreated now, which stands for \"then\"")
+    return UNDECIDED_COMPARE
 
 
 def _compare(cfg: RunSettings, req: IsolateRequest, ctl: Controller, run_dir: Path, ref: dict,

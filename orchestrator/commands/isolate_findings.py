@@ -105,7 +105,11 @@ def document(cfg: RunSettings, req: IsolateRequest, ctl: Controller, strategy: I
                                       verdict.culprits, items, metric)
     if attribution is not None:
         doc["attribution"] = attribution
-    bad_key = points.candidate(strategy.point_of(frozenset(range(len(changes))))).key
+    bad_end = points.candidate(strategy.point_of(frozenset(range(len(changes)))))
+    bad_key = bad_end.key
+    # Both ends as candidates: an investigation whose reference holds no level of the metric
+    # (an old log) measures its total between them (`investigate_answer.whole`).
+    doc["ends"] = {"good": points.candidate(0).to_json(), "bad": bad_end.to_json()}
     total = findings.effects_between(rows, good_key, bad_key)
     if total:
         doc["total_effect"] = total

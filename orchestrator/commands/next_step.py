@@ -17,7 +17,7 @@ from collections.abc import Iterator, Mapping
 from orchestrator.config.settings import RunSettings, as_dict
 from orchestrator.run.rundir import runs_root
 
-CARRIED_PARTS = ("target", "bench", "trial", "cluster")
+CARRIED_PARTS = ("target", "bench", "trial", "cluster", "log")
 CARRIED_KEYS = ("metric", "direction", "nodes", "confidence")
 _PLAIN = re.compile(r"[\w./:@+-]*")  # a value Hydra reads as the string it is
 

@@ -25,6 +25,8 @@ def check(command: str, cfg: RunSettings) -> None:
         return
     if cfg.run_id and (runs_root(cfg) / str(cfg.run_id)).exists():
         return  # continuing a run: its stored configuration is what counts
+    if (command == "trial" and cfg.from_log) or (command == "investigate" and cfg.live.server):
+        return  # a log read, a live server attached: their own checks, nothing launched yet
     cfg = common.check_common(cfg)
     if command == "trial":
         common.workspace(cfg).resolve(str(cfg.commit))

@@ -7,6 +7,11 @@ One trial is one server lifetime; `restarts=N` runs N of them (on up to `nodes` 
 is how a reference for `sleuth investigate reference=RUN` is made in one command: one restart
 says nothing about restart-to-restart noise, three do. Exit 0 when every trial measured, 1
 otherwise (the trials that did measure are kept and usable as a reference).
+
+    sleuth trial from_log=PATH run_id=NAME [repo=PATH commit=REF] [log.pattern=REGEX]
+
+keeps an old server log as a reference run instead of measuring (`orchestrator/reference`):
+nothing runs, and `reference=NAME` later reads what the log tells (and says what it cannot).
 """
 
 from __future__ import annotations
@@ -15,6 +20,7 @@ from orchestrator.commands import common, next_step
 from orchestrator.config.requests import TrialRequest
 from orchestrator.config.settings import RunSettings, evolve
 from orchestrator.control.controller import Controller
+from orchestrator.errors import UserError
 from orchestrator.run.rundir import create_run, pin_run, running
 from orchestrator.ui import render
 
@@ -30,6 +36,8 @@ def nodes_for(restarts: int, asked: int) -> tuple[int, str | None]:
 
 
 def run(cfg: RunSettings) -> int:
+    if cfg.from_log:
+        return _from_log(cfg)
     cfg = common.check_common(cfg)
     req = TrialRequest.of(cfg)
     ws = common.workspace(cfg)
@@ -69,3 +77,37 @@ def run(cfg: RunSettings) -> int:
                     cfg, "investigate", f"reference={run_dir.name}", "bad=HEAD"))
             return 0
         return 1
+
+
+def _from_log(cfg: RunSettings) -> int:
+    """An old log kept as a run: parsed before anything is written (a log with no line sleuth
+    can read is bad input), then its summary and one trial row per server run in it."""
+    from orchestrator.reference import record, stored
+    from orchestrator.reference.parsed import parse_files
+
+    if cfg.restarts != 1:
+        raise UserError(f"from_log= reads a log, restarts={cfg.restarts} measures: give one")
+    cfg = common.absolute_paths(cfg)
+    log = parse_files(str(cfg.from_log).removeprefix(record.PREFIX), cfg.log.pattern)
+    summary = record.summarize(log)
+    repo = sha = None
+    how = "not named: repo=PATH commit=REF name it"
+    if cfg.repo:
+        ws = common.workspace(cfg)
+        sha, repo = ws.resolve(str(cfg.commit)), str(cfg.repo)
+        how = f"named: {cfg.commit} ({sha[:12]})"
+    cfg = pin_run(evolve(cfg, from_log=",".join(log.files)))
+    run_dir, store = create_run(cfg)
+    out = render.console()
+    with running(store, run_dir, out) as run:
+        ids = stored.store_log(run_dir, store, log, summary, repo=repo, sha=sha)
+        out.print(f"read {log.lines} lines of {len(log.files)} file(s): {len(ids)} server"
+                  f" run(s), {len(summary['chosen'])} taken as the reference")
+        for line in record.preview(summary, how):
+            out.print(line)
+        run.status = "done"
+        # complete, as the measured reference's line is (`bad=HEAD` only where a commit is
+        # named: without one the investigation compares configurations)
+        out.print("reference: " + next_step.command(
+            cfg, "investigate", f"reference={run_dir.name}", *(["bad=HEAD"] if repo else [])))
+    return 0

@@ -108,8 +108,25 @@ def _as_string(override: str) -> str:
 # `HEAD~3`, `v1.2^`, `main@{1}` or `~/src/sglang`, and would read a short SHA of digits as an
 # int (losing its leading zeros). Shell quoting never reaches sleuth, so they are quoted here.
 _VERBATIM_KEY = re.compile(
-    r"^(?:(?:good|bad)\.)?commit=|^(?:good|bad|repo|runs_dir|reference|run_id|out|then|now)="
+    r"^(?:(?:good|bad)\.)?commit=|^(?:good|bad|repo|runs_dir|reference|run_id|out|then|now"
+    r"|from_log)="
 )
+
+
+# `live=PID|URL` names the running server (`live.server`; `live.restart=true` sits beside it in
+# the same group); a URL and a log pattern (a regular expression: brackets, parentheses) are
+# strings as typed.
+_LIVE_KEY = re.compile(r"^(\+{0,2})live=(.*)$", re.S)
+_ALWAYS_STRING = re.compile(r"^(?:live\.server|log\.pattern)=")
+
+
+def _live_override(override: str) -> str:
+    m = _LIVE_KEY.match(override)
+    if m:
+        override = f"{m.group(1)}live.server={m.group(2)}"
+    if _ALWAYS_STRING.match(override.lstrip("+")):
+        return _as_string(override)
+    return override
 
 
 def _verbatim(override: str) -> str:
@@ -218,7 +235,7 @@ def compose_config(
         raise UserError(f"sleuth's config directory is missing: {CONF_DIR}")
     register()
     check_overrides(overrides)
-    overrides = [_verbatim(_pins_override(o)) for o in overrides]
+    overrides = [_verbatim(_live_override(_pins_override(o))) for o in overrides]
     _check_syntax(overrides)
     extra: list[str] = []
     if config_dir is not None:

@@ -170,7 +170,7 @@ class ScenarioRequest:
             from orchestrator.sim_scenarios.generate import PRESETS
 
             raise UserError(f"where to? usage: sleuth scenario out=DIR [commits=N] [seed=S]"
-                            f" [preset={'|'.join(PRESETS)}], or out=DIR apply=reference|now")
+                            f" [preset={'|'.join(PRESETS)}], or out=DIR apply=reference|now|live")
         return cls(out=Path(str(settings.out)).expanduser().resolve(),
                    commits=int(settings.commits), seed=int(settings.seed),
                    preset=str(settings.preset), apply=settings.apply)

@@ -309,6 +309,29 @@ class PackageSearchConf:
 
 
 @dataclass(frozen=True)
+class LogConf:
+    """How an old server log is read (`reference=log:PATH`, `sleuth trial from_log=PATH`):
+    `pattern` is a regular expression whose named groups are metrics, for lines the server's
+    own instrumentation prints (`log.pattern='verify (?P<verify_ms>[0-9.]+) ms'`)."""
+
+    pattern: str = ""
+
+
+@dataclass(frozen=True)
+class LiveConf:
+    """The slow server as it runs now (`live=PID` or `live=URL` sets `server`): measured
+    without a restart; `restart=true` then stops it, starts the same command and environment
+    fresh `restarts` times (at most; fewer when the answer is clear), and relaunches the
+    original command at the end, leaving the node as it was found."""
+
+    server: str = ""
+    restart: bool = False
+    restarts: int = ranged(5, ge=2, le=100)
+    # How long the running server may take to stop (SIGTERM) before SIGKILL.
+    grace_s: float = ranged(60.0, ge=0, le=3600)
+
+
+@dataclass(frozen=True)
 class ExperimentConf:
     """The experiment's name and its knobs (typed in `orchestrator/config/params.py`)."""
 
@@ -390,13 +413,15 @@ class RunSettings:
     recover: bool = False
     # `sleuth trial restarts=N`: N trials (server restarts) of the candidate, e.g. a reference.
     restarts: int = ranged(1, ge=1, le=10_000)
+    # `sleuth trial from_log=PATH run_id=NAME`: an old server log kept as a reference run.
+    from_log: str | None = None
     # `sleuth scenario`: where to write, how many commits, which planted causes.
     out: str | None = None
     commits: int = ranged(100, ge=1)
     preset: str = "one_culprit"
     # `sleuth scenario out=DIR apply=reference|now`: put the simulated nodes of `runs_dir` into
     # the scenario's recorded system state (as it was when fast, or as it is now).
-    apply: str | None = choice(None, "reference", "now")
+    apply: str | None = choice(None, "reference", "now", "live")
     # `sleuth kernels then=DIR|FILES now=DIR|FILES [mode=NAME]`: profiler traces of the fast
     # and the slow runs (a directory, a file, a glob, or a list), and which forward mode(s) to
     # compare (empty: every mode both sides have; `all`: each trace as one pass).
@@ -415,6 +440,8 @@ class RunSettings:
     package: PackageSearchConf = field(default_factory=PackageSearchConf)
     experiment: ExperimentConf = field(default_factory=ExperimentConf)
     evidence: EvidenceConf = field(default_factory=EvidenceConf)
+    log: LogConf = field(default_factory=LogConf)
+    live: LiveConf = field(default_factory=LiveConf)
 
 
 # The schema of `target` by its name (`target` itself is `Any` in RunSettings: each group

@@ -284,6 +284,9 @@ def _check_server(t: _Trial) -> None:
         t.enter(TrialState.WAITING_READY)
         wait_ready(target, proc, t.spec.ready_timeout_s, t.oom_at_launch)
         fingerprint.record_server_env(t.fp, t.env, server_environ(proc))
+        settings = target.server_settings(proc.base_url)
+        if settings:  # what the server resolved, against a reference that logged its own
+            t.fp["server_args"] = settings
         wanted = {**{str(k): str(v) for k, v in target.conf.get("env", {}).items()},
                   **cand.env_dict}
         problems = env_mismatches(proc, wanted)

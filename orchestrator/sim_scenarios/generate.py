@@ -374,6 +374,14 @@ def _generate(out: Path, commits: int, seed: int, preset: str) -> Scenario:
         truth["patches"] = write_patches(out, history.clock, history.profile, rng)
     if spec.system_change:
         truth["system"], truth["env"] = write_system(out, rng, history.profile, spec.system_story)
+    if spec.extra == "old_log":
+        from orchestrator.sim_scenarios.old_log import record_old_log
+
+        truth["old_log"] = record_old_log(out, truth, seed)
+    elif spec.extra == "live":
+        from orchestrator.sim_scenarios.live import plan_live
+
+        truth["live"] = plan_live(out, truth, seed)
     (out / "truth.json").write_text(material.render_json(truth))
     return Scenario(out=out, repo=out / "repo", truth=truth)
 

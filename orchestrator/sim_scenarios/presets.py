@@ -156,6 +156,10 @@ class PresetSpec:
     system_change: bool = False
     env_effects: tuple[dict, ...] = ()
     system_story: str = "power_nccl"  # which reference -> now system change (SYSTEM_STORIES)
+    # What the user has besides the repository: "old_log" (a log of the server from when it
+    # was fast, `sim_scenarios/old_log.py`), "live" (a long-running server to start and age,
+    # `sim_scenarios/live.py`).
+    extra: str = ""
 
 
 # Variables set on the node since the reference that each make the verify pass leave its CUDA
@@ -207,6 +211,15 @@ PRESETS = {spec.name: spec for spec in (
     PresetSpec("env_synergy", "no culprit in range: two variables set on the node since the "
                "reference that force verify eager only together (+38%)", (),
                system_change=True, system_story="env_synergy", env_effects=SYNERGY_EFFECTS),
+    PresetSpec("old_log", "only an old log: no sleuth run from when it was fast, its server log"
+               " (NCCL_DEBUG=INFO, a custom verify line) in old_logs/; since then the power"
+               " limit went 600 -> 450 W and NCCL_PROTO and NCCL_DEBUG were dropped", (),
+               system_change=True, system_story="old_log", env_effects=NCCL_ENV_EFFECTS,
+               extra="old_log"),
+    PresetSpec("server_state", "slow after days, fine after a restart: the code and the node"
+               " did not change; a long-running server's state (requests served) makes it"
+               " slower, and apply=live starts and ages one", (), system_change=True,
+               system_story="unchanged", extra="live"),
     PresetSpec("nccl_upgrade", "no culprit in range: the node's NCCL wheel went 2.27.5 -> 2.28.3"
                " (slower all-reduce), two harmless package bumps and a changed variable; the"
                " old wheels are in wheels/", (), system_change=True, system_story="nccl_upgrade"),

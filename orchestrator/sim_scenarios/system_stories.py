@@ -147,6 +147,11 @@ def system_story(name: str, rng: random.Random
         return _power_strip(base, gpus, rng)
     if name in ("env_overlap", "env_synergy"):
         return _env_added(base, gpus, OVERLAP_ENV if name == "env_overlap" else SYNERGY_ENV)
+    if name == "old_log":
+        return _old_log(base, gpus)
+    if name == "unchanged":
+        same = SystemState(dict(base), gpus, dict(BASE_PACKAGES))
+        return same, same, []
     raise ValueError(f"unknown system story {name!r}")
 
 
@@ -192,6 +197,27 @@ def _power_strip(base: dict[str, str], gpus: gpu_state.GpuState, rng: random.Ran
         ({"factor": "env", "vars": session}, SystemState(now_env, gpus, ref.packages)),
         ({"factor": "packages", "name": bumped, "reference": BASE_PACKAGES[bumped],
           "now": version}, SystemState(ref_env, gpus, now.packages)),
+    ]
+    return ref, now, changes
+
+
+def _old_log(base: dict[str, str], gpus: gpu_state.GpuState
+             ) -> tuple[SystemState, SystemState, list[tuple[dict, SystemState]]]:
+    """The node as an old log caught it (NCCL_PROTO=LL128, and NCCL_DEBUG=INFO for the
+    log's NCCL lines) and now: the power limit lowered 600 -> 450 W and both variables gone."""
+    ref_env = {**base, "NCCL_PROTO": "LL128", "NCCL_DEBUG": "INFO"}
+    ref = SystemState(ref_env, gpus, dict(BASE_PACKAGES))
+    capped = gpus.with_all_gpus(power_limit_w=NOW_POWER_LIMIT_W)
+    now = SystemState(dict(base), capped, dict(BASE_PACKAGES))
+    changes = [
+        ({"factor": "clock", "what": "power_limit_w", "reference": 600, "now": NOW_POWER_LIMIT_W},
+         SystemState(ref_env, capped, ref.packages)),
+        ({"factor": "env", "var": "NCCL_PROTO", "reference": "LL128", "now": None},
+         SystemState({k: v for k, v in ref_env.items() if k != "NCCL_PROTO"}, gpus,
+                     ref.packages)),
+        ({"factor": "env", "var": "NCCL_DEBUG", "reference": "INFO", "now": None},
+         SystemState({k: v for k, v in ref_env.items() if k != "NCCL_DEBUG"}, gpus,
+                     ref.packages)),
     ]
     return ref, now, changes
 

@@ -357,7 +357,8 @@ def changes_from_system(diffs: Iterable[SystemDifference], *, all_env: bool = Fa
             continue
         if kind == "env" and not all_env and is_session_env(key):
             continue
-        out.append(Change(kind, key, level, None, reference=show_value(d.key, d.reference),
+        then = d.extra.get("then") or show_value(d.key, d.reference)  # unknown then: said so
+        out.append(Change(kind, key, level, None, reference=then,
                           now=show_value(d.key, d.now), source=d.key))
     return out
 

@@ -109,8 +109,9 @@ class Difference:
         if self.category == "env_dropped":
             return (f"{self.key}={self.reference} is set on the node but the server got "
                     f"{show_value(self.key, self.now)}")
-        return (f"{self.name}: {show_value(self.key, self.reference)} -> "
-                f"{show_value(self.key, self.now)}")
+        # A reference that cannot tell this side (an old log) says so in `extra["then"]`.
+        before = self.extra.get("then") or show_value(self.key, self.reference)
+        return f"{self.name}: {before} -> {show_value(self.key, self.now)}"
 
     def to_json(self) -> dict:
         return {"category": self.category, "key": self.key, "reference": self.reference,

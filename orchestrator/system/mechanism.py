@@ -132,6 +132,8 @@ def assess(d: Difference, s: Signals) -> tuple[int, str]:
         if s.memory_bound:
             return 1, f"caps the memory clock, and the memory-bound phase moved; {s.describe()}"
         return 2, "caps the memory clock"
+    if d.category == "unknown":  # a reference that cannot tell (an old log): listed, last
+        return 4, "the reference cannot tell what it was then"
     if d.category == "gpu_process":
         return 1, "other processes on the GPUs contend for compute and memory"
     nccl = (d.category == "nccl" or (d.category in ("env", "env_dropped")

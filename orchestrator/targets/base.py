@@ -159,6 +159,12 @@ class Target(ABC):
             return False
         return r.status_code == 200
 
+    def server_settings(self, base_url: str) -> dict | None:
+        """The settings the running server reports (SGLang's resolved `ServerArgs`, from
+        `/server_info`), for the fingerprint: a reference that recorded them (an old log's
+        `server_args=`) is compared with them field by field. None: the server says none."""
+        return None
+
     def scrape(self, base_url: str) -> dict | None:
         """Prometheus counters, or None when the server exports none."""
         try:

@@ -315,6 +315,9 @@ class SglangTarget(Target):
         return None
 
     # -- measuring ---------------------------------------------------------------------------
+    def server_settings(self, base_url: str) -> dict | None:
+        return server_measure.settings_of(self.server_info(base_url))
+
     def server_info(self, base_url: str) -> dict | None:
         for path in self.features.server_info_paths:
             try:

@@ -156,6 +156,11 @@ class SimTarget(Target):
         return server_measure.measure(self, base_url, requests, log_path,
                                       server_info=self._server_info)
 
+    def server_settings(self, base_url: str) -> dict | None:
+        from orchestrator.bench.server_measure import settings_of
+
+        return settings_of(self._server_info(base_url))
+
     def _server_info(self, base_url: str) -> dict | None:
         try:
             r = self.http.get(f"{base_url}/server_info", timeout=10.0)

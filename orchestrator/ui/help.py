@@ -13,9 +13,19 @@ HELP: dict[str, tuple[tuple[str, ...], tuple[tuple[str, str], ...]]] = {
     "investigate": (
         ("sleuth investigate repo=PATH reference=RUN [bad=REF] [metric=verify_ms] [nodes=K]"
          " [recover=true]",
-         "sleuth investigate repo=PATH good=REF bad=REF [metric=verify_ms] [nodes=K]"),
+         "sleuth investigate repo=PATH good=REF bad=REF [metric=verify_ms] [nodes=K]",
+         "sleuth investigate repo=PATH reference=log:PATH [log.pattern=REGEX]",
+         "sleuth investigate live=PID|URL [live.restart=true] [was=V | reference=RUN]"),
         (("reference=RUN", "an earlier run (id or directory) or fingerprint JSON that measured"
           " the good state; its whole configuration is re-measured now"),
+         ("reference=log:PATH", "an old server log (files, globs, a directory; .gz): what it"
+          " tells is the reference, what it cannot is listed as unknown"),
+         ("log.pattern=REGEX", "a line of your own whose named groups are metrics, e.g."
+          " 'verify (?P<verify_ms>[0-9.]+) ms'"),
+         ("live=PID|URL", "the slow server as it runs now: measured without a restart"),
+         ("live.restart=true", "then fresh starts of its command (server state), and the"
+          " original relaunched"),
+         ("was=VALUE", "the level then, as you remember it (with live= or good=/bad=)"),
          ("bad=REF", "the commit that is slow now (default: the reference's own commit)"),
          ("good=REF", "without a reference: the good end of the range to bisect"),
          ("metric=NAME", "what got worse (default verify_ms; value for target=command)"),
@@ -34,7 +44,8 @@ HELP: dict[str, tuple[tuple[str, ...], tuple[tuple[str, str], ...]]] = {
           " endpoints (default 12)"),
          ("experiment.params.all_env=true", "also test shell/session variables"))),
     "trial": (
-        ("sleuth trial repo=PATH commit=REF [restarts=N] [env.VAR=VALUE] [clock=POLICY]",),
+        ("sleuth trial repo=PATH commit=REF [restarts=N] [env.VAR=VALUE] [clock=POLICY]",
+         "sleuth trial from_log=PATH run_id=NAME [repo=PATH commit=REF] [log.pattern=RE]"),
         (("repo=PATH", "the git repository to check out"),
          ("commit=REF", "the commit to run (default HEAD)"),
          ("restarts=N", "N trials (server restarts): a reference for investigate"),
@@ -44,7 +55,9 @@ HELP: dict[str, tuple[tuple[str, ...], tuple[tuple[str, str], ...]]] = {
          ("patches=[a.patch,b.patch]", "patches applied to the worktree"),
          ("env.VAR=VALUE", "environment of the server (env.VAR='<unset>' removes one)"),
          ("clock=POLICY", "default | locked:MHZ | power:W | app:MHZ, parts joined by commas"),
-         ("bench.repetitions=N", "benchmark repetitions inside each trial"))),
+         ("bench.repetitions=N", "benchmark repetitions inside each trial"),
+         ("from_log=PATH", "keep an old server log as a reference run instead (nothing runs)"),
+         ("log.pattern=REGEX", "with from_log: a line whose named groups are metrics"))),
     "bisect": (
         ("sleuth bisect repo=PATH good=REF bad=REF [metric=verify_ms] [nodes=K]",
          "sleuth bisect repo=PATH package=NAME good=V1 bad=V2 packages.find_links=DIR"),
@@ -67,13 +80,13 @@ HELP: dict[str, tuple[tuple[str, ...], tuple[tuple[str, str], ...]]] = {
          ("package.pre=true", "pre-releases too (yanked ones only when named)"))),
     "compare": (
         ("sleuth compare reference=RUN [metric=verify_ms] [repo=PATH]",),
-        (("reference=RUN", "the run (or fingerprint JSON) to re-measure now"),
+        (("reference=RUN", "the run (or fingerprint JSON, or log:PATH) to re-measure now"),
          ("metric=NAME", "the metric that decides"),
          ("max_trials=N", "restarts now (default 9)"))),
     "isolate": (
         ("sleuth isolate reference=RUN [metric=verify_ms]",
          "sleuth isolate good.commit=REF good.env.VAR=V bad.clock=POLICY bad.patches=[a.patch]"),
-        (("reference=RUN", "test the controllable differences since that run"),
+        (("reference=RUN", "test the controllable differences since that run (or log:PATH)"),
          ("good.PART=...", "the good configuration: commit, patches, env.VAR, clock, server"),
          ("bad.PART=...", "the bad configuration (a part left out: same as good)"),
          ("good.packages=[NAME==V]", "a side's package versions (bad.packages likewise)"),
@@ -106,7 +119,7 @@ HELP: dict[str, tuple[tuple[str, ...], tuple[tuple[str, str], ...]]] = {
                 ("runs_dir=DIR", "where the run's directory is (default runs)"),
                 ("max_trials=N", "a bisect's new, larger budget"))),
     "scenario": (("sleuth scenario out=DIR [commits=100] [seed=0] [preset=one_culprit]",
-                  "sleuth scenario out=DIR apply=reference|now [runs_dir=R] [nodes=K]"),
+                  "sleuth scenario out=DIR apply=reference|now|live [runs_dir=R] [nodes=K]"),
                  (("out=DIR", "where to write the repo and truth.json"),
                   ("commits=N", "history length"), ("seed=S", "the scenario's seed"),
                   ("preset=NAME", "which causes to plant (sleuth scenario --help lists them)"),

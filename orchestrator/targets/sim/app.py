@@ -195,6 +195,7 @@ def _load(
         _die(log, traceback_text("RuntimeError", str(exc), [
             ("python/sglang/srt/model_executor/model_runner.py", 512, "init_torch_distributed",
              "torch.get_device_module(self.device).set_device(self.gpu_id)")]))  # fmt: skip
+    nccl_info(log, env, gpu, launch.tp_size)
     avail = used[0].memory_total_mib / 1024 - 0.4
     log.tp("Init torch distributed ends. mem usage=0.40 GB")
     log.tp(f"Load weight begin. avail mem={avail:.2f} GB")
@@ -240,6 +241,47 @@ def _load(
     return costs
 
 
+# NCCL echoes every setting it takes from the environment at INFO, but never its own debug
+# settings; P2P levels print by name (`src/graph/paths.cc`).
+_NCCL_SILENT = ("NCCL_DEBUG", "NCCL_DEBUG_SUBSYS", "NCCL_DEBUG_FILE")
+_P2P_NAMES = {"0": "LOC", "1": "NVL", "2": "PIX", "3": "PXB", "4": "PHB", "5": "SYS"}
+
+
+def nccl_info(log: SimLog, env: Mapping[str, str], gpu: gpu_state_mod.GpuState,
+              ranks: int) -> None:
+    """With `NCCL_DEBUG=INFO`, NCCL's INFO lines at communicator init, one set per rank, in
+    NCCL's own format (`src/debug.cc`: `host:pid:tid [dev] NCCL INFO ...`): the release
+    (`src/init.cc` showVersion) and each variable taken from the environment (`... set by
+    environment to V` for strings, `... to N.` for integer parameters, `src/misc/param.cc`)."""
+    if env.get("NCCL_DEBUG", "").strip().upper() not in ("INFO", "TRACE"):
+        return
+    import socket
+
+    host, pid = socket.gethostname(), os.getpid()
+    settings = sorted((k, v) for k, v in env.items()
+                      if k.startswith("NCCL_") and k not in _NCCL_SILENT and v.strip())
+    for rank in range(max(1, ranks)):
+        head = f"{host}:{pid}:{pid + rank} [{rank}] NCCL INFO "
+        lines = ["Bootstrap: Using lo:127.0.0.1<0>"]
+        if rank == 0:
+            lines.append(f"NCCL version {gpu.nccl_version}+cuda12.9")
+        for var, value in settings:
+            lines.append(f"{var} set by environment to {_nccl_value(var, value.strip())}")
+        lines.append(f"comm 0x7f3a{rank:04x}0000 rank {rank} nranks {max(1, ranks)} cudaDev"
+                     f" {rank} nvmlDev {rank} busId {rank + 1:x}000 commId 0x5e1f2a6b9c3d4e7f"
+                     " - Init COMPLETE")
+        log.raw("".join(head + line + "\n" for line in lines))
+
+
+def _nccl_value(var: str, value: str) -> str:
+    if var == "NCCL_P2P_LEVEL":
+        return _P2P_NAMES.get(value, value.upper())
+    try:
+        return f"{int(value, 0)}."  # an integer parameter (NCCL_PARAM) ends in a period
+    except ValueError:
+        return value
+
+
 def _warmup(scheduler: Scheduler) -> None:
     req = SimRequest(rid="warmup", input_ids=tokenize("The capital city of France is"), max_new_tokens=8,
                      stream=False, created=scheduler.modeled_clock(), warmup=True)  # fmt: skip
@@ -259,7 +301,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     log = SimLog(str(config.server_args["log_level"]))
     effects = load_effects_or_die(config, log, env)
     args = config.server_args
-    log.main("server_args=ServerArgs(" + ", ".join(f"{k}={v!r}" for k, v in args.items()) + ")")
+    if config.dialect.server_args_dict:  # 0.5.23: the dict of ServerArgs.resolved_dict()
+        log.main(f"server_args={dict(args)!r}")
+    else:  # 0.5.9-era launchers: f"{server_args=}", the dataclass repr
+        log.main("server_args=ServerArgs(" + ", ".join(f"{k}={v!r}" for k, v in args.items())
+                 + ")")
     for note in config.notes:
         log.main(note, "warning")
     try:
@@ -309,6 +355,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         decode_log_interval=int(args["decode_log_interval"]),
         radix_cache=not args["disable_radix_cache"],
         device_timer=device_timer,
+        verify_log=config.verify_log,
+        gc_warning_s=args.get("gc_warning_threshold_secs"),
     )  # fmt: skip
     scheduler.profiler = SimProfiler(noise.seed, env)
     state.scheduler = scheduler

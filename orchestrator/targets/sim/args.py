@@ -40,6 +40,8 @@ SIM_FLAGS: tuple[tuple[str, Any, Any, str], ...] = (
     ("fault", str, None, "fault spec, e.g. crash_after:3 or degrade:5,never_ready"),
     ("sglang-version", str, DEFAULT_VERSION, "SGLang release to imitate: 0.5.23 or 0.5.9"),
     ("packages", str, None, "the node's installed packages, a JSON file of name -> version"),
+    ("verify-log", int, 0, "1: log the window's EAGLE verify ms after each decode-log line"
+     " (custom instrumentation, as the seed's EAGLE worker printed)"),
 )
 GRAPH_BACKENDS = ("full", "breakable", "disabled")  # 0.5.23 --cuda-graph-backend-{decode,prefill}
 
@@ -119,6 +121,8 @@ def build_parser(version: str | None = None) -> argparse.ArgumentParser:
     p.add_argument("--quantization", default=None)
     _bool_flag(p, "--disable-radix-cache", "disable the prefix cache")
     _bool_flag(p, "--skip-server-warmup", "skip the warm-up request")
+    p.add_argument("--gc-warning-threshold-secs", type=float, default=None,
+                   help="log a warning for a garbage collection longer than this")
     for flag, typ, _default, help_text in SIM_FLAGS:
         p.add_argument(
             f"--sim-{flag}", type=typ, default=None, help=f"{help_text} [{sim_env_name(flag)}]"
@@ -146,6 +150,7 @@ class SimConfig:
     noise_outlier_rate: float = 0.0
     noise_outlier_factor: float = 3.0
     dialect: Dialect = field(default_factory=lambda: dialect(None))
+    verify_log: bool = False
 
     @property
     def speculative(self) -> bool:
@@ -271,6 +276,7 @@ def resolve(ns: argparse.Namespace, env: Mapping[str, str]) -> SimConfig:
         noise_outlier_rate=min(max(0.0, values["noise-outlier-rate"]), 1.0),
         noise_outlier_factor=max(values["noise-outlier-factor"], 0.01),
         dialect=d,
+        verify_log=bool(values["verify-log"]),
     )
 
 
@@ -335,6 +341,7 @@ def _server_args(
         "disable_radix_cache": ns.disable_radix_cache,
         "enable_mixed_chunk": False,
         "skip_server_warmup": ns.skip_server_warmup,
+        "gc_warning_threshold_secs": ns.gc_warning_threshold_secs,
         "weight_version": "default",
         "preferred_sampling_params": None,
     }

@@ -30,6 +30,9 @@ read both correctly. Every difference below was read from the released wheels' s
   0.5.23 correct drafts / (passes x (draft tokens - 1)).
 - Prefill log: 0.5.23 adds `#token`, `#pending-token` and puts `cuda graph` before the input
   throughput; with the device timer both log lines end in `fwd occupancy: ..%`.
+- The configuration at start: 0.5.23 logs `server_args={...}`, the dict of
+  `ServerArgs.resolved_dict()` (`srt/entrypoints/engine.py`); 0.5.9-era launchers logged the
+  `ServerArgs(...)` repr (`f"{server_args=}"`).
 
 Both releases add to the accept-length totals that `/server_info` reports only once per
 `--decode-log-interval` decode batches (the sim does the same for both).
@@ -59,6 +62,7 @@ class Dialect:
     accept_rate_from_correct_drafts: bool
     prefill_log_0523: bool
     prefill_graph_passes: bool  # cuda_graph_passes_total{mode=prefill_*} (0.5.23; 0.5.9: decode only)
+    server_args_dict: bool = True  # `server_args={...}` (0.5.23), else `ServerArgs(...)`
 
     def draft_category(self, graph: bool) -> str:
         """Where one draft-model decode pass is timed (0.5.23 per-pass timers)."""
@@ -76,7 +80,7 @@ DIALECTS = {
         reasoning_tokens=False, spec_correct_key="spec_accept_token_num",
         spec_proposed_key="spec_draft_token_num", spec_histogram_key="spec_accept_histogram",
         accept_rate_from_correct_drafts=False, prefill_log_0523=False,
-        prefill_graph_passes=False,
+        prefill_graph_passes=False, server_args_dict=False,
     ),
     "0.5.23": Dialect(
         version="0.5.23", per_phase_graph_flags=True, per_pass_timer=True,

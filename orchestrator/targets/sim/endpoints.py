@@ -168,6 +168,7 @@ class Handler(BaseHTTPRequestHandler):
             "/v1/models": ({"GET"}, self.models),
             "/metrics": ({"GET"}, self.metrics),
             "/flush_cache": ({"GET", "POST"}, self.flush_cache),
+            "/freeze_gc": ({"GET", "POST"}, self.freeze_gc),
             "/generate": ({"POST", "PUT"}, self.generate),
             "/v1/completions": ({"POST"}, self.completions),
             "/sim/packages": ({"GET"}, self.sim_packages),  # the sim's own; not SGLang's
@@ -277,6 +278,16 @@ class Handler(BaseHTTPRequestHandler):
         self._send(
             200, self.state.metrics.render().encode(), "text/plain; version=0.0.4; charset=utf-8"
         )
+
+    def freeze_gc(self) -> None:
+        """SGLang 0.5.23's `/freeze_gc`: freezes the garbage collector (here: ends the state
+        a `burst:` fault left)."""
+        if self._starting():
+            return
+        sched = self.state.scheduler
+        if sched is not None:
+            sched.freeze_gc()
+        self._text(200, "Garbage collection frozen.\n")
 
     def flush_cache(self) -> None:
         sched = self.state.scheduler

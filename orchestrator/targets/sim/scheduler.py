@@ -19,6 +19,12 @@ per-pass timers put a draft pass run from a CUDA graph under `eagle_draft` /
 `eagle_draft_extend`, an eager one under `decode` / `extend` (the eager runner names passes by
 forward mode); 0.5.9 times the whole scheduler batch as `forward_decode` / `forward_extend`.
 
+State inside the server (`faults`: `state:PCT[:MAX]`, `burst:QUEUE:PCT`) slows every pass from
+then on, until the process is restarted (or, for the burst, `/freeze_gc`): what a fresh
+restart of the same command tells apart from configuration and code. `--sim-verify-log` adds a
+line of custom instrumentation after every decode-log line (`[EAGLE] verify 19.02 ms ...`, the
+window's mean device ms per verify pass), as the seed's own EAGLE worker printed one.
+
 Size: one scheduler loop and its per-pass bookkeeping, as SGLang's scheduler is one loop.
 """
 
@@ -41,6 +47,8 @@ from orchestrator.targets.sim.tokens import PrefixCache
 
 MAX_TOTAL_NUM_TOKENS = 393216
 CRASH_GRACE_S = 0.05  # let the N-th response reach its client before the process dies
+STATE_BYTES_PER_REQUEST = 64 * 1024  # what `state:` keeps per request served (its "leak")
+GC_PAUSE_S = 0.41  # a gen-2 collection after an overload burst (SGLang issue 30596: ~400 ms)
 
 
 class Scheduler:
@@ -59,6 +67,8 @@ class Scheduler:
         decode_log_interval: int,
         radix_cache: bool,
         device_timer: bool = False,
+        verify_log: bool = False,
+        gc_warning_s: float | None = None,
     ):
         self.costs = costs
         self.cost_factory = cost_factory  # rebuilds costs when the GPU state file changes
@@ -95,6 +105,12 @@ class Scheduler:
         self._last_prefill_tokens = 0
         self._last_prefill_time = 0.0
         self.profiler = None  # a torch_trace.SimProfiler once the server has one
+        self.verify_log = verify_log
+        self.gc_warning_s = gc_warning_s
+        self.burst_hit = False  # the overload burst of `burst:` happened (until /freeze_gc)
+        self._retained: list[bytearray] = []  # what `state:` keeps per request served
+        self._window_verify_ms = 0.0
+        self._window_verify_passes = 0
 
     # -- public, called from HTTP threads -------------------------------------------------------
     def modeled_clock(self) -> float:
@@ -154,6 +170,7 @@ class Scheduler:
                     self.cond.wait(timeout=0.02 if self.faults.crash_after is not None else 0.5)
                 self.running = [r for r in self.running if not r.aborted]
                 self.waiting = deque(r for r in self.waiting if not r.aborted)
+                self._check_burst()
                 admit = self._take_prefill_batch()
                 batch = list(self.running)
             self._check_crash()
@@ -184,9 +201,22 @@ class Scheduler:
         return admit
 
     def _factor(self) -> float:
-        return self.noise.pass_factor(self.modeled_now) * self.faults.degrade_factor(
-            self.completed_client_requests
-        )
+        return (self.noise.pass_factor(self.modeled_now)
+                * self.faults.degrade_factor(self.completed_client_requests)
+                * self.faults.state_factor(self.completed_client_requests, self.burst_hit))
+
+    def _check_burst(self) -> None:
+        """`burst:QUEUE:PCT`: the overload that leaves the server slower (under the lock)."""
+        at = self.faults.burst_queue
+        if at is not None and not self.burst_hit and len(self.waiting) >= at:
+            self.burst_hit = True
+
+    def freeze_gc(self) -> None:
+        """SGLang's `/freeze_gc`: the long collections after a burst stop (`burst:` ends)."""
+        with self.cond:
+            self.burst_hit = False
+        self.log.tp("Freezing GC in scheduler process. gc_object_counts before/after freeze:"
+                    " gen2 moved to the permanent generation")
 
     def _advance(self, ms: float) -> None:
         """Move modeled time on by `ms` and sleep until the matching wall-clock deadline."""
@@ -246,6 +276,8 @@ class Scheduler:
             verify_ms, graph = self.costs.verify(bs)
             verify_f = self._factor()
             verify_ms *= verify_f
+            self._window_verify_ms += verify_ms
+            self._window_verify_passes += 1
             extend_f = self._factor()
             extend_ms = self.costs.draft_extend(bs) * extend_f
             if self.profiler is not None and self.profiler.active:
@@ -369,6 +401,8 @@ class Scheduler:
         if req.warmup:
             return
         self.completed_client_requests += 1
+        if self.faults.state_pct_per_k > 0:
+            self._retained.append(bytearray(STATE_BYTES_PER_REQUEST))
         crash_after = self.faults.crash_after
         if crash_after is not None and self.completed_client_requests >= crash_after:
             self._crash_at = self._crash_at or time.perf_counter() + CRASH_GRACE_S
@@ -501,6 +535,7 @@ class Scheduler:
             msg += self._occupancy(gap)
         self._window_gpu_s = 0.0
         self.log.tp(msg)
+        self._log_instrumentation(len(batch))
         with self.metrics.lock:
             m = self.metrics
             m.set_gauge("num_running_reqs", len(batch))
@@ -511,6 +546,24 @@ class Scheduler:
             m.set_gauge("spec_accept_length", accept_len)
             m.set_gauge("spec_accept_rate", accept_rate)
             m.set_gauge("is_cuda_graph", 1.0 if graph else 0.0)
+
+
+    def _log_instrumentation(self, bs: int) -> None:
+        """After a decode-log line: the custom verify line (`--sim-verify-log`), and SGLang's
+        long-GC warning (`--gc-warning-threshold-secs`) while the server's accumulated state
+        (`state:`, `burst:`) slows it by more than 5%."""
+        if self.verify_log and self._window_verify_passes:
+            mean = self._window_verify_ms / self._window_verify_passes
+            self.log.tp(f"[EAGLE] verify {mean:.2f} ms (bs {bs}, draft tokens"
+                        f" {self.launch.speculative_num_draft_tokens})")
+        self._window_verify_ms, self._window_verify_passes = 0.0, 0
+        aged = self.faults.state_factor(self.completed_client_requests, self.burst_hit) > 1.05
+        if aged and self.gc_warning_s is not None and GC_PAUSE_S > self.gc_warning_s:
+            gen2 = 880_000 + 17 * self.completed_client_requests
+            self.log.tp(f"LONG GARBAGE COLLECTION DETECTED | Generation 2 | Duration:"
+                        f" {GC_PAUSE_S:.4f}s | # Objects: gen0=1210, gen1=310, gen2={gen2} |"
+                        " This may cause latency jitter. Consider calling the freeze_gc API"
+                        " after sending a few warmup requests.", "warning")
 
 
 def _tf(flag: bool) -> str:

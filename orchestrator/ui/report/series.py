@@ -52,6 +52,10 @@ class CandidateSeries:
 
 
 REFERENCE_SUFFIX = ":reference"
+# Trials kept apart from the strategies' evidence that are not the reference: the running
+# server and fresh starts of its command (`orchestrator/live`).
+_APART = {"live": ("live:", "the running server, no restart"),
+          "fresh": ("fresh:", "a fresh start of its command")}
 
 
 def series_key(row: TrialRow) -> str:
@@ -65,9 +69,10 @@ def _ordered(data: RunData) -> list[tuple[str, str, str]]:
     seen: dict[str, tuple[str, str]] = {}
     for row in data.rows:  # the reference (then) first: what everything is compared with
         if row.phase in NOT_EVIDENCE_PHASES:
+            what = _APART.get(row.phase, ("then:", "reference, then"))
             seen.setdefault(series_key(row), (
-                labels.short(row.candidate, subject_of, prefix="then:"),
-                f"{row.candidate.label} (reference, then)"))
+                labels.short(row.candidate, subject_of, prefix=what[0]),
+                f"{row.candidate.label} ({what[1]})"))
     if data.plan:
         tested = {r.candidate.key for r in data.rows if r.phase not in NOT_EVIDENCE_PHASES}
         for i, cand in enumerate(data.plan.candidates):
