@@ -139,8 +139,12 @@ def drive(
     on_verdict: Callable[[Verdict, int], None] | None = None,
     on_system_change: Callable[[SystemChange], None] | None = None,
     repetitions: RepetitionDesign | None = None,
+    record: Callable[[Verdict, Sequence[Observation]], None] | None = None,
 ) -> Verdict:
     """Run trials until the strategy is done (or proposes nothing while nothing runs).
+
+    ``record`` hears every verdict with the observations it was computed from (the bisect
+    keeps its posterior history this way, instead of replaying it at the end).
 
     ``on_system_change`` hears of every change of a node's system state between its trials
     (:mod:`orchestrator.system.watch`), including one across an interruption: the first trial
@@ -156,6 +160,8 @@ def drive(
     observations = replay(stored, pmap, metric, controller.retries, epochs)
     final_attempt = controller.retries + 1
     verdict = strategy.verdict(observations)
+    if record:
+        record(verdict, observations)
     rows = list(stored)
     while True:
         if not verdict.done:
@@ -184,6 +190,8 @@ def drive(
         if repetitions is not None:
             repetitions.tally(rows)
         verdict = strategy.verdict(observations)
+        if record:
+            record(verdict, observations)
         if on_verdict:
             on_verdict(verdict, len(observations))
     return strategy.verdict(observations)
