@@ -12,9 +12,8 @@ import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from scipy.stats import t as student_t
-
 from orchestrator.records import NOT_EVIDENCE_PHASES, Candidate
+from orchestrator.stats.dist import t_ppf
 from orchestrator.store import TrialRow
 from orchestrator.ui.render import finding_id
 from orchestrator.ui.report import labels, replay_cache
@@ -132,25 +131,28 @@ def posterior_history(data: RunData) -> PosteriorHistory | None:
     """
     if data.plan is None:
         return None
-    from orchestrator.config import params as experiment_params
-    from orchestrator.config.bisect import bisect_strategy
-    from orchestrator.config.requests import BisectRequest
-    from orchestrator.control.drive import FixedPoints, replay
+    from orchestrator.control.drive import FixedPoints, KnownEpochs, replay
+    from orchestrator.system.watch import system_changes
 
     n = len(data.plan.candidates)
-    weights = list(data.plan.prior_weights) if data.plan.prior_weights else None
-    try:
-        cfg = data.config
-        strategy = bisect_strategy(BisectRequest.stored(cfg), experiment_params.of(cfg), n,
-                                   weights, list(data.plan.commits), replay=True)
-    except Exception:  # a config the strategy no longer accepts: no replay, not a crash
-        return None
+    cfg = data.config
     observed = replay(data.rows, FixedPoints(data.plan.candidates), cfg.metric,
-                      cfg.trial.retries)
+                      cfg.trial.retries, KnownEpochs(system_changes(data.rows)))
     key = replay_cache.key(data.config_yaml, [c.key for c in data.plan.candidates], observed)
     cached = _history_from(replay_cache.load(data.run_dir, key))
     if cached is not None:
         return cached
+    # Not kept yet: the strategy (and scipy.stats with it) is imported only now.
+    from orchestrator.config import params as experiment_params
+    from orchestrator.config.bisect import bisect_strategy
+    from orchestrator.config.requests import BisectRequest
+
+    weights = list(data.plan.prior_weights) if data.plan.prior_weights else None
+    try:
+        strategy = bisect_strategy(BisectRequest.stored(cfg), experiment_params.of(cfg), n,
+                                   weights, list(data.plan.commits), replay=True)
+    except Exception:  # a config the strategy no longer accepts: no replay, not a crash
+        return None
     steps = replay_cache.recorded(data.run_dir, [o.trial_id for o in observed])
     if steps is not None:
         history = _from_record(data, strategy, steps)
@@ -244,7 +246,7 @@ def mean_interval(values: Sequence[float], confidence: float = 0.95) -> Interval
     mean = statistics.fmean(values)
     if len(values) < 2:
         return Interval(mean, mean, mean, 1, tuple(values))
-    half = float(student_t.ppf(0.5 + confidence / 2, len(values) - 1)) * statistics.stdev(
+    half = t_ppf(0.5 + confidence / 2, len(values) - 1) * statistics.stdev(
         values) / math.sqrt(len(values))
     return Interval(mean, mean - half, mean + half, len(values), tuple(values))
 
