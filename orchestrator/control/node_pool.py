@@ -23,6 +23,7 @@ from orchestrator.control.ray_cluster import NODE_RESOURCE, node_name, sleuth_no
 from orchestrator.errors import NodeBusy, NodesLost, UserError
 from orchestrator.runner.node import NodeRunner, held_message
 from orchestrator.runner.process import start_time
+from orchestrator.runner.visibility import NOSET
 
 SCAN_INTERVAL_S = 2.0
 # How long stopping waits for each actor to give its node back before killing it.
@@ -109,10 +110,19 @@ class NodePool:
             options["resources"] = {NODE_RESOURCE: 1}
             options["scheduling_strategy"] = NodeAffinitySchedulingStrategy(
                 self.placement[name][0], soft=False)
+            # A cluster node's workers have the environment of its `ray start`: this keeps
+            # Ray from hiding the node's GPUs from the actor (`runner/visibility.py`). It costs
+            # a worker started for the actor (a few seconds, once per node).
+            options["runtime_env"] = {"env_vars": {NOSET: "1"}}
         return ray.remote(NodeRunner).options(**options).remote(
             name, str(state_dir), target, bench, self.run_id, adopt, wait_s, self.controller)
 
     def _say_hello(self, hello: Mapping) -> None:
+        gpus = hello.get("gpus") or {}
+        if gpus.get("changed"):
+            self.on_event(f"node {hello['name']}: Ray had set CUDA_VISIBLE_DEVICES="
+                          f"{gpus.get('found')!r} for its actor; its servers get the node's own"
+                          f" ({gpus.get('describe')}, from {gpus.get('source')})")
         if hello.get("reaped"):
             self.on_event(f"node {hello['name']}: stopped a server left running by an"
                           f" earlier controller (pids {hello['reaped']})")

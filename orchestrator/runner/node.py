@@ -43,6 +43,7 @@ from orchestrator.config.settings import (
 )
 from orchestrator.gpu.base import ClockPolicy
 from orchestrator.records import Outcome, TrialResult, TrialState
+from orchestrator.runner import visibility
 from orchestrator.runner.process import ServerProcess, group_members, start_time
 from orchestrator.runner.trial import TrialSpec, run_trial
 from orchestrator.runner.trial_checks import clock_problem
@@ -82,6 +83,11 @@ class NodeRunner:
         self._workspaces: dict[tuple[str, str, int | None], Workspace] = {}
         self.reaped: list[int] = []
         self.clock_restored = False
+        # The node's GPUs, as its raylet was started; put back if Ray changed them for this
+        # actor (every server inherits this process's environment).
+        self.gpus = visibility.of_node()
+        if self.gpus.changed:
+            visibility.restore(self.gpus)
         self.controller = dict(controller or {})
         self.held_by = self._hold(run_id)
         if self.held_by is not None and _orphaned(self.held_by):
@@ -205,7 +211,10 @@ class NodeRunner:
     def info(self) -> dict:
         return {"name": self.name, "hostname": socket.gethostname(), "pid": os.getpid(),
                 "reaped": self.reaped, "clock_restored": self.clock_restored,
-                "held_by": self.held_by}
+                "held_by": self.held_by,
+                "gpus": {"meant": self.gpus.meant, "found": self.gpus.found,
+                         "source": self.gpus.source, "changed": self.gpus.changed,
+                         "describe": self.gpus.describe()}}
 
     def status(self) -> dict:
         return dict(self._current)
@@ -280,7 +289,7 @@ class NodeRunner:
                 target = make_target(conf, self.bench_conf, self.context)
             result, report = run_trial(spec, target, node=self.name, on_state=on_state,
                                        on_process=on_process, on_clock=self._record_clock,
-                                       workspace=self._workspace)
+                                       workspace=self._workspace, node_gpus=self.gpus.meant)
             if report is not None and report.leftover_pids:
                 self._leftover_pgid = report.pgid  # checked (and killed) before the next trial
             if self._aborted and result.outcome is not Outcome.OK:

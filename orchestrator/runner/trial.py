@@ -28,6 +28,7 @@ from orchestrator.gpu.base import ClockPolicy, GpuControl
 from orchestrator.packages import trial as packages
 from orchestrator.packages.overlay import OverlaySet
 from orchestrator.records import Candidate, Measurement, Outcome, TrialResult, TrialState
+from orchestrator.runner import visibility
 from orchestrator.runner.exits import oom_kills
 from orchestrator.runner.process import (
     ServerProcess,
@@ -58,6 +59,9 @@ from orchestrator.system.redact import redact_argv
 from orchestrator.targets.base import Target
 from orchestrator.ui.safe_text import printable
 from orchestrator.workspace import Workspace
+
+# `run_trial` without a node's GPUs to check against (a trial run outside a node actor).
+NOT_CHECKED = object()
 
 
 @dataclass(frozen=True)
@@ -110,6 +114,7 @@ class _Trial:
     telemetry: dict = field(default_factory=dict)
     changed: list[str] = field(default_factory=list)
     no_space: bool = False
+    node_gpus: object = NOT_CHECKED  # the node's CUDA_VISIBLE_DEVICES (None: unset)
 
     @property
     def trial_dir(self) -> Path:
@@ -142,6 +147,7 @@ def run_trial(
     on_process: Callable[[ServerProcess | None], None] | None = None,
     on_clock: Callable[[object], None] | None = None,
     workspace: Callable[[TrialSpec], Workspace] | None = None,
+    node_gpus: object = NOT_CHECKED,
 ) -> tuple[TrialResult, TeardownReport | None]:
     """Run one trial to completion. Never raises for server misbehaviour: it is the result.
 
@@ -153,8 +159,11 @@ def run_trial(
     whatever happened earlier.
 
     `workspace` gives the spec's Workspace; a node passes one it keeps across its trials, so a
-    worktree it verified and nothing touched since is not verified by git again."""
-    t = _Trial(spec, target, node, on_state, on_process, on_clock)
+    worktree it verified and nothing touched since is not verified by git again.
+
+    `node_gpus`: the node's own `CUDA_VISIBLE_DEVICES` (None when unset: every GPU), which the
+    server must see unless the run sets the variable itself (`runner/visibility.py`)."""
+    t = _Trial(spec, target, node, on_state, on_process, on_clock, node_gpus=node_gpus)
     with ExitStack() as teardown:
         try:
             _prepare(t, teardown, workspace)
@@ -227,6 +236,9 @@ def _launch(t: _Trial, teardown: ExitStack) -> None:
     t.env = target.environment(cand.env_dict)
     if t.overlays is not None:  # pinned packages first on PYTHONPATH / LD_LIBRARY_PATH
         t.env = target.environment({**cand.env_dict, **t.overlays.variables(t.env)})
+    # Before a launch: an environment that already hides the node's GPUs would only fail it.
+    _check_gpus(t, t.env, {**{str(k): str(v) for k, v in target.conf.get("env", {}).items()},
+                           **cand.env_dict})
     # Runs after the server is gone: its log loses the credentials it was handed.
     teardown.callback(scrub_log, t.log_path, t.argv, t.env)
     port = 0
@@ -280,19 +292,36 @@ def _stop_telemetry(t: _Trial, sampler: TelemetrySampler) -> None:
 def _check_server(t: _Trial) -> None:
     """Ready, with the environment asked for, and importing the pinned packages."""
     proc, cand, target = t.proc, t.spec.candidate, t.target
+    wanted = {**{str(k): str(v) for k, v in target.conf.get("env", {}).items()},
+              **cand.env_dict}
     if proc is not None:
         t.enter(TrialState.WAITING_READY)
         wait_ready(target, proc, t.spec.ready_timeout_s, t.oom_at_launch)
-        fingerprint.record_server_env(t.fp, t.env, server_environ(proc))
-        wanted = {**{str(k): str(v) for k, v in target.conf.get("env", {}).items()},
-                  **cand.env_dict}
+        seen = server_environ(proc)
+        fingerprint.record_server_env(t.fp, t.env, seen)
         problems = env_mismatches(proc, wanted)
         if problems:
             raise TrialFailure(Outcome.ENV_MISMATCH, "; ".join(problems[:5]))
+        _check_gpus(t, seen if seen is not None else t.env, wanted)
+    else:  # a benchmark command alone runs with the environment it is given
+        _check_gpus(t, t.env, wanted)
     if t.overlays is not None:  # what the server really imported, before any measurement
         problems = packages.verify(target, t.overlays, proc, t.base_url, t.env, t.worktree, t.fp)
         if problems:
             raise TrialFailure(Outcome.ENV_MISMATCH, "; ".join(problems[:5]))
+
+
+def _check_gpus(t: _Trial, server_env: Mapping[str, str], wanted: Mapping[str, str]) -> None:
+    """The server sees the node's GPUs (unless the run set CUDA_VISIBLE_DEVICES itself, which
+    `env_mismatches` checks): recorded, and `env_mismatch` when not."""
+    if t.node_gpus is NOT_CHECKED or visibility.VAR in wanted:
+        return
+    meant = t.node_gpus if isinstance(t.node_gpus, str) else None
+    seen = server_env.get(visibility.VAR)
+    t.fp["gpu_visibility"] = {"node": meant, "server": seen}
+    problem = visibility.problem(t.node, meant, seen)
+    if problem:
+        raise TrialFailure(Outcome.ENV_MISMATCH, problem)
 
 
 def _benchmark(t: _Trial) -> None:
