@@ -128,14 +128,14 @@ def run(argv: Sequence[str]) -> int:
         name = command.split(":", 1)[1]
         print(command_help(name, COMMANDS[name]))
         return 0
-    from orchestrator.config.compose import compose_config, to_yaml
+    from orchestrator.config.compose import compose_config, shown_yaml
     from orchestrator.config.overrides import check_repeats
     from orchestrator.config.settings import settings_of
 
     check_repeats(overrides)
     cfg = compose_config(command, overrides, config_dir=config_dir)
     if show_cfg:
-        print(to_yaml(cfg), end="")
+        print(shown_yaml(cfg), end="")
         return 0
     settings = settings_of(cfg)  # the typed tree every layer below reads, built once here
     from orchestrator.commands import preflight

@@ -55,7 +55,7 @@ from orchestrator.runner.trial_checks import (
     wait_ready,
 )
 from orchestrator.system import fingerprint, wallclock
-from orchestrator.system.redact import redact_argv
+from orchestrator.system.redact import redact_argv, scrub, secret_values
 from orchestrator.targets.base import Target
 from orchestrator.ui.safe_text import printable
 from orchestrator.workspace import Workspace
@@ -247,7 +247,8 @@ def _launch(t: _Trial, teardown: ExitStack) -> None:
         port = free_port(target.host)
         t.oom_at_launch = oom_kills()
     t.argv[:] = target.command(t.worktree, port)
-    (t.trial_dir / "command.txt").write_text(" ".join(redact_argv(t.argv)) + "\n")
+    (t.trial_dir / "command.txt").write_text(
+        scrub(" ".join(redact_argv(t.argv)), secret_values(t.argv, t.env)) + "\n")
     if target.has_server:
         t.proc = launch(t.argv, cwd=t.worktree, env=t.env, log_path=t.log_path,
                         host=target.host, port=port)
@@ -371,7 +372,9 @@ def _result(t: _Trial) -> TrialResult:
                        + "; ".join(t.changed[:4]))
     return TrialResult(
         outcome=outcome,
-        detail=printable(detail),
+        # A server's own words (its last log lines, an error it answered with) may echo the
+        # credentials it was handed: the same scrub as its log and command.txt.
+        detail=printable(scrub(detail, secret_values(t.argv, t.env))) if detail else "",
         measurements=tuple(measurements),
         states=tuple(t.states),
         started_at=t.started,
