@@ -13,7 +13,7 @@ import sys
 from collections.abc import Sequence
 
 from orchestrator.errors import SleuthError, UserError
-from orchestrator.ui.safe_text import printable
+from orchestrator.ui.safe_text import printable, readable
 
 COMMANDS = {
     "investigate": "why is it slower? from a reference run (or good..bad) to an answer",
@@ -149,7 +149,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     try:
         code = run(sys.argv[1:] if argv is None else argv)
     except SleuthError as exc:
-        msg = " ".join(printable(str(exc)).split())
+        msg = readable(" ".join(printable(str(exc)).split()))
         print(f"sleuth: error: {msg}", file=sys.stderr)
         code = exc.exit_code
     except KeyboardInterrupt:
