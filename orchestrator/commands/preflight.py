@@ -32,6 +32,8 @@ def check(command: str, cfg: RunSettings) -> None:
     check_metric(cfg.metric, custom=cfg.target.name == "command", target=as_dict(cfg.target))
     if command == "investigate" and cfg.reference:
         return  # the reference names the repository and the good state
+    if command == "bisect" and cfg.package.name:
+        return  # good and bad are versions of the package, not refs: the command lists them
     good, bad = cfg.good, cfg.bad
     if not isinstance(good, str) or not isinstance(bad, str) or not good or not bad:
         return  # the command says what is missing or misplaced
