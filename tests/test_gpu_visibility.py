@@ -66,7 +66,7 @@ def test_doctor_says_what_the_installed_ray_does_to_gpu_visibility():
     assert visibility.ray_note("2.60.0", {}).startswith("leaves CUDA_VISIBLE_DEVICES")
     old = visibility.ray_note("2.60.0", {visibility.OVERRIDE_ON_ZERO: "1"})
     assert old.startswith("sets") and "RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO=1" in old
-    assert visibility.ray_note("2.45.0", {visibility.OVERRIDE_ON_ZERO: "0"}).startswith("leaves")
+    assert visibility.ray_note("2.60.0", {visibility.OVERRIDE_ON_ZERO: "0"}).startswith("leaves")
     assert visibility.NOSET in old
 
 

@@ -4,10 +4,10 @@ A node's GPUs are whatever its own environment says: `CUDA_VISIBLE_DEVICES` as t
 started (`ray start` under `CUDA_VISIBLE_DEVICES=0,1,2,3` for one GPU group of a machine), or
 every GPU when it is unset. sleuth's node actor asks Ray for no GPU (it owns a whole node's
 worth and starts one server on it), and Ray 2.40 up to 2.55 set `CUDA_VISIBLE_DEVICES=""` for
-an actor that asks for none (`ray/_private/utils.py: set_visible_accelerator_ids`, with
-`RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO` on by default there; 2.56 turned it off by default, and
-the variable still turns the old behaviour back on). A server started from such an actor sees
-no GPU at all: SGLang would not start, or start on none.
+an actor that asks for none (`ray/_private/utils.py: set_visible_accelerator_ids`: 2.40.0
+always; later releases behind `RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO`, which 2.56 turned off by
+default and which still turns the old behaviour back on). A server started from such an actor
+sees no GPU at all: SGLang would not start, or start on none.
 
 Three layers, so that neither a Ray release nor a user's environment can move a trial onto
 other GPUs without it being said:
@@ -118,8 +118,10 @@ def ray_note(version: str, environ: Mapping[str, str] | None = None) -> str:
     except ValueError:
         major, minor = 0, 0
     override = env.get(OVERRIDE_ON_ZERO)  # Ray reads it as true for "1" or "true" only
-    blanks = (override.lower() in ("1", "true") if override is not None
-              else (major, minor) < (2, 56))
+    # Before 2.56 it blanks by default (2.40.0 reads no variable at all); from 2.56 only when
+    # the variable turns it back on.
+    blanks = (major, minor) < (2, 56) or (override is not None
+                                          and override.lower() in ("1", "true"))
     what = ("sets CUDA_VISIBLE_DEVICES='' for an actor that asks for no GPU"
             + (f" ({OVERRIDE_ON_ZERO}={override})" if override is not None else "")
             if blanks else "leaves CUDA_VISIBLE_DEVICES of an actor that asks for no GPU alone")
