@@ -89,27 +89,58 @@ def test_the_server_sees_the_node_s_gpus_even_where_ray_would_hide_them(tmp_path
                                    " ON f.trial_id = t.id").fetchone()
     assert outcome == "ok"
     fp = json.loads(fp)
-    assert fp["gpu_visibility"] == {"node": assignment, "server": assignment}
+    assert fp["gpu_visibility"] == {"node": assignment, "handed": assignment,
+                                    "server": assignment}
     assert fp["env"]["server"]["CUDA_VISIBLE_DEVICES"] == assignment
 
 
-def test_a_server_moved_to_other_gpus_on_the_way_is_env_mismatch(tmp_path, sim_repo,
-                                                                  ray_session, monkeypatch):
-    """A launcher that changes the variable between the node and the server (a wrapper script,
-    a scheduler's prolog): the server starts, on other GPUs than the node's; the trial says so
-    and measures nothing."""
+def test_a_trial_that_would_hand_its_server_other_gpus_than_the_node_s_is_env_mismatch(
+        monkeypatch):
+    """Ray changed the actor's variable and nothing put it back: the trial refuses before it
+    launches anything (a launch on no GPU would only fail, as the candidate's fault)."""
+    from orchestrator.runner import trial as trial_mod
+    from orchestrator.runner.trial_checks import TrialFailure
+
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    t = trial_mod._Trial(None, None, "n0", None, None, None, node_gpus="0,1")
+    t.env = {"CUDA_VISIBLE_DEVICES": ""}
+    with pytest.raises(TrialFailure) as refused:
+        trial_mod._check_gpus(t, {})
+    assert refused.value.outcome is Outcome.ENV_MISMATCH
+    detail = refused.value.detail
+    assert detail.startswith("this node actor's CUDA_VISIBLE_DEVICES is '' (no GPU at all")
+    assert "node n0's is '0,1'" in detail
+    assert t.fp["gpu_visibility"] == {"node": "0,1", "handed": ""}
+    # The run sets it itself: its own request, which `env_mismatches` holds the server to.
+    t = trial_mod._Trial(None, None, "n0", None, None, None, node_gpus="0,1")
+    trial_mod._check_gpus(t, {"CUDA_VISIBLE_DEVICES": "1"})
+    assert "gpu_visibility" not in t.fp
+    # On the way, a launcher may choose (recorded); hiding every GPU is refused.
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES")
+    t = trial_mod._Trial(None, None, "n0", None, None, None, node_gpus=None)
+    trial_mod._check_gpus(t, {})
+    trial_mod._check_gpus(t, {}, {"CUDA_VISIBLE_DEVICES": "3"})
+    assert t.fp["gpu_visibility"] == {"node": None, "handed": None, "server": "3"}
+    with pytest.raises(TrialFailure):
+        trial_mod._check_gpus(t, {}, {"CUDA_VISIBLE_DEVICES": ""})
+
+
+def test_a_launcher_that_chooses_the_server_s_gpus_is_recorded(tmp_path, sim_repo,
+                                                                ray_session):
+    """A wrapper between the node and the server that sets the variable (a node's own GPU
+    choice, as the simulated node's shell does): the trial runs, and its fingerprint says
+    what the node had, what sleuth handed on and what the server got."""
     repo, shas = sim_repo
     cfg = compose_settings("trial", [f"repo={repo}", f"runs_dir={tmp_path / 'runs'}", *FAST,
                                      f"commit={shas[0]}", "target.tp_size=1",
                                      "target.launcher=[env,'CUDA_VISIBLE_DEVICES=1']"])
-    assert trial_cmd.run(cfg) == 1
+    assert trial_cmd.run(cfg) == 0
     runs = [p for p in (tmp_path / "runs").iterdir() if not p.name.startswith(".")]
     (row,) = RunStore.open(runs[0] / "trials.db").trials()
-    assert row.outcome is Outcome.ENV_MISMATCH, row.detail
-    assert "the server's CUDA_VISIBLE_DEVICES is '1'" in row.detail
-    assert "it would run on other GPUs than the node's" in row.detail
-    assert row.result.measurements == ()
-    assert row.result.fingerprint["gpu_visibility"]["server"] == "1"
+    assert row.outcome is Outcome.OK, row.detail
+    node = os.environ.get("CUDA_VISIBLE_DEVICES")  # the session's local Ray: this process's
+    assert row.result.fingerprint["gpu_visibility"] == {"node": node, "handed": node,
+                                                        "server": "1"}
 
 
 @pytest.mark.e2e
@@ -125,3 +156,18 @@ def test_doctor_reports_the_ray_version_and_what_a_node_actor_sees(tmp_path):
     assert line.split()[0] == "ok", line
     assert f"Ray {ray.__version__} sets CUDA_VISIBLE_DEVICES=''" in line  # as 2.40-2.55 do
     assert "measured: a node actor sees CUDA_VISIBLE_DEVICES as this shell does ('3,1')" in line
+
+
+@pytest.mark.e2e
+def test_a_node_whose_own_environment_hides_every_gpu_is_refused(tmp_path, sim_repo):
+    repo, shas = sim_repo
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "CUDA_VISIBLE_DEVICES": ""}
+    done = subprocess.run([sys.executable, "-m", "orchestrator", "trial", f"repo={repo}",
+                           f"commit={shas[0]}", f"runs_dir={tmp_path / 'runs'}", *FAST],
+                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 2, done.stdout[-2000:] + done.stderr[-2000:]
+    (line,) = done.stderr.strip().splitlines()
+    assert line.startswith("sleuth: error: node local-0's CUDA_VISIBLE_DEVICES is ''"), line
+    assert "its servers would see no GPU" in line
+    runs = tmp_path / "runs"
+    assert not runs.exists() or not [p for p in runs.iterdir() if not p.name.startswith(".")]

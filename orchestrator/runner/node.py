@@ -41,7 +41,7 @@ from orchestrator.config.settings import (
     evolve,
     target_record,
 )
-from orchestrator.gpu.base import ClockPolicy
+from orchestrator.gpu.base import ClockPolicy, NoGpuControl
 from orchestrator.records import Outcome, TrialResult, TrialState
 from orchestrator.runner import visibility
 from orchestrator.runner.process import ServerProcess, group_members, start_time
@@ -227,6 +227,9 @@ class NodeRunner:
         problem = self.target.preflight() or ""
         if problem:
             return problem
+        if self.gpus.meant == "" and not isinstance(self.target.gpu_control(), NoGpuControl):
+            return (f"node {self.name}'s CUDA_VISIBLE_DEVICES is '' ({self.gpus.source}): its"
+                    " servers would see no GPU; start it with the GPUs it should use, or unset")
         policies = [ClockPolicy.parse(c) for c in clocks]
         if any(not p.is_default for p in policies):
             snapshot = self.target.gpu_control().snapshot()

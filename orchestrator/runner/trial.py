@@ -16,6 +16,7 @@ trial setting it (another tool, another run on the same GPUs) marks the trial su
 from __future__ import annotations
 
 import json
+import os
 import time
 from collections.abc import Callable, Mapping
 from contextlib import ExitStack
@@ -237,8 +238,8 @@ def _launch(t: _Trial, teardown: ExitStack) -> None:
     if t.overlays is not None:  # pinned packages first on PYTHONPATH / LD_LIBRARY_PATH
         t.env = target.environment({**cand.env_dict, **t.overlays.variables(t.env)})
     # Before a launch: an environment that already hides the node's GPUs would only fail it.
-    _check_gpus(t, t.env, {**{str(k): str(v) for k, v in target.conf.get("env", {}).items()},
-                           **cand.env_dict})
+    _check_gpus(t, {**{str(k): str(v) for k, v in target.conf.get("env", {}).items()},
+                    **cand.env_dict})
     # Runs after the server is gone: its log loses the credentials it was handed.
     teardown.callback(scrub_log, t.log_path, t.argv, t.env)
     port = 0
@@ -303,24 +304,34 @@ def _check_server(t: _Trial) -> None:
         problems = env_mismatches(proc, wanted)
         if problems:
             raise TrialFailure(Outcome.ENV_MISMATCH, "; ".join(problems[:5]))
-        _check_gpus(t, seen if seen is not None else t.env, wanted)
-    else:  # a benchmark command alone runs with the environment it is given
-        _check_gpus(t, t.env, wanted)
+        if seen is not None:
+            _check_gpus(t, wanted, seen)
     if t.overlays is not None:  # what the server really imported, before any measurement
         problems = packages.verify(target, t.overlays, proc, t.base_url, t.env, t.worktree, t.fp)
         if problems:
             raise TrialFailure(Outcome.ENV_MISMATCH, "; ".join(problems[:5]))
 
 
-def _check_gpus(t: _Trial, server_env: Mapping[str, str], wanted: Mapping[str, str]) -> None:
-    """The server sees the node's GPUs (unless the run set CUDA_VISIBLE_DEVICES itself, which
-    `env_mismatches` checks): recorded, and `env_mismatch` when not."""
+def _check_gpus(t: _Trial, wanted: Mapping[str, str],
+                server: Mapping[str, str] | None = None) -> None:
+    """The node's GPUs reach the server (unless the run sets CUDA_VISIBLE_DEVICES itself,
+    which `env_mismatches` checks). Before the launch (`server` None): this node actor's own
+    value, which every server inherits, must be its node's (Ray's hiding shows here, should
+    the actor's correction not hold). After it: what the running server has is recorded; a
+    launcher on the way may set it on purpose (a node's wrapper choosing its GPUs, the
+    simulated node's login environment), but one that leaves the server no GPU of a node that
+    has some is `env_mismatch`."""
     if t.node_gpus is NOT_CHECKED or visibility.VAR in wanted:
         return
     meant = t.node_gpus if isinstance(t.node_gpus, str) else None
-    seen = server_env.get(visibility.VAR)
-    t.fp["gpu_visibility"] = {"node": meant, "server": seen}
-    problem = visibility.problem(t.node, meant, seen)
+    record = t.fp.setdefault("gpu_visibility", {"node": meant})
+    if server is None:
+        record["handed"] = t.env.get(visibility.VAR)
+        own = os.environ.get(visibility.VAR)
+        problem = visibility.problem(t.node, meant, own, "this node actor's")
+    else:
+        seen = record["server"] = server.get(visibility.VAR)
+        problem = visibility.problem(t.node, meant, seen) if seen == "" != meant else ""
     if problem:
         raise TrialFailure(Outcome.ENV_MISMATCH, problem)
 

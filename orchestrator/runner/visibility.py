@@ -18,9 +18,15 @@ other GPUs without it being said:
   actor's runtime environment on a cluster;
 - the actor reads what its node meant from its parent, the raylet (whose environment is the
   one `ray start` had) and puts it back in its own environment if Ray changed it anyway;
-- each trial checks that the server's own `CUDA_VISIBLE_DEVICES` (read from the running
-  process) is what the node meant, unless the run sets it itself (`env.CUDA_VISIBLE_DEVICES`),
-  and records both in the fingerprint; a mismatch is `env_mismatch`, never a measurement.
+- each trial checks, unless the run sets the variable itself (`env.CUDA_VISIBLE_DEVICES`),
+  that the node actor's own value, which its servers inherit, is what the node meant
+  (`env_mismatch` otherwise, before anything is launched: never a measurement, never a launch
+  failure blamed on the candidate), and records what the running server has
+  (`/proc/<pid>/environ`): a launcher on the way may set it on purpose (a node's wrapper
+  choosing its GPUs, the simulated node's login environment), but one that leaves the server
+  no GPU of a node that has some is `env_mismatch` too;
+- a node whose own value hides every GPU (`CUDA_VISIBLE_DEVICES=""` in its raylet's
+  environment) is refused when it starts, for targets that run on GPUs.
 """
 
 from __future__ import annotations
@@ -98,16 +104,17 @@ def restore(visibility: Visibility, environ: MutableMapping[str, str] | None = N
         environ[VAR] = visibility.meant
 
 
-def problem(node: str, meant: str | None, server: str | None) -> str:
-    """Why a server's GPUs are not its node's (one line), or ""."""
-    if server == meant:
+def problem(node: str, meant: str | None, found: str | None, whose: str = "the server's"
+            ) -> str:
+    """Why `whose` GPUs are not its node's (one line), or ""."""
+    if found == meant:
         return ""
-    seen = "unset (every GPU)" if server is None else repr(server)
+    seen = "unset (every GPU)" if found is None else repr(found)
     want = "unset (every GPU)" if meant is None else repr(meant)
     hint = " (no GPU at all: Ray hides them from an actor that asks for none)" \
-        if server == "" else ""
-    return (f"the server's CUDA_VISIBLE_DEVICES is {seen}{hint}, but node {node}'s is {want}:"
-            " it would run on other GPUs than the node's")
+        if found == "" else ""
+    return (f"{whose} CUDA_VISIBLE_DEVICES is {seen}{hint}, but node {node}'s is {want}: the"
+            " server would run on other GPUs than the node's")
 
 
 def ray_note(version: str, environ: Mapping[str, str] | None = None) -> str:
