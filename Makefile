@@ -11,12 +11,14 @@ STAMP  := $(VENV)/.installed
 
 .PHONY: demo test test-fast test-stats lint install bench-localize bench-isolate bench-cost clean
 
+# constraints.txt: the versions the suite was tested with (pyproject.toml's ranges are what
+# sleuth accepts); every install here takes exactly those.
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q --upgrade -c constraints.txt pip
 
-$(STAMP): $(BIN)/python pyproject.toml
-	$(BIN)/python -m pip install -q -e '.[test]'
+$(STAMP): $(BIN)/python pyproject.toml constraints.txt
+	$(BIN)/python -m pip install -q -c constraints.txt -e '.[test]'
 	touch $(STAMP)
 
 install: $(STAMP)

@@ -13,7 +13,7 @@ import sys
 from collections.abc import Sequence
 
 from orchestrator.errors import SleuthError, UserError, did_you_mean
-from orchestrator.ui.safe_text import printable
+from orchestrator.ui.safe_text import printable, readable
 
 COMMANDS = {
     "investigate": "why is it slower? from a reference run (or good..bad) to an answer",
@@ -136,12 +136,12 @@ def run(argv: Sequence[str]) -> int:
 
     check_repeats(overrides)
     early.check(command, overrides, config_dir)  # what the raw words decide, before Hydra
-    from orchestrator.config.compose import compose_config, to_yaml
+    from orchestrator.config.compose import compose_config, shown_yaml
     from orchestrator.config.settings import settings_of
 
     cfg = compose_config(command, overrides, config_dir=config_dir)
     if show_cfg:
-        print(to_yaml(cfg), end="")
+        print(shown_yaml(cfg), end="")
         return 0
     settings = settings_of(cfg)  # the typed tree every layer below reads, built once here
     from orchestrator.commands import preflight
@@ -157,7 +157,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     try:
         code = run(sys.argv[1:] if argv is None else argv)
     except SleuthError as exc:
-        msg = " ".join(printable(str(exc)).split())
+        msg = readable(" ".join(printable(str(exc)).split()))
         print(f"sleuth: error: {msg}", file=sys.stderr)
         code = exc.exit_code
     except KeyboardInterrupt:

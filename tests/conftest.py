@@ -172,11 +172,11 @@ def ray_session():
     import ray
 
     from orchestrator.control.controller import loopback_only
-    from orchestrator.control.ray_cluster import lean_head, stop_owned
+    from orchestrator.control.ray_cluster import gpus_left_alone, lean_head, stop_owned
 
     stop_owned()  # an instance an earlier test's command left for the rest of its process
     loopback_only()
-    with lean_head():  # as sleuth starts its own local instance
+    with lean_head(), gpus_left_alone():  # as sleuth starts its own local instance
         ray.init(address="local", num_cpus=2, include_dashboard=False,
                  _node_ip_address="127.0.0.1", log_to_driver=False, namespace="sleuth-tests")
     yield ray

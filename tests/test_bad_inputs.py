@@ -181,6 +181,19 @@ CASES = [
     ("env key given twice", ["trial", "repo={repo}", "env.NCCL_PROTO=LL", "env.NCCL_PROTO=LL128"],
      "env.NCCL_PROTO is given twice"),
     ("hydra runtime setting", ["trial", "repo={repo}", "hydra.run.dir=X"], "'hydra.run.dir=X'"),
+    # Hydra's config groups as much as its settings: the compose API ignores them all.
+    ("hydra launcher group", ["trial", "repo={repo}", "hydra/launcher=basic"],
+     "'hydra/launcher=basic': sleuth composes its configuration with Hydra's compose API"),
+    ("hydra sweeper group", ["trial", "repo={repo}", "hydra/sweeper=basic"], "hydra/sweeper"),
+    ("hydra logging group", ["trial", "repo={repo}", "hydra/job_logging=disabled"],
+     "hydra/job_logging"),
+    ("hydra group at a package", ["trial", "repo={repo}", "hydra/launcher@hydra.x=basic"],
+     "runtime settings or groups"),
+    # A pasted blob is shown by its ends, not echoed back whole.
+    ("a 100,000-character key", ["trial", "repo={repo}", "a" * 100_000 + "=1"],
+     "(100,000 characters) is not a setting"),
+    ("a 100,000-character value", ["trial", "repo={repo}", "commit=" + "b" * 100_000],
+     "b (100,000 characters)': no such commit"),
     ("env value with a newline", ["trial", "repo={repo}", "env.NCCL_DEBUG='INFO\nX=1'"],
      "control character"),
     ("isolate env value with a tab", ["isolate", "repo={repo}", "good.commit={s0}",
@@ -251,6 +264,7 @@ def _refused(world, capsys, monkeypatch, tmp_path, name, argv, needle, ray_start
     assert not ray_starts, "refused only after the controller began to start Ray"
     assert len(err.splitlines()) == 1, err
     assert err.startswith("sleuth: error: ") and needle in err, err
+    assert len(err) < 2048, f"{len(err)} characters"  # a line a person reads
     after = _tree(world["base"])
     # Nothing written, nothing damaged. The worktree cache may hold prepared checkouts and the
     # nodes their own state (`.nodes/`: the sim's GPU state, the node lock), both kept across

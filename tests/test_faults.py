@@ -422,3 +422,44 @@ def test_a_node_held_by_an_orphan_is_taken_over(tmp_path, monkeypatch, controlle
         if holder.poll() is None:
             holder.kill()
             holder.wait()
+
+
+@pytest.mark.e2e
+def test_a_node_lost_before_its_first_answer_is_one_line_and_a_resumable_run(tmp_path):
+    """A node actor that dies while it starts (here its constructor fails: the node's state
+    path is a file) was a 40-line Ray traceback and a `failed` run. Now: one line naming the
+    node and why, the run kept `interrupted`, and `sleuth resume` finishes it once the node
+    can start."""
+    import sqlite3
+    import sys
+
+    from tests.conftest import make_sim_repo
+
+    repo = tmp_path / "repo"
+    shas = make_sim_repo(repo, [{}] * 3 + [{"verify_mult": 1.5}] * 2)
+    runs = tmp_path / "runs"
+    (runs / ".nodes").mkdir(parents=True)
+    (runs / ".nodes" / "local-0").write_text("not a directory\n")
+    args = [f"repo={repo}", f"runs_dir={runs}", f"good={shas[0]}", f"bad={shas[-1]}",
+            "run_id=lost", "metric=verify_ms", "nodes=1",
+            *[o for o in FAST if not o.startswith(("clock=", "trial.ready_timeout_s"))],
+            "trial.ready_timeout_s=30"]
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    done = subprocess.run([sys.executable, "-m", "orchestrator", "bisect", *args],
+                          capture_output=True, text=True, timeout=300, env=env, cwd=tmp_path)
+    assert done.returncode == 1, done.stdout[-2000:] + done.stderr[-2000:]
+    assert "Traceback" not in done.stderr and "File \"" not in done.stderr, done.stderr
+    errors = [ln for ln in done.stderr.splitlines() if ln.strip()]
+    assert len(errors) == 1, done.stderr
+    line = errors[0]
+    assert line.startswith("sleuth: error: node local-0 was lost before its first trial"), line
+    assert "FileExistsError" in line and "run lost is interrupted" in line, line
+    assert line.endswith("when the nodes are back, sleuth resume lost"), line
+    with sqlite3.connect(f"file:{runs / 'lost' / 'trials.db'}?mode=ro", uri=True) as conn:
+        assert conn.execute("SELECT status FROM runs").fetchone()[0] == "interrupted"
+    (runs / ".nodes" / "local-0").unlink()
+    again = subprocess.run([sys.executable, "-m", "orchestrator", "resume", "lost",
+                            f"runs_dir={runs}"], capture_output=True, text=True, timeout=600,
+                           env=env, cwd=tmp_path)
+    assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-2000:]
+    assert shas[3][:10] in again.stdout

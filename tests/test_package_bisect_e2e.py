@@ -270,3 +270,46 @@ def test_a_release_pip_cannot_install_is_skipped_and_the_answer_says_which_two(t
     assert status["1.5"]["skipped"].startswith("prepare_failed:")
     assert "slowpkg==1.5" in status["1.5"]["skipped"]
     assert any(n.startswith("releases skipped: 1.5 (prepare_failed") for n in doc["notes"])
+
+
+@pytest.mark.e2e
+def test_a_planted_pip_configuration_does_not_reach_the_overlays(tmp_path):
+    """pip's own configuration names another source holding another slowpkg 1.5 (one pip
+    prefers: a more specific wheel tag, importing in no time), from every place pip reads one:
+    a PIP_CONFIG_FILE, a global file (XDG_CONFIG_DIRS), the user's (HOME) and the PIP_*
+    variables. With `packages.find_links=DIR` the overlays come from DIR alone: the answer is
+    the one step at 1.6, and the findings name DIR's wheel of every release with its sha256."""
+    import hashlib
+    import os
+    import subprocess
+
+    delays = {v: (60.0 if i >= 6 else 20.0) for i, v in enumerate(VERSIONS)}
+    wheels = release_line(tmp_path / "wheels", "slowpkg", delays)
+    evil = release_line(tmp_path / "evil", "slowpkg", {"1.5": 0.0})
+    planted = next(evil.glob("*.whl"))
+    planted.rename(planted.with_name(planted.name.replace("py3-none-any", "cp311-none-any")))
+    conf = f"[global]\nfind-links = {evil}\n"
+    (tmp_path / "env.conf").write_text(conf)
+    (tmp_path / "xdg" / "pip").mkdir(parents=True)
+    (tmp_path / "xdg" / "pip" / "pip.conf").write_text(conf)
+    (tmp_path / "home" / ".config" / "pip").mkdir(parents=True)
+    (tmp_path / "home" / ".config" / "pip" / "pip.conf").write_text(conf)
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1]),
+           "PIP_CONFIG_FILE": str(tmp_path / "env.conf"), "XDG_CONFIG_DIRS": str(tmp_path / "xdg"),
+           "HOME": str(tmp_path / "home"), "PIP_FIND_LINKS": str(evil)}
+    env.pop("XDG_CONFIG_HOME", None)
+    done = subprocess.run([sys.executable, "-m", "orchestrator", "bisect",
+                           *_args(tmp_path, wheels, "planted-conf")], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
+    doc = _findings(tmp_path, "planted-conf")
+    assert [(f["release"], f["parent"]) for f in doc["findings"]] == [("1.6", "1.5")], \
+        doc["message"]
+    digests = {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in wheels.glob("*.whl")}
+    measured = [s for s in doc["package"]["versions"] if s["measured"]]
+    assert {s["version"] for s in measured} >= {"1.0", "1.5", "1.6", "1.9"}
+    for s in measured:
+        (source,) = s["installed"]  # one file per release, the same for every trial
+        name = f"slowpkg-{s['version']}-py3-none-any.whl"
+        assert source["file"] == (wheels / name).as_uri(), source
+        assert source["sha256"] == digests[name] and source["trials"]

@@ -26,7 +26,7 @@ from orchestrator.config.bisect import bisect_strategy
 from orchestrator.config.compose import compose_settings
 from orchestrator.config.requests import BisectRequest
 from orchestrator.config.settings import to_yaml
-from orchestrator.control.drive import observation
+from orchestrator.control.drive import Epochs, observation
 from orchestrator.records import Candidate, Measurement, Outcome, TrialResult
 from orchestrator.run import findings
 from orchestrator.store import RunStore
@@ -40,6 +40,7 @@ from orchestrator.ui.report.fingerprints import fingerprint_diffs
 from orchestrator.ui.report.html import render_html
 from orchestrator.ui.report.markdown import md_escape, render_markdown
 from orchestrator.ui.report.plots import make_plots, sweep_legend
+from orchestrator.ui.report.replay_cache import Recorder
 from orchestrator.workspace import CommitInfo
 
 N, CULPRIT, BROKEN = 16, 9, 4
@@ -64,8 +65,9 @@ def _metrics(verify: float, rng: random.Random) -> dict:
             "output_throughput": 3000.0 / (verify + 12), "cuda_graph_share": 1.0}
 
 
-def build_bisect_run(root: Path, run_id: str = "syn") -> dict:
-    """A finished synthetic bisect run directory (see the module docstring)."""
+def build_bisect_run(root: Path, run_id: str = "syn", record: bool = False) -> dict:
+    """A finished synthetic bisect run directory (see the module docstring); with `record`,
+    it keeps its posterior history as the live bisect does (`replay_cache.Recorder`)."""
     cfg = compose_settings("bisect", ["target=sim", f"runs_dir={root}", "metric=verify_ms", "nodes=2",
                                     "trial.retries=0", f"run_id={run_id}"])
     run_dir = root / run_id
@@ -79,8 +81,12 @@ def build_bisect_run(root: Path, run_id: str = "syn") -> dict:
     bisect._save_plan(run_dir, commits, points, None)
     strategy = bisect_strategy(BisectRequest.stored(cfg), experiment_params.of(cfg), N, None)
     rng = random.Random(7)
+    epochs = Epochs()  # the power limit's change is a new system epoch, as the live loop says
     obs, clock, suspect_id = [], 1000.0, None
-    while not strategy.verdict(obs).done:
+    recorder = Recorder(run_dir) if record else None
+    while not (verdict := strategy.verdict(obs)).done:
+        if recorder is not None:
+            recorder.record(verdict, obs)
         proposals = strategy.propose(obs, [], 2)
         assert proposals
         for k, p in enumerate(proposals):
@@ -101,10 +107,12 @@ def build_bisect_run(root: Path, run_id: str = "syn") -> dict:
                                      suspect=suspect, suspect_reason="GPU throttled" if suspect else "")
                 suspect_id = tid if suspect else suspect_id
             store.finish_trial(tid, result)
-            o = observation(store.trial(tid), p.point, "verify_ms", 1)
+            row = store.trial(tid)
+            o = observation(row, p.point, "verify_ms", 1, epochs.feed(row)[0])
             obs.append(o)
         clock += 7
-    verdict = strategy.verdict(obs)
+    if recorder is not None:
+        recorder.record(verdict, obs)
     rows = store.trials()
     doc = findings.bisect_findings(run_id=run_id, metric="verify_ms", verdict=verdict,
                                    commits=commits, keys=[p.key for p in points], rows=rows)
@@ -210,6 +218,36 @@ def test_the_replay_is_kept_beside_the_run_and_redone_when_its_inputs_change(dat
     monkeypatch.setattr(series_module, "_replay", lambda *a: replayed.append(a[3]))
     S.posterior_history(dataclasses.replace(data, rows=data.rows[:-1]))
     assert replayed and len(replayed[0]) == len(first.steps) - 1
+
+
+def test_the_run_s_own_record_is_read_not_replayed(tmp_path, data, monkeypatch):
+    """The live bisect keeps its posterior history as it goes: the end of the run and the
+    report read it (linear in the trials) instead of replaying the strategy (quadratic)."""
+    from orchestrator.ui.report import replay_cache
+    from orchestrator.ui.report import series as series_module
+
+    recorded = build_bisect_run(tmp_path, "rec", record=True)
+    live = load_run(recorded["run_dir"])
+    monkeypatch.setattr(series_module, "_replay",
+                        lambda *a: pytest.fail("replayed although the run kept its record"))
+    history = S.posterior_history(live)
+    lines = (recorded["run_dir"] / replay_cache.STEPS).read_text().splitlines()
+    assert len(history.steps) == len(lines) >= recorded["n_obs"] // 2
+    assert history.culprits == (CULPRIT,) and history.steps[-1].status == "found"
+    assert history.steps[-1].best_point == CULPRIT
+    # The same answer as the replay of the same trials (the module's run, built alike).
+    replayed = S.posterior_history(data)
+    assert history.culprits == replayed.culprits and history.labels == replayed.labels
+    assert history.steps[-1].posterior == pytest.approx(replayed.steps[-1].posterior)
+    # A record that misses a trial (stopped between storing it and its verdict) is not the
+    # whole history: then the report replays, as before.
+    (recorded["run_dir"] / replay_cache.FILENAME).unlink()
+    path = recorded["run_dir"] / replay_cache.STEPS
+    path.write_text("\n".join(lines[:-1]) + "\n")
+    again = []
+    monkeypatch.setattr(series_module, "_replay", lambda *a: again.append(a[3]))
+    S.posterior_history(load_run(recorded["run_dir"]))
+    assert again and len(again[0]) == recorded["n_obs"]
 
 
 def test_phase_pairs_and_timeline(run, data):

@@ -294,6 +294,99 @@ def test_command_target_trial_leaves_no_credential_under_the_run(tmp_path, ray_s
     written = b"".join(p.read_bytes() for p in (tmp_path / "runs" / "c").rglob("*") if p.is_file())
     assert secret.encode() not in written
     assert b"using <redacted>" in written  # the log line is kept, the value is not
+# ------------------------------------------------ secrets that arrive under another name
+TOKEN = "tok3n-value-4f9e2a"  # no service's shape: only its variable's name marks it
+
+
+@pytest.mark.parametrize("override", ["env.X=${oc.env:HF_TOKEN}", "target.env.X=${oc.env:HF_TOKEN}"])
+def test_an_interpolated_secret_is_refused_like_a_written_one(override, tmp_path, capsys,
+                                                              monkeypatch):
+    monkeypatch.setenv("HF_TOKEN", TOKEN)
+    repo = tmp_path / "repo"
+    make_sim_repo(repo, [{}])
+    with pytest.raises(SystemExit) as exc:
+        main(["trial", "target=sim", f"repo={repo}", f"runs_dir={tmp_path / 'runs'}", override])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert "X holds the value of HF_TOKEN, a secret" in err and TOKEN not in err
+    assert len(err.strip().splitlines()) == 1
+    assert not (tmp_path / "runs").exists()
+
+
+def test_an_isolate_side_with_an_interpolated_secret_is_refused(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("MY_API_KEY", TOKEN)
+    repo = tmp_path / "repo"
+    make_sim_repo(repo, [{}])
+    with pytest.raises(SystemExit) as exc:
+        main(["isolate", "target=sim", f"repo={repo}", f"runs_dir={tmp_path / 'runs'}",
+              "bad.env.NCCL_PROTO=LL", "bad.env.AUTH=${oc.env:MY_API_KEY}"])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert "AUTH" in err and "secret" in err and TOKEN not in err
+    assert not (tmp_path / "runs").exists()
+
+
+def test_an_interpolated_secret_elsewhere_is_stored_and_shown_redacted(tmp_path, capsys,
+                                                                       monkeypatch):
+    """Where a value is not refused (a server argument), what is written down and what
+    `--cfg` shows hold the placeholder, never the resolved token."""
+    from orchestrator.config.compose import compose_settings
+    from orchestrator.run.rundir import create_run
+
+    monkeypatch.setenv("HF_TOKEN", TOKEN)
+    overrides = ["target=sim", f"runs_dir={tmp_path / 'runs'}", "run_id=r",
+                 "target.extra_args=[--model-token-file,${oc.env:HF_TOKEN}]"]
+    with pytest.raises(SystemExit) as exc:
+        main(["trial", "--cfg", *overrides])
+    assert exc.value.code == 0
+    shown = capsys.readouterr().out
+    assert TOKEN not in shown and "--model-token-file" in shown and REDACTED in shown
+    cfg = compose_settings("trial", overrides)
+    assert TOKEN in cfg.target.extra_args  # the run itself uses the real value
+    run_dir, store = create_run(cfg)
+    store.close()
+    written = b"".join(p.read_bytes() for p in run_dir.rglob("*") if p.is_file())
+    assert TOKEN.encode() not in written
+
+
+def test_a_variable_holding_another_one_s_secret_is_redacted_in_a_fingerprint():
+    env = {"HF_TOKEN": TOKEN, "MY_COPY": TOKEN, "URL": f"https://x.org/?t={TOKEN}", "N": "8"}
+    assert redact_env(env) == {"HF_TOKEN": REDACTED, "MY_COPY": REDACTED,
+                               "URL": f"https://x.org/?t={REDACTED}", "N": "8"}
+
+
+def test_a_server_error_that_echoes_its_api_key_is_stored_and_printed_redacted(
+        tmp_path, ray_session, capsys):
+    """A server that dies before it is ready saying its arguments (as a crashing server's last
+    log lines often do): the trial's detail, stored and printed, holds the placeholder, as
+    command.txt and the log already did."""
+    from orchestrator.commands import trial as trial_cmd
+    from orchestrator.config.compose import compose_settings
+    from orchestrator.store import RunStore
+
+    repo = tmp_path / "repo"
+    make_sim_repo(repo, [{}])
+    secret = "k3y-ab12cd34ef56"
+    script = tmp_path / "server.py"
+    script.write_text("import sys\nprint('bad arguments:', ' '.join(sys.argv[1:]))\n"
+                      "sys.exit(1)\n")
+    server = f"{sys.executable} {script} --api-key {secret} --port {{port}}"
+    cfg = compose_settings("trial", [f"repo={repo}", f"runs_dir={tmp_path / 'runs'}",
+                                     "target=command", f"target.server='{server}'",
+                                     "target.ready_url='http://127.0.0.1:{port}/health'",
+                                     "target.bench=true", "metric=value", "trial.retries=0",
+                                     "run_id=s"])
+    capsys.readouterr()
+    assert trial_cmd.run(cfg) == 1
+    (row,) = RunStore.open(tmp_path / "runs" / "s" / "trials.db").trials()
+    assert row.outcome.value == "launch_failed", row.detail
+    assert "bad arguments: --api-key <redacted>" in row.detail
+    out = capsys.readouterr()
+    assert secret not in row.detail and secret not in out.out + out.err
+    written = b"".join(p.read_bytes() for p in (tmp_path / "runs" / "s").rglob("*") if p.is_file())
+    assert secret.encode() not in written
+
+
 # --------------------------------------------------------------- terminal escapes
 
 HOSTILE = "retitle\x1b]0;pwned\x07 \x1b[31mred\x1b[0m over\rwrite\x08 \x9b2J bidi\u202eexe"

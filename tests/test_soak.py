@@ -101,11 +101,22 @@ def test_a_500_trial_bisect_keeps_memory_store_and_report_in_bounds(tmp_path):
     watcher = threading.Thread(target=sample, daemon=True)
     watcher.start()
     out, _ = controller.communicate()
+    exited = time.time()
     done.set()
     watcher.join()
     assert controller.returncode in (0, 3), out[-3000:]
     trials = _trials(db)
     assert MAX_TRIALS <= trials <= MAX_TRIALS + 2, trials  # the budget, and no more than a batch
+    with sqlite3.connect(f"file:{db}?mode=ro", uri=True) as conn:
+        last_end = float(conn.execute("SELECT MAX(ended_at) FROM trials").fetchone()[0])
+    # The end of the run reads the posterior history the run recorded as it went (linear in
+    # the trials), never a replay of it (quadratic): every trial is in the record.
+    from orchestrator.ui.report import replay_cache
+
+    steps = (runs / "soak" / replay_cache.STEPS).read_text().splitlines()
+    recorded = {t for line in steps for t in json.loads(line)["trials"]}
+    assert len(recorded) >= trials - 2, (len(recorded), trials)  # failed trials are no steps
+    assert (runs / "soak" / replay_cache.FILENAME).is_file()
     began = time.monotonic()
     report = subprocess.run([sys.executable, "-m", "orchestrator", "report", "soak",
                              f"runs_dir={runs}"], cwd=tmp_path, env=env, capture_output=True,
@@ -127,6 +138,8 @@ def test_a_500_trial_bisect_keeps_memory_store_and_report_in_bounds(tmp_path):
         "actors_kb": {"early": early["actors_kb"], "late": late["actors_kb"]},
         "store_bytes": db.stat().st_size, "run_dir_bytes": run_bytes,
         "report_s": round(report_s, 1), "answer": out.strip().splitlines()[-3:],
+        # From the last trial's end to the command's exit: the end of the run.
+        "end_of_run_s": round(exited - last_end, 1), "steps_recorded": len(steps),
     }
     if os.environ.get("SOAK_OUT"):
         Path(os.environ["SOAK_OUT"]).write_text(json.dumps({**numbers, "samples": samples},

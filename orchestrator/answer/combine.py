@@ -23,8 +23,7 @@ import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-from scipy.stats import t as student_t
-
+from orchestrator.stats.dist import t_ppf
 from orchestrator.stats.min_effect import ANSWER_CONFIDENCE, min_effect_log
 
 CONFIDENCE = ANSWER_CONFIDENCE
@@ -96,8 +95,8 @@ class LogChange:
 
 def _crit(confidence: float, df: float) -> float:
     if math.isinf(df):
-        return float(student_t.ppf(0.5 + confidence / 2.0, 1e9))
-    return float(student_t.ppf(0.5 + confidence / 2.0, df))
+        return float(t_ppf(0.5 + confidence / 2.0, 1e9))
+    return float(t_ppf(0.5 + confidence / 2.0, df))
 
 
 def _round(value: float) -> float:

@@ -60,6 +60,7 @@ from orchestrator.strategies.bisect.verdict import chased_change_pct, chased_rul
 from orchestrator.system.watch import SystemChange, system_changes
 from orchestrator.ui import render
 from orchestrator.ui.progress import Progress, expected_bisect_trials, verdict_best
+from orchestrator.ui.report.replay_cache import Recorder
 from orchestrator.ui.report.terminal import print_answer
 from orchestrator.workspace import CommitInfo
 from orchestrator.workspace.commits import boundary_parents, graph_order
@@ -340,9 +341,12 @@ def execute(cfg: RunSettings, req: BisectRequest, ctl: Controller, run_dir: Path
         seen[:] = [v]
         on_verdict(v, n)
 
+    # The posterior as the run goes, for the report (a release search has no commit plan)
+    recorder = Recorder(run_dir) if release is None else None
     try:
         verdict = drive(ctl, strategy, points, metric=metric, on_verdict=remember,
-                        on_system_change=system_changed, repetitions=design)
+                        on_system_change=system_changed, repetitions=design,
+                        record=recorder.record if recorder is not None else None)
     except (KeyboardInterrupt, RunInterrupted):
         # What is known so far, stored and said before the run stops (`sleuth report` shows
         # it). Best effort: nothing here may turn a clean stop into a crash.

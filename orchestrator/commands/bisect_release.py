@@ -75,7 +75,8 @@ def opening(release: Mapping) -> str:
                                    release["excluded"], release["source"])
 
 
-def version_status(rows: Sequence, keys: Sequence[str], versions: Sequence[str]) -> list[dict]:
+def version_status(rows: Sequence, keys: Sequence[str], versions: Sequence[str],
+                   name: str = "") -> list[dict]:
     """Per release: the restarts measured, or why it was skipped (every trial failed), or that
     the search never needed it."""
     out = []
@@ -85,12 +86,31 @@ def version_status(rows: Sequence, keys: Sequence[str], versions: Sequence[str])
         failed = [r for r in mine if not r.outcome.measured
                   and r.outcome is not Outcome.INTERRUPTED]
         item: dict = {"version": version, "measured": ok}
+        installed = installed_files(mine, name)
+        if installed:
+            item["installed"] = installed
         if not ok and failed:
             detail = (failed[0].detail or "").strip().splitlines()
             item["skipped"] = f"{failed[0].outcome.value}" + (f": {detail[0][:200]}"
                                                               if detail else "")
         out.append(item)
     return out
+
+
+def installed_files(rows: Sequence, name: str) -> list[dict]:
+    """The distinct files the trials of one release installed `name` from (`{"file", "sha256",
+    "trials"}`), read from their fingerprints: normally one; more would mean the nodes'
+    caches hold different builds of one version, which the findings must show."""
+    seen: dict[tuple[str, str], list[int]] = {}
+    for r in rows:
+        result = getattr(r, "result", None)
+        overlay = ((result.fingerprint if result else None) or {}).get("overlay") or {}
+        for pin, source in (overlay.get("installed") or {}).items():
+            if pin.split("==", 1)[0] != name:
+                continue
+            key = (str(source.get("file", "")), str(source.get("sha256", "")))
+            seen.setdefault(key, []).append(r.id)
+    return [{"file": f, "sha256": h, "trials": ids} for (f, h), ids in seen.items()]
 
 
 def _step(pct: float, total_pct: float | None, bad_increases: bool) -> str:
@@ -136,7 +156,7 @@ def rewrite(doc: dict, release: Mapping, rows: Sequence, keys: Sequence[str], *,
                 "that could not be installed or run)"
     for o in doc.get("outliers", []):
         o["release"] = o.get("commit")
-    status = version_status(rows, keys, versions)
+    status = version_status(rows, keys, versions, name)
     doc["package"] = {**dict(release), "versions": status}
     measured = [f"{s['version']} ({s['measured']})" for s in status if s["measured"]]
     skipped = [f"{s['version']} ({s['skipped']})" for s in status if s.get("skipped")]

@@ -69,10 +69,10 @@ def provisional_findings(cfg: RunSettings, req: BisectRequest, ctl: Controller, 
 
 
 def keep_posterior_replay(run_dir: Path) -> None:
-    """Replay the posterior once now, while the run ends, and keep it beside the run
-    (`ui/report/replay_cache.py`): its cost grows with the square of the trials (about 20 s
-    for 500 on a loaded 2-core machine), and `sleuth report` then reads it in milliseconds.
-    Never a reason for the run to fail."""
+    """Keep the posterior history beside the run as it ends (`ui/report/replay_cache.py`):
+    read from the run's own record (linear in the trials), replayed only where there is no
+    complete record; `sleuth report` then reads it in milliseconds. Never a reason for the
+    run to fail."""
     from orchestrator.ui.report import load_run
     from orchestrator.ui.report.series import posterior_history
 

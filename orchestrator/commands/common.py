@@ -18,7 +18,7 @@ from orchestrator.run.rundir import runs_root
 from orchestrator.store import RunStore
 from orchestrator.system.envcheck import check_env
 from orchestrator.system.fingerprint import is_secret
-from orchestrator.system.redact import secret_in_value
+from orchestrator.system.redact import secret_in_value, secret_source
 from orchestrator.targets.registry import check_name
 from orchestrator.ui import render
 from orchestrator.workspace import Workspace
@@ -59,6 +59,11 @@ def check_common(cfg: RunSettings) -> RunSettings:
         for key in env:
             if not key or key[0].isdigit() or not set(key) <= _ENV_NAME_OK:
                 raise UserError(f"invalid environment variable name {key!r}")
+            source = secret_source(str(env[key]))
+            if source is not None:  # `env.X=${oc.env:HF_TOKEN}`: the token under another name
+                raise UserError(f"{key} holds the value of {source}, a secret: export {key} in"
+                                " the node's environment instead of passing it in the"
+                                " configuration (sleuth stores configs)")
             if is_secret(key) or secret_in_value(str(env[key])):
                 # Config is stored in the run directory; secrets must come from the node's
                 # environment, which servers inherit and sleuth never writes down.

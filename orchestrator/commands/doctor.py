@@ -11,6 +11,7 @@ from __future__ import annotations
 import importlib.metadata
 import importlib.util
 import logging
+import os
 import shutil
 import tempfile
 import time
@@ -45,7 +46,9 @@ def check_git() -> Check:
 SLOW_START_S = 15.0
 
 
-def check_ray(slow_s: float = SLOW_START_S) -> Check:
+def check_ray(slow_s: float = SLOW_START_S, seen: dict | None = None) -> Check:
+    """Ray starts and runs a task; with `seen`, also what an actor that asks for no GPU (a
+    node actor) finds in CUDA_VISIBLE_DEVICES there (`seen["actor"]`)."""
     import ray
 
     if ray.is_initialized():
@@ -63,6 +66,13 @@ def check_ray(slow_s: float = SLOW_START_S) -> Check:
             return "pong"
 
         answer = ray.get(ping.remote(), timeout=120)
+        if seen is not None:
+            class Probe:
+                def visible(self) -> str | None:
+                    return os.environ.get("CUDA_VISIBLE_DEVICES")
+
+            probe = ray.remote(Probe).options(num_cpus=0).remote()
+            seen["actor"] = ray.get(probe.visible.remote(), timeout=120)
     except RayStartFailed as exc:
         if exc.__cause__ is not None and start_timed_out(exc.__cause__):
             return ("slow", "ray", f"{ray.__version__}: a local instance did not finish starting"
@@ -83,6 +93,24 @@ def check_ray(slow_s: float = SLOW_START_S) -> Check:
         return ("slow", "ray", f"{ray.__version__}: a local start took {took:.0f} s"
                 f" ({load_note()}); every command waits that long before its first trial")
     return "ok", "ray", f"{ray.__version__}: local start/stop works ({took:.1f} s)"
+
+
+def check_ray_gpus(seen: dict) -> Check:
+    """What the installed Ray does to the GPUs an actor that asks for none sees, and what
+    sleuth's node actors see here (measured in `check_ray`'s local instance)."""
+    import ray
+
+    from orchestrator.runner.visibility import VAR, ray_note
+
+    note = f"Ray {ray.__version__} {ray_note(ray.__version__)}"
+    if "actor" not in seen:
+        return "warn", "gpus", f"{note} (not measured: Ray did not start)"
+    actor, shell = seen["actor"], os.environ.get(VAR)
+    if actor != shell:
+        return ("FAIL", "gpus", f"{note}; but a node actor here sees {VAR}={actor!r} where this"
+                f" shell has {shell!r}: its servers would run on other GPUs")
+    shown = "unset: every GPU" if shell is None else repr(shell)
+    return "ok", "gpus", f"{note}; measured: a node actor sees {VAR} as this shell does ({shown})"
 
 
 def check_nvml() -> Check:
@@ -123,7 +151,9 @@ def check_runs(cfg: RunSettings) -> Check:
 
 
 def run(cfg: RunSettings, *, emit: Callable[[str], None] = print) -> int:
-    checks: list[Check] = [check_git(), check_runs(cfg), check_ray(), check_nvml(), check_sglang()]
+    seen: dict = {}
+    checks: list[Check] = [check_git(), check_runs(cfg), check_ray(seen=seen),
+                           check_ray_gpus(seen), check_nvml(), check_sglang()]
     for status, name, detail in checks:
         emit(f"{status:>4}  {name:<7} {detail}")
     return 1 if any(status == "FAIL" for status, _, _ in checks) else 0

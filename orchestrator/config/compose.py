@@ -276,3 +276,12 @@ def compose_settings(command: str, overrides: list[str], *,
 
 def to_yaml(cfg: DictConfig) -> str:
     return OmegaConf.to_yaml(cfg, resolve=True)
+
+
+def shown_yaml(cfg: DictConfig) -> str:
+    """The resolved configuration as `--cfg` prints it: redacted as the run directory stores
+    it (an interpolation such as `${oc.env:HF_TOKEN}` resolves to the token itself)."""
+    from orchestrator.system.redact import redact_config
+
+    tree = OmegaConf.to_container(cfg, resolve=True)
+    return OmegaConf.to_yaml(OmegaConf.create(redact_config(tree)))

@@ -14,6 +14,10 @@ without a `+` (compose.py adds Hydra's `++` itself), so a leading `+` is never n
 from __future__ import annotations
 
 from orchestrator.errors import UserError
+from orchestrator.ui.safe_text import readable
+
+# No setting's key is longer (a file name's limit: Hydra looks a key up as a group first).
+MAX_KEY = 255
 
 
 def key_of(override: str) -> str:
@@ -28,6 +32,9 @@ def check_overrides(overrides: list[str]) -> None:
     own configuration."""
     for o in overrides:
         key = key_of(o)
+        if len(key) > MAX_KEY:  # Hydra would look it up as a config group's file first
+            raise UserError(f"the key {readable(key)} is not a setting or a variable name: keys"
+                            " are dotted names such as target.tp_size or env.NCCL_PROTO")
         if o.startswith("~"):
             raise UserError(f"{o!r}: deleting a setting ('~') is not supported; set it to another"
                             " value instead (key=value)")
@@ -35,10 +42,13 @@ def check_overrides(overrides: list[str]) -> None:
             raise UserError(f"{o!r}: '+' adds a key the configuration does not have; write"
                             f" {o.lstrip('+')!r} (env.* and experiment.params.* take new keys"
                             " as they are)")
-        if key == "hydra" or key.startswith("hydra."):
+        if key == "hydra" or key.startswith(("hydra.", "hydra/", "hydra@")):
+            # `hydra.run.dir=X` (a setting) and `hydra/launcher=basic` (a config group) alike:
+            # the compose API ignores Hydra's runtime configuration, so neither would do
+            # anything but look accepted.
             raise UserError(f"{o!r}: sleuth composes its configuration with Hydra's compose API"
-                            " and has no Hydra runtime settings; a run's files go to"
-                            " runs_dir/<run_id>")
+                            " and has no Hydra runtime settings or groups (launchers, sweepers,"
+                            " logging); a run's files go to runs_dir/<run_id>")
 
 
 def check_repeats(overrides: list[str]) -> None:

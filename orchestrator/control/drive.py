@@ -110,6 +110,22 @@ class Epochs:
         return self.epoch, change
 
 
+class KnownEpochs(Epochs):
+    """The epochs of rows whose system changes are already known (`system_changes` of the
+    same rows): the same numbering as :class:`Epochs`, without diffing the fingerprints
+    again."""
+
+    def __init__(self, changes: Sequence[SystemChange]) -> None:
+        super().__init__()
+        self._at = {c.after: c for c in changes}
+
+    def feed(self, row: TrialRow) -> tuple[int, SystemChange | None]:
+        change = self._at.get(row.id) if row.finished else None
+        if change is not None:
+            self.epoch += 1
+        return self.epoch, change
+
+
 def replay(rows: Sequence[TrialRow], points: PointMap, metric: str, retries: int,
            epochs: Epochs | None = None) -> list[Observation]:
     """Observations from the stored trials of these points: a same candidate measured earlier
@@ -139,8 +155,12 @@ def drive(
     on_verdict: Callable[[Verdict, int], None] | None = None,
     on_system_change: Callable[[SystemChange], None] | None = None,
     repetitions: RepetitionDesign | None = None,
+    record: Callable[[Verdict, Sequence[Observation]], None] | None = None,
 ) -> Verdict:
     """Run trials until the strategy is done (or proposes nothing while nothing runs).
+
+    ``record`` hears every verdict with the observations it was computed from (the bisect
+    keeps its posterior history this way, instead of replaying it at the end).
 
     ``on_system_change`` hears of every change of a node's system state between its trials
     (:mod:`orchestrator.system.watch`), including one across an interruption: the first trial
@@ -156,6 +176,8 @@ def drive(
     observations = replay(stored, pmap, metric, controller.retries, epochs)
     final_attempt = controller.retries + 1
     verdict = strategy.verdict(observations)
+    if record:
+        record(verdict, observations)
     rows = list(stored)
     while True:
         if not verdict.done:
@@ -184,6 +206,8 @@ def drive(
         if repetitions is not None:
             repetitions.tally(rows)
         verdict = strategy.verdict(observations)
+        if record:
+            record(verdict, observations)
         if on_verdict:
             on_verdict(verdict, len(observations))
     return strategy.verdict(observations)

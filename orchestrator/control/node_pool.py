@@ -24,6 +24,8 @@ from orchestrator.errors import NodeBusy, NodesLost, UserError
 from orchestrator.runner.holder import held_message
 from orchestrator.runner.node import NodeRunner
 from orchestrator.runner.process import start_time
+from orchestrator.runner.visibility import NOSET
+from orchestrator.ui.safe_text import printable
 
 SCAN_INTERVAL_S = 2.0
 # How long stopping waits for each actor to give its node back before killing it.
@@ -59,27 +61,42 @@ class NodePool:
         """Start every node and wait for it; bad input a node reports is a UserError, every
         node held by another run is NodeBusy (some held: those are skipped, with a line)."""
         actors = {name: self._new_actor(name) for name in self._names()}
-        hellos = ray.get([a.hello.remote(self.clocks) for a in actors.values()])
-        problem = next((h["problem"] for h in hellos if h.get("problem")), "")
+        refs = {name: a.hello.remote(self.clocks) for name, a in actors.items()}
+        hellos: dict[str, dict] = {}
+        gone: dict[str, str] = {}  # an actor that died before its first answer: why
+        for name, ref in refs.items():
+            try:
+                hellos[name] = ray.get(ref)
+            except ray.exceptions.RayActorError as exc:
+                gone[name] = first_line(exc)
+        problem = next((h["problem"] for h in hellos.values() if h.get("problem")), "")
         if problem:  # bad input: the run is refused, and the nodes' new state goes with it
-            _discard([a for a, h in zip(actors.values(), hellos, strict=True)
-                      if not h.get("held_by")])
+            _discard([actors[n] for n, h in hellos.items() if not h.get("held_by")])
             for actor in actors.values():
                 _kill(actor)
             raise UserError(problem)
         held = []
-        for (name, actor), hello in zip(actors.items(), hellos, strict=True):
+        for name, hello in hellos.items():
             if hello.get("held_by"):
                 held.append(held_message(name, hello["held_by"]))
-                ray.kill(actor)
+                ray.kill(actors[name])
                 continue
-            self.actors[name] = actor
+            self.actors[name] = actors[name]
             self._say_hello(hello)
-        if held and not self.actors:
+        if held and not self.actors and not gone:
             raise NodeBusy(held[0] + ": wait for that run to finish (a node's server and"
                            " clocks belong to the run holding it)")
         for line in held:
             self.on_event(f"{line}: not used")
+        if gone and not self.actors:  # nothing to run on: the run stops, resumable
+            for name in gone:
+                _kill(actors[name])
+            name, why = next(iter(gone.items()))
+            raise NodesLost(f"node {name} was lost before its first trial ({why})"
+                            + (f", and {len(gone) - 1} more" if len(gone) > 1 else ""))
+        for name, why in gone.items():  # the others run; a lost node is looked for again
+            self.actors[name] = actors[name]
+            self.lost(name, f"before its first trial ({why})")
 
     def _names(self) -> list[str]:
         """`local-<i>` actors on the local Ray; on a cluster, one per `sleuth_node` Ray node."""
@@ -110,10 +127,19 @@ class NodePool:
             options["resources"] = {NODE_RESOURCE: 1}
             options["scheduling_strategy"] = NodeAffinitySchedulingStrategy(
                 self.placement[name][0], soft=False)
+            # A cluster node's workers have the environment of its `ray start`: this keeps
+            # Ray from hiding the node's GPUs from the actor (`runner/visibility.py`). It costs
+            # a worker started for the actor (a few seconds, once per node).
+            options["runtime_env"] = {"env_vars": {NOSET: "1"}}
         return ray.remote(NodeRunner).options(**options).remote(
             name, str(state_dir), target, bench, self.run_id, adopt, wait_s, self.controller)
 
     def _say_hello(self, hello: Mapping) -> None:
+        gpus = hello.get("gpus") or {}
+        if gpus.get("changed"):
+            self.on_event(f"node {hello['name']}: Ray had set CUDA_VISIBLE_DEVICES="
+                          f"{gpus.get('found')!r} for its actor; its servers get the node's own"
+                          f" ({gpus.get('describe')}, from {gpus.get('source')})")
         if hello.get("reaped"):
             self.on_event(f"node {hello['name']}: stopped a server left running by an"
                           f" earlier controller (pids {hello['reaped']})")
@@ -222,7 +248,13 @@ class NodePool:
 
 
 def first_line(exc: BaseException) -> str:
-    text = " ".join(str(exc).split()) or type(exc).__name__
+    """One line for a Ray error. An actor whose constructor raised carries the whole
+    traceback in its message: its last line (the exception itself) is what says why."""
+    text = printable(str(exc))
+    if "creation task" in text and "\n" in text:
+        lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+        return f"{type(exc).__name__}: {' '.join(lines[-1].split())[:300]}"
+    text = " ".join(text.split()) or type(exc).__name__
     return f"{type(exc).__name__}: {text[:200]}"
 
 

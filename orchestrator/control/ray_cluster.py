@@ -260,6 +260,27 @@ def start_timed_out(exc: BaseException) -> bool:
     return isinstance(exc, TimeoutError) or "timed out" in str(exc).lower()
 
 
+@contextmanager
+def gpus_left_alone() -> Iterator[None]:
+    """Start the next local Ray with `RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES=1` in its
+    environment (its raylet and every worker inherit it): Ray 2.40-2.55 would otherwise set
+    `CUDA_VISIBLE_DEVICES=""` for the node actors, which ask for no GPU, and hide every GPU
+    from the servers they start (`runner/visibility.py`). Set for the start only: the
+    variable is Ray's, not this process's. A worker started later by a runtime environment
+    gets it from the actor's options (`node_pool`)."""
+    from orchestrator.runner.visibility import NOSET
+
+    saved = os.environ.get(NOSET)
+    os.environ[NOSET] = "1"
+    try:
+        yield
+    finally:
+        if saved is None:
+            os.environ.pop(NOSET, None)
+        else:
+            os.environ[NOSET] = saved
+
+
 def start_local(**options) -> None:
     """Start a private local Ray instance (lean, loopback only), trying once more when Ray's
     start-up timed out. Failure is one line (`RayStartFailed`, exit 1), never a traceback."""
@@ -268,7 +289,7 @@ def start_local(**options) -> None:
         try:
             # address="local": a private instance even when another Ray runs on this machine
             # (without it Ray joins the last cluster started here, or RAY_ADDRESS).
-            with lean_head():
+            with lean_head(), gpus_left_alone():
                 ray.init(address="local", include_dashboard=False,
                          _node_ip_address="127.0.0.1",  # nothing listens beyond loopback
                          **options)

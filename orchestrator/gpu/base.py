@@ -138,6 +138,9 @@ class GpuSample:
     utilization_pct: float
     throttle_reasons: tuple[str, ...]
     foreign_pids: tuple[int, ...]
+    # Listed by the driver but not visible from this PID namespace, with nothing to map them
+    # through (`gpu/pids.py`): neither known to be the server's nor known not to be.
+    unattributed_pids: tuple[int, ...] = ()
 
 
 class GpuControl(ABC):

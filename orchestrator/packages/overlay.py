@@ -13,8 +13,14 @@ The cache (`runs_dir/.cache/overlays/<key>`) is shared by every run and node on 
   (two nodes asking for the same overlay build it once), into a temporary directory that is
   renamed into place only when pip succeeded and the distribution is there, so a crash or a
   failed build never leaves a half-made overlay;
-- `.state/<key>.json` says what an intact overlay holds (pin, version, native libraries, size);
-  its mtime is the overlay's last use;
+- `.state/<key>.json` says what an intact overlay holds (pin, version, native libraries, size,
+  the file pip installed it from with its sha256, and a signature of its files); its mtime is
+  the overlay's last use;
+- checked when reused (`integrity.py`: the signature, then the wheel's RECORD when it
+  differs): a damaged overlay is rebuilt, and one that cannot be is one line naming it;
+- pip runs isolated from its own configuration when a source is configured (`pipcall.py`), and
+  the key holds pip's configuration when none is, so an overlay is never reused for a pin that
+  would now be installed from elsewhere;
 - bounded: past `max_bytes` the least recently used overlays are removed, never one a trial
   holds (a shared `.use` lock, as the worktree cache does).
 """
@@ -30,10 +36,12 @@ import shutil
 import subprocess
 import sys
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from orchestrator.packages import integrity, pipcall
 from orchestrator.packages.pins import canonical, format_pin, parse_pin
+from orchestrator.packages.pipcall import OverlayError, interpreter_tag, one_line
 from orchestrator.workspace.cache import disk_usage
 from orchestrator.workspace.locking import (
     LOCKS_DIRNAME,
@@ -50,15 +58,9 @@ _KEY = re.compile(r"[0-9a-f]{64}")
 # A native shared library (`libnccl.so.2`), as opposed to a Python extension module
 # (`_C.cpython-311-x86_64-linux-gnu.so`): the dynamic linker finds these by name.
 _NATIVE = re.compile(r"^lib[^/]+\.so(?:\.\d+)*$")
-# pip settings that would send an install elsewhere than the overlay directory.
-_PIP_ENV_DROPPED = ("PIP_TARGET", "PIP_PREFIX", "PIP_ROOT", "PIP_USER", "PYTHONPATH")
-# pip settings that name package sources: with sources configured, pip uses those alone (the
-# ones the overlay's cache key and the findings record), not a shell's own.
-_PIP_ENV_SOURCES = ("PIP_FIND_LINKS", "PIP_INDEX_URL", "PIP_EXTRA_INDEX_URL", "PIP_NO_INDEX")
-
-
-class OverlayError(Exception):
-    """An overlay could not be built; the message is pip's reason in one line."""
+# Bumped when what a key stands for changes: version 2 is pip run isolated from its own
+# configuration (an overlay built before could hold a distribution from a pip.conf's source).
+_KEY_VERSION = 2
 
 
 @dataclass(frozen=True)
@@ -79,8 +81,10 @@ class OverlaySettings:
 
     @property
     def configured(self) -> bool:
-        """The user named a package source (a wheel directory or an index)."""
-        return bool(self.find_links or self.index_url)
+        """The user named a package source (a wheel directory or an index, as a setting or in
+        `pip_args`): then it alone is used, pip's own configuration is not."""
+        links, indexes = pipcall.pip_arg_sources(self.pip_args)
+        return bool(self.find_links or self.index_url or links or indexes)
 
     def source_args(self) -> list[str]:
         args: list[str] = []
@@ -119,6 +123,16 @@ class Overlay:
     lib_dirs: tuple[str, ...] = ()
     libraries: tuple[str, ...] = ()  # basenames of its native libraries
     size_bytes: int = 0
+    origin: str = ""  # the file pip installed it from (a URL)
+    sha256: str = ""  # that file's sha256
+    repaired: str = ""  # why it was rebuilt when this lease found it damaged
+
+    def source(self) -> dict:
+        """What it was installed from, as findings record it."""
+        doc = {"file": self.origin, "sha256": self.sha256}
+        if self.repaired:
+            doc["rebuilt"] = self.repaired
+        return doc
 
     @property
     def name(self) -> str:
@@ -126,42 +140,6 @@ class Overlay:
 
     def library_paths(self) -> list[str]:
         return [str(self.path / d) for d in self.lib_dirs]
-
-
-_TAGS: dict[str, str] = {}
-_TAG_CODE = ("import sys, sysconfig; print(sys.implementation.cache_tag, sysconfig.get_platform(),"
-             " sys.maxsize > 2**32)")
-
-
-def interpreter_tag(python: str) -> str:
-    """What makes an overlay usable by an interpreter: its implementation and version, and its
-    platform (`cpython-311 linux-x86_64`). Two virtual environments of one Python share
-    overlays; another Python gets its own."""
-    if python in _TAGS:
-        return _TAGS[python]
-    if python == sys.executable:
-        import sysconfig
-
-        tag = f"{sys.implementation.cache_tag} {sysconfig.get_platform()} {sys.maxsize > 2**32}"
-    else:
-        try:
-            done = subprocess.run([python, "-c", _TAG_CODE], capture_output=True, text=True,
-                                  timeout=60, check=False, stdin=subprocess.DEVNULL)
-        except (OSError, subprocess.TimeoutExpired) as exc:
-            raise OverlayError(f"cannot run the interpreter {python}: {exc}") from exc
-        if done.returncode != 0:
-            raise OverlayError(f"cannot run the interpreter {python}: {one_line(done.stderr)}")
-        tag = done.stdout.strip()
-    _TAGS[python] = tag
-    return tag
-
-
-def one_line(output: str, limit: int = 400) -> str:
-    """pip's reason: its first `ERROR:` line (without the prefix), else its last line."""
-    lines = [ln.strip() for ln in (output or "").splitlines() if ln.strip()]
-    errors = [ln[len("ERROR:"):].strip() for ln in lines if ln.startswith("ERROR:")]
-    text = errors[0] if errors else (lines[-1] if lines else "no output")
-    return text[:limit]
 
 
 def _dist_version(directory: Path, name: str) -> str | None:
@@ -205,8 +183,12 @@ class OverlayCache:
         self.root = Path(settings.root)
 
     def key(self, pin: str, python: str) -> str:
+        """The pin, the interpreter's tag and where pip takes it from: the configured source
+        (pip isolated from its own configuration), or else pip's configuration itself."""
+        pip = "isolated" if self.settings.configured else pipcall.configuration(python)
         blob = json.dumps({"pin": pin, "python": interpreter_tag(python),
-                           "source": self.settings.source_id()}, sort_keys=True)
+                           "source": self.settings.source_id(), "pip": pip,
+                           "version": _KEY_VERSION}, sort_keys=True)
         return hashlib.sha256(blob.encode()).hexdigest()
 
     def _state_path(self, key: str) -> Path:
@@ -224,76 +206,100 @@ class OverlayCache:
         if not isinstance(doc, dict) or not path.is_dir():
             return None
         return Overlay(str(doc["pin"]), path, str(doc["version"]), tuple(doc.get("lib_dirs", ())),
-                       tuple(doc.get("libraries", ())), int(doc.get("size_bytes") or 0))
+                       tuple(doc.get("libraries", ())), int(doc.get("size_bytes") or 0),
+                       str(doc.get("origin") or ""), str(doc.get("sha256") or ""))
+
+    def _write_state(self, key: str, doc: Mapping) -> None:
+        state = self._state_path(key)
+        state.parent.mkdir(parents=True, exist_ok=True)
+        tmp_state = state.with_name(f"{state.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
+        tmp_state.write_text(json.dumps(dict(doc)))
+        os.replace(tmp_state, state)
+
+    def damage(self, key: str, overlay: Overlay) -> str:
+        """Why a cached overlay is not what pip installed (`integrity.check`), or "": its
+        signature first, the RECORD only when that differs (then kept, when it passes)."""
+        try:
+            doc = json.loads(self._state_path(key).read_text())
+        except (OSError, ValueError):
+            return "its state file is unreadable"
+        now = integrity.signature(overlay.path)
+        if doc.get("signature") == now:
+            return ""
+        why = integrity.check(overlay.path, overlay.name)
+        if not why:
+            self._write_state(key, {**doc, "signature": now})
+        return why
 
     def ensure(self, pin: str, python: str = sys.executable) -> Overlay:
-        """The overlay of `pin` for `python`, built now if it is not in the cache."""
+        """The overlay of `pin` for `python`: the cached one when it is intact, else built (or
+        rebuilt) now. A damaged overlay that cannot be rebuilt is one line naming it."""
         name, version = parse_pin(pin)
         pin = format_pin(name, version)
         key = self.key(pin, python)
         found = self._read(key)
-        if found is not None:
+        if found is not None and not self.damage(key, found):
             return found
         with exclusive_lock(self.root / LOCKS_DIRNAME / f"{key}.lock"):
-            found = self._read(key)  # another node built it while this one waited
-            if found is not None:
+            found = self._read(key)  # another node built (or repaired) it meanwhile
+            why = self.damage(key, found) if found is not None else ""
+            if found is not None and not why:
                 return found
-            overlay = self._build(key, pin, python)
+            try:
+                overlay = self._build(key, pin, python)
+            except OverlayError as exc:
+                if not why:
+                    raise
+                raise OverlayError(f"the cached overlay of {pin} ({self.root / key}) is damaged"
+                                   f" ({why}) and could not be rebuilt: {exc}") from exc
+            if why:
+                overlay = replace(overlay, repaired=why)
         self.evict(keep=key)
         return overlay
 
-    def _pip(self, python: str, target: Path, pin: str) -> subprocess.CompletedProcess:
-        dropped = _PIP_ENV_DROPPED + (_PIP_ENV_SOURCES if self.settings.configured else ())
-        env = {k: v for k, v in os.environ.items() if k not in dropped}
-        args = ["install", "--no-deps", "--target", str(target), "--disable-pip-version-check",
+    def _pip(self, python: str, target: Path, pin: str, report: Path,
+             ) -> subprocess.CompletedProcess:
+        args = ["--no-deps", "--target", str(target), "--disable-pip-version-check",
                 "--no-input", "--no-warn-script-location", "--progress-bar", "off",
                 *self.settings.source_args(), pin]
-        argv = [python, "-m", "pip", *args]
-        for attempt in (0, 1):
-            try:
-                done = subprocess.run(argv, capture_output=True, text=True, env=env,
-                                      timeout=self.settings.timeout_s, check=False,
-                                      stdin=subprocess.DEVNULL)
-            except subprocess.TimeoutExpired as exc:
-                raise OverlayError(f"pip did not install {pin} within"
-                                   f" {self.settings.timeout_s:g}s") from exc
-            except OSError as exc:
-                raise OverlayError(f"cannot run {python}: {exc}") from exc
-            if (attempt == 0 and done.returncode != 0 and python != sys.executable
-                    and "No module named pip" in done.stderr):
-                # An interpreter without pip of its own: this one's pip installs for it.
-                argv = [sys.executable, "-m", "pip", "--python", python, *args]
-                continue
-            return done
-        return done
+        try:
+            return pipcall.run(python, args, isolated=self.settings.configured, report=report,
+                               timeout_s=self.settings.timeout_s)
+        except subprocess.TimeoutExpired as exc:
+            raise OverlayError(f"pip did not install {pin} within"
+                               f" {self.settings.timeout_s:g}s") from exc
+        except OSError as exc:
+            raise OverlayError(f"cannot run {python}: {exc}") from exc
 
     def _build(self, key: str, pin: str, python: str) -> Overlay:
         name, version = parse_pin(pin)
         self.root.mkdir(parents=True, exist_ok=True)
         temp = self.root / f"{TEMP_PREFIX}{key}-{os.getpid()}-{secrets.token_hex(4)}"
+        report = temp.with_name(temp.name + ".report.json")
         final = self.root / key
         try:
-            done = self._pip(python, temp, pin)
+            done = self._pip(python, temp, pin, report)
             if done.returncode != 0:
                 raise OverlayError(one_line(done.stderr or done.stdout))
             got = _dist_version(temp, name)
             if got is None:
                 raise OverlayError(f"pip installed {pin} but no distribution named {name} is in"
                                    " the overlay")
+            source = pipcall.installed_from(report, name, canonical)
             lib_dirs, libraries = _native_libraries(temp)
             size = disk_usage(temp)
-            shutil.rmtree(final, ignore_errors=True)  # one left without its state by a crash
+            shutil.rmtree(final, ignore_errors=True)  # one left without its state, or damaged
             os.replace(temp, final)
         finally:
             shutil.rmtree(temp, ignore_errors=True)
-        state = self._state_path(key)
-        state.parent.mkdir(parents=True, exist_ok=True)
-        tmp_state = state.with_name(f"{state.name}.{os.getpid()}.tmp")
-        tmp_state.write_text(json.dumps({"pin": pin, "version": got, "lib_dirs": list(lib_dirs),
-                                         "libraries": list(libraries), "size_bytes": size,
-                                         "python": interpreter_tag(python)}))
-        os.replace(tmp_state, state)
-        return Overlay(pin, final, got, lib_dirs, libraries, size)
+            report.unlink(missing_ok=True)
+        self._write_state(key, {"pin": pin, "version": got, "lib_dirs": list(lib_dirs),
+                                "libraries": list(libraries), "size_bytes": size,
+                                "python": interpreter_tag(python), "origin": source["file"],
+                                "sha256": source["sha256"],
+                                "signature": integrity.signature(final)})
+        return Overlay(pin, final, got, lib_dirs, libraries, size, source["file"],
+                       source["sha256"])
 
     # -- use and the size cap -------------------------------------------------------------------
     def hold(self, overlays: Sequence[Overlay]) -> list[int]:

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -42,6 +41,7 @@ from packaging.version import InvalidVersion, Version
 
 from orchestrator.errors import UserError
 from orchestrator.packages.overlay import OverlaySettings
+from orchestrator.packages.pipcall import config_lines, pip_arg_sources
 
 PYPI_SIMPLE = "https://pypi.org/simple"
 _JSON = "application/vnd.pypi.simple.v1+json"
@@ -193,37 +193,12 @@ def from_index(index: str, name: str, found: dict[Version, Release], timeout: fl
                  else urllib.parse.urljoin(url, href.split("#")[0]))
 
 
-def _pip_arg_sources(args: Sequence[str]) -> tuple[list[str], list[str]]:
-    """(find-links, indexes) named in pip arguments (`--find-links D`, `-f D`, `--x=y`)."""
-    links, indexes = [], []
-    items = list(args)
-    i = 0
-    while i < len(items):
-        arg = items[i]
-        key, eq, value = arg.partition("=")
-        if not eq and key in ("--find-links", "-f", "--extra-index-url", "--index-url", "-i") \
-                and i + 1 < len(items):
-            value = items[i + 1]
-            i += 1
-        if key in ("--find-links", "-f"):
-            links.append(value)
-        elif key in ("--extra-index-url", "--index-url", "-i"):
-            indexes.append(value)
-        i += 1
-    return links, indexes
-
-
 def pip_configuration(python: str) -> tuple[list[str], list[str]]:
     """(find-links, indexes) from pip's own configuration for `python` (its files and the
     PIP_* variables), as the overlays without a named source install from."""
     links: list[str] = []
     indexes: list[str] = []
-    try:  # its files and its PIP_* variables (`:env:.index-url=...`)
-        done = subprocess.run([python, "-m", "pip", "config", "list"], capture_output=True,
-                              text=True, timeout=60)
-        lines = done.stdout.splitlines() if done.returncode == 0 else None
-    except (OSError, subprocess.TimeoutExpired):
-        lines = None
+    lines = config_lines(python)  # its files and its PIP_* variables (`:env:.index-url=...`)
     if lines is None:  # no pip for that interpreter: the variables alone
         lines = [f":env:.{var[4:].lower().replace('_', '-')}={os.environ[var]}"
                  for var in ("PIP_INDEX_URL", "PIP_EXTRA_INDEX_URL", "PIP_FIND_LINKS")
@@ -241,7 +216,7 @@ def pip_configuration(python: str) -> tuple[list[str], list[str]]:
 def list_all(settings: OverlaySettings, name: str, python: str,
              timeout: float = 60.0) -> tuple[dict[Version, Release], str]:
     """Every release of `name` the source lists, and the source in words."""
-    links, indexes = _pip_arg_sources(settings.pip_args)
+    links, indexes = pip_arg_sources(settings.pip_args)
     links = [*settings.find_links, *links]
     if settings.index_url:
         indexes.insert(0, settings.index_url)

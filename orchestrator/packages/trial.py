@@ -83,7 +83,8 @@ def verify(target, overlays: OverlaySet, server, base_url: str, env: Mapping[str
                                           [o.name for o in overlays.overlays],
                                           [lib for o in overlays.overlays for lib in o.libraries])
     except (RuntimeError, OSError, ValueError) as exc:
-        fp["overlay"] = {"pins": [o.pin for o in overlays.overlays], "error": str(exc)}
+        fp["overlay"] = {"pins": [o.pin for o in overlays.overlays], "error": str(exc),
+                         "installed": {o.pin: o.source() for o in overlays.overlays}}
         return [f"cannot tell which package versions the server imported: {exc}"]
     record(fp, overlays, report)
     return problems_of(overlays, report)
@@ -91,11 +92,13 @@ def verify(target, overlays: OverlaySet, server, base_url: str, env: Mapping[str
 
 def record(fp: dict, overlays: OverlaySet, report: Mapping) -> None:
     """The overlays and what the server imported, in the fingerprint; `packages` becomes the
-    versions the server runs with (the node's, with the pinned ones as it imported them)."""
+    versions the server runs with (the node's, with the pinned ones as it imported them).
+    `installed`: the file each overlay was installed from, with its sha256."""
     reported = report.get("packages") or {}
     imported = {o.name: reported.get(o.name) for o in overlays.overlays}
     fp["overlay"] = {"pins": [o.pin for o in overlays.overlays],
                      "dirs": {o.pin: str(o.path) for o in overlays.overlays},
+                     "installed": {o.pin: o.source() for o in overlays.overlays},
                      "source": report.get("source", ""), "imported": imported,
                      "libraries": dict(report.get("libraries") or {})}
     pkgs = dict(fp.get("packages") or {})

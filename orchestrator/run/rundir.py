@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from orchestrator.config.settings import RunSettings, as_dict, evolve, load_saved, to_yaml
-from orchestrator.errors import DiskFull, RunInterrupted, SleuthError, UserError
+from orchestrator.errors import DiskFull, NodesLost, RunInterrupted, SleuthError, UserError
 from orchestrator.run.locate import locate_run
 from orchestrator.store import RunStore
 from orchestrator.system.redact import redact_config
@@ -126,7 +126,9 @@ def running(store: RunStore, run_dir: Path, out) -> Iterator[RunState]:
     try:
         yield state
     except (SleuthError, KeyboardInterrupt) as exc:
-        if fresh and store.on_first_trial is not None:  # refused before anything ran
+        # Refused before anything ran: gone again. Not so a run whose nodes were lost while
+        # they started (a fault, not bad input): it is kept, interrupted, to resume.
+        if fresh and store.on_first_trial is not None and not isinstance(exc, NodesLost):
             store.close()
             shutil.rmtree(run_dir, ignore_errors=True)
             if store.made_root:
@@ -142,12 +144,12 @@ def running(store: RunStore, run_dir: Path, out) -> Iterator[RunState]:
             raise
         if isinstance(exc, RunInterrupted) or no_space(exc):
             state.status = "interrupted"
-            raise type(exc)(_interrupted_message(exc, run_dir)) from exc
+            raise type(exc)(_interrupted_message(exc, run_dir, store.command)) from exc
         raise
     except (OSError, sqlite3.OperationalError) as exc:
         if no_space(exc):
             state.status = "interrupted"
-            raise DiskFull(_interrupted_message(exc, run_dir)) from exc
+            raise DiskFull(_interrupted_message(exc, run_dir, store.command)) from exc
         raise
     finally:
         if state.status:
@@ -191,8 +193,11 @@ def resume_hint(command: str, run_dir: Path) -> str:
             " resumable, run it again")
 
 
-def _interrupted_message(exc: BaseException, run_dir: Path) -> str:
+def _interrupted_message(exc: BaseException, run_dir: Path, command: str = "") -> str:
     what = str(exc) if isinstance(exc, SleuthError) else f"no space left on device ({exc})"
     hint = "free some space" if no_space(exc) else "when the nodes are back"
+    if command and command not in RESUMABLE:
+        return (f"{what}; run {run_dir.name} is interrupted with every finished trial kept: a"
+                f" {command} run is not resumable, {hint} and run it again")
     return (f"{what}; run {run_dir.name} is interrupted with every finished trial kept:"
             f" {hint}, sleuth resume {run_argument(run_dir)}")

@@ -40,8 +40,9 @@ from orchestrator.config.settings import (
     evolve,
     target_record,
 )
-from orchestrator.gpu.base import ClockPolicy
+from orchestrator.gpu.base import ClockPolicy, NoGpuControl
 from orchestrator.records import Outcome, TrialResult, TrialState
+from orchestrator.runner import visibility
 from orchestrator.runner.holder import (
     HOLDER_FILE,
     NODE_LOCK,
@@ -86,6 +87,11 @@ class NodeRunner:
         self._workspaces: dict[tuple[str, str, int | None], Workspace] = {}
         self.reaped: list[int] = []
         self.clock_restored = False
+        # The node's GPUs, as its raylet was started; put back if Ray changed them for this
+        # actor (every server inherits this process's environment).
+        self.gpus = visibility.of_node()
+        if self.gpus.changed:
+            visibility.restore(self.gpus)
         self.controller = dict(controller or {})
         self.held_by = self._hold(run_id)
         if self.held_by is not None and _orphaned(self.held_by):
@@ -209,7 +215,10 @@ class NodeRunner:
     def info(self) -> dict:
         return {"name": self.name, "hostname": socket.gethostname(), "pid": os.getpid(),
                 "reaped": self.reaped, "clock_restored": self.clock_restored,
-                "held_by": self.held_by}
+                "held_by": self.held_by,
+                "gpus": {"meant": self.gpus.meant, "found": self.gpus.found,
+                         "source": self.gpus.source, "changed": self.gpus.changed,
+                         "describe": self.gpus.describe()}}
 
     def status(self) -> dict:
         return dict(self._current)
@@ -222,6 +231,9 @@ class NodeRunner:
         problem = self.target.preflight() or ""
         if problem:
             return problem
+        if self.gpus.meant == "" and not isinstance(self.target.gpu_control(), NoGpuControl):
+            return (f"node {self.name}'s CUDA_VISIBLE_DEVICES is '' ({self.gpus.source}): its"
+                    " servers would see no GPU; start it with the GPUs it should use, or unset")
         policies = [ClockPolicy.parse(c) for c in clocks]
         if any(not p.is_default for p in policies):
             snapshot = self.target.gpu_control().snapshot()
@@ -284,7 +296,7 @@ class NodeRunner:
                 target = make_target(conf, self.bench_conf, self.context)
             result, report = run_trial(spec, target, node=self.name, on_state=on_state,
                                        on_process=on_process, on_clock=self._record_clock,
-                                       workspace=self._workspace)
+                                       workspace=self._workspace, node_gpus=self.gpus.meant)
             if report is not None and report.leftover_pids:
                 self._leftover_pgid = report.pgid  # checked (and killed) before the next trial
             if self._aborted and result.outcome is not Outcome.OK:

@@ -16,6 +16,7 @@ trial setting it (another tool, another run on the same GPUs) marks the trial su
 from __future__ import annotations
 
 import json
+import os
 import time
 from collections.abc import Callable, Mapping
 from contextlib import ExitStack
@@ -28,6 +29,7 @@ from orchestrator.gpu.base import ClockPolicy, GpuControl
 from orchestrator.packages import trial as packages
 from orchestrator.packages.overlay import OverlaySet
 from orchestrator.records import Candidate, Measurement, Outcome, TrialResult, TrialState
+from orchestrator.runner import visibility
 from orchestrator.runner.exits import oom_kills
 from orchestrator.runner.process import (
     ServerProcess,
@@ -54,10 +56,13 @@ from orchestrator.runner.trial_checks import (
     wait_ready,
 )
 from orchestrator.system import fingerprint, wallclock
-from orchestrator.system.redact import redact_argv
+from orchestrator.system.redact import redact_argv, scrub, secret_values
 from orchestrator.targets.base import Target
 from orchestrator.ui.safe_text import printable
 from orchestrator.workspace import Workspace
+
+# `run_trial` without a node's GPUs to check against (a trial run outside a node actor).
+NOT_CHECKED = object()
 
 
 @dataclass(frozen=True)
@@ -110,6 +115,7 @@ class _Trial:
     telemetry: dict = field(default_factory=dict)
     changed: list[str] = field(default_factory=list)
     no_space: bool = False
+    node_gpus: object = NOT_CHECKED  # the node's CUDA_VISIBLE_DEVICES (None: unset)
 
     @property
     def trial_dir(self) -> Path:
@@ -142,6 +148,7 @@ def run_trial(
     on_process: Callable[[ServerProcess | None], None] | None = None,
     on_clock: Callable[[object], None] | None = None,
     workspace: Callable[[TrialSpec], Workspace] | None = None,
+    node_gpus: object = NOT_CHECKED,
 ) -> tuple[TrialResult, TeardownReport | None]:
     """Run one trial to completion. Never raises for server misbehaviour: it is the result.
 
@@ -153,8 +160,11 @@ def run_trial(
     whatever happened earlier.
 
     `workspace` gives the spec's Workspace; a node passes one it keeps across its trials, so a
-    worktree it verified and nothing touched since is not verified by git again."""
-    t = _Trial(spec, target, node, on_state, on_process, on_clock)
+    worktree it verified and nothing touched since is not verified by git again.
+
+    `node_gpus`: the node's own `CUDA_VISIBLE_DEVICES` (None when unset: every GPU), which the
+    server must see unless the run sets the variable itself (`runner/visibility.py`)."""
+    t = _Trial(spec, target, node, on_state, on_process, on_clock, node_gpus=node_gpus)
     with ExitStack() as teardown:
         try:
             _prepare(t, teardown, workspace)
@@ -227,6 +237,9 @@ def _launch(t: _Trial, teardown: ExitStack) -> None:
     t.env = target.environment(cand.env_dict)
     if t.overlays is not None:  # pinned packages first on PYTHONPATH / LD_LIBRARY_PATH
         t.env = target.environment({**cand.env_dict, **t.overlays.variables(t.env)})
+    # Before a launch: an environment that already hides the node's GPUs would only fail it.
+    _check_gpus(t, {**{str(k): str(v) for k, v in target.conf.get("env", {}).items()},
+                    **cand.env_dict})
     # Runs after the server is gone: its log loses the credentials it was handed.
     teardown.callback(scrub_log, t.log_path, t.argv, t.env)
     port = 0
@@ -235,7 +248,8 @@ def _launch(t: _Trial, teardown: ExitStack) -> None:
         port = free_port(target.host)
         t.oom_at_launch = oom_kills()
     t.argv[:] = target.command(t.worktree, port)
-    (t.trial_dir / "command.txt").write_text(" ".join(redact_argv(t.argv)) + "\n")
+    (t.trial_dir / "command.txt").write_text(
+        scrub(" ".join(redact_argv(t.argv)), secret_values(t.argv, t.env)) + "\n")
     if target.has_server:
         t.proc = launch(t.argv, cwd=t.worktree, env=t.env, log_path=t.log_path,
                         host=target.host, port=port)
@@ -280,22 +294,49 @@ def _stop_telemetry(t: _Trial, sampler: TelemetrySampler) -> None:
 def _check_server(t: _Trial) -> None:
     """Ready, with the environment asked for, and importing the pinned packages."""
     proc, cand, target = t.proc, t.spec.candidate, t.target
+    wanted = {**{str(k): str(v) for k, v in target.conf.get("env", {}).items()},
+              **cand.env_dict}
     if proc is not None:
         t.enter(TrialState.WAITING_READY)
         wait_ready(target, proc, t.spec.ready_timeout_s, t.oom_at_launch)
-        fingerprint.record_server_env(t.fp, t.env, server_environ(proc))
+        seen = server_environ(proc)
+        fingerprint.record_server_env(t.fp, t.env, seen)
         settings = target.server_settings(proc.base_url)
         if settings:  # what the server resolved, against a reference that logged its own
             t.fp["server_args"] = settings
-        wanted = {**{str(k): str(v) for k, v in target.conf.get("env", {}).items()},
-                  **cand.env_dict}
         problems = env_mismatches(proc, wanted)
         if problems:
             raise TrialFailure(Outcome.ENV_MISMATCH, "; ".join(problems[:5]))
+        if seen is not None:
+            _check_gpus(t, wanted, seen)
     if t.overlays is not None:  # what the server really imported, before any measurement
         problems = packages.verify(target, t.overlays, proc, t.base_url, t.env, t.worktree, t.fp)
         if problems:
             raise TrialFailure(Outcome.ENV_MISMATCH, "; ".join(problems[:5]))
+
+
+def _check_gpus(t: _Trial, wanted: Mapping[str, str],
+                server: Mapping[str, str] | None = None) -> None:
+    """The node's GPUs reach the server (unless the run sets CUDA_VISIBLE_DEVICES itself,
+    which `env_mismatches` checks). Before the launch (`server` None): this node actor's own
+    value, which every server inherits, must be its node's (Ray's hiding shows here, should
+    the actor's correction not hold). After it: what the running server has is recorded; a
+    launcher on the way may set it on purpose (a node's wrapper choosing its GPUs, the
+    simulated node's login environment), but one that leaves the server no GPU of a node that
+    has some is `env_mismatch`."""
+    if t.node_gpus is NOT_CHECKED or visibility.VAR in wanted:
+        return
+    meant = t.node_gpus if isinstance(t.node_gpus, str) else None
+    record = t.fp.setdefault("gpu_visibility", {"node": meant})
+    if server is None:
+        record["handed"] = t.env.get(visibility.VAR)
+        own = os.environ.get(visibility.VAR)
+        problem = visibility.problem(t.node, meant, own, "this node actor's")
+    else:
+        seen = record["server"] = server.get(visibility.VAR)
+        problem = visibility.problem(t.node, meant, seen) if seen == "" != meant else ""
+    if problem:
+        raise TrialFailure(Outcome.ENV_MISMATCH, problem)
 
 
 def _benchmark(t: _Trial) -> None:
@@ -345,7 +386,9 @@ def _result(t: _Trial) -> TrialResult:
                        + "; ".join(t.changed[:4]))
     return TrialResult(
         outcome=outcome,
-        detail=printable(detail),
+        # A server's own words (its last log lines, an error it answered with) may echo the
+        # credentials it was handed: the same scrub as its log and command.txt.
+        detail=printable(scrub(detail, secret_values(t.argv, t.env))) if detail else "",
         measurements=tuple(measurements),
         states=tuple(t.states),
         started_at=t.started,

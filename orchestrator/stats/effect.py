@@ -24,7 +24,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from scipy import stats as _scipy_stats
+from orchestrator.stats.dist import t_ppf, t_sf
 
 _UNBOUNDED = (-math.inf, math.inf)
 
@@ -97,13 +97,13 @@ def effect(before: Sequence[float], after: Sequence[float], confidence: float = 
 
     df_test = (se2_a + se2_b) ** 2 / (se2_a**2 / (n_a - 1) + se2_b**2 / (n_b - 1))
     t_stat = (mean_a - mean_b) / math.sqrt(se2_a + se2_b)
-    p_value = float(2.0 * _scipy_stats.t.sf(abs(t_stat), df_test))
+    p_value = 2.0 * t_sf(abs(t_stat), df_test)
 
     ratio = mean_a / mean_b
     lin_var = se2_a + ratio**2 * se2_b
     denom = se2_a**2 / (n_a - 1) + ratio**4 * se2_b**2 / (n_b - 1)
     df_ratio = lin_var**2 / denom if denom > 0 else math.inf
-    t_crit = float(_scipy_stats.t.ppf(0.5 + confidence / 2.0, df_ratio))
+    t_crit = t_ppf(0.5 + confidence / 2.0, df_ratio)
     # Fieller: the set of R with (mean_a - R mean_b)^2 <= t^2 (se2_a + R^2 se2_b).
     quad_a = mean_b**2 - t_crit**2 * se2_b
     quad_b = -2.0 * mean_a * mean_b
@@ -131,7 +131,7 @@ class LogDifference:
     def to_effect(self, n_before: int, n_after: int, confidence: float) -> Effect:
         p_value = math.nan
         if self.se > 0.0 and self.df > 0:
-            p_value = float(2.0 * _scipy_stats.t.sf(abs(self.diff) / self.se, self.df))
+            p_value = 2.0 * t_sf(abs(self.diff) / self.se, self.df)
         elif self.se == 0.0:
             p_value = 1.0 if self.diff == 0.0 else 0.0
         return Effect(
@@ -180,7 +180,7 @@ def _pooled_interval(diff: float, ss: float, df: int, inverse_sizes: float,
     if df == 0:
         return LogDifference(diff, -math.inf, math.inf, math.inf, 0)
     se = math.sqrt(ss / df * inverse_sizes)
-    half = float(_scipy_stats.t.ppf(0.5 + confidence / 2.0, df)) * se
+    half = t_ppf(0.5 + confidence / 2.0, df) * se
     return LogDifference(diff, diff - half, diff + half, se, df)
 
 

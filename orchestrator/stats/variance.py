@@ -23,7 +23,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from scipy.stats import chi2
+from orchestrator.stats.dist import chi2_ppf
 
 
 @dataclass(frozen=True)
@@ -154,8 +154,8 @@ def components_from_stats(stats: NoiseStats,
         return None
     alpha = 1.0 - confidence
     var_e = stats.ss_within / df_within
-    rep = Component(var_e, df_within * var_e / chi2.ppf(1 - alpha / 2, df_within),
-                    df_within * var_e / chi2.ppf(alpha / 2, df_within), float(df_within), var_e)
+    rep = Component(var_e, df_within * var_e / chi2_ppf(1 - alpha / 2, df_within),
+                    df_within * var_e / chi2_ppf(alpha / 2, df_within), float(df_within), var_e)
     if df_between <= 0:
         restart = Component(math.nan, 0.0, math.inf, 0.0)
     else:
@@ -163,11 +163,11 @@ def components_from_stats(stats: NoiseStats,
         b = stats.inv_n * var_e / df_between  # what the repetitions alone put into it
         est = a - b
         dof = est**2 / (a**2 / df_between + b**2 / df_within) if est > 0 else 0.0
-        lo_known = df_between * a / chi2.ppf(1 - alpha / 2, df_between) - b
-        hi_known = df_between * a / chi2.ppf(alpha / 2, df_between) - b
+        lo_known = df_between * a / chi2_ppf(1 - alpha / 2, df_between) - b
+        hi_known = df_between * a / chi2_ppf(alpha / 2, df_between) - b
         if dof >= 1.0:
-            lo = dof * est / chi2.ppf(1 - alpha / 2, dof)
-            hi = dof * est / chi2.ppf(alpha / 2, dof)
+            lo = dof * est / chi2_ppf(1 - alpha / 2, dof)
+            hi = dof * est / chi2_ppf(alpha / 2, dof)
         else:
             lo, hi = lo_known, hi_known
         restart = Component(max(est, 0.0), max(min(lo, lo_known), 0.0),

@@ -14,6 +14,11 @@ rules, applied everywhere a value is written:
 * **in argument lists**: the value after a flag whose name is a credential (`--api-key KEY`,
   `--token=T`, `--hf-token T`).
 
+and one more, for values that came from elsewhere: **by the environment's secrets**, a value
+that holds the value of a variable whose name is a secret (`env.X=${oc.env:HF_TOKEN}`, a node
+exporting `X=$HF_TOKEN`, a server's error text echoing its `--api-key`): what a credential is
+called on the way does not make it less of one.
+
 A redacted value is a record, never a setting: a stored value holding :data:`REDACTED` must not
 be launched, and a difference whose recorded side was redacted is "not controllable from the
 record" (:func:`is_redacted` says which).
@@ -76,8 +81,32 @@ def redact_value(value: str) -> str:
     return _TOKEN_SHAPES.sub(REDACTED, text)
 
 
-def secret_in_value(value: str) -> bool:
-    return redact_value(value) != str(value)
+# A secret this short is not looked for inside other values (it would match by chance).
+MIN_SECRET_LEN = 6
+
+
+def environment_secrets(environ: Mapping[str, str] | None = None) -> dict[str, str]:
+    """`{value: name}` of the variables of `environ` (this process's by default) whose names
+    are secrets: what a configuration or a record must never hold by value."""
+    import os
+
+    env = os.environ if environ is None else environ
+    return {str(v): str(k) for k, v in env.items()
+            if is_secret_name(str(k)) and len(str(v)) >= MIN_SECRET_LEN}
+
+
+def secret_source(value: str, environ: Mapping[str, str] | None = None) -> str | None:
+    """The name of the secret variable whose value `value` holds, or None."""
+    text = str(value)
+    for secret, name in environment_secrets(environ).items():
+        if secret in text:
+            return name
+    return None
+
+
+def secret_in_value(value: str, environ: Mapping[str, str] | None = None) -> bool:
+    """A credential shape inside `value`, or the value of one of the environment's secrets."""
+    return redact_value(value) != str(value) or secret_source(value, environ) is not None
 
 
 def is_redacted(value: object) -> bool:
@@ -86,8 +115,10 @@ def is_redacted(value: object) -> bool:
 
 
 def redact_env(env: Mapping[str, str]) -> dict[str, str]:
-    """An environment as it may be written down: secret names fully, secret values in part."""
-    return {str(k): (REDACTED if is_secret_name(str(k)) else redact_value(str(v)))
+    """An environment as it may be written down: secret names fully, secret values in part,
+    and a variable holding another one's secret (`X=$HF_TOKEN`) like that one."""
+    known = set(environment_secrets(env))
+    return {str(k): (REDACTED if is_secret_name(str(k)) else scrub(str(v), known))
             for k, v in sorted(env.items())}
 
 
@@ -121,21 +152,38 @@ def redact_argv(argv: Sequence[object]) -> list[str]:
     return out
 
 
-def redact_config(node: object, path: str = "") -> object:
+def redact_config(node: object, path: str = "", known: Iterable[str] | None = None) -> object:
     """A configuration tree (plain dicts and lists) as it may be written down: mappings named
-    `env` by variable, lists by argument, every other string by value."""
+    `env` by variable, lists by argument, every other string by value; and any value holding
+    one of the `known` secrets (by default the values of this process's secret variables: what
+    an interpolation such as `${oc.env:HF_TOKEN}` resolved to) without it."""
+    secrets = tuple(sorted(environment_secrets() if known is None else set(known), key=len,
+                           reverse=True))
+    return _redact_tree(node, path, secrets)
+
+
+def _redact_tree(node: object, path: str, secrets: tuple[str, ...]) -> object:
     if isinstance(node, Mapping):
         if path.endswith("env") or path == "env":
-            return {k: (REDACTED if is_secret_name(str(k)) else redact_config(v, f"{path}.{k}"))
-                    for k, v in node.items()}
-        return {k: redact_config(v, f"{path}.{k}" if path else str(k)) for k, v in node.items()}
+            return {k: (REDACTED if is_secret_name(str(k))
+                        else _redact_tree(v, f"{path}.{k}", secrets)) for k, v in node.items()}
+        return {k: _redact_tree(v, f"{path}.{k}" if path else str(k), secrets)
+                for k, v in node.items()}
     if isinstance(node, list | tuple):
         if all(isinstance(x, str | int | float) for x in node):
-            return redact_argv(node) if any(isinstance(x, str) for x in node) else list(node)
-        return [redact_config(x, f"{path}[{i}]") for i, x in enumerate(node)]
+            if not any(isinstance(x, str) for x in node):
+                return list(node)
+            return [_known(x, secrets) for x in redact_argv(node)]
+        return [_redact_tree(x, f"{path}[{i}]", secrets) for i, x in enumerate(node)]
     if isinstance(node, str):
-        return redact_value(node)
+        return _known(redact_value(node), secrets)
     return node
+
+
+def _known(text: str, secrets: tuple[str, ...]) -> str:
+    for value in secrets:
+        text = text.replace(value, REDACTED)
+    return text
 
 
 def redacted_paths(node: object, path: str = "") -> list[str]:

@@ -39,3 +39,20 @@ def printable(text: object, *, newlines: bool = True) -> str:
     s = _ESCAPES.sub("", s)
     s = _CONTROLS.sub("", s)
     return s if newlines else s.replace("\n", " ")
+
+
+# An error line is read by a person: a word longer than this (a 100,000-character key typed by
+# mistake, a pasted blob) is shown by its two ends, and the whole line by its beginning.
+LONG_WORD = 160
+LONG_LINE = 2000
+
+
+def readable(line: str, word: int = LONG_WORD, total: int = LONG_LINE) -> str:
+    """`line` with each word longer than `word` characters cut to its start and end around an
+    ellipsis that says how long it was, and the line itself cut at `total` characters."""
+    def cut(match: re.Match) -> str:
+        text = match.group(0)
+        return f"{text[:word * 2 // 3]}…{text[-word // 4:]} ({len(text):,} characters)"
+
+    out = re.sub(rf"[^\s'\"]{{{word + 1},}}", cut, line)  # inside quotes too
+    return out if len(out) <= total else out[:total - 1] + "…"

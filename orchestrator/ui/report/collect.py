@@ -9,6 +9,7 @@ cluster) can be reviewed as it is.
 
 from __future__ import annotations
 
+import functools
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -45,8 +46,9 @@ class RunData:
 
     @property
     def config(self) -> RunSettings:
-        """The run's stored settings, merged onto today's schema."""
-        return load_saved(self.config_yaml)
+        """The run's stored settings, merged onto today's schema (once per stored text: the
+        merge costs a tenth of a second, and a report asks a dozen times)."""
+        return _saved(self.config_yaml)
 
     @property
     def simulated(self) -> bool:
@@ -60,6 +62,11 @@ class RunData:
 
     def row(self, trial_id: int) -> TrialRow | None:
         return next((r for r in self.rows if r.id == trial_id), None)
+
+
+@functools.lru_cache(maxsize=4)
+def _saved(config_yaml: str) -> RunSettings:
+    return load_saved(config_yaml)  # a frozen tree: one object serves every reader
 
 
 def load_plan(run_dir: Path) -> BisectPlan | None:

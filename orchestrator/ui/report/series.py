@@ -12,9 +12,8 @@ import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from scipy.stats import t as student_t
-
 from orchestrator.records import NOT_EVIDENCE_PHASES, Candidate
+from orchestrator.stats.dist import t_ppf
 from orchestrator.store import TrialRow
 from orchestrator.ui.render import finding_id
 from orchestrator.ui.report import labels, replay_cache
@@ -127,44 +126,43 @@ class PosteriorHistory:
 
 
 def posterior_history(data: RunData) -> PosteriorHistory | None:
-    """Replay the stored observations through the bisect strategy in trial order.
+    """The bisect's posterior after each step of the run.
 
-    The strategy is built exactly as the bisect command builds it (same config, same prior
-    weights), so each step's posterior is the one the run acted on at that point, up to the
-    order in which concurrent trials finished (the store orders them by trial id).
+    Read from the run's own record (`replay_cache.Recorder`: each verdict the run acted on,
+    in the order its trials finished) when it is complete, in time linear in the trials; else
+    replayed: the stored observations through the strategy in trial order, built exactly as
+    the bisect command builds it (same config, same prior weights), whose cost grows with the
+    square of the trials. Either is kept beside the run (`replay_cache`).
     """
     if data.plan is None:
         return None
+    from orchestrator.control.drive import FixedPoints, KnownEpochs, replay
+    from orchestrator.system.watch import system_changes
+
+    n = len(data.plan.candidates)
+    cfg = data.config
+    observed = replay(data.rows, FixedPoints(data.plan.candidates), cfg.metric,
+                      cfg.trial.retries, KnownEpochs(system_changes(data.rows)))
+    key = replay_cache.key(data.config_yaml, [c.key for c in data.plan.candidates], observed)
+    cached = _history_from(replay_cache.load(data.run_dir, key))
+    if cached is not None:
+        return cached
+    # Not kept yet: the strategy (and scipy.stats with it) is imported only now.
     from orchestrator.config import params as experiment_params
     from orchestrator.config.bisect import bisect_strategy
     from orchestrator.config.requests import BisectRequest
-    from orchestrator.control.drive import observation
 
-    n = len(data.plan.candidates)
     weights = list(data.plan.prior_weights) if data.plan.prior_weights else None
     try:
-        cfg = data.config
         strategy = bisect_strategy(BisectRequest.stored(cfg), experiment_params.of(cfg), n,
                                    weights, list(data.plan.commits), replay=True)
     except Exception:  # a config the strategy no longer accepts: no replay, not a crash
         return None
-    index = {c.key: i for i, c in enumerate(data.plan.candidates)}
-    metric = cfg.metric
-    final_attempt = cfg.trial.retries + 1
-    observed = []
-    for row in data.rows:
-        point = index.get(row.candidate.key)
-        if point is None:
-            continue
-        obs = observation(row, point, metric, final_attempt)
-        if obs is not None:
-            observed.append((row.id, obs))
-    key = replay_cache.key(data.config_yaml, [c.key for c in data.plan.candidates],
-                           [o for _, o in observed])
-    cached = _history_from(replay_cache.load(data.run_dir, key))
-    if cached is not None:
-        return cached
-    history = _replay(data, strategy, n, observed)
+    steps = replay_cache.recorded(data.run_dir, [o.trial_id for o in observed])
+    if steps is not None:
+        history = _from_record(data, strategy, steps)
+    else:
+        history = _replay(data, strategy, n, observed)
     if history is not None:
         replay_cache.save(data.run_dir, key, history)
     return history
@@ -186,34 +184,53 @@ def _history_from(doc: Mapping | None) -> PosteriorHistory | None:
         return None
 
 
-def _replay(data: RunData, strategy, n: int, observed: list) -> PosteriorHistory | None:
-    """Each stored observation through the strategy in turn: the posterior after each."""
-    observations, steps = [], []
-    for row_id, obs in observed:
-        observations.append(obs)
-        verdict = strategy.verdict(observations)
-        top = verdict.top
-        if top is not None:
-            best, prob = top.point, float(top.probability)
-        elif verdict.posterior and max(verdict.posterior) > 0:
-            best = max(range(n), key=verdict.posterior.__getitem__)
-            prob = float(verdict.posterior[best])
-        else:
-            best, prob = None, 0.0
-        steps.append(PosteriorStep(row_id, verdict.status, tuple(verdict.posterior), best, prob))
-    if not steps:
-        return None
-    final = strategy.verdict(observations)
-    culprits = tuple(c.point for c in final.culprits)
+def _step(trial_id: int, verdict, n: int) -> PosteriorStep:
+    top = verdict.top
+    if top is not None:
+        best, prob = top.point, float(top.probability)
+    elif verdict.posterior and max(verdict.posterior) > 0:
+        best = max(range(n), key=verdict.posterior.__getitem__)
+        prob = float(verdict.posterior[best])
+    else:
+        best, prob = None, 0.0
+    return PosteriorStep(trial_id, verdict.status, tuple(verdict.posterior), best, prob)
+
+
+def _history(data: RunData, strategy, steps: Sequence[PosteriorStep],
+             culprits: Sequence[int]) -> PosteriorHistory:
     first = data.plan.commits[culprits[0]] if culprits else None
     return PosteriorHistory(
         labels=tuple(c.sha[:labels.SHA] for c in data.plan.commits),
         steps=tuple(steps),
         confidence=float(strategy.settings.confidence),
-        culprits=culprits,
+        culprits=tuple(culprits),
         culprit_label=(f"{first.sha[:labels.SHA]} {labels.printable(first.subject)[:48]}"
                        if first else ""),
     )
+
+
+def _from_record(data: RunData, strategy, steps: Sequence[Mapping]) -> PosteriorHistory | None:
+    """The history the live run recorded (`replay_cache.Recorder`)."""
+    try:
+        out = [PosteriorStep(int(s["trials"][-1]), str(s["status"]),
+                             tuple(float(p) for p in s["posterior"]), s["best_point"],
+                             float(s["best_probability"])) for s in steps]
+        culprits = [int(c) for c in steps[-1].get("culprits") or ()]
+    except (KeyError, TypeError, ValueError, IndexError):
+        return None
+    return _history(data, strategy, out, culprits)
+
+
+def _replay(data: RunData, strategy, n: int, observed: list) -> PosteriorHistory | None:
+    """Each stored observation through the strategy in turn: the posterior after each."""
+    observations, steps = [], []
+    for obs in observed:
+        observations.append(obs)
+        steps.append(_step(obs.trial_id, strategy.verdict(observations), n))
+    if not steps:
+        return None
+    final = strategy.verdict(observations)
+    return _history(data, strategy, steps, [c.point for c in final.culprits])
 
 
 # -- before / after phase breakdown -------------------------------------------------------------
@@ -234,7 +251,7 @@ def mean_interval(values: Sequence[float], confidence: float = 0.95) -> Interval
     mean = statistics.fmean(values)
     if len(values) < 2:
         return Interval(mean, mean, mean, 1, tuple(values))
-    half = float(student_t.ppf(0.5 + confidence / 2, len(values) - 1)) * statistics.stdev(
+    half = t_ppf(0.5 + confidence / 2, len(values) - 1) * statistics.stdev(
         values) / math.sqrt(len(values))
     return Interval(mean, mean - half, mean + half, len(values), tuple(values))
 
