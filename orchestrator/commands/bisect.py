@@ -40,6 +40,7 @@ from orchestrator.commands.bisect_stop import (
     exit_code,
     keep_posterior_replay,
     provisional_findings,
+    settle,
     stop_reason,
 )
 from orchestrator.config import params as experiment_params
@@ -381,6 +382,7 @@ def execute(cfg: RunSettings, req: BisectRequest, ctl: Controller, run_dir: Path
                          "ruled_out": chased_ruled_out(strategy)}
     changes = system_changes(rows)
     doc["system_changes"] = [c.to_json() for c in changes]
+    settle(doc, verdict, rows)
     design.update(rows, [o.trial_id for o in verdict.outliers if o.trial_id is not None])
     doc["repetitions"] = design.summary(rows)
     path = findings.write(run_dir, doc, findings_name)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+from orchestrator.answer.headline import groups
 from orchestrator.answer.text import change_text
 from orchestrator.ui.render import probability as fmt_probability
 from orchestrator.ui.report.tables import TextTable
@@ -23,11 +24,13 @@ def causes_table(answer: Mapping) -> TextTable:
     probability the experiment gave it and which experiment named it; then the remainder."""
     metric = str(answer.get("metric", ""))
     rows = []
-    for c in answer.get("causes", []):
-        prob = c.get("probability")
-        rows.append((str(c.get("label", "")), change_text(c, metric), _share(c.get("share")),
+    for g in groups(answer):  # an overlapping or synergistic pair is one row
+        prob = g.get("probability")
+        label = (str(g["causes"][0].get("label", "")) if len(g["causes"]) == 1
+                 else str(g["label"]))
+        rows.append((label, change_text(g, metric), _share(g.get("share")),
                      "-" if prob is None else fmt_probability(float(prob)),
-                     str(c.get("experiment", ""))))
+                     str(g["causes"][0].get("experiment", ""))))
     rest = answer.get("unexplained")
     if rows and rest:
         rows.append(("unexplained", change_text(rest, metric), _share(rest.get("share")), "",
