@@ -171,6 +171,9 @@ def lines(answer: Mapping) -> list[dict]:
         add("code", str(clause))
     said = (answer.get("code_yardstick") or {}).get("said")
     add("yardstick", str(said or ""))
+    for merge in answer.get("merges") or []:
+        add("merge", f"commit {str(merge['sha'])[:12]} is a merge: the step came in with the"
+            f" branch it merged; {merge['command']} searches that branch's commits")
     return out
 
 

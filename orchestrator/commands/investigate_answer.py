@@ -151,6 +151,10 @@ def answer(cfg: RunSettings, rows, p: Plan, docs: dict[str, dict], ws,
         mark_system_change(result, changed, **epoch_parts(
             rows, changed[-1], marks or {}, total_now=total_now,
             set_aside=int((check or {}).get("set_aside") or 0)))
+    merges = ((docs.get("bisect") or {}).get("answer") or {}).get("merges")
+    if merges:  # a first-parent culprit that is a merge: the command that searches its branch
+        result["merges"] = merges
+        result["next"] = result.get("next") or merges[0]["command"]
     if yardstick is not None:
         result["code_yardstick"] = {k: v for k, v in yardstick.items() if k != "level"}
         result["sentence"] += f"; {yardstick['said']}"
