@@ -449,3 +449,34 @@ def test_a_bisect_that_rules_out_the_change_being_chased_exits_0():
     assert code(stopped, {"answer": shown}) == 3  # a change shown, not pinned: a best guess
     reversed_ = Verdict(done=True, status="reversed", message="")
     assert code(reversed_, {"answer": {"explains": False, "status": "unexplained"}}) == 3
+
+
+def test_a_bisect_against_a_level_says_what_lies_outside_its_range():
+    """`reference=RUN` with a power drop since then: the range holds the +23% commit, the
+    change since the reference is +55%; the rest is said, with the line that says where."""
+    from orchestrator.commands.bisect_stop import outside_the_range
+
+    found = assemble("verify_ms", LogChange(math.log(1.23), 0.01, 20),
+                     [{"kind": "commit", "id": "b" * 40, "sha": "b" * 40, "label": "commit b",
+                       "probability": 0.999, **LogChange(math.log(1.23), 0.01, 20).to_json()}],
+                     lead="")
+    doc = {"answer": found, "chased": {"pct": 55.0, "since": "reference run ref-0509",
+                                       "ruled_out": False}}
+    out = outside_the_range(doc)
+    assert out is not None and out["pct"] == pytest.approx(100 * (1.55 / 1.23 - 1), abs=0.01)
+    assert out["line"].startswith("the change since reference run ref-0509 is +55.0%; this"
+                                  " range holds +23.0%: about +26.0% lies outside it")
+    assert outside_the_range({**doc, "chased": {"pct": 25.0, "since": "x"}}) is None
+
+
+def test_levels_of_rows_measured_at_different_times_are_said_not_comparable():
+    from orchestrator.ui.report.answer import causes_table
+
+    cause = {"kind": "commit", "id": "c" * 40, "sha": "c" * 40, "label": "commit c",
+             "probability": 0.999, "before": 1.7, "after": 0.577,
+             **LogChange(math.log(0.34), 0.02, 10).to_json()}
+    a = assemble("verify_ms", LogChange(math.log(5.4), 0.02, 10), [cause], lead="",
+                 whole_extra={"before": 0.616, "after": 3.34})
+    table = causes_table(a)
+    assert "(1.7 ms -> 0.577 ms)" in table.rows[0][1] and "0.616" in table.rows[-1][1]
+    assert "compare the ratios across rows, not the levels" in table.note

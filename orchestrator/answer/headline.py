@@ -68,7 +68,8 @@ def groups(answer: Mapping) -> list[dict]:
         if len(members) == 1:
             out.append({"label": short_label(c), "causes": [c], "pct": c.get("pct"),
                         "ci": c.get("ci"), "log": c.get("log"), "share": c.get("share"),
-                        "probability": c.get("probability")})
+                        "probability": c.get("probability"),
+                        **{k: c[k] for k in ("before", "after") if k in c}})
             continue
         joined = total(LogChange(*m["log"]) for m in members if m.get("log"))
         word = "overlap: restore both" if kinds.get(i) == "overlap" else "only together"
@@ -171,6 +172,7 @@ def lines(answer: Mapping) -> list[dict]:
         add("code", str(clause))
     said = (answer.get("code_yardstick") or {}).get("said")
     add("yardstick", str(said or ""))
+    add("outside the range", str((answer.get("outside") or {}).get("line") or ""))
     for merge in answer.get("merges") or []:
         add("merge", f"commit {str(merge['sha'])[:12]} is a merge: the step came in with the"
             f" branch it merged; {merge['command']} searches that branch's commits")

@@ -107,6 +107,10 @@ def settle(doc: dict, verdict: Verdict, rows) -> dict:
             result["explains"] = False
     elif verdict.status == "reversed":
         result["status"], result["explains"] = "reversed", False
+    outside = outside_the_range(doc)
+    if outside:
+        result["outside"] = outside
+        result["sentence"] = f"{result.get('sentence', '')}; {outside['line']}"
     changed = [c.to_json() for c in system_changes(rows)]
     if changed and result.get("status") != "provisional":
         now = doc.get("total_epoch") != "earlier"
@@ -118,6 +122,28 @@ def settle(doc: dict, verdict: Verdict, rows) -> dict:
                                                           " measured on the new state)"])
     refresh(result)
     return doc
+
+
+def outside_the_range(doc: dict) -> dict | None:
+    """With a change being chased (`reference=RUN` or `was=`), what of it this range does not
+    hold: the change since that level against the range's own, said when the rest is larger
+    than the min effect. A standalone bisect on a node whose power limit dropped since the
+    reference named the +23% commit and said nothing of the rest."""
+    chased = doc.get("chased") or {}
+    result = doc.get("answer") or {}
+    total, bound = result.get("total") or {}, (result.get("min_effect") or {}).get("pct")
+    pct, now = chased.get("pct"), total.get("pct")
+    if not (isinstance(pct, int | float) and isinstance(now, int | float)
+            and isinstance(bound, int | float)) or chased.get("ruled_out"):
+        return None
+    rest = 100.0 * ((1.0 + pct / 100.0) / (1.0 + now / 100.0) - 1.0)
+    if abs(rest) <= bound:
+        return None
+    since = chased.get("since") or "the level given"
+    return {"pct": round(rest, 2),
+            "line": (f"the change since {since} is {pct:+.1f}%; this range holds {now:+.1f}%:"
+                     f" about {rest:+.1f}% lies outside it (the system since then, or code"
+                     " outside the range)")}
 
 
 def exit_code(verdict: Verdict, doc: dict) -> int:

@@ -106,7 +106,9 @@ def document(cfg: RunSettings, req: IsolateRequest, ctl: Controller, strategy: I
     if attribution is not None:
         doc["attribution"] = attribution
     bad_key = points.candidate(strategy.point_of(frozenset(range(len(changes))))).key
-    total = findings.effects_between(rows, good_key, bad_key)
+    # The run's own metric too: a command target's `value` is none of the SGLang metrics, and
+    # its answer read "from the good to the bad configuration" with no total at all.
+    total = findings.effects_between(rows, good_key, bad_key, measured)
     if total:
         doc["total_effect"] = total
     doc["answer"] = answer.for_isolate(

@@ -167,6 +167,9 @@ class Verdict:
     # "pct", "ci"}` (what the progress says beside the endpoints' change).
     noise_pct: float | None = None
     verifying: dict | None = None
+    # The endpoints' change from the strategy's level fit (drift blocks, system epochs,
+    # outliers left out): `(log(bad / good), standard error, degrees of freedom)`.
+    total_log: tuple[float, float, float] | None = None
 
     def __post_init__(self) -> None:
         if self.status not in STATUSES:

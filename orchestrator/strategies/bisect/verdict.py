@@ -276,6 +276,9 @@ def describe(strategy: BisectState) -> Verdict:
                      f"{len(flagged) - kinds} far outside every level and not replicated)")
     parts = unexplained_parts(strategy) if found else []
     sigma = ev.sigma()
+    total_log = None
+    if total is not None and np.isfinite(total.se) and total.df > 0:
+        total_log = (strategy.sign * float(total.diff), float(total.se), float(total.df))
     common = {
         "n_trials": ev.n_trials,
         "confidence": cfg.confidence,
@@ -289,6 +292,7 @@ def describe(strategy: BisectState) -> Verdict:
         "budget": strategy.budget,
         "noise_pct": (100.0 * float(np.expm1(sigma)) if np.isfinite(sigma) and sigma > 0
                       else None),
+        "total_log": total_log,
     }
     change = f"{_pct(total_pct)}{_interval(total_ci)}" if total_pct is not None else "unmeasured"
     if status in ("not_reproducible", "reversed", "inconclusive"):

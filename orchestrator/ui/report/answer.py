@@ -38,11 +38,19 @@ def causes_table(answer: Mapping) -> TextTable:
     total = answer.get("total")
     if rows and total:
         rows.append(("total change", change_text(total, metric), "100%", "", ""))
+    note = ("Effects compound: they add on the log scale, and share is each cause's part of"
+            " the total there; the unexplained remainder has its own interval.")
+    levels = [r for r in rows if " -> " in r[1]]
+    if len(levels) > 1:
+        note += (" Levels in parentheses are each row's own restarts' means, measured at"
+                 " different times (and host loads): compare the ratios across rows, not the"
+                 " levels.")
+    if any(c.get("add_alone") for c in answer.get("causes", [])):
+        note += (" A system cause's effect is its share of what restoring all of them wins"
+                 " back (Shapley), not its effect added alone to good (the isolate's findings).")
     return TextTable("answer", f"Causes of the change in {metric}",
                      ("cause", f"{metric} [95% CI]", "share", "P(cause)", "found by"),
-                     tuple(rows),
-                     "Effects compound: they add on the log scale, and share is each cause's"
-                     " part of the total there; the unexplained remainder has its own interval.")
+                     tuple(rows), note)
 
 
 def detail_lines(answer: Mapping) -> list[str]:
