@@ -34,7 +34,11 @@ def short_label(cause: Mapping) -> str:
     table), a difference by its levels."""
     if cause.get("kind") == "commit" and cause.get("sha"):
         return f"commit {str(cause['sha'])[:12]}"
-    return T.subject(cause.get("label", cause.get("id", "")), LABEL_CHARS)
+    label = str(cause.get("label", cause.get("id", "")))
+    if len(label) > LABEL_CHARS and cause.get("id"):  # a pair's levels: its names say enough
+        together = " (only together)" if label.endswith("(only together)") else ""
+        label = str(cause["id"]) + together
+    return T.subject(label, 80)
 
 
 def groups(answer: Mapping) -> list[dict]:

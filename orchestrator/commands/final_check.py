@@ -171,7 +171,11 @@ def plan(rows: Sequence[TrialRow], answer: Mapping, metric: str, *, cap: int, sp
     terms = _terms(rows, answer, metric, window)
     if not terms or not isinstance(bound_pct, int | float):
         return {"budget": cap, "needed": None}
-    target = math.log1p(bound_pct / 100.0)
+    # An estimate off zero needs a narrower interval to fit within the min effect; one near
+    # the bound would need it without end, so at most half the min effect is asked for.
+    rest = (answer.get("unexplained") or {}).get("log") or [0.0]
+    bound = math.log1p(bound_pct / 100.0)
+    target = max(bound - abs(float(rest[0])), 0.5 * bound)
     added = [0] * len(terms)
     used = spent
 
