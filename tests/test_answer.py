@@ -480,3 +480,42 @@ def test_levels_of_rows_measured_at_different_times_are_said_not_comparable():
     table = causes_table(a)
     assert "(1.7 ms -> 0.577 ms)" in table.rows[0][1] and "0.616" in table.rows[-1][1]
     assert "compare the ratios across rows, not the levels" in table.note
+
+
+def test_a_run_stopped_while_verifying_names_the_culprit_being_verified():
+    """Interrupted while the bisect verifies a culprit already at P > 0.999: the stopped
+    answer's leading guess is that culprit, with its probability (it said "no cause named
+    yet", and `provisional.leading` was empty); a release reads as a release."""
+    import numpy as np
+
+    from orchestrator.commands.bisect_stop import leading
+    from orchestrator.strategies import BisectStrategy, Observation
+    from orchestrator.workspace import CommitInfo
+
+    n, culprit = 32, 19
+    rng = np.random.default_rng(3)
+    strategy = BisectStrategy(n)
+    obs: list[Observation] = []
+    verdict = strategy.verdict(obs)
+    while verdict.status != "verifying" and len(obs) < 200:
+        for p in strategy.propose(obs, [], 1):
+            level = 19.0 * (1.5 if p.point >= culprit else 1.0)
+            obs.append(Observation(p.point, level * (1 + 0.02 * rng.standard_normal()),
+                                   trial_id=len(obs)))
+        verdict = strategy.verdict(obs)
+    assert verdict.status == "verifying", verdict.message
+    commits = [CommitInfo(sha=f"{i:02d}" + "a" * 38, parents=(), subject=f"change {i}",
+                          author="", date="", files=()) for i in range(n)]
+    said = leading(verdict, commits)
+    assert said.startswith(f'commit {commits[culprit].sha[:12]} "change {culprit}" (P ')
+    assert said.endswith(", being verified against its parent)")
+    releases = [CommitInfo(sha=f"1.{i}", parents=(), subject=f"slowpkg 1.{i}", author="",
+                           date="", files=()) for i in range(n)]
+    assert leading(verdict, releases, release=True).startswith(f"release slowpkg 1.{culprit} (P")
+    # The investigation's answer so far leads with it.
+    stopped = so_far({"metric": "verify_ms", "causes": [], "status": "unexplained",
+                      "total": LogChange(math.log(1.5), 0.01, 10).to_json()},
+                     why="interrupted during the bisect after 31 restarts", leading=said)
+    assert f"most likely culprit: commit {commits[culprit].sha[:12]}" in stopped["sentence"]
+    assert f"leading: commit {commits[culprit].sha[:12]} (P" in stopped["headline"]
+    assert stopped["provisional"]["leading"] == said
