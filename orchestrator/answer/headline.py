@@ -35,9 +35,13 @@ def short_label(cause: Mapping) -> str:
     if cause.get("kind") == "commit" and cause.get("sha"):
         return f"commit {str(cause['sha'])[:12]}"
     label = str(cause.get("label", cause.get("id", "")))
-    if len(label) > LABEL_CHARS and cause.get("id"):  # a pair's levels: its names say enough
-        together = " (only together)" if label.endswith("(only together)") else ""
-        label = str(cause["id"]) + together
+    if len(label) > LABEL_CHARS:
+        main = label.split(" (")[0]  # a release's "(regression in X against Y)": the table's
+        if len(main) <= LABEL_CHARS and not label.endswith("(only together)"):
+            return main
+        if cause.get("id"):  # a pair's levels: its names say enough
+            together = " (only together)" if label.endswith("(only together)") else ""
+            label = str(cause["id"]) + together
     return T.subject(label, 80)
 
 
