@@ -353,7 +353,9 @@ def test_the_sentence_says_what_the_remainder_means_against_the_min_effect():
                      check={"budget": 12, "spent": 12})
     assert open_["status"] == "explained" and open_["explains"], open_["sentence"]
     assert open_["unexplained"]["decision"] == "undecided"
-    assert "up to -4.2% may be left" in open_["sentence"], open_["sentence"]
+    # Its whole interval lies below zero: the cause may overstate the change, by up to 4.2%.
+    assert "the named causes may overstate it by up to 4.2%" in open_["sentence"], \
+        open_["sentence"]
     assert "final check's 12 of 12 restarts" in open_["sentence"]
     assert "unexplained -2.1% [" in open_["sentence"]
     # A cause that does not carry it (the remainder's interval reaches half the change):

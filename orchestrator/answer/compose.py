@@ -159,7 +159,7 @@ def _bound_text(decision: Decision) -> str:
     return f"{min_effect_pct_of(decision.bound):.1f}%"
 
 
-def _rest_words(decision: Decision, check: Mapping | None, up_to: float | None = None) -> str:
+def _rest_words(decision: Decision, check: Mapping | None, up_to: str | None = None) -> str:
     """What the remainder means against the min effect, in words after its interval."""
     bound = _bound_text(decision)
     if decision.status == EXPLAINED:
@@ -167,7 +167,7 @@ def _rest_words(decision: Decision, check: Mapping | None, up_to: float | None =
     if decision.status == REMAINDER:
         return f"more than the {bound} min effect is left"
     if up_to is not None:
-        return f"up to {T.pct_text(up_to)} may be left" + _check_words(check)
+        return up_to + _check_words(check)
     return f"undecided whether more than {bound} is left" + _check_words(check)
 
 
@@ -175,7 +175,7 @@ def carried(whole: LogChange, rest: LogChange) -> float | None:
     """Do the named causes demonstrably carry the change, where the remainder is undecided
     against the min effect? They do when the total is shown and the remainder's 95% interval
     cannot hold half of it; then the answer states how much may be left: the interval's end
-    farther from zero, in percent (returned). None when they do not.
+    on the total's side, in percent (returned). None when they do not.
 
     An undecided remainder was exit 4: with 5% restart noise twelve restarts give it about
     +-5%, against a 4% min effect, so "undecided" was the expected outcome of a right answer.
@@ -187,8 +187,20 @@ def carried(whole: LogChange, rest: LogChange) -> float | None:
     far = hi if whole.diff > 0 else -lo
     if not math.isfinite(far) or far >= 0.5 * abs(whole.diff):
         return None
-    edge = max((lo, hi), key=abs)  # the end farther from zero: what the answer may be off by
+    edge = hi if whole.diff > 0 else lo  # the end on the total's side: what may be left
     return round(100.0 * math.expm1(edge), 3)
+
+
+def left_text(up_to: float, whole: LogChange, rest: LogChange, bound: float) -> str:
+    """How much a bounded remainder may leave, in words: "up to +5.6% may be left" when the
+    interval reaches past the min effect on the total's side; where only its other end does
+    (the named causes may overstate the change), by how much they may overstate it."""
+    lo, hi = rest.log_interval()
+    toward, away = (hi, lo) if whole.diff > 0 else (-lo, -hi)
+    if toward > bound or away >= -bound:
+        return f"up to {T.pct_text(up_to)} may be left"
+    over = 100.0 * -math.expm1(away)
+    return f"the named causes may overstate it by up to {over:.1f}%"
 
 
 def _check_words(check: Mapping | None) -> str:
@@ -255,8 +267,11 @@ def assemble(metric: str, whole: LogChange | None, causes: Sequence[dict], *, le
         doc["unexplained"] = {**whole.to_json(), "share": 1.0 if whole.excludes_zero() else None,
                               "decision": decision.status}
     up_to = carried(whole, decision.rest) if logs and decision.status == UNDECIDED else None
+    bounded = (left_text(up_to, whole, decision.rest, decision.bound) if up_to is not None
+               else None)
     if up_to is not None:
         doc["unexplained"]["up_to"] = up_to
+        doc["unexplained"]["left"] = bounded
     doc["explains"] = decision.settled or up_to is not None
     if status is None:
         status = {EXPLAINED: "explained", NO_CHANGE: "no_change",
@@ -269,7 +284,7 @@ def assemble(metric: str, whole: LogChange | None, causes: Sequence[dict], *, le
     if causes:
         sentence = head + " = " + " + ".join(clause(c["label"], c) for c in doc["causes"])
         sentence += ("; " + clause("unexplained", doc["unexplained"]) + ": "
-                     + _rest_words(decision, check, up_to))
+                     + _rest_words(decision, check, bounded))
     elif decision.status == NO_CHANGE:
         sentence = head + f": no change larger than {_bound_text(decision)}"
     elif decision.status == REMAINDER:

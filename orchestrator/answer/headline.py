@@ -107,8 +107,8 @@ def left_words(answer: Mapping) -> str:
         return f"nothing larger than {bound_text} left"
     if decision == "no_change":
         return f"no change larger than {bound_text}"
-    if isinstance(rest.get("up_to"), int | float):
-        return f"up to {T.pct_text(rest['up_to'])} may be left"
+    if rest.get("left"):
+        return str(rest["left"])
     if decision == "remainder":
         if not causes:
             return "no cause named"
