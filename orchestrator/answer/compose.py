@@ -14,8 +14,13 @@ has the trials, the mechanism of :mod:`orchestrator.answer.phases`). Its parts, 
   (:mod:`orchestrator.answer.combine`); `min_effect`: the run's min effect the remainder is
   judged against; `explains`: whether the remainder's interval lies within it (or, with no
   cause named, the change's own interval does: "no change larger than x%");
-- `status`: explained | no_change | partly_explained (a remainder larger than the min effect
-  is shown) | unexplained (a change, no cause named) | undecided | not_in_code;
+- `status`: explained (the remainder within the min effect, or undecided against it while
+  the named causes carry the change: `unexplained.up_to` / `left` say how much may be left) |
+  no_change | partly_explained (a remainder larger than the min effect is shown) |
+  unexplained (a change, no cause named) | undecided | not_in_code; the exit code reads it
+  (`orchestrator/errors.py`);
+- `headline` / `lines`: the first line and the labelled lines a person reads first
+  (:mod:`orchestrator.answer.headline`); the full `sentence` stays;
 - `final_check`: the restarts the final check may spend and spent, when one ran;
 - `not_tested`: differences that were listed but never tested, one group per reason;
 - `settings`: a sweep's better configuration, kept apart from causes;
