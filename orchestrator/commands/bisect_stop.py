@@ -105,6 +105,10 @@ def settle(doc: dict, verdict: Verdict, rows) -> dict:
         if not (result.get("explains") or ruled_out):
             result["status"] = "undecided"
             result["explains"] = False
+            said = "whether the code in between holds the change is undecided"
+            result["code_clauses"] = [said]
+            result["sentence"] = str(result.get("sentence", "")).replace(
+                "the code in between is not the cause", said)
     elif verdict.status == "reversed":
         result["status"], result["explains"] = "reversed", False
     outside = outside_the_range(doc)

@@ -229,6 +229,12 @@ def _parts_sentence(parts: list[Unexplained], culprits: list[Culprit]) -> str:
     return " ".join(s[0].upper() + s[1:] + "." for s in out)
 
 
+def _budget_stop(strategy: BisectState) -> bool:
+    """The reproduction was withdrawn because the budget (or the forecast against it) ran out
+    before it was confirmed, not because the endpoints measured alike."""
+    return bool(strategy.stopped_early) or "budget of" in (strategy.note or "")
+
+
 def _verified_step(strategy: BisectState, stage) -> dict | None:
     """The step the head-to-head of a stage in verification reads now (culprit against its
     first parent), in percent with its interval."""
@@ -298,6 +304,14 @@ def describe(strategy: BisectState) -> Verdict:
     if status in ("not_reproducible", "reversed", "inconclusive"):
         if status == "not_reproducible":
             message = f"{NOT_REPRODUCIBLE_MESSAGE} (endpoint change {change})."
+            if strategy.retracted and _budget_stop(strategy):
+                # Withdrawn at the budget, not measured alike: the change may be real and
+                # too small for the restarts the budget allows (a +8% step in 5% noise under
+                # a load step), so the range is not said to be clear of it.
+                message = (f"Undecided: the endpoints' change ({change}) was not confirmed"
+                           " beyond the luck of repeated looks within the budget; whether"
+                           " this range holds it is not decided (max_trials=N, a quieter"
+                           " node or more repetitions per restart would tell).")
             chased = chased_change_pct(strategy)
             if chased is not None:
                 message += (f" The change being chased, from the good level "
