@@ -1,7 +1,8 @@
 """`sleuth <command> [--cfg] [--config-dir DIR] [key=value ...]`.
 
-Exit codes (DESIGN.md): 0 done, 1 failure, 2 bad input (one line on stderr, nothing written),
-3 finished but inconclusive, 130 interrupted.
+Exit codes: one rule for every command, in `orchestrator/errors.py` (`sleuth help exit-codes`
+prints it): 0 answered, 1 failure, 2 bad input (one line on stderr, nothing written), 3 not
+fully answered, 4 undecided, 5 the node's system changed during the run, 130 interrupted.
 """
 
 from __future__ import annotations
@@ -30,6 +31,9 @@ COMMANDS = {
     "kernels": "diff profiler traces you have: then=DIR|FILES now=DIR|FILES",
 }
 
+# `sleuth help TOPIC` beside the commands' own help.
+HELP_TOPICS = ("exit-codes",)
+
 # Commands whose first plain argument names a run (id or directory).
 POSITIONAL_RUN = {"resume", "report"}
 
@@ -52,6 +56,7 @@ def _help() -> str:
               "  sleuth kernels then=DIR now=DIR  which kernels got slower, from your traces",
               "  sleuth bisect --help           one command's usage and options",
               "  sleuth trial --cfg             print the resolved configuration and exit",
+              "  sleuth help exit-codes         what each exit code means, per command",
               "",
               "The target is a real SGLang server unless target=sim (the simulated node) or",
               "target=command (any benchmark command) says otherwise."]
@@ -75,6 +80,8 @@ def parse_args(argv: Sequence[str]) -> tuple[str, bool, str | None, list[str]]:
     args = list(argv)
     if not args or args[0] in (*HELP_FLAGS, "help"):
         if len(args) > 1 and args[0] == "help":
+            if args[1] in HELP_TOPICS:
+                return f"help:{args[1]}", False, None, []
             if args[1] not in COMMANDS:
                 raise _unknown(args[1])
             return f"help:{args[1]}", False, None, []
@@ -129,6 +136,11 @@ def run(argv: Sequence[str]) -> int:
         from orchestrator.ui.help import command_help
 
         name = command.split(":", 1)[1]
+        if name == "exit-codes":
+            from orchestrator.errors import exit_table
+
+            print(exit_table())
+            return 0
         print(command_help(name, COMMANDS[name]))
         return 0
     from orchestrator.config import early

@@ -24,6 +24,31 @@ def git(repo: Path, *args: str) -> str:
                           text=True).stdout.strip()
 
 
+def record_story(story: str, code: int, answer: dict, run_dir: Path, right: bool) -> None:
+    """One line of the system-level stories' table (docs/system-level.md), appended to
+    `$SLEUTH_STORY_RECORD` when it is set: the story, the scenario seed, the exit code, the
+    causes named and whether they are the planted ones, the answer's status and first line,
+    and the restarts the run spent. Called before the story's assertions, so a run whose
+    causes are wrong is in the table too."""
+    path = os.environ.get("SLEUTH_STORY_RECORD")
+    if not path:
+        return
+    trials = None
+    db = run_dir / "trials.db"
+    if db.exists():
+        import sqlite3
+
+        with sqlite3.connect(f"file:{db}?mode=ro", uri=True) as conn:
+            trials = conn.execute("SELECT COUNT(*) FROM trials").fetchone()[0]
+    row = {"story": story, "seed": int(os.environ.get("SLEUTH_STORY_SEED", "0") or 0),
+           "code": code, "right": right, "causes": [c.get("id") for c in answer.get("causes", [])],
+           "status": answer.get("status"), "headline": answer.get("headline"),
+           "unexplained": (answer.get("unexplained") or {}).get("ci"), "trials": trials,
+           "final_check": answer.get("final_check")}
+    with open(path, "a") as f:
+        f.write(json.dumps(row) + "\n")
+
+
 def kill_after_finished(args: list[str], db: Path, count: int, pause: float = 0.5) -> None:
     """Start a sleuth command in its own process group, wait until ``count`` of its trials
     have finished in ``db``, then SIGKILL the group: the controller and every server it

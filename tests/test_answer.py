@@ -221,7 +221,10 @@ def test_compare_alone_lists_suspects_untested_and_sweep_settings_are_not_causes
                   "effect": {"verify_ms": {"pct": -3.6, "ci": [-5.5, -1.7]}}}]}
     s = for_sweep(sweep)
     assert s["causes"] == [] and s["settings"][0]["id"] == "NCCL_PROTO=LL128"
-    assert "best of 12 configurations" in s["sentence"]
+    # The search ranks on a restart or two a configuration: only "beats the baseline" is
+    # confirmed, never "best of 12".
+    assert s["sentence"].startswith("NCCL_PROTO=LL128 beats the baseline")
+    assert "best of" not in s["sentence"] and s["status"] == "found"
     # A run holding compare + isolate answers with the system's causes.
     picked = pick([_compare_doc(), _isolate_doc()])
     assert [c["id"] for c in picked["causes"]] == ["power_limit_w"]
@@ -344,12 +347,23 @@ def test_the_sentence_says_what_the_remainder_means_against_the_min_effect():
     assert ok["status"] == "explained" and ok["explains"], ok["sentence"]
     assert "nothing larger than 5.0% left" in ok["sentence"]
     assert ok["min_effect"] == {"pct": 5.0, "stated": True}
+    # Undecided against 4%, but the cause carries the change (the remainder's interval
+    # cannot hold half of it): explained, with how much may be left.
     open_ = assemble("verify_ms", whole, [cause], lead="",
                      check={"budget": 12, "spent": 12})
-    assert open_["status"] == "undecided" and not open_["explains"]
-    assert "undecided whether more than 4.0% is left" in open_["sentence"]
+    assert open_["status"] == "explained" and open_["explains"], open_["sentence"]
+    assert open_["unexplained"]["decision"] == "undecided"
+    # Its whole interval lies below zero: the cause may overstate the change, by up to 4.2%.
+    assert "the named causes may overstate it by up to 4.2%" in open_["sentence"], \
+        open_["sentence"]
     assert "final check's 12 of 12 restarts" in open_["sentence"]
     assert "unexplained -2.1% [" in open_["sentence"]
+    # A cause that does not carry it (the remainder's interval reaches half the change):
+    # undecided, and said so.
+    weak = {**cause, **LogChange(math.log(1.04), 0.02, 13).to_json()}
+    half = assemble("verify_ms", whole, [weak], lead="", check={"budget": 12, "spent": 12})
+    assert half["status"] == "undecided" and not half["explains"], half["sentence"]
+    assert "undecided whether more than 4.0% is left" in half["sentence"]
     flat = LogChange(math.log(1.012), 0.008, 20)
     same = for_investigation("verify_ms", flat, **{**kw, "reference": "the reference (then)"})
     assert same["status"] == "no_change" and same["explains"]
@@ -391,8 +405,8 @@ def test_a_stopped_run_says_its_answer_so_far():
 
 
 def test_the_investigation_exit_code_says_which_answer():
-    """0 explained or no change; 3 only for a remainder shown to exist; 4 undecided; 5 the node
-    changed during the run (README's table)."""
+    """0 explained (bounded too) or no change; 3 a remainder shown, a change no cause
+    carries; 4 nothing decided; 5 the node changed during the run (README's table)."""
     from orchestrator.answer.epochs import mark_system_change
     from orchestrator.commands.investigate import exit_code
 
@@ -400,7 +414,8 @@ def test_the_investigation_exit_code_says_which_answer():
     assert exit_code({"explains": True, "status": "no_change"}) == 0
     assert exit_code({"explains": False, "status": "partly_explained"}) == 3
     assert exit_code({"explains": False, "status": "unexplained"}) == 3
-    assert exit_code({"explains": False, "status": "undecided"}) == 4
+    assert exit_code({"explains": False, "status": "undecided", "causes": [{"id": "x"}]}) == 3
+    assert exit_code({"explains": False, "status": "undecided", "causes": []}) == 4
     changed = mark_system_change({"explains": True, "status": "explained", "sentence": "x"},
                                  [{"summary": "SM clock lock: none -> 1700 MHz", "node": "n",
                                    "before_trial": 3, "after_trial": 4}])
@@ -410,16 +425,99 @@ def test_the_investigation_exit_code_says_which_answer():
 def test_a_bisect_that_rules_out_the_change_being_chased_exits_0():
     """"Not reproducible" against a change being chased (`was=` or a reference run) answers
     the user's question, whatever the answer's own min effect leaves undecided; without one,
-    only an answer that explains (no change larger than the min effect) exits 0."""
+    only an answer that explains (no change larger than the min effect) exits 0, and the
+    48-a-side cap decides nothing (4)."""
     from orchestrator.commands.bisect_stop import exit_code as bisect_exit
+    from orchestrator.commands.bisect_stop import settle
     from orchestrator.strategies.base import Verdict
 
+    def code(verdict, doc):
+        doc = {**doc, "answer": dict(doc["answer"])}
+        return bisect_exit(verdict, settle(doc, verdict, []))
+
     verdict = Verdict(done=True, status="not_reproducible", message="")
-    undecided = {"answer": {"explains": False, "status": "undecided"}}
-    assert bisect_exit(verdict, undecided) == 3
-    assert bisect_exit(verdict, {**undecided, "chased": {"pct": 46.0, "ruled_out": True}}) == 0
+    undecided = {"answer": {"explains": False, "status": "not_in_code", "causes": []}}
+    assert code(verdict, undecided) == 4
+    assert code(verdict, {**undecided, "chased": {"pct": 46.0, "ruled_out": True}}) == 0
     # The cap on endpoint restarts, not the chased change, ended it: still undecided.
-    assert bisect_exit(verdict, {**undecided, "chased": {"pct": 46.0, "ruled_out": False}}) == 3
-    assert bisect_exit(verdict, {"answer": {"explains": True}}) == 0
+    assert code(verdict, {**undecided, "chased": {"pct": 46.0, "ruled_out": False}}) == 4
+    assert code(verdict, {"answer": {"explains": True, "status": "not_in_code"}}) == 0
     stopped = Verdict(done=True, status="budget_exhausted", message="")
-    assert bisect_exit(stopped, {**undecided, "chased": {"pct": 46.0, "ruled_out": True}}) == 3
+    guess = so_far({"metric": "verify_ms", "causes": [], "total": None, "status": "undecided"},
+                   why="budget spent")
+    assert code(stopped, {"answer": guess}) == 4  # nothing decided before the budget ran out
+    shown = so_far({"metric": "verify_ms", "causes": [], "total": None,
+                    "status": "unexplained"}, why="budget spent")
+    assert code(stopped, {"answer": shown}) == 3  # a change shown, not pinned: a best guess
+    reversed_ = Verdict(done=True, status="reversed", message="")
+    assert code(reversed_, {"answer": {"explains": False, "status": "unexplained"}}) == 3
+
+
+def test_a_bisect_against_a_level_says_what_lies_outside_its_range():
+    """`reference=RUN` with a power drop since then: the range holds the +23% commit, the
+    change since the reference is +55%; the rest is said, with the line that says where."""
+    from orchestrator.commands.bisect_stop import outside_the_range
+
+    found = assemble("verify_ms", LogChange(math.log(1.23), 0.01, 20),
+                     [{"kind": "commit", "id": "b" * 40, "sha": "b" * 40, "label": "commit b",
+                       "probability": 0.999, **LogChange(math.log(1.23), 0.01, 20).to_json()}],
+                     lead="")
+    doc = {"answer": found, "chased": {"pct": 55.0, "since": "reference run ref-0509",
+                                       "ruled_out": False}}
+    out = outside_the_range(doc)
+    assert out is not None and out["pct"] == pytest.approx(100 * (1.55 / 1.23 - 1), abs=0.01)
+    assert out["line"].startswith("the change since reference run ref-0509 is +55.0%; this"
+                                  " range holds +23.0%: about +26.0% lies outside it")
+    assert outside_the_range({**doc, "chased": {"pct": 25.0, "since": "x"}}) is None
+
+
+def test_levels_of_rows_measured_at_different_times_are_said_not_comparable():
+    from orchestrator.ui.report.answer import causes_table
+
+    cause = {"kind": "commit", "id": "c" * 40, "sha": "c" * 40, "label": "commit c",
+             "probability": 0.999, "before": 1.7, "after": 0.577,
+             **LogChange(math.log(0.34), 0.02, 10).to_json()}
+    a = assemble("verify_ms", LogChange(math.log(5.4), 0.02, 10), [cause], lead="",
+                 whole_extra={"before": 0.616, "after": 3.34})
+    table = causes_table(a)
+    assert "(1.7 ms -> 0.577 ms)" in table.rows[0][1] and "0.616" in table.rows[-1][1]
+    assert "compare the ratios across rows, not the levels" in table.note
+
+
+def test_a_run_stopped_while_verifying_names_the_culprit_being_verified():
+    """Interrupted while the bisect verifies a culprit already at P > 0.999: the stopped
+    answer's leading guess is that culprit, with its probability (it said "no cause named
+    yet", and `provisional.leading` was empty); a release reads as a release."""
+    import numpy as np
+
+    from orchestrator.commands.bisect_stop import leading
+    from orchestrator.strategies import BisectStrategy, Observation
+    from orchestrator.workspace import CommitInfo
+
+    n, culprit = 32, 19
+    rng = np.random.default_rng(3)
+    strategy = BisectStrategy(n)
+    obs: list[Observation] = []
+    verdict = strategy.verdict(obs)
+    while verdict.status != "verifying" and len(obs) < 200:
+        for p in strategy.propose(obs, [], 1):
+            level = 19.0 * (1.5 if p.point >= culprit else 1.0)
+            obs.append(Observation(p.point, level * (1 + 0.02 * rng.standard_normal()),
+                                   trial_id=len(obs)))
+        verdict = strategy.verdict(obs)
+    assert verdict.status == "verifying", verdict.message
+    commits = [CommitInfo(sha=f"{i:02d}" + "a" * 38, parents=(), subject=f"change {i}",
+                          author="", date="", files=()) for i in range(n)]
+    said = leading(verdict, commits)
+    assert said.startswith(f'commit {commits[culprit].sha[:12]} "change {culprit}" (P ')
+    assert said.endswith(", being verified against its parent)")
+    releases = [CommitInfo(sha=f"1.{i}", parents=(), subject=f"slowpkg 1.{i}", author="",
+                           date="", files=()) for i in range(n)]
+    assert leading(verdict, releases, release=True).startswith(f"release slowpkg 1.{culprit} (P")
+    # The investigation's answer so far leads with it.
+    stopped = so_far({"metric": "verify_ms", "causes": [], "status": "unexplained",
+                      "total": LogChange(math.log(1.5), 0.01, 10).to_json()},
+                     why="interrupted during the bisect after 31 restarts", leading=said)
+    assert f"most likely culprit: commit {commits[culprit].sha[:12]}" in stopped["sentence"]
+    assert f"leading: commit {commits[culprit].sha[:12]} (P" in stopped["headline"]
+    assert stopped["provisional"]["leading"] == said

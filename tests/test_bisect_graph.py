@@ -142,3 +142,27 @@ def test_a_chain_reading_of_the_same_history_is_not_what_the_graph_bisection_doe
     shas = [c.sha for c in commits]
     culprit = shas.index(names["culprit"])
     assert shas[culprit - 1] != git(repo, "rev-parse", f"{names['culprit']}^")
+
+
+def test_a_first_parent_culprit_that_is_a_merge_prints_the_first_parent_false_command(graph):
+    """On the mainline the step comes in with `merge side 2`; the answer says it is a merge
+    and gives the command that searches the merged branch's commits (good = its first
+    parent, bad = the merge, first_parent=false), as the `next:` line."""
+    from orchestrator.answer.headline import lines
+
+    repo, names, _, _ = graph
+    cfg = compose_settings("bisect", [f"repo={repo}", f"good={names['good']}",
+                                    f"bad={names['bad']}", f"runs_dir={repo.parent / 'runs'}",
+                                    "target=sim"])
+    commits, _, _ = bisect.plan(cfg, BisectRequest.stored(cfg))
+    merge = next(c for c in commits if c.sha == names["merge2"])
+    assert len(merge.parents) == 2
+    doc = {"findings": [{"kind": "commit", "id": merge.sha}],
+           "answer": {"metric": "verify_ms", "causes": [], "next": ""}}
+    bisect.mark_merges(cfg, doc, commits)
+    assert doc["findings"][0]["merge"] is True
+    command = doc["answer"]["next"]
+    assert command.startswith(f"sleuth bisect good={merge.parents[0][:12]} "
+                              f"bad={merge.sha[:12]} first_parent=false target=sim")
+    said = [line["text"] for line in lines(doc["answer"]) if line["label"] == "merge"]
+    assert said and "is a merge" in said[0] and command in said[0]

@@ -83,6 +83,10 @@ def test_demo_tells_the_whole_story_and_matches_the_truth(tmp_path):
     assert abs(answer["unexplained"]["pct"]) < 5, answer["sentence"]
     assert all(c["ci"][0] > 0 for c in answer["causes"])
     assert answer["settings"] and not any(c["experiment"] == "sweep" for c in answer["causes"])
+    # The first line is one line: the total, the causes with their effects, what is left.
+    first = answer["headline"]
+    assert len(first) <= 200 and first.startswith("verify_ms "), first
+    assert commits[0]["id"][:12] in first and "power limit" in first, first
     head = (run_dir / "report.md").read_text().splitlines()[:15]
     assert "simulated node" in head[0]
     assert any(commits[0]["id"][:12] in line and "power limit" in line for line in head), head

@@ -239,7 +239,14 @@ def test_the_final_check_measures_the_estimate_that_narrows_the_remainder_most(t
     assert {r.candidate.key for r in final} & set(cause["keys"]), [r.candidate.label
                                                                    for r in final]
     decision = answer["unexplained"]["decision"]
-    assert (code == 0) == (decision == "explained"), answer["sentence"]
+    # 0 when the cause carries the change, decided within 1.5% or not (then the sentence says
+    # how much may be left); the check spent its 8 wherever the remainder stayed undecided.
+    assert (code == 0) == (answer["status"] == "explained"), answer["sentence"]
     if decision == "undecided":
         assert answer["final_check"]["spent"] == 8
-        assert "the final check's 8 of 8 restarts did not decide it" in answer["sentence"]
+        # Eight restarts, as fixed, could not decide: said, with the resolution they reach
+        # where the plan knew they could not.
+        assert ("the final check's 8 of 8 restarts did not decide it" in answer["sentence"]
+                or "the final check's 8 of 8 restarts resolve the remainder to +-"
+                in answer["sentence"]), answer["sentence"]
+        assert ("may be left" in answer["sentence"]) == (code == 0), answer["sentence"]

@@ -24,6 +24,7 @@ import threading
 from pathlib import Path
 
 import pytest
+from conftest import record_story
 
 from orchestrator.answer.combine import LogChange
 from orchestrator.commands import investigate
@@ -78,6 +79,8 @@ def test_a_commit_under_larger_system_causes_is_named(tmp_path, ray_session):
     answer = _answer(tmp_path)
     culprit = sc.truth["culprits"][0]["sha"]
     ids = {c["id"] for c in answer["causes"]}
+    record_story("code_under_system", code, answer, tmp_path / "runs" / "inv",
+                 ids == {"power_limit_w", "NCCL_ALGO", culprit})
     assert ids == {"power_limit_w", "NCCL_ALGO", culprit}, answer["sentence"]
     assert "code not the cause" not in answer["sentence"]
     assert answer["code_yardstick"]["how"] == "yardstick_reduced"
@@ -89,7 +92,10 @@ def test_a_commit_under_larger_system_causes_is_named(tmp_path, ray_session):
     rest = LogChange(*answer["unexplained"]["log"])
     named = math.fsum(LogChange(*c["log"]).diff for c in answer["causes"])
     assert named + rest.diff == pytest.approx(total.diff)
-    assert code in (0, 3, 4)  # the exit code's rule is the answer's (explained or not)
+    # The causes are named: 0 when they carry the change, 3 when a remainder is shown; never
+    # 4 (something was decided).
+    assert code in (0, 3), answer["headline"]
+    assert len(answer["headline"]) <= 200, answer["headline"]
 
 
 def _restore(cause: dict) -> float:
@@ -98,14 +104,19 @@ def _restore(cause: dict) -> float:
 
 def test_two_overlapping_settings_are_reported_as_overlapping(tmp_path, ray_session):
     sc, base = _story(tmp_path, "env_overlap")
-    investigate.run(compose_settings("investigate", [*base, "reference=reference", "run_id=inv"]))
+    code = investigate.run(compose_settings("investigate", [*base, "reference=reference",
+                                                            "run_id=inv"]))
     answer = _answer(tmp_path)
     causes = {c["id"]: c for c in answer["causes"]}
+    record_story("env_overlap", code, answer, tmp_path / "runs" / "inv",
+                 set(causes) == {"SGLANG_DISABLE_VERIFY_GRAPH", "SGLANG_SPEC_DEBUG_SYNC"})
     assert set(causes) == {"SGLANG_DISABLE_VERIFY_GRAPH", "SGLANG_SPEC_DEBUG_SYNC"}, \
         answer["sentence"]
     attribution = answer["attribution"]
     assert attribution["relations"][0]["kind"] == "overlap", answer["sentence"]
     assert "either alone gives all of it: restore both" in answer["sentence"]
+    # One group in the first line and one row of the table: "restore both", not two causes.
+    assert "(overlap: restore both)" in answer["headline"], answer["headline"]
     # Restoring one alone wins nothing back (the planted truth: 0%), within its interval
     # give or take 2 points (two 95% intervals: one misses 0 by a hair about one run in ten);
     # restoring both wins back the whole +38% (-27.5%).
@@ -121,8 +132,11 @@ def test_two_overlapping_settings_are_reported_as_overlapping(tmp_path, ray_sess
 
 def test_two_settings_that_hurt_only_together(tmp_path, ray_session):
     sc, base = _story(tmp_path, "env_synergy")
-    investigate.run(compose_settings("investigate", [*base, "reference=reference", "run_id=inv"]))
+    code = investigate.run(compose_settings("investigate", [*base, "reference=reference",
+                                                            "run_id=inv"]))
     answer = _answer(tmp_path)
+    record_story("env_synergy", code, answer, tmp_path / "runs" / "inv",
+                 "only together" in answer["sentence"] and len(answer["causes"]) == 1)
     assert "only together" in answer["sentence"], answer["sentence"]
     assert answer["attribution"]["restore_all"]["pct"] < -20.0
     for c in answer["causes"]:
@@ -165,6 +179,8 @@ def test_a_node_that_changes_during_the_isolate_is_in_the_answer(tmp_path, ray_s
         done.set()
         watcher.join()
     answer = _answer(tmp_path)
+    record_story("node_change_investigate", code, answer, tmp_path / "runs" / "inv",
+                 {c["id"] for c in answer["causes"]} == {"NCCL_ALGO"})
     assert code == 5, answer["sentence"]  # the node changed: totals not comparable
     assert answer["status"] == "system_changed"
     assert answer["system_changed"]["summary"]
@@ -174,6 +190,8 @@ def test_a_node_that_changes_during_the_isolate_is_in_the_answer(tmp_path, ray_s
     # Re-measured on the new state: the lock caps the SM clock below what 500 W allows, so
     # restoring the power limit wins nothing there; NCCL_ALGO still does.
     assert {c["id"] for c in answer["causes"]} == {"NCCL_ALGO"}, answer["sentence"]
+    # The tail does not contradict the head: the compare ran before the lock.
+    assert "the system is not the cause" not in answer["sentence"], answer["sentence"]
     # The isolate's cause and its total come from the new state's trials alone: no cause
     # larger than its own total.
     isolate = json.loads((tmp_path / "runs" / "inv" / "findings-isolate.json").read_text())
@@ -182,9 +200,10 @@ def test_a_node_that_changes_during_the_isolate_is_in_the_answer(tmp_path, ray_s
         assert f["effect"]["verify_ms"]["pct"] <= total + 5.0, isolate["message"]
 
 
-def test_sleuth_isolate_whose_node_changes_exits_3_and_says_so(tmp_path, ray_session):
+def test_sleuth_isolate_whose_node_changes_exits_5_and_says_so(tmp_path, ray_session):
     """The same story through `sleuth isolate reference=RUN`: its answer opens with the
-    change, and it exits 3 although its own verdict, re-measured on the new state, is found."""
+    change, and it exits 5 as every command whose node changed does (`orchestrator/errors.py`),
+    although its own verdict, re-measured on the new state, is found."""
     from orchestrator.commands import isolate as isolate_cmd
 
     sc, base = _story(tmp_path, "code_under_system")
@@ -199,8 +218,12 @@ def test_sleuth_isolate_whose_node_changes_exits_3_and_says_so(tmp_path, ray_ses
         done.set()
         watcher.join()
     answer = _answer(tmp_path, "iso")
-    assert code == 3, answer["sentence"]
+    isolate = json.loads((tmp_path / "runs" / "iso" / "findings-isolate.json").read_text())
+    record_story("node_change_isolate", code, answer, tmp_path / "runs" / "iso",
+                 isolate["verdict"] == "found"
+                 and {f["id"] for f in isolate["findings"]} == {"NCCL_ALGO"})
+    assert code == 5, answer["sentence"]
     assert answer["status"] == "system_changed"
     assert answer["sentence"].startswith("the node's system changed during the run")
-    isolate = json.loads((tmp_path / "runs" / "iso" / "findings-isolate.json").read_text())
+    assert answer["headline"].startswith("node changed during the run")
     assert isolate["verdict"] == "found" and "measured again there" in isolate["epoch_note"]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -242,3 +243,39 @@ def test_an_isolate_at_its_budget_says_its_answer_so_far(tmp_path, ray_session):
     answer = doc["answer"]
     assert answer["status"] == "provisional" and not answer["explains"]
     assert answer["sentence"].startswith("so far (budget spent after "), answer["sentence"]
+
+
+def test_an_isolate_of_two_command_configurations_opens_with_its_total(tmp_path, ray_session):
+    """`sleuth isolate good.env.X=... bad.env.X=...` on a `target=command` bench (the metric
+    `value`, none of the SGLang metrics): the answer's first line names the total and the
+    cause (it read "answer: from the good to the bad configuration" with no total), and the
+    isolate's findings table says its effect is the one added alone to good."""
+    from conftest import git
+
+    from orchestrator.cli import run as cli_run
+
+    repo = tmp_path / "proj"
+    repo.mkdir()
+    git(repo, "init", "-q", "-b", "main")
+    (repo / "bench.py").write_text(
+        "import json, os, random\n"
+        "slow = 1.5 if os.environ.get('SLOW') == '1' else 1.0\n"
+        "print(json.dumps({'value': 20.0 * slow * (1 + 0.01 * random.gauss(0, 1))}))\n")
+    git(repo, "add", "-A")
+    git(repo, "commit", "-q", "-m", "bench")
+    runs = tmp_path / "runs"
+    out = io.StringIO()
+    with redirect_stdout(out):
+        code = cli_run(["isolate", "target=command", f"repo={repo}",
+                        f"target.bench={sys.executable} bench.py", "metric=value",
+                        "good.env.SLOW=0", "bad.env.SLOW=1", "good.env.HARMLESS=0",
+                        "bad.env.HARMLESS=1", "bench.repetitions=2",
+                        "bench.warmup_requests=0", "trial.retries=0", "nodes=2",
+                        f"runs_dir={runs}", "run_id=cmd"])
+    answer = json.loads((runs / "cmd" / "findings.json").read_text())["answer"]
+    assert code == 0, answer["sentence"]
+    assert re.match(r"value \+(4[5-9]|5[0-5])\.\d% = ", answer["headline"]), answer["headline"]
+    assert "SLOW 0 -> 1" in answer["headline"] and "HARMLESS" not in answer["headline"]
+    printed = out.getvalue()
+    assert f"answer: {answer['headline']}" in printed
+    assert "value added alone" in printed

@@ -178,7 +178,7 @@ def test_a_strategy_forecast_sets_the_total_from_the_trials_done():
 
 
 def test_the_reproduction_notice_states_the_change_the_forecast_and_a_budget_it_exceeds():
-    from orchestrator.commands.bisect import reproduction_notice
+    from orchestrator.commands.bisect_notes import reproduction_notice
 
     searching = Verdict(done=False, status="searching", n_trials=40, total_effect_pct=2.1,
                         total_effect_ci=(0.4, 3.9), expected_remaining=480)
@@ -187,10 +187,33 @@ def test_the_reproduction_notice_states_the_change_the_forecast_and_a_budget_it_
     assert "about 480 more trials" in forecast
     assert len(reproduction_notice(searching, "verify_ms", budget=600)) == 2  # 40 + 480 fit
     _, _, warning = reproduction_notice(searching, "verify_ms", budget=200)
-    assert "exceeds max_trials=200" in warning
+    assert "needs about 480 more restarts" in warning and "budget of 200" in warning
+    assert "bench.repetitions" in warning and "max_trials=N" in warning
+    noisy = Verdict(done=False, status="searching", n_trials=40, total_effect_pct=43.0,
+                    expected_remaining=900, noise_pct=20.0)
+    assert "a +43.0% change in 20.0% restart noise, 2.1 noise widths" in \
+        reproduction_notice(noisy, "value", budget=400)[2]
     unforecast = Verdict(done=False, status="searching", n_trials=4, total_effect_pct=53.0)
     (line,) = reproduction_notice(unforecast, "verify_ms", budget=5)
     assert line.endswith("after 4 trials") and "forecast" not in line
+
+
+def test_a_running_bisect_says_when_the_forecast_leaves_the_budget_and_a_small_verified_step():
+    """Said once each, when it shows: the forecast moving past the budget after the first
+    notice, and a step under verification far smaller than the endpoints' change."""
+    from orchestrator.commands.bisect_notes import running_notes
+
+    said = {"reproduced"}
+    late = Verdict(done=False, status="searching", n_trials=60, total_effect_pct=43.0,
+                   expected_remaining=500, noise_pct=18.0)
+    (line,) = running_notes(late, "value", 400, said)
+    assert "needs about 500 more restarts" in line
+    assert running_notes(late, "value", 400, said) == []  # once
+    step = Verdict(done=False, status="verifying", n_trials=80, total_effect_pct=43.0,
+                   verifying={"point": 35, "pct": 9.0, "ci": (2.0, 16.5)})
+    (line,) = running_notes(step, "value", 400, said)
+    assert "point 35 reads value +9.0% [+2.0%, +16.5%] while the endpoints differ by +43.0%" \
+        in line
 
 
 def _isolate_verdict(status: str, label: str | None = None, probability: float = 0.0):

@@ -273,7 +273,7 @@ def test_a_stated_minimum_effect_refutes_a_lucky_reproduction_sooner():
 def test_a_long_not_reproducible_run_points_to_min_effect_pct():
     """A no-change range can take the whole reproduce budget (96 restarts) to rule out every
     change above 1%; the bisect command then says how a stated minimum ends such a run early."""
-    from orchestrator.commands.bisect import min_effect_hint
+    from orchestrator.commands.bisect_notes import min_effect_hint
     from orchestrator.config.params import ExperimentParams
 
     regime = _regime("no_change")

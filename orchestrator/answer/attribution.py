@@ -273,19 +273,41 @@ def _member_restore(values: Mapping[Subset, Sequence[float]], game: Game, everyt
     return LogChange(mw - mb, math.sqrt(var), game.df)
 
 
-def sentence(doc: Mapping, metric_pct_text) -> str:
-    """The attribution's clause of an answer: what restoring wins back, and the relations in
-    words. ``metric_pct_text`` lays out one change (``{pct, ci}``) as text."""
-    parts = []
-    for rel in doc.get("relations", []):
-        parts.append(rel["words"])
+def _alone(doc: Mapping, metric_pct_text) -> list[str]:
+    """Each cause's "restore alone" (with more than one cause), and each member's of a cause
+    that hurts only together: all of a pair's members or none (one member's alone, the other
+    unmeasured, read as if restoring that one were the advice)."""
     causes = doc.get("causes", [])
     alone = [f"{c['label']} alone {metric_pct_text(c['restore_alone'])}"
              for c in causes if c.get("restore_alone") and len(causes) > 1]
-    alone += [f"{m['label']} alone {metric_pct_text(m['restore_alone'])}"
-              for m in doc.get("members", [])]
+    members = doc.get("members", [])
+    pairs = [r for r in doc.get("relations", []) if len(r.get("causes", [])) == 1]
+    if members and len(members) >= 2 * max(len(pairs), 1):
+        alone += [f"{m['label']} alone {metric_pct_text(m['restore_alone'])}" for m in members]
+    return alone
+
+
+def sentence(doc: Mapping, metric_pct_text) -> str:
+    """The attribution's clause of an answer: what restoring wins back, and the relations in
+    words. ``metric_pct_text`` lays out one change (``{pct, ci}``) as text."""
+    parts = [rel["words"] for rel in doc.get("relations", [])]
     restore = f"restore all: {metric_pct_text(doc['restore_all'])}"
+    alone = _alone(doc, metric_pct_text)
     if alone:
         restore += "; restore " + ", ".join(alone)
     parts.append(restore)
     return "; ".join(parts)
+
+
+def relation_lines(doc: Mapping, metric_pct_text) -> list[tuple[str, str]]:
+    """The same as labelled lines: `overlap:` / `together:` per relation, then `restore:`."""
+    if not doc or not doc.get("restore_all"):
+        return []
+    out = [("overlap" if rel.get("kind") == "overlap" else "together", str(rel["words"]))
+           for rel in doc.get("relations", [])]
+    restore = f"all {metric_pct_text(doc['restore_all'])}"
+    alone = _alone(doc, metric_pct_text)
+    if alone:
+        restore += "; " + ", ".join(alone)
+    out.append(("restore", restore))
+    return out

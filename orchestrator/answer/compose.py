@@ -14,8 +14,13 @@ has the trials, the mechanism of :mod:`orchestrator.answer.phases`). Its parts, 
   (:mod:`orchestrator.answer.combine`); `min_effect`: the run's min effect the remainder is
   judged against; `explains`: whether the remainder's interval lies within it (or, with no
   cause named, the change's own interval does: "no change larger than x%");
-- `status`: explained | no_change | partly_explained (a remainder larger than the min effect
-  is shown) | unexplained (a change, no cause named) | undecided | not_in_code;
+- `status`: explained (the remainder within the min effect, or undecided against it while
+  the named causes carry the change: `unexplained.up_to` / `left` say how much may be left) |
+  no_change | partly_explained (a remainder larger than the min effect is shown) |
+  unexplained (a change, no cause named) | undecided | not_in_code; the exit code reads it
+  (`orchestrator/errors.py`);
+- `headline` / `lines`: the first line and the labelled lines a person reads first
+  (:mod:`orchestrator.answer.headline`); the full `sentence` stays;
 - `final_check`: the restarts the final check may spend and spent, when one ran;
 - `not_tested`: differences that were listed but never tested, one group per reason;
 - `settings`: a sweep's better configuration, kept apart from causes;
@@ -24,6 +29,7 @@ has the trials, the mechanism of :mod:`orchestrator.answer.phases`). Its parts, 
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 
 from orchestrator.answer import text as T
@@ -41,6 +47,7 @@ from orchestrator.answer.combine import (
     total,
 )
 from orchestrator.answer.combine import min_effect_pct as min_effect_pct_of
+from orchestrator.answer.headline import refresh
 
 NOT_TESTED_SHOWN = 8
 
@@ -162,19 +169,59 @@ def _bound_text(decision: Decision) -> str:
     return f"{min_effect_pct_of(decision.bound):.1f}%"
 
 
-def _rest_words(decision: Decision, check: Mapping | None) -> str:
+def _rest_words(decision: Decision, check: Mapping | None, up_to: str | None = None) -> str:
     """What the remainder means against the min effect, in words after its interval."""
     bound = _bound_text(decision)
     if decision.status == EXPLAINED:
         return f"nothing larger than {bound} left"
     if decision.status == REMAINDER:
         return f"more than the {bound} min effect is left"
+    if up_to is not None:
+        return up_to + _check_words(check)
     return f"undecided whether more than {bound} is left" + _check_words(check)
+
+
+def carried(whole: LogChange, rest: LogChange) -> float | None:
+    """Do the named causes demonstrably carry the change, where the remainder is undecided
+    against the min effect? They do when the total is shown and the remainder's 95% interval
+    cannot hold half of it; then the answer states how much may be left: the interval's end
+    on the total's side, in percent (returned). None when they do not.
+
+    An undecided remainder was exit 4: with 5% restart noise twelve restarts give it about
+    +-5%, against a 4% min effect, so "undecided" was the expected outcome of a right answer.
+    What a CI job needs to know is whether the named causes are the change; how much may be
+    left beside them is said with the interval."""
+    if whole.diff == 0 or not whole.excludes_zero():
+        return None
+    lo, hi = rest.log_interval()
+    far = hi if whole.diff > 0 else -lo
+    if not math.isfinite(far) or far >= 0.5 * abs(whole.diff):
+        return None
+    edge = hi if whole.diff > 0 else lo  # the end on the total's side: what may be left
+    return round(100.0 * math.expm1(edge), 3)
+
+
+def left_text(up_to: float, whole: LogChange, rest: LogChange, bound: float) -> str:
+    """How much a bounded remainder may leave, in words: "up to +5.6% may be left" when the
+    interval reaches past the min effect on the total's side; where only its other end does
+    (the named causes may overstate the change), by how much they may overstate it."""
+    lo, hi = rest.log_interval()
+    toward, away = (hi, lo) if whole.diff > 0 else (-lo, -hi)
+    if toward > bound or away >= -bound:
+        return f"up to {T.pct_text(up_to)} may be left"
+    over = 100.0 * -math.expm1(away)
+    return f"the named causes may overstate it by up to {over:.1f}%"
 
 
 def _check_words(check: Mapping | None) -> str:
     if not check or not check.get("budget"):
         return ""
+    if check.get("resolution"):
+        res = check["resolution"]
+        return (f" (at the restart noise measured, {res['sigma_pct']:.1f}% a restart, the"
+                f" final check's {check.get('spent', 0)} of {check['budget']} restarts resolve"
+                f" the remainder to +-{res['pct']:.1f}%: more restarts, repetitions"
+                " (bench.repetitions) or a quieter node would narrow it)")
     floor = check.get("floor")
     if floor:
         n = floor["n_then"]
@@ -205,14 +252,15 @@ def assemble(metric: str, whole: LogChange | None, causes: Sequence[dict], *, le
     logs = [LogChange(*c["log"]) for c in causes]
     doc: dict = {"metric": metric, "causes": [dict(c) for c in causes],
                  "not_tested": list(not_tested_groups), "settings": list(settings),
-                 "mechanism": dict(mechanism or {}), "next": next_step}
+                 "mechanism": dict(mechanism or {}), "next": next_step, "lead": lead,
+                 "code_clauses": [c for c in code_clause.split("; ") if c]}
     if check:
         doc["final_check"] = dict(check)
     if whole is None:
         doc.update(total=None, explained=None, unexplained=None, explains=False,
                    status=status or "undecided")
         doc["sentence"] = lead
-        return doc
+        return refresh(doc)
     doc["total"] = {**whole.to_json(), **(whole_extra or {})}
     for c, change in zip(doc["causes"], logs, strict=True):
         c["share"] = share(change, whole)
@@ -228,18 +276,25 @@ def assemble(metric: str, whole: LogChange | None, causes: Sequence[dict], *, le
         doc["explained"] = None
         doc["unexplained"] = {**whole.to_json(), "share": 1.0 if whole.excludes_zero() else None,
                               "decision": decision.status}
-    doc["explains"] = decision.settled
+    up_to = carried(whole, decision.rest) if logs and decision.status == UNDECIDED else None
+    bounded = (left_text(up_to, whole, decision.rest, decision.bound) if up_to is not None
+               else None)
+    if up_to is not None:
+        doc["unexplained"]["up_to"] = up_to
+        doc["unexplained"]["left"] = bounded
+    doc["explains"] = decision.settled or up_to is not None
     if status is None:
         status = {EXPLAINED: "explained", NO_CHANGE: "no_change",
                   REMAINDER: "partly_explained" if logs else "unexplained",
-                  UNDECIDED: "undecided"}[decision.status]
+                  UNDECIDED: "explained" if up_to is not None else "undecided"}[decision.status]
     doc["status"] = status
+    doc["check_words"] = _check_words(check) if decision.status == UNDECIDED else ""
     total_text = f"{metric} {T.change_text(doc['total'], metric)}"
     head = f"{total_text} {lead}".strip() if lead else total_text
     if causes:
         sentence = head + " = " + " + ".join(clause(c["label"], c) for c in doc["causes"])
         sentence += ("; " + clause("unexplained", doc["unexplained"]) + ": "
-                     + _rest_words(decision, check))
+                     + _rest_words(decision, check, bounded))
     elif decision.status == NO_CHANGE:
         sentence = head + f": no change larger than {_bound_text(decision)}"
     elif decision.status == REMAINDER:
@@ -253,7 +308,7 @@ def assemble(metric: str, whole: LogChange | None, causes: Sequence[dict], *, le
     if code_clause:
         sentence += f"; {code_clause}"
     doc["sentence"] = sentence
-    return doc
+    return refresh(doc)
 
 
 def _round_pct(value: float) -> float:
@@ -343,17 +398,40 @@ def for_sweep(doc: Mapping) -> dict:
                          "p_better": best.get("p_better"),
                          **({k: e[k] for k in ("pct", "ci", "before", "after") if k in e}
                             if e else {})})
-    verdict = doc.get("verdict")
+    verdict = str(doc.get("verdict"))
     n = doc.get("n_configurations")
     if best is not None and settings[0].get("pct") is not None:
-        what = {"found": "confirmed better than the baseline",
-                "baseline_best": "the baseline is best"}.get(str(verdict), "not confirmed")
-        sentence = (f"best of {n} configurations: {best.get('id')}: {metric} "
-                    f"{T.change_text(settings[0], metric)} against the baseline ({what})")
+        # The search ranks its configurations on one restart or a few each; only the
+        # confirmation (the leader against the baseline, interleaved) is a claim. So the
+        # sentence says what was confirmed and against what, never "best of n".
+        effect = f"{metric} {T.change_text(settings[0], metric)}"
+        leader = f"the search's leader of {n} configurations" if n else "the search's leader"
+        edge = _good_edge(settings[0], doc)
+        sentence = {
+            "found": f"{best.get('id')} beats the baseline: {effect} ({leader}, confirmed"
+                     " against the baseline head to head, not against the other"
+                     " configurations)",
+            "baseline_best": f"the baseline is best: {best.get('id')}, {leader}, measured"
+                             f" {effect} against it head to head",
+            "no_better": f"no setting measured beats the baseline by more than"
+                         f" {T.pct_text(edge)}: {best.get('id')}, {leader}, {effect} against"
+                         " it head to head (within the noise)",
+        }.get(verdict, f"{best.get('id')}: {effect} against the baseline ({leader}; not"
+                       " confirmed: its interval reaches past the min effect on both sides)")
     else:
         sentence = f"sweep {verdict}: {doc.get('message', '')}".strip()
-    return {"metric": metric, "sentence": sentence, "total": None, "causes": [],
-            "explained": None, "unexplained": None, "explains": verdict in ("found",
-                                                                             "baseline_best"),
-            "status": str(verdict), "not_tested": [], "settings": settings, "mechanism": {},
-            "next": ""}
+    out = {"metric": metric, "sentence": sentence, "total": None, "causes": [],
+           "explained": None, "unexplained": None,
+           "explains": verdict in ("found", "baseline_best", "no_better"),
+           "status": verdict, "not_tested": [], "settings": settings, "mechanism": {},
+           "next": ""}
+    return refresh(out)
+
+
+def _good_edge(effect: Mapping, doc: Mapping) -> float | None:
+    """The end of a sweep effect's interval on the better side (which side is better: the
+    sweep's direction)."""
+    ci = effect.get("ci") or []
+    if len(ci) != 2:
+        return None
+    return ci[1] if doc.get("maximize", doc.get("direction") == "maximize") else ci[0]

@@ -8,14 +8,16 @@ their decisions again on the new system's trials (the isolate re-measures its co
 the bisect re-verifies its culprits), the answer's own numbers come from the latest epoch where
 they were measured there, and the answer says which parts were measured again and which are not
 comparable. Its status is ``system_changed`` and it does not count as explaining the change:
-the run finished, but what it compares is not one system, so the investigation exits 3
-(finished but inconclusive; 1 is for a run that failed) and tells the user to run it again on
+the run finished, but what it compares is not one system, so every command exits 5
+(`orchestrator/errors.py`; 1 is for a run that failed) and tells the user to run it again on
 a node that holds still. Pure functions, no I/O.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+
+from orchestrator.answer.headline import refresh
 
 STATUS = "system_changed"
 
@@ -47,4 +49,4 @@ def mark_system_change(answer: dict, changes: Sequence[Mapping], *,
     answer["next"] = ("run it again on a node that holds still (nothing else setting clocks,"
                       " power or packages)" + (f"; {answer['next']}" if answer.get("next")
                                                else ""))
-    return answer
+    return refresh(answer)

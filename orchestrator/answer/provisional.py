@@ -9,11 +9,15 @@ that sentence; the numbers stay the answer's own (:mod:`orchestrator.answer.comp
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping, Sequence
 
 from orchestrator.answer import text as T
 from orchestrator.answer.combine import LogChange, decide
 from orchestrator.answer.compose import clause
+from orchestrator.answer.headline import refresh, short_label
+
+_SUBJECT = re.compile(r' "[^"]*"')  # a commit's subject: the table and the labelled lines have it
 
 
 def _relation(p: float) -> str:
@@ -56,21 +60,46 @@ def so_far(answer: Mapping, *, why: str, searching: bool = True,
             f"{c['label']} (P {_relation(float(c['probability']))})" for c in guesses)
     if leading:
         after = any(c.get("kind") == "commit" for c in named)
-        text += f"; most likely {'next ' if after else ''}first bad commit: {leading}"
+        text += f"; most likely {'next ' if after else ''}culprit: {leading}"
     rest = _left_over(doc, named) if searching else None
+    further = ""
     if rest is not None:
         ci = rest.get("ci") or []
         ends = [v for v in ci if isinstance(v, int | float)]
         if ends:
             edge = max(ends, key=abs)
-            further = "a further step" if named else "a step"
-            text += f"; searching for {further} of up to {T.pct_text(edge)}"
+            further = (f"searching for {'a further step' if named else 'a step'} of up to"
+                       f" {T.pct_text(edge)}")
+            text += f"; {further}"
     doc["sentence"] = text
     doc["provisional"] = {"why": why, "searching": searching, "confidence": confidence,
-                          "status": doc.get("status"), "leading": leading}
+                          "status": doc.get("status"), "leading": leading,
+                          "headline": _headline(doc, why, named, guesses, leading,
+                                                keep_sentence, further)}
     doc["status"] = "provisional"
     doc["explains"] = False
-    return doc
+    return refresh(doc)
+
+
+def _headline(doc: Mapping, why: str, named: Sequence[Mapping], guesses: Sequence[Mapping],
+              leading: str, keep_sentence: bool, further: str) -> str:
+    """The first line of an answer so far: what is named (short labels, no intervals: the
+    table has them), the best guess or where the search points, what it still looks for."""
+    lead = f"so far ({why})"
+    if keep_sentence and not named:
+        first = doc.get("headline") or doc.get("sentence") or "nothing measured yet"
+        return f"{lead}: {first}"
+    parts = [f"{short_label(c)} {T.pct_text(c.get('pct'))} (P {_relation(float(c['probability']))})"
+             for c in named]
+    text = f"{lead}: " + ("; ".join(parts) if parts else "no cause named yet")
+    if guesses:
+        text += "; best guess: " + ", ".join(
+            f"{short_label(c)} (P {_relation(float(c['probability']))})" for c in guesses[:2])
+    if leading:
+        text += "; leading: " + _SUBJECT.sub("", leading)
+    if further:
+        text += f"; {further}"
+    return text
 
 
 def _left_over(doc: Mapping, named: Sequence[Mapping]) -> Mapping | None:

@@ -57,12 +57,15 @@ def for_investigation(metric: str, whole: LogChange | None, *, whole_extra: Mapp
                       isolate_doc: Mapping | None, bisect_doc: Mapping | None,
                       sweep_doc: Mapping | None, mechanism: Mapping | None,
                       next_step: str = "", min_effect_pct: float | None = None,
-                      check: Mapping | None = None) -> dict:
+                      check: Mapping | None = None, compare_stale: bool = False) -> dict:
     """The whole triage's answer: the change from the reference (then) to the bad commit
     (now), split into the system's part (the compare, its causes tested by the isolate) and
     the code's part (the bisect, its culprits), with what neither names left over.
 
-    Without a reference the total is the bisect's own (good vs bad, both now)."""
+    Without a reference the total is the bisect's own (good vs bad, both now).
+    `compare_stale`: the node's system changed after the compare: its verdict is not said as
+    the system's part (a clock lock set mid-run is then in the total, and "the system is not
+    the cause" right after "+31% left" contradicted it)."""
     causes = (causes_of(isolate_doc) if isolate_doc else []) + code_causes(bisect_doc)
     clauses = []
     parts: dict = {}
@@ -71,7 +74,10 @@ def for_investigation(metric: str, whole: LogChange | None, *, whole_extra: Mapp
         verdict = compare_doc.get("verdict")
         if system:
             parts["system"] = {k: system[k] for k in ("pct", "ci", "log") if k in system}
-        if verdict == "reproduced":
+        if compare_stale:
+            clauses.append("whether the system is the cause is not comparable (the reference"
+                           " was re-measured before the node changed)")
+        elif verdict == "reproduced":
             clauses.append("the system is not the cause (the reference reproduces: "
                            f"{T.change_text(system, metric)})")
         elif verdict != "not_reproduced" and not compare_doc.get("no_level"):

@@ -35,11 +35,18 @@ from typing import TYPE_CHECKING
 
 from orchestrator.answer.provisional import so_far
 from orchestrator.answer.text import name_points
-from orchestrator.commands import bisect_release, common
+from orchestrator.commands import bisect_release, common, next_step
+from orchestrator.commands.bisect_notes import (
+    min_effect_hint,
+    opening_lines,
+    reproduction_notice,
+    running_notes,
+)
 from orchestrator.commands.bisect_stop import (
     exit_code,
     keep_posterior_replay,
     provisional_findings,
+    settle,
     stop_reason,
 )
 from orchestrator.config import params as experiment_params
@@ -55,7 +62,6 @@ from orchestrator.run.noise_prior import load_noise_prior
 from orchestrator.run.rundir import create_run, pin_run, run_argument, running, runs_root
 from orchestrator.store import RunStore
 from orchestrator.strategies.base import Verdict
-from orchestrator.strategies.bisect import BisectStrategy
 from orchestrator.strategies.bisect.verdict import chased_change_pct, chased_ruled_out
 from orchestrator.system.watch import SystemChange, system_changes
 from orchestrator.ui import render
@@ -67,7 +73,6 @@ from orchestrator.workspace.commits import boundary_parents, graph_order
 
 if TYPE_CHECKING:  # `execute` runs on any controller; only `_execute` starts the Ray one
     from orchestrator.control.controller import Controller
-
 
 
 def validate(cfg: RunSettings) -> tuple[RunSettings, BisectRequest]:
@@ -186,74 +191,25 @@ def _progress_line(verdict: Verdict, commits: list[CommitInfo], n_obs: int,
     return f"[{verdict.status}] {n_obs} trials{cost}; {best}"
 
 
-def reproduction_notice(verdict: Verdict, metric: str, budget: int | None,
-                        design: RepetitionDesign | None = None) -> list[str]:
-    """The lines to print once, when the endpoints' change has reproduced and the search starts.
-
-    The size of the change against the restart noise decides what the whole run costs, so this
-    is the moment to say it: a 50% change is localized in a dozen restarts, a 2% change in 5%
-    noise can take hundreds, and a user with a budget should know before spending it.
-    """
-    change = f"{verdict.total_effect_pct:+.1f}%" if verdict.total_effect_pct is not None else "?"
-    if verdict.total_effect_ci is not None:
-        lo, hi = verdict.total_effect_ci
-        change += f" [{lo:+.1f}%, {hi:+.1f}%]"
-    line = f"the change reproduces: {metric} {change} between the endpoints " \
-           f"after {verdict.n_trials} trials"
-    left = verdict.expected_remaining
-    if left is None:
-        return [line]  # the noise is not measured yet
-    cost = design.cost if design is not None else None
-    minutes = (f", about {design.describe(cost.gpu_minutes(design.current, left))} at "
-               f"{design.current} repetitions per restart" if cost is not None else "")
-    lines = [line, f"forecast: about {left} more trials{minutes} to name the culprit "
-                   "(a rough figure, often off by a factor of two)"]
-    if budget is not None and verdict.n_trials + left > budget:
-        lines.append(f"the forecast exceeds max_trials={budget}: the run will likely stop "
-                     "before naming a culprit, with its best guess and that guess's probability")
-    return lines
-
-
-def min_effect_hint(verdict: Verdict, params: experiment_params.ExperimentParams) -> str | None:
-    """After a long "not reproducible", how to make the next such run short.
-
-    Ruling out every change above the +-1% floor can take the whole reproduce budget (48
-    restarts a side); ruling out the regression the user is actually chasing takes a few (in
-    5% noise, about 5 restarts for 20%, 12 for 10%, measured on the benchmark's no-change
-    cases)."""
-    if (verdict.status != "not_reproducible" or params.min_effect_pct is not None
-            or verdict.n_trials < 20):
-        return None
-    return (f"hint: ruling out any change took {verdict.n_trials} restarts. If the regression "
-            "you are chasing is larger than some P%, experiment.params.min_effect_pct=P ends "
-            "a range without such a change after a few.")
-
-
-def opening_lines(req: BisectRequest, strategy: BisectStrategy,
-                  reference: tuple[float, str] | None) -> list[str]:
-    """What the run will spend and what it is looking for, said before it spends anything."""
-    budget = strategy.budget
-    if req.max_trials is None:
-        spend = f"budget: {budget} restarts (the default; max_trials=N sets another)"
-    else:
-        spend = f"budget: {budget} restarts (max_trials)"
-    metric = req.metric
-    if strategy.min_effect_pct is not None:
-        chase = (f"looking for a change of {metric} of at least {strategy.min_effect_pct:g}% "
-                 "(experiment.params.min_effect_pct); smaller ones do not count")
-    elif reference is not None and reference[1] == "was":
-        chase = (f"looking for the change since {reference[2]}: a range whose change is"
-                 " confidently under half of it does not hold the regression")
-    elif reference is not None:
-        since = reference[2] if len(reference) > 2 else f"reference run {reference[1]}"
-        chase = (f"looking for the change since {since} ({metric} {reference[0]:.4g} there): a"
-                 " range whose change is confidently under half of it does not hold the"
-                 " regression")
-    else:
-        chase = (f"looking for any change of {metric} above {strategy.settings.negligible_pct:g}%"
-                 ": its size is measured first (state it with experiment.params.min_effect_pct=P"
-                 ", was=VALUE or reference=RUN to rule a range out sooner)")
-    return [spend, chase]
+def mark_merges(cfg: RunSettings, doc: dict, commits: list[CommitInfo]) -> None:
+    """A culprit a first-parent bisect names that is a merge brought a whole branch in: the
+    answer says so and gives the command that searches the branch's own commits (good = the
+    merge's first parent, bad = the merge, `first_parent=false`). On a merged pull request
+    that found the real commit in 11 restarts, and the answer had never suggested it."""
+    by_sha = {c.sha: c for c in commits}
+    merges = []
+    for f in doc.get("findings", []):
+        commit = by_sha.get(str(f.get("id")))
+        if f.get("kind") != "commit" or commit is None or len(commit.parents) < 2:
+            continue
+        f["merge"] = True
+        run = next_step.command(cfg, "bisect", f"good={commit.parents[0][:12]}",
+                                f"bad={commit.sha[:12]}", "first_parent=false")
+        merges.append({"sha": commit.sha, "command": run})
+    result = doc.get("answer")
+    if merges and result is not None:
+        result["merges"] = merges
+        result["next"] = result.get("next") or merges[0]["command"]
 
 
 def _flag_outliers(store: RunStore, verdict: Verdict) -> None:
@@ -312,8 +268,13 @@ def execute(cfg: RunSettings, req: BisectRequest, ctl: Controller, run_dir: Path
     def announce(v: Verdict, say) -> None:
         if "reproduced" not in said and v.status in ("searching", "verifying"):
             said.add("reproduced")
-            for line in reproduction_notice(v, metric, budget, design):
+            lines = reproduction_notice(v, metric, budget, design)
+            if len(lines) > 2:
+                said.add("beyond")
+            for line in lines:
                 say(line)
+        for line in running_notes(v, metric, budget, said):
+            say(name_points(line, shas, None if release else [c.subject for c in commits]))
         for note in v.notes:  # a withdrawn reproduction, an early stop: said when it happens
             if note.startswith(("retracted", "stopped early")) and note not in said:
                 said.add(note)
@@ -328,6 +289,8 @@ def execute(cfg: RunSettings, req: BisectRequest, ctl: Controller, run_dir: Path
         def on_verdict(v: Verdict, _n: int) -> None:
             if v.expected_remaining is not None:  # measured change and noise: a better ETA
                 progress.set_remaining(v.expected_remaining)
+            elif v.status in ("searching", "verifying"):
+                progress.set_total(None)  # no forecast: no ETA rather than the first guess
             announce(v, progress.note)
             progress.set_cost(design.spent_line())
             progress.on_verdict(v.status, *verdict_best(v, labels))
@@ -387,6 +350,9 @@ def execute(cfg: RunSettings, req: BisectRequest, ctl: Controller, run_dir: Path
                          "ruled_out": chased_ruled_out(strategy)}
     changes = system_changes(rows)
     doc["system_changes"] = [c.to_json() for c in changes]
+    if req.first_parent and release is None:
+        mark_merges(cfg, doc, commits)
+    settle(doc, verdict, rows)
     design.update(rows, [o.trial_id for o in verdict.outliers if o.trial_id is not None])
     doc["repetitions"] = design.summary(rows)
     path = findings.write(run_dir, doc, findings_name)

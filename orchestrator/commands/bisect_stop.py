@@ -11,19 +11,20 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from orchestrator.answer.epochs import mark_system_change
+from orchestrator.answer.headline import refresh
 from orchestrator.answer.provisional import so_far
 from orchestrator.answer.text import commit_label
 from orchestrator.config import params as experiment_params
 from orchestrator.config.requests import BisectRequest
 from orchestrator.config.settings import RunSettings
+from orchestrator.errors import answer_exit
 from orchestrator.run import findings
 from orchestrator.strategies.base import Verdict, probability_relation
+from orchestrator.system.watch import system_changes
 
 if TYPE_CHECKING:  # any controller: only `bisect._execute` starts the Ray one
     from orchestrator.control.controller import Controller
-
-EXIT_INCONCLUSIVE = 3
-
 
 def stop_reason(verdict: Verdict) -> str:
     """Why a bisect stopped before naming everything, as the provisional answer says it."""
@@ -33,12 +34,15 @@ def stop_reason(verdict: Verdict) -> str:
     return f"budget of {verdict.budget} restarts spent"
 
 
-def leading(verdict: Verdict, commits) -> str:
-    """The commit the search points at now, with its posterior, while it is still searching
-    (a finished stage's culprit is named as a cause instead)."""
-    if verdict.done or verdict.status != "searching" or not verdict.posterior:
+def leading(verdict: Verdict, commits, release: bool = False) -> str:
+    """The commit (or release) the run points at now, with its posterior: while it searches,
+    the posterior's mode; while it verifies, the culprit under verification (a culprit at
+    P = 0.999 being measured against its parent is the best thing a stopped run knows, and
+    an interrupted verification used to say "no cause named yet"). A finished stage's culprit
+    is named as a cause instead."""
+    if verdict.done or verdict.status not in ("searching", "verifying") or not verdict.posterior:
         return ""
-    named = {c.point for c in verdict.culprits}
+    named = {c.point for c in verdict.culprits if c.parents}
     open_ = [i for i in range(min(len(verdict.posterior), len(commits))) if i not in named]
     if not open_ or sum(verdict.posterior[i] for i in named if i < len(verdict.posterior)) > 0.5:
         return ""  # the posterior shown is a finished stage's: the next one measures first
@@ -47,7 +51,9 @@ def leading(verdict: Verdict, commits) -> str:
     if p <= 0:
         return ""
     c = commits[point]
-    return f"{commit_label(c.sha, c.subject)} (P {probability_relation(p)})"
+    label = f"release {c.subject}" if release else commit_label(c.sha, c.subject)
+    state = ", being verified against its parent" if verdict.status == "verifying" else ""
+    return f"{label} (P {probability_relation(p)}{state})"
 
 
 def provisional_findings(cfg: RunSettings, req: BisectRequest, ctl: Controller, run_dir: Path,
@@ -62,7 +68,8 @@ def provisional_findings(cfg: RunSettings, req: BisectRequest, ctl: Controller, 
                                    min_effect_pct=experiment_params.of(cfg).min_effect_pct)
     doc["answer"] = so_far(doc["answer"], why=why, searching=not verdict.done or
                            verdict.status == "budget_exhausted",
-                           confidence=req.confidence, leading=leading(verdict, commits))
+                           confidence=req.confidence,
+                           leading=leading(verdict, commits, release=bool(req.package)))
     doc["provisional"] = doc["answer"]["provisional"]
     findings.write(run_dir, doc, findings_name)
     return doc
@@ -82,14 +89,69 @@ def keep_posterior_replay(run_dir: Path) -> None:
         pass
 
 
+def settle(doc: dict, verdict: Verdict, rows) -> dict:
+    """The bisect's answer as the exit code reads it (`orchestrator/errors.py`, one rule):
+    a range that does not reproduce answers the question ("not in this range") only when its
+    change lies within the min effect or, with a change being chased (`doc["chased"]`: a
+    reference run's or `was=`), is confidently under half of it; stopped at the 48-a-side
+    cap it is undecided. A reversal is a change shown with no cause. A node whose system
+    changed during the run opens the answer, with what was measured again on the new state
+    (`orchestrator/answer/epochs.py`). Returns `doc`, changed in place."""
+    result = doc.get("answer")
+    if not result:
+        return doc
+    if verdict.status == "not_reproducible":
+        ruled_out = (doc.get("chased") or {}).get("ruled_out")
+        if not (result.get("explains") or ruled_out):
+            result["status"] = "undecided"
+            result["explains"] = False
+            said = "whether the code in between holds the change is undecided"
+            result["code_clauses"] = [said]
+            result["sentence"] = str(result.get("sentence", "")).replace(
+                "the code in between is not the cause", said)
+    elif verdict.status == "reversed":
+        result["status"], result["explains"] = "reversed", False
+    outside = outside_the_range(doc)
+    if outside:
+        result["outside"] = outside
+        result["sentence"] = f"{result.get('sentence', '')}; {outside['line']}"
+    changed = [c.to_json() for c in system_changes(rows)]
+    if changed and result.get("status") != "provisional":
+        now = doc.get("total_epoch") != "earlier"
+        remeasured = (["the culprits (verified again on the new state)"]
+                      if verdict.culprits else [])
+        remeasured += ["the total (the endpoints on the new state)"] if now else []
+        mark_system_change(result, changed, remeasured=remeasured,
+                           not_comparable=[] if now else ["the total (the endpoints were not"
+                                                          " measured on the new state)"])
+    refresh(result)
+    return doc
+
+
+def outside_the_range(doc: dict) -> dict | None:
+    """With a change being chased (`reference=RUN` or `was=`), what of it this range does not
+    hold: the change since that level against the range's own, said when the rest is larger
+    than the min effect. A standalone bisect on a node whose power limit dropped since the
+    reference named the +23% commit and said nothing of the rest."""
+    chased = doc.get("chased") or {}
+    result = doc.get("answer") or {}
+    total, bound = result.get("total") or {}, (result.get("min_effect") or {}).get("pct")
+    pct, now = chased.get("pct"), total.get("pct")
+    if not (isinstance(pct, int | float) and isinstance(now, int | float)
+            and isinstance(bound, int | float)) or chased.get("ruled_out"):
+        return None
+    rest = 100.0 * ((1.0 + pct / 100.0) / (1.0 + now / 100.0) - 1.0)
+    if abs(rest) <= bound:
+        return None
+    since = chased.get("since") or "the level given"
+    return {"pct": round(rest, 2),
+            "line": (f"the change since {since} is {pct:+.1f}%; this range holds {now:+.1f}%:"
+                     f" about {rest:+.1f}% lies outside it (the system since then, or code"
+                     " outside the range)")}
+
+
 def exit_code(verdict: Verdict, doc: dict) -> int:
-    """0 when the culprits are named, or when the range holds nothing reproducibly slower:
-    its change's interval lies within the min effect ("no change larger than x%"), or, with a
-    change being chased (`doc["chased"]`: a reference run's or `was=`), is confidently under
-    half of it (`ruled_out`), which is what "not reproducible" then means; 3 for a run stopped at its
-    budget, a change it could neither rule in nor out, and the rest."""
-    if verdict.status == "found":
-        return 0
-    settled = verdict.status == "not_reproducible" and (
-        (doc.get("answer") or {}).get("explains") or (doc.get("chased") or {}).get("ruled_out"))
-    return 0 if settled else EXIT_INCONCLUSIVE
+    """The exit code of the bisect's answer, by the rule every command shares
+    (:func:`orchestrator.errors.answer_exit`; :func:`settle` reads the bisect's verdict into
+    that answer first)."""
+    return answer_exit(doc.get("answer"))

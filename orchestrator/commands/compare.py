@@ -21,6 +21,8 @@ from pathlib import Path
 
 from orchestrator import answer
 from orchestrator.answer import phases
+from orchestrator.answer.epochs import mark_system_change
+from orchestrator.answer.headline import refresh
 from orchestrator.answer.provisional import so_far
 from orchestrator.commands import common, next_step
 from orchestrator.commands.compare_findings import CHANGE_CONFIDENCE, findings_doc, print_findings
@@ -28,7 +30,7 @@ from orchestrator.config import params as experiment_params
 from orchestrator.config.requests import CompareRequest, compare_reference
 from orchestrator.config.settings import RunSettings, as_dict, evolve, saved_values
 from orchestrator.control.controller import Controller
-from orchestrator.errors import RunInterrupted, UserError
+from orchestrator.errors import RunInterrupted, UserError, answer_exit
 from orchestrator.metrics import EFFECT_METRICS, effect_metrics
 from orchestrator.packages import plan as packages
 from orchestrator.packages.pins import pin_list
@@ -44,6 +46,7 @@ from orchestrator.system import mechanism
 from orchestrator.system.fingerprint import relevant_env
 from orchestrator.system.fingerprint_diff import Difference
 from orchestrator.system.redact import is_redacted, redact_config
+from orchestrator.system.watch import system_changes
 from orchestrator.ui import render
 from orchestrator.ui.progress import Progress
 from orchestrator.ui.report.terminal import print_answer
@@ -251,9 +254,16 @@ def run(cfg: RunSettings) -> int:
         with Progress(out, done=store.trials()) as progress, \
                 Controller(cfg, store, run_dir, on_event=progress.on_event) as ctl:
             doc = execute(cfg, req, ctl, run_dir, ref, out, progress=progress)
+        changed = [c.to_json() for c in system_changes(store.trials())]
+        if changed and doc.get("answer"):  # one system per comparison: not this one
+            mark_system_change(doc["answer"], changed,
+                               not_comparable=["the reference re-measured now"])
+            refresh(doc["answer"])
+            findings.write(run_dir, doc)
         print_answer(out, doc.get("answer"))
-        run.status = "done" if doc["verdict"] != "unresolved" else "inconclusive"
-        return 0 if doc["verdict"] != "unresolved" else 3
+        code = answer_exit(doc.get("answer"))
+        run.status = "done" if code == 0 else "inconclusive"
+        return code
 
 
 def execute(cfg: RunSettings, req: CompareRequest, ctl: Controller, run_dir: Path, ref: dict,

@@ -37,10 +37,14 @@ FINAL_PHASE = "final"
 # Rounds (one restart of each endpoint) the final check runs at least when both endpoints can
 # be measured now: two of each is the least a window's own interval needs.
 FINAL_MIN_ROUNDS = 2
+# The most restarts a planned check spends (`experiment.params.final_trials` unset): past it
+# the check says up front how far its restarts can narrow the remainder, and that is the
+# bound the answer states.
+FINAL_MAX_TRIALS = 48
 
 
 def final_check(ctl: Controller, endpoints: Sequence[Candidate],
-                answer_of: Callable[[list, dict | None], dict], budget: int, out,
+                answer_of: Callable[[list, dict | None], dict], budget: int | None, out,
                 progress: Progress | None = None, metric: str = "") -> dict:
     """Measure until the answer (`answer_of(rows, check)`) is no longer undecided, within
     `budget` restarts; returns the answer.
@@ -54,30 +58,49 @@ def final_check(ctl: Controller, endpoints: Sequence[Candidate],
     again on the new state (:func:`owed`), within the same budget; a budget spent first
     leaves the total from the last epoch that measured them, which the answer states as not
     comparable. A budget spent undecided is said in the sentence, with the interval; finished
-    final-check restarts of an interrupted run count when it is resumed."""
+    final-check restarts of an interrupted run count when it is resumed.
+
+    `budget` None (`experiment.params.final_trials` unset): the check plans its restarts from
+    the noise the run measured (:func:`plan`), as many as the remainder's interval needs to
+    reach the min effect, at most :data:`FINAL_MAX_TRIALS`; when that cannot reach it, it
+    says so up front with the resolution it can reach, and the answer states that bound. A
+    fixed twelve left most right answers undecided in 5% restart noise, and on a busy node
+    (20-30%) no count near it could decide."""
     rows = ctl.store.trials()
     spent = [r for r in rows if r.phase == FINAL_PHASE and r.finished
              and r.outcome is not Outcome.INTERRUPTED]
     said = False
+    cap = FINAL_MAX_TRIALS if budget is None else budget
+    planned: dict | None = None
     while True:
-        check = {"budget": budget, "spent": len(spent)} if budget else None
+        limit = cap if planned is None else planned["budget"]
+        check = {"budget": limit, "spent": len(spent)} if cap else None
+        if check and planned and planned.get("resolution"):
+            check["resolution"] = planned["resolution"]
         aside = set_aside(rows)
         if check and aside:
             check["set_aside"] = aside
         result = answer_of(rows, check)
         missing = owed(rows, endpoints, metric)
-        if len(spent) >= budget or (not missing and result["status"] != "undecided"):
+        if not cap or len(spent) >= limit or (not missing and not _open(result)):
             return result
         floor = None if missing or len(endpoints) > 1 else reference_floor(result)
         if check and floor is not None:  # no restart now can decide it: say so, spend none
             return answer_of(rows, {**check, "floor": floor})
+        if planned is None and not missing:
+            planned = plan(rows, result, metric, cap=cap, spent=len(spent),
+                           window=len(endpoints) > 1, fixed=budget is not None)
+            if planned["budget"] <= len(spent):
+                continue
         if not said:
             said = True
             lead = ("the endpoints interleaved in one time window, then "
                     if len(endpoints) > 1 else "")
             out.print(f"\n== final check: {lead}whichever estimate an added restart narrows"
-                      f" most, until the answer's interval decides (up to {budget} restarts)"
+                      f" most, until the answer's interval decides (up to {limit} restarts)"
                       " ==")
+            if planned is not None and planned.get("line"):
+                out.print(planned["line"])
             if progress is not None:
                 progress.set_total(None)
                 progress.on_verdict("final check", None, None)
@@ -85,7 +108,7 @@ def final_check(ctl: Controller, endpoints: Sequence[Candidate],
             rows, result, endpoints, metric, window=len(endpoints) > 1)
         if len(batch) == 1:
             batch *= max(len(ctl.nodes), 1)
-        for cand in batch[:budget - len(spent)]:
+        for cand in batch[:limit - len(spent)]:
             while not ctl.idle_nodes():
                 spent += [r for r in ctl.wait() if r.phase == FINAL_PHASE]
             ctl.submit(cand, phase=FINAL_PHASE)
@@ -93,6 +116,100 @@ def final_check(ctl: Controller, endpoints: Sequence[Candidate],
             spent += [r for r in ctl.wait() if r.phase == FINAL_PHASE]
         spent = [r for r in spent if r.outcome is not Outcome.INTERRUPTED]
         rows = ctl.store.trials()
+
+
+def _open(answer: Mapping) -> bool:
+    """Is the remainder still undecided against the min effect (whatever the answer's status:
+    causes that carry the change read "explained" while the check may still narrow it)?"""
+    if answer.get("status") == "undecided":
+        return True
+    return (answer.get("unexplained") or {}).get("decision") == "undecided"
+
+
+def _terms(rows: Sequence[TrialRow], answer: Mapping, metric: str, window: bool) -> list[dict]:
+    """The remainder's variance terms an added restart can narrow: the total (restarts now
+    of its measurable endpoints; with a reference "then" is fixed) and each cause whose two
+    sides the run measured, with their variances and restart counts."""
+    out = []
+    whole = answer.get("total") or {}
+    log, n = whole.get("log"), whole.get("n")
+    if (isinstance(log, list | tuple) and len(log) == 3 and math.isfinite(float(log[1]))
+            and isinstance(n, list | tuple) and len(n) == 2 and all(n)):
+        fixed = [] if window else [int(n[0])]  # "then" cannot be measured again
+        now = [int(n[0]), int(n[1])] if window else [int(n[1])]
+        out.append({"var": float(log[1]) ** 2, "fixed": fixed, "now": now})
+    now_rows = latest_epoch(rows)
+    for cause in answer.get("causes") or []:
+        keys, clog = cause.get("keys") or [], cause.get("log")
+        if len(keys) != 2 or not (isinstance(clog, list | tuple) and len(clog) == 3):
+            continue
+        counts = [len(findings.trial_values(now_rows, k, metric)) for k in keys]
+        if all(counts) and math.isfinite(float(clog[1])):
+            out.append({"var": float(clog[1]) ** 2, "fixed": [], "now": counts})
+    return out
+
+
+def _scaled(term: dict, add: int) -> float:
+    """A term's variance after `add` more restarts on each side measured now."""
+    inverse = sum(1.0 / c for c in term["fixed"]) + sum(1.0 / c for c in term["now"])
+    after = sum(1.0 / c for c in term["fixed"]) + sum(1.0 / (c + add) for c in term["now"])
+    return term["var"] * after / inverse if inverse > 0 else term["var"]
+
+
+def plan(rows: Sequence[TrialRow], answer: Mapping, metric: str, *, cap: int, spent: int,
+         window: bool, fixed: bool = False) -> dict:
+    """How many restarts the check needs, from the noise the run measured: added greedily to
+    the term that narrows the remainder most per restart (as :func:`next_round` chooses),
+    until the remainder's 95% half-width (normal quantile) reaches the min effect, or the cap.
+
+    Returns `{"budget": restarts in all, "needed": ..., "resolution": {"pct", "sigma_pct"}
+    (when the cap cannot reach the min effect: the half-width it reaches), "line": what the
+    run says up front}`. A fixed budget (`final_trials=N`) is kept as given; the plan then
+    only says what it can reach."""
+    z = NormalDist().inv_cdf(0.5 + ANSWER_CONFIDENCE / 2.0)
+    bound_pct = (answer.get("min_effect") or {}).get("pct")
+    terms = _terms(rows, answer, metric, window)
+    if not terms or not isinstance(bound_pct, int | float):
+        return {"budget": cap, "needed": None}
+    # An estimate off zero needs a narrower interval to fit within the min effect; one near
+    # the bound would need it without end, so at most half the min effect is asked for.
+    rest = (answer.get("unexplained") or {}).get("log") or [0.0]
+    bound = math.log1p(bound_pct / 100.0)
+    target = max(bound - abs(float(rest[0])), 0.5 * bound)
+    added = [0] * len(terms)
+    used = spent
+
+    def half() -> float:
+        return z * math.sqrt(sum(_scaled(t, a) for t, a in zip(terms, added, strict=True)))
+
+    while half() > target and used < cap:
+        cost = [len(t["now"]) for t in terms]
+        gains = [(_scaled(t, a) - _scaled(t, a + 1)) / c
+                 for t, a, c in zip(terms, added, cost, strict=True)]
+        best = max(range(len(terms)), key=gains.__getitem__)
+        if gains[best] <= 0:
+            break
+        added[best] += 1
+        used += cost[best]
+    reached = half()
+    first = terms[0]
+    inverse = sum(1.0 / c for c in first["fixed"] + first["now"])
+    sigma = math.sqrt(first["var"] / inverse) if inverse > 0 else math.nan
+    out: dict = {"budget": cap if fixed else max(min(used, cap), spent), "needed": None}
+    if reached <= target:
+        out["needed"] = used - spent
+        out["line"] = (f"at the restart noise measured ({100 * sigma:.1f}% a restart), about"
+                       f" {used - spent} more restarts resolve the remainder to the"
+                       f" {bound_pct:.1f}% min effect")
+    else:
+        pct = 100.0 * math.expm1(reached)
+        out["resolution"] = {"pct": round(pct, 2), "sigma_pct": round(100 * sigma, 2)}
+        out["line"] = (f"at the restart noise measured ({100 * sigma:.1f}% a restart), the"
+                       f" final check's {cap} restarts can resolve the remainder to +-{pct:.1f}%"
+                       f" only, not to the {bound_pct:.1f}% min effect: more repetitions"
+                       " (bench.repetitions), a quieter node or experiment.params.final_trials"
+                       "=N would narrow it; the answer states that bound")
+    return out
 
 
 def reference_floor(answer: Mapping) -> dict | None:

@@ -19,10 +19,10 @@ system causes beside it is still found. `recover=true` ends with a short sweep o
 from the reference (then) to the bad commit (now) on the log scale, each named cause with its
 interval, and what they leave unexplained (:mod:`orchestrator.answer`), after a final check that
 measures the endpoints interleaved until the remainder's interval decides
-(:func:`orchestrator.commands.final_check.final_check`). Exit 0 when the remainder lies within
-the run's min effect (explained) or nothing is reproducibly slower ("no change larger than x%");
-3 only when a remainder larger than the min effect is shown; 4 when the final check's budget ran
-out undecided (the sentence says so); 5 when the node's system changed during the run.
+(:func:`orchestrator.commands.final_check.final_check`). Exit codes: the rule every command
+shares (`orchestrator/errors.py`: 0 the causes carry the change or nothing is reproducibly
+slower, 3 a remainder beyond the min effect or a change no cause carries, 4 nothing decided, 5
+the node's system changed during the run).
 
 Without a reference, `good=REF bad=REF` bisects; when the range does not reproduce today, the
 cause is not in the code, and the answer names earlier runs in `runs_dir` that measured the
@@ -55,7 +55,7 @@ from orchestrator.config.bisect import bisect_strategy
 from orchestrator.config.requests import CompareRequest, InvestigateRequest, SweepRequest
 from orchestrator.config.settings import RunSettings, evolve
 from orchestrator.control.controller import Controller
-from orchestrator.errors import RunInterrupted, UserError
+from orchestrator.errors import RunInterrupted, UserError, answer_exit
 from orchestrator.evidence import collect as evidence
 from orchestrator.evidence import plan as evidence_plan
 from orchestrator.records import Candidate
@@ -67,22 +67,11 @@ from orchestrator.ui import render
 from orchestrator.ui.progress import Progress
 from orchestrator.ui.report.terminal import print_answer
 
-# Exit codes of the answer (README, "what the exit code means"): 0 explained or no change; 3 a
-# remainder larger than the min effect is shown; 4 undecided (the final check's budget ran
-# out before the remainder's interval decided: more restarts would); 5 the node's system
-# changed during the run, so the totals are not comparable (run again on a node that holds
-# still). 1, 2 and 130 are every command's.
-EXIT_INCONCLUSIVE = 3
-EXIT_UNDECIDED = 4
-EXIT_SYSTEM_CHANGED = 5
-
 
 def exit_code(answer: dict) -> int:
-    """The investigation's exit code from its answer (see the constants above)."""
-    if answer.get("explains"):
-        return 0
-    return {"undecided": EXIT_UNDECIDED, "system_changed": EXIT_SYSTEM_CHANGED}.get(
-        str(answer.get("status")), EXIT_INCONCLUSIVE)
+    """The investigation's exit code from its answer: the rule every command shares
+    (:func:`orchestrator.errors.answer_exit`, README "Exit codes")."""
+    return answer_exit(answer)
 
 
 def plan(cfg: RunSettings,
@@ -238,12 +227,15 @@ def stopped(cfg: RunSettings, ctl: Controller, run_dir: Path, p: Plan, docs: dic
     steps that finished, a bisect's provisional findings, the trials so far."""
     from orchestrator.ui.report.ranking import rank
 
-    for name in ("compare", "isolate", "bisect", "sweep"):
+    for name in ("compare", "isolate", "release", "bisect", "sweep"):
         path = run_dir / f"findings-{name}.json"
         if name not in docs and path.exists():
             docs[name] = json.loads(path.read_text())
     rows = ctl.store.trials()
-    pointing = ((docs.get("bisect") or {}).get("provisional") or {}).get("leading") or ""
+    # Where a search stopped mid-way points: the range's bisect, else the release search
+    pointing = next((lead for name in ("bisect", "release")
+                     if (lead := ((docs.get(name) or {}).get("provisional") or {})
+                         .get("leading"))), "")
     now = investigate_answer.answer(cfg, rows, p, docs, ws, marks=marks, yardstick=yardstick)
     result = so_far(now, why=why, confidence=p.request.confidence, leading=pointing)
     doc = {"run": ctl.store.run_id, "experiment": "investigate", "metric": p.request.metric,

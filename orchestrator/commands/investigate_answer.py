@@ -16,6 +16,7 @@ from pathlib import Path
 
 from orchestrator.answer.combine import LogChange
 from orchestrator.answer.epochs import mark_system_change
+from orchestrator.answer.headline import refresh
 from orchestrator.answer.phases import log_change, mechanism
 from orchestrator.answer.text import commit_label
 from orchestrator.answer.triage import for_investigation
@@ -149,23 +150,28 @@ def answer(cfg: RunSettings, rows, p: Plan, docs: dict[str, dict], ws,
     else:
         start = label(p.base, p.commits, ws) + " now"
     hint, next_command = next_step_of(cfg, p, docs)
+    changed = [c.to_json() for c in system_changes(rows)]
     result = for_investigation(
         metric, change, whole_extra=extra, reference=start, bad=bad_label,
         compare_doc=docs.get("compare"), isolate_doc=refreshed(docs.get("isolate"), rows, metric),
         bisect_doc=refreshed(docs.get("bisect"), rows, metric), sweep_doc=docs.get("sweep"),
         mechanism=phase_mechanism(now_rows, p), next_step=next_command,
-        min_effect_pct=experiment_params.of(cfg).min_effect_pct, check=check)
+        min_effect_pct=experiment_params.of(cfg).min_effect_pct, check=check,
+        compare_stale=bool(changed))
     if hint:
         result["hint"] = hint
-    changed = [c.to_json() for c in system_changes(rows)]
     if changed:
         mark_system_change(result, changed, **epoch_parts(
             rows, changed[-1], marks or {}, total_now=total_now,
             set_aside=int((check or {}).get("set_aside") or 0)))
+    merges = ((docs.get("bisect") or {}).get("answer") or {}).get("merges")
+    if merges:  # a first-parent culprit that is a merge: the command that searches its branch
+        result["merges"] = merges
+        result["next"] = result.get("next") or merges[0]["command"]
     if yardstick is not None:
         result["code_yardstick"] = {k: v for k, v in yardstick.items() if k != "level"}
         result["sentence"] += f"; {yardstick['said']}"
-    return result
+    return refresh(result)
 
 
 def epoch_parts(rows, change: dict, marks: dict[str, int], *, total_now: bool = True,

@@ -32,7 +32,7 @@ from orchestrator.config.requests import CompareRequest, IsolateRequest
 from orchestrator.config.settings import RunSettings, as_dict, evolve
 from orchestrator.control.controller import Controller
 from orchestrator.control.drive import drive, replay, unreported
-from orchestrator.errors import RunInterrupted, UserError
+from orchestrator.errors import RunInterrupted, UserError, answer_exit
 from orchestrator.metrics import regression_direction
 from orchestrator.packages import plan as packages
 from orchestrator.packages.pins import pins_of
@@ -294,31 +294,25 @@ def _execute(cfg: RunSettings, req: IsolateRequest, run_dir: Path, store: RunSto
                 if ref is not None:
                     cdoc = _compare(cfg, req, ctl, run_dir, ref, out, progress)
                     if cdoc["verdict"] == "reproduced":
-                        run.status = "done"
                         out.print("nothing to isolate: the reference reproduces")
-                        return 0
-                    if cdoc["verdict"] == "unresolved":
-                        out.print(undecided_compare(cdoc))
-                    result = isolate_system(cfg, req, ctl, run_dir, ref, cdoc, ws.resolve,
-                                            out, progress)
-                    if result is None:
-                        run.status = "inconclusive"
-                        return 3
-                    verdict, _ = result
+                    else:
+                        if cdoc["verdict"] == "unresolved":
+                            out.print(undecided_compare(cdoc))
+                        isolate_system(cfg, req, ctl, run_dir, ref, cdoc, ws.resolve, out,
+                                       progress)
                 else:
                     assert good is not None and changes is not None
-                    verdict, _ = execute(cfg, req, ctl, run_dir, good, changes, ws.resolve,
-                                         out, progress=progress)
+                    execute(cfg, req, ctl, run_dir, good, changes, ws.resolve, out,
+                            progress=progress)
         except (KeyboardInterrupt, RunInterrupted):
             try:  # the answer so far (stored by `execute`), said before the resume line
                 _answer(run_dir, store, ref, out)
             except Exception as exc:  # noqa: BLE001 - the interrupt is what the user must see
                 out.print(f"(the answer so far could not be shown: {exc})")
             raise
-        changed = _answer(run_dir, store, ref, out)
-        ok = verdict.status == "found" and not changed
-        run.status = "done" if ok else "inconclusive"
-        return 0 if ok else 3
+        code = answer_exit(_answer(run_dir, store, ref, out))
+        run.status = "done" if code == 0 else "inconclusive"
+        return code
 
 
 # What an old log (`reference=log:PATH`) cannot tell: listed apart from what no trial can set.
@@ -353,9 +347,10 @@ def _compare(cfg: RunSettings, req: IsolateRequest, ctl: Controller, run_dir: Pa
                            out, findings_name="compare", progress=progress)
 
 
-def _answer(run_dir: Path, store: RunStore, ref: dict | None, out) -> list[dict]:
+def _answer(run_dir: Path, store: RunStore, ref: dict | None, out) -> dict | None:
     """Rank the run's documents, store the ranking beside a compare's, and print the answer
-    (a run stopped before its end: the answer so far); returns the node's system changes."""
+    (a run stopped before its end: the answer so far); returns the answer (marked when the
+    node's system changed during the run)."""
     from orchestrator.ui.report.ranking import load_docs, rank
     from orchestrator.ui.report.terminal import print_answer
 
@@ -371,4 +366,4 @@ def _answer(run_dir: Path, store: RunStore, ref: dict | None, out) -> list[dict]
     if ranked.get("answer"):
         out.print("")
         print_answer(out, ranked["answer"])
-    return changed
+    return ranked.get("answer")

@@ -17,7 +17,7 @@ from orchestrator.config import params as experiment_params
 from orchestrator.config.requests import IsolateRequest
 from orchestrator.config.settings import RunSettings
 from orchestrator.control.controller import Controller
-from orchestrator.metrics import EFFECT_METRICS
+from orchestrator.metrics import effect_metrics
 from orchestrator.run import findings
 from orchestrator.run.attribution import isolate_attribution
 from orchestrator.stats import caveats
@@ -62,7 +62,7 @@ def document(cfg: RunSettings, req: IsolateRequest, ctl: Controller, strategy: I
     rows = latest_epoch(all_rows)  # every effect, total and share on one system
     good_key = points.candidate(0).key
     # The run's own metric too (a command target's `value` is none of the SGLang metrics).
-    measured = (*EFFECT_METRICS, *([metric] if metric not in EFFECT_METRICS else []))
+    measured = effect_metrics(metric)
     items = []
     for culprit in sorted(verdict.culprits, key=lambda c: -c.probability):
         subset = frozenset(culprit.differences)
@@ -110,7 +110,7 @@ def document(cfg: RunSettings, req: IsolateRequest, ctl: Controller, strategy: I
     # Both ends as candidates: an investigation whose reference holds no level of the metric
     # (an old log) measures its total between them (`investigate_answer.whole`).
     doc["ends"] = {"good": points.candidate(0).to_json(), "bad": bad_end.to_json()}
-    total = findings.effects_between(rows, good_key, bad_key)
+    total = findings.effects_between(rows, good_key, bad_key, measured)
     if total:
         doc["total_effect"] = total
     doc["answer"] = answer.for_isolate(

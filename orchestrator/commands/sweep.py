@@ -17,6 +17,8 @@ import json
 from pathlib import Path
 
 from orchestrator import answer
+from orchestrator.answer.epochs import mark_system_change
+from orchestrator.answer.headline import refresh
 from orchestrator.answer.provisional import so_far
 from orchestrator.commands import common
 from orchestrator.config import params as experiment_params
@@ -24,7 +26,7 @@ from orchestrator.config.requests import SweepRequest
 from orchestrator.config.settings import RunSettings, as_dict
 from orchestrator.control.controller import Controller
 from orchestrator.control.drive import observation
-from orchestrator.errors import RunInterrupted
+from orchestrator.errors import FAILURE, RunInterrupted, answer_exit
 from orchestrator.records import Candidate
 from orchestrator.run import findings
 from orchestrator.run import sweep_findings as report
@@ -43,7 +45,6 @@ from orchestrator.ui import render
 from orchestrator.ui.progress import Progress
 from orchestrator.ui.report.terminal import print_answer
 
-EXIT_INCONCLUSIVE = 3
 PLAN_FILE = "sweep.json"
 
 
@@ -165,6 +166,8 @@ def execute(cfg: RunSettings, req: SweepRequest, ctl: Controller, run_dir: Path,
     system = system_changes(rows)
     doc["system_changes"] = [c.to_json() for c in system]
     doc["answer"] = answer.for_sweep(doc)
+    if system:  # one system per comparison: the confirmation may mix two
+        refresh(mark_system_change(doc["answer"], doc["system_changes"]))
     out.print(report.leaders_table(search, metric))
     if importances.values:
         out.print(report.importance_table(importances))
@@ -215,7 +218,7 @@ def _execute(cfg: RunSettings, req: SweepRequest, run_dir: Path, store: RunStore
         out.print(f"findings: {findings.write(run_dir, doc)}")
         print_answer(out, doc.get("answer"))
         if result.status == "no_data":
-            return 1  # the run stays "failed"
-        conclusive = result.status in ("found", "baseline_best")
-        run.status = "done" if conclusive else "inconclusive"
-        return 0 if conclusive else EXIT_INCONCLUSIVE
+            return FAILURE  # the run stays "failed"
+        code = answer_exit(doc.get("answer"))
+        run.status = "done" if code == 0 else "inconclusive"
+        return code

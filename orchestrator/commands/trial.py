@@ -6,7 +6,8 @@
 One trial is one server lifetime; `restarts=N` runs N of them (on up to `nodes` nodes), which
 is how a reference for `sleuth investigate reference=RUN` is made in one command: one restart
 says nothing about restart-to-restart noise, three do. Exit 0 when every trial measured, 1
-otherwise (the trials that did measure are kept and usable as a reference).
+otherwise (the trials that did measure are kept and usable as a reference), 5 when the node's
+system changed between its restarts (they measured two systems: not one reference).
 
     sleuth trial from_log=PATH run_id=NAME [repo=PATH commit=REF] [log.pattern=REGEX]
 
@@ -20,8 +21,9 @@ from orchestrator.commands import common, next_step
 from orchestrator.config.requests import TrialRequest
 from orchestrator.config.settings import RunSettings, evolve
 from orchestrator.control.controller import Controller
-from orchestrator.errors import UserError
+from orchestrator.errors import ANSWERED, FAILURE, SYSTEM_CHANGED, UserError
 from orchestrator.run.rundir import create_run, pin_run, running
+from orchestrator.system.watch import system_changes
 from orchestrator.ui import render
 
 
@@ -68,15 +70,21 @@ def run(cfg: RunSettings) -> int:
             out.print(f"trial {row.id} {row.outcome.value if row.outcome else '?'}: {row.detail}",
                       style="red")
             out.print(f"server log: {row.log_path}")
-        if not failed:
+        code = exit_for(rows)
+        if code == SYSTEM_CHANGED:  # its restarts measured two systems: not one reference
+            for change in system_changes(rows):
+                out.print(change.warning)
+            out.print("the node's system changed between these restarts: they are not one"
+                      " reference; run them again on a node that holds still")
+            run.status = "inconclusive"
+        elif code == ANSWERED:
             run.status = "done"
             if restarts > 1:
                 # complete, so it runs as printed once the node is slow: where and how this
                 # run measured (target, repository, runs_dir, metric) carried along
                 out.print("reference: " + next_step.command(
                     cfg, "investigate", f"reference={run_dir.name}", "bad=HEAD"))
-            return 0
-        return 1
+        return code
 
 
 def _from_log(cfg: RunSettings) -> int:
@@ -111,3 +119,11 @@ def _from_log(cfg: RunSettings) -> int:
         out.print("reference: " + next_step.command(
             cfg, "investigate", f"reference={run_dir.name}", *(["bad=HEAD"] if repo else [])))
     return 0
+
+
+def exit_for(rows) -> int:
+    """0 every restart measured, 1 one did not, 5 the node's system changed between them
+    (the rule every command shares: `orchestrator/errors.py`)."""
+    if any(r.outcome is None or not r.outcome.measured for r in rows):
+        return FAILURE
+    return SYSTEM_CHANGED if system_changes(rows) else ANSWERED

@@ -48,8 +48,9 @@ class ExperimentParams:
         0.25, "prior weight of commits that touch none of `paths` (bisect)", gt=0, le=1)
     batch: int | None = _knob(None, "trials proposed per round (compare: 3)", ge=1, le=10_000)
     max_trials: int | None = _knob(None, "a compare's budget (default 9)", ge=1, le=1_000_000)
-    final_trials: int = _knob(12, "investigate: restarts the final check may spend on the"
-                              " endpoints (0: none)", ge=0, le=10_000)
+    final_trials: int | None = _knob(None, "investigate: restarts the final check may spend"
+                                     " on the endpoints (unset: planned from the noise"
+                                     " measured, at most 48; 0: none)", ge=0, le=10_000)
     bound_pct: float = _knob(10.0, "compare: 'reproduces' means within this %", gt=0, le=1000)
     reference: str | None = _knob(None, "compare: the reference run (same as reference=)")
     all_env: bool = _knob(False, "isolate: test shell/session variables too")

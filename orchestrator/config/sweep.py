@@ -27,6 +27,7 @@ from orchestrator.config.schema import RunSettings
 from orchestrator.config.settings import as_dict
 from orchestrator.errors import UserError
 from orchestrator.metrics import check_metric
+from orchestrator.stats.min_effect import MIN_EFFECT_FLOOR_PCT
 from orchestrator.strategies.sweep.search import SweepSettings
 from orchestrator.strategies.sweep.space import SearchSpace, check_server_params
 from orchestrator.strategies.sweep.study import SAMPLERS
@@ -55,7 +56,9 @@ def settings(cfg: RunSettings) -> SweepSettings:
         prior_effect_sd=p.prior_effect_sd, interaction_sd=p.interaction_sd,
         confirm_top=p.confirm_top, confirm_rounds=p.confirm_rounds,
         confirm_min_rounds=p.confirm_min_rounds, prune=p.prune, prune_sigmas=p.prune_sigmas,
-        prior_cv=p.prior_cv, sampler=cfg.sampler, seed=cfg.seed)
+        prior_cv=p.prior_cv, sampler=cfg.sampler, seed=cfg.seed,
+        min_effect_pct=(p.min_effect_pct if p.min_effect_pct is not None
+                        else MIN_EFFECT_FLOOR_PCT))
     if s.sampler not in SAMPLERS:
         raise UserError(f"sampler must be one of {', '.join(SAMPLERS)} (got {s.sampler!r})")
     minimum = 2 * s.restarts + 4

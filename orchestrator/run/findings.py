@@ -21,6 +21,7 @@ from orchestrator.stats.effect import effect, log_difference
 from orchestrator.store import TrialRow
 from orchestrator.strategies.base import Verdict
 from orchestrator.strategies.sweep import noise
+from orchestrator.system.watch import epochs
 from orchestrator.workspace import CommitInfo
 
 
@@ -179,11 +180,22 @@ def bisect_findings(
         "budget": verdict.budget,
         "min_effect_pct": min_effect_pct,
     }
-    endpoints = effects_between(rows, keys[0], keys[-1], metrics=(metric,),
+    # Every kept endpoint trial of one system epoch (the latest that measured both), pooled
+    # like the culprits' effects (outlier restarts left out as there): what they add to. A
+    # node that changed mid-run would otherwise mix two systems into one total.
+    scope, latest = one_system(rows, (keys[0], keys[-1]), metric)
+    endpoints = effects_between(scope, keys[0], keys[-1], metrics=(metric,),
                                 exclude=frozenset(outliers)).get(metric)
-    if endpoints:  # every kept endpoint trial, pooled like the culprits' effects (outlier
-        # restarts left out as there): what they add to
+    if endpoints:
+        fitted = _fitted_total(verdict)
+        if fitted is not None and latest:
+            # The strategy's level fit reads the endpoints with their time blocks (a load
+            # step on one endpoint's restarts: +11.1% [-1.8, +25.7] pooled under a +23%
+            # culprit) and its epochs; the means stay the restarts' own.
+            endpoints = {**endpoints, **fitted}
         doc["total_detail"] = endpoints
+        if not latest:
+            doc["total_epoch"] = "earlier"
     good, bad = commits[0], commits[-1]
     doc["answer"] = answer.for_bisect(
         doc, good=text.commit_label(good.sha, good.subject),
@@ -191,6 +203,27 @@ def bisect_findings(
         mechanism=mechanism_between([r for r in rows if r.id not in outliers], keys[0],
                                     keys[-1], "good", "bad"))
     return doc
+
+
+def _fitted_total(verdict: Verdict) -> dict | None:
+    """The verdict's endpoint change from the strategy's level fit as an effect record
+    (`pct`, 95% `ci`, `log`)."""
+    if verdict.total_log is None:
+        return None
+    return answer.LogChange(*verdict.total_log).to_json()
+
+
+def one_system(rows: Sequence[TrialRow], keys: Sequence[str],
+               metric: str) -> tuple[Sequence[TrialRow], bool]:
+    """The rows of the latest system epoch where every candidate in `keys` was measured,
+    and whether that is the latest epoch (all rows, True, when the node never changed)."""
+    parts = epochs(rows)
+    if len(parts) <= 1:
+        return rows, True
+    for n, part in enumerate(reversed(parts)):
+        if all(trial_values(part, k, metric) for k in keys):
+            return part, n == 0
+    return parts[-1], True
 
 
 def side_values(rows: Sequence[TrialRow], key: str,

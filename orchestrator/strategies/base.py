@@ -162,6 +162,14 @@ class Verdict:
     outliers: list[Outlier] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)  # retractions, system changes, early stops
     budget: int | None = None  # the trials the run allows itself
+    # The restart noise the run has measured (percent of a restart's value; None before it
+    # is), and while a culprit is verified, the step its head-to-head reads: `{"point",
+    # "pct", "ci"}` (what the progress says beside the endpoints' change).
+    noise_pct: float | None = None
+    verifying: dict | None = None
+    # The endpoints' change from the strategy's level fit (drift blocks, system epochs,
+    # outliers left out): `(log(bad / good), standard error, degrees of freedom)`.
+    total_log: tuple[float, float, float] | None = None
 
     def __post_init__(self) -> None:
         if self.status not in STATUSES:

@@ -41,7 +41,7 @@ HELP: dict[str, tuple[tuple[str, ...], tuple[tuple[str, str], ...]]] = {
          ("experiment.params.min_effect_pct=P", "a remainder within P% counts as explained"
           " (default: 4% or a tenth of the change)"),
          ("experiment.params.final_trials=N", "restarts the final check may spend on the"
-          " endpoints (default 12)"),
+          " endpoints (default: planned from the noise measured, at most 48)"),
          ("experiment.params.all_env=true", "also test shell/session variables"))),
     "trial": (
         ("sleuth trial repo=PATH commit=REF [restarts=N] [env.VAR=VALUE] [clock=POLICY]",

@@ -150,7 +150,10 @@ def findings_table(doc: dict, max_without_probability: int = 5) -> Table | Text:
     table = Table(title=title)
     items = doc.get("findings", [])
     with_phase = any(f.get("phase") for f in items)  # SGLang servers name the phase
-    columns = ["rank", "kind", "id", "probability", f"{metric} effect"]
+    # An isolate's finding is its effect added alone to good; the answer's causes table shows
+    # its share of what restoring all of them wins back, which differs when causes interact.
+    effect = "added alone" if doc.get("experiment") == "isolate" else "effect"
+    columns = ["rank", "kind", "id", "probability", f"{metric} {effect}"]
     columns += ["phase"] * with_phase + ["summary"]
     for col in columns:
         table.add_column(col)

@@ -229,6 +229,26 @@ def _parts_sentence(parts: list[Unexplained], culprits: list[Culprit]) -> str:
     return " ".join(s[0].upper() + s[1:] + "." for s in out)
 
 
+def _budget_stop(strategy: BisectState) -> bool:
+    """The reproduction was withdrawn because the budget (or the forecast against it) ran out
+    before it was confirmed, not because the endpoints measured alike."""
+    return bool(strategy.stopped_early) or "budget of" in (strategy.note or "")
+
+
+def _verified_step(strategy: BisectState, stage) -> dict | None:
+    """The step the head-to-head of a stage in verification reads now (culprit against its
+    first parent), in percent with its interval."""
+    pair = stage.verify_pair
+    if not pair or len(pair) < 2:
+        return None
+    ev = strategy.evidence
+    step = ev.compare(pair[1], pair[0], 0.95)
+    if step is None:
+        return None
+    ci = ev.ci_pct(step.lo, step.hi) if np.isfinite(step.lo) else None
+    return {"point": int(pair[0]), "pct": ev.to_pct(step.diff), "ci": ci}
+
+
 def describe(strategy: BisectState) -> Verdict:
     ev, cfg = strategy.evidence, strategy.settings
     total_pct = total_ci = None
@@ -261,6 +281,10 @@ def describe(strategy: BisectState) -> Verdict:
                      f"({kinds} disagreeing with their commit's other restarts, "
                      f"{len(flagged) - kinds} far outside every level and not replicated)")
     parts = unexplained_parts(strategy) if found else []
+    sigma = ev.sigma()
+    total_log = None
+    if total is not None and np.isfinite(total.se) and total.df > 0:
+        total_log = (strategy.sign * float(total.diff), float(total.se), float(total.df))
     common = {
         "n_trials": ev.n_trials,
         "confidence": cfg.confidence,
@@ -272,11 +296,22 @@ def describe(strategy: BisectState) -> Verdict:
         "outliers": [Outlier(f.trial_id, f.point, f.status, f.ratio) for f in flagged],
         "notes": notes,
         "budget": strategy.budget,
+        "noise_pct": (100.0 * float(np.expm1(sigma)) if np.isfinite(sigma) and sigma > 0
+                      else None),
+        "total_log": total_log,
     }
     change = f"{_pct(total_pct)}{_interval(total_ci)}" if total_pct is not None else "unmeasured"
     if status in ("not_reproducible", "reversed", "inconclusive"):
         if status == "not_reproducible":
             message = f"{NOT_REPRODUCIBLE_MESSAGE} (endpoint change {change})."
+            if strategy.retracted and _budget_stop(strategy):
+                # Withdrawn at the budget, not measured alike: the change may be real and
+                # too small for the restarts the budget allows (a +8% step in 5% noise under
+                # a load step), so the range is not said to be clear of it.
+                message = (f"Undecided: the endpoints' change ({change}) was not confirmed"
+                           " beyond the luck of repeated looks within the budget; whether"
+                           " this range holds it is not decided (max_trials=N, a quieter"
+                           " node or more repetitions per restart would tell).")
             chased = chased_change_pct(strategy)
             if chased is not None:
                 message += (f" The change being chased, from the good level "
@@ -326,6 +361,8 @@ def describe(strategy: BisectState) -> Verdict:
         phase = strategy.phase(current) if current is not None else "reproduce"
         status = _PHASE_STATUS[phase]
         guess = _best_guess(strategy, current)
+        if phase == "verify" and current is not None:
+            common["verifying"] = _verified_step(strategy, current)
         message = f"{status.capitalize()} after {ev.n_trials} trials (endpoint change so far " \
             f"{change})"
         if sentences:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from orchestrator.stats.min_effect import MIN_EFFECT_FLOOR_PCT
 from orchestrator.strategies.isolate.stats import Subset
 
 Weights = dict[Subset, float]
@@ -53,7 +54,7 @@ class IsolateSettings:
     verify_min_per_side: int = 2
     verify_max_per_side: int = 12
     final_max_per_subset: int = 36
-    effect_floor_pct: float = 1.0
+    effect_floor_pct: float = MIN_EFFECT_FLOOR_PCT
     effect_fraction: float = 0.1
     effect_noise_fraction: float = 1.0
     prior_null: float = 0.5

@@ -31,7 +31,7 @@ class Confirmed:
 
 @dataclass(frozen=True)
 class SweepResult:
-    status: str  # found | baseline_best | inconclusive | no_data
+    status: str  # found | baseline_best | no_better | inconclusive | no_data
     message: str
     best: Confirmed | None
     confirmed: tuple[Confirmed, ...]
@@ -104,9 +104,11 @@ def confirmation_effect(baseline: ConfigStats, stats: ConfigStats,
 
 
 def outcome(baseline: ConfigStats, confirmed: list[Confirmed], *, maximize: bool, spent: int,
-            n_configurations: int) -> SweepResult:
+            n_configurations: int, min_effect_pct: float = 4.0) -> SweepResult:
     """The verdict: found (the winner's interval is on the good side of no change),
-    baseline_best (every confirmed configuration's is on the bad side), inconclusive."""
+    baseline_best (every confirmed configuration's is on the bad side), no_better (the
+    best's interval holds no change and reaches no further than `min_effect_pct` on the good
+    side: no setting measured beats the baseline by more, an answer too), inconclusive."""
     measured = [c for c in confirmed if c.config.confirm]
     if baseline.failed or not baseline.search:
         return SweepResult("no_data", "the baseline could not be measured", None,
@@ -127,6 +129,12 @@ def outcome(baseline: ConfigStats, confirmed: list[Confirmed], *, maximize: bool
     elif worse_all:
         status = "baseline_best"
         message = "the baseline beat every top configuration in the interleaved confirmation"
+    elif e is not None and (e.ci[1] if maximize else -e.ci[0]) <= min_effect_pct:
+        status = "no_better"
+        edge = e.ci[1] if maximize else e.ci[0]
+        message = (f"no setting measured beats the baseline by more than {edge:+.1f}%: the"
+                   f" search's best, {best.config.label}, {e.pct:+.1f}% [{e.ci[0]:+.1f},"
+                   f" {e.ci[1]:+.1f}] in the interleaved confirmation, is within the noise")
     else:
         status = "inconclusive"
         detail = f" ({e.pct:+.1f}% [{e.ci[0]:+.1f}, {e.ci[1]:+.1f}])" if e else ""

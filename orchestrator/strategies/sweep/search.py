@@ -462,4 +462,5 @@ class SweepSearch:
         confirmed = [Confirmed(self.configs[k], self.effect(self.configs[k])) for k in keys]
         return outcome(self.baseline, confirmed, maximize=self.settings.maximize,
                        spent=self.spent,
-                       n_configurations=sum(1 for c in self.configs.values() if c.restarts))
+                       n_configurations=sum(1 for c in self.configs.values() if c.restarts),
+                       min_effect_pct=self.settings.min_effect_pct)

@@ -35,6 +35,10 @@ class SweepSettings:
     sampler: str = "tpe"
     seed: int = 0
     max_free_asks: int = 200  # proposals of known configurations in a row before "converged"
+    # A best setting whose confirmation interval reaches no further than this on the good
+    # side has answered the sweep's question: no setting it measured beats the baseline by
+    # more (`experiment.params.min_effect_pct`, else the answer's 4% floor).
+    min_effect_pct: float = 4.0
 
     @property
     def confirm_reserve(self) -> int:

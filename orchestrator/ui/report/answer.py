@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+from orchestrator.answer.headline import groups
 from orchestrator.answer.text import change_text
 from orchestrator.ui.render import probability as fmt_probability
 from orchestrator.ui.report.tables import TextTable
@@ -23,11 +24,13 @@ def causes_table(answer: Mapping) -> TextTable:
     probability the experiment gave it and which experiment named it; then the remainder."""
     metric = str(answer.get("metric", ""))
     rows = []
-    for c in answer.get("causes", []):
-        prob = c.get("probability")
-        rows.append((str(c.get("label", "")), change_text(c, metric), _share(c.get("share")),
+    for g in groups(answer):  # an overlapping or synergistic pair is one row
+        prob = g.get("probability")
+        label = (str(g["causes"][0].get("label", "")) if len(g["causes"]) == 1
+                 else str(g["label"]))
+        rows.append((label, change_text(g, metric), _share(g.get("share")),
                      "-" if prob is None else fmt_probability(float(prob)),
-                     str(c.get("experiment", ""))))
+                     str(g["causes"][0].get("experiment", ""))))
     rest = answer.get("unexplained")
     if rows and rest:
         rows.append(("unexplained", change_text(rest, metric), _share(rest.get("share")), "",
@@ -35,11 +38,19 @@ def causes_table(answer: Mapping) -> TextTable:
     total = answer.get("total")
     if rows and total:
         rows.append(("total change", change_text(total, metric), "100%", "", ""))
+    note = ("Effects compound: they add on the log scale, and share is each cause's part of"
+            " the total there; the unexplained remainder has its own interval.")
+    levels = [r for r in rows if " -> " in r[1]]
+    if len(levels) > 1:
+        note += (" Levels in parentheses are each row's own restarts' means, measured at"
+                 " different times (and host loads): compare the ratios across rows, not the"
+                 " levels.")
+    if any(c.get("add_alone") for c in answer.get("causes", [])):
+        note += (" A system cause's effect is its share of what restoring all of them wins"
+                 " back (Shapley), not its effect added alone to good (the isolate's findings).")
     return TextTable("answer", f"Causes of the change in {metric}",
                      ("cause", f"{metric} [95% CI]", "share", "P(cause)", "found by"),
-                     tuple(rows),
-                     "Effects compound: they add on the log scale, and share is each cause's"
-                     " part of the total there; the unexplained remainder has its own interval.")
+                     tuple(rows), note)
 
 
 def detail_lines(answer: Mapping) -> list[str]:

@@ -14,6 +14,7 @@ import html
 import time
 from collections.abc import Sequence
 
+from orchestrator.answer.headline import text_lines
 from orchestrator.ui.report import tables as T
 from orchestrator.ui.report.answer import causes_table, detail_lines
 from orchestrator.ui.report.collect import RunData
@@ -94,10 +95,15 @@ def _answer_section(data: RunData) -> list[str]:
     if not answer:
         return []
     table = causes_table(answer)
+    first, *labelled = text_lines(answer)
     return ['<section id="answer">',
-            f'<p class="answer"><strong>Answer:</strong> {esc(answer.get("sentence", ""))}</p>',
+            f'<p class="answer"><strong>Answer:</strong>'
+            f' {esc(first.removeprefix("answer: "))}</p>',
+            *[f'<p class="detail">{esc(line.strip())}</p>' for line in labelled],
             html_table(table) if table.rows else "",
             *[f'<p class="detail">{esc(line)}</p>' for line in detail_lines(answer)],
+            (f'<p class="detail"><em>In one sentence:</em> {esc(answer["sentence"])}</p>'
+             if answer.get("sentence") else ""),
             "</section>"]
 
 

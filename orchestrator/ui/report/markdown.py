@@ -16,6 +16,7 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 
+from orchestrator.answer.headline import text_lines
 from orchestrator.ui.report import tables as T
 from orchestrator.ui.report.answer import causes_table, detail_lines
 from orchestrator.ui.report.collect import RunData
@@ -62,11 +63,16 @@ def _answer_md(data: RunData) -> list[str]:
     answer = data.ranked.get("answer")
     if not answer:
         return ["No findings." if not data.ranked.get("findings") else "No answer recorded.", ""]
-    out = [f"**Answer:** {md_escape(answer.get('sentence', ''))}", ""]
+    first, *labelled = text_lines(answer)
+    out = [f"**Answer:** {md_escape(first.removeprefix('answer: '))}", ""]
+    out += [f"- {md_escape(line.strip())}" for line in labelled]
+    out += [""] if labelled else []
     table = causes_table(answer)
     if table.rows:
         out.append(md_table(table))
     out += [md_escape(line) + "  " for line in detail_lines(answer)]
+    if answer.get("sentence"):
+        out += ["", f"_In one sentence:_ {md_escape(answer['sentence'])}"]
     return out + [""]
 
 

@@ -14,6 +14,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from orchestrator.answer.headline import text_lines
 from orchestrator.ui.report import tables as T
 from orchestrator.ui.report.answer import causes_table, detail_lines
 from orchestrator.ui.report.collect import RunData
@@ -43,7 +44,8 @@ def print_answer(console: Console, answer: Mapping | None) -> None:
     """The answer as a run ends with it and a report opens with it."""
     if not answer:
         return
-    console.print(Text(printable(f"answer: {answer.get('sentence', '')}")))
+    for line in text_lines(answer):  # the first line, then one labelled line each
+        console.print(Text(printable(line)))
     table = causes_table(answer)
     if table.rows:
         console.print(rich_table(table, ("cause", table.headers[1], "share", "P(cause)")))
