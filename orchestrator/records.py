@@ -19,7 +19,9 @@ from orchestrator.packages.pins import pin_list, pins_of
 
 # Trials recorded as a reference (e.g. "how the node measured earlier") may come from another
 # system state; they are compared against, never reused or pooled as evidence of the current one.
-NOT_EVIDENCE_PHASES = frozenset({"reference", "kernels"})  # kernels: orchestrator/evidence
+# kernels: orchestrator/evidence; lifetime: a restart that measured several candidates, whose
+# block rows hold each one's values (orchestrator/control/blocks.py)
+NOT_EVIDENCE_PHASES = frozenset({"reference", "kernels", "lifetime"})
 
 
 class TrialState(StrEnum):
