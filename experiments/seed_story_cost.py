@@ -59,6 +59,7 @@ def steps_of(rows, base_commit: str) -> dict[int, str]:
 
 
 def measure(rows, target: dict, base_commit: str) -> dict:
+    from orchestrator.control.blocks import lifetime_of
     from orchestrator.run.cost import trial_cost
 
     step = steps_of(rows, base_commit)
@@ -67,6 +68,8 @@ def measure(rows, target: dict, base_commit: str) -> dict:
     for r in rows:
         if r.result is None:
             continue
+        if lifetime_of(r.result.fingerprint) is not None:
+            continue  # a block row: its lifetime's row is the restart (and holds the cost)
         restarts[step[r.id]] += 1
         c = trial_cost(r.result, target)
         if c is not None:

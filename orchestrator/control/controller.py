@@ -104,6 +104,8 @@ class Controller:
         self._held_back = HeldBack()  # fewer trials at once than nodes: said once, with why
         self._candidate_ids: dict[str, int] = {}
         self._blocks_of: dict[int, list[int]] = {}  # first block row -> all of its lifetime
+        # Called before every restart with the run's trials; raises to stop the run.
+        self.before_restart: Callable[..., None] | None = None
         self.retries = cfg.trial.retries
         self._interrupted = False
         self._starting = False
@@ -232,6 +234,8 @@ class Controller:
         (:mod:`orchestrator.runner.lifetime`); a retry keeps them too."""
         if self._interrupted:
             raise KeyboardInterrupt
+        if self.before_restart is not None:  # a run's budget (orchestrator/run/plan.py)
+            self.before_restart(self.store.trials(), len(live) or 1)
         idle = [n for n in self._actors if n not in self._busy]
         if not idle:
             raise RuntimeError("no idle node")
