@@ -66,7 +66,8 @@ def test_a_run_written_before_the_typed_tree_loads_and_resumes_its_settings(tmp_
     now = yaml.safe_load(settings.to_yaml(s))
     saved = yaml.safe_load((run_dir / "config.yaml").read_text())
     added = {key: now.pop(key) for key in set(now) - set(saved)}
-    assert now == saved and added == {"was": None, "then": None, "now": None, "mode": None}
+    assert now == saved and added == {"was": None, "then": None, "now": None, "mode": None,
+                                      "budget": None}
 
 
 def test_a_setting_added_later_takes_its_default_and_one_removed_is_dropped():

