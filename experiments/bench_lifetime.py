@@ -20,6 +20,8 @@ answer is a wrong set named at the stated confidence. Restarts are server lifeti
     python -m experiments.bench_lifetime --cases 50 --restart-cv 0.05 --rep-cv 0.03
     python -m experiments.bench_lifetime --cases 50 --interaction-cv 0.02   # a setting whose
         effect varies from one lifetime to the next (what the pairing alone does not cover)
+    python -m experiments.bench_lifetime --cases 50 --outlier-rate 0.1      # 3x restarts
+    python -m experiments.bench_lifetime --cases 50 --drift 0.01            # drift within one
 """
 
 from __future__ import annotations
@@ -58,10 +60,12 @@ def _lognormal(rng: random.Random, cv: float) -> float:
 
 
 def run(story: str, seed: int, design: str, *, restart_cv: float, rep_cv: float, reps: int,
-        interaction_cv: float, confidence: float = 0.99) -> Result:
+        interaction_cv: float, confidence: float = 0.99, outlier_rate: float = 0.0,
+        drift: float = 0.0) -> Result:
     from orchestrator.commands.isolate_points import IsolatePoints, LiveIsolatePoints
     from orchestrator.control.blocks import level_candidate
     from orchestrator.records import Candidate
+    from orchestrator.runner.lifetime import block_order
     from orchestrator.sim_scenarios import system_stories as stories
     from orchestrator.sim_scenarios.system_oracle import SystemOracle
     from orchestrator.system.differences import (
@@ -109,13 +113,19 @@ def run(story: str, seed: int, design: str, *, restart_cv: float, rep_cv: float,
             cands = [level_candidate(cand, lv) for lv in levels]
         else:
             cands = [points.candidate(proposals[0].point)]
-        for cand in cands:
-            mult = level * _lognormal(rng, interaction_cv)
-            values = [node.truth(cand) * mult * _lognormal(rng, rep_cv) for _ in range(reps)]
-            logs = [math.log(v) for v in values]
-            spread = statistics.variance(logs) if reps > 1 else None
-            observations.append(Observation(points.point(cand), statistics.fmean(values),
-                                            trial_id=restarts, repetitions=reps,
+        if rng.random() < outlier_rate:  # a restart that runs 3x slower throughout
+            level *= 3.0
+        order = block_order(len(cands), reps)  # the blocks as the lifetime runs them
+        mults = [level * _lognormal(rng, interaction_cv) for _ in cands]
+        values: list[list[float]] = [[] for _ in cands]
+        for n, i in enumerate(order):
+            values[i].append(node.truth(cands[i]) * mults[i] * (1.0 + drift * n)
+                             * _lognormal(rng, rep_cv))
+        for cand, vals in zip(cands, values, strict=True):
+            logs = [math.log(v) for v in vals]
+            spread = statistics.variance(logs) if len(vals) > 1 else None
+            observations.append(Observation(points.point(cand), statistics.fmean(vals),
+                                            trial_id=restarts, repetitions=len(vals),
                                             spread=spread,
                                             lifetime=restarts if live else None))
     verdict = strategy.verdict(observations)
@@ -134,10 +144,15 @@ def main() -> None:
     ap.add_argument("--rep-cv", type=float, default=0.01)
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--interaction-cv", type=float, default=0.0)
+    ap.add_argument("--outlier-rate", type=float, default=0.0,
+                    help="share of restarts that run 3x slower throughout")
+    ap.add_argument("--drift", type=float, default=0.0,
+                    help="relative drift per block within a lifetime (a GPU warming up)")
     ap.add_argument("--story", default="")
     a = ap.parse_args()
     print(f"restart cv {a.restart_cv}, repetition cv {a.rep_cv} x {a.reps}, lifetime-by-setting"
-          f" cv {a.interaction_cv}, {a.cases} cases a story")
+          f" cv {a.interaction_cv}, outliers {a.outlier_rate}, drift {a.drift} a block,"
+          f" {a.cases} cases a story")
     print("| story | design | correct | wrong at P>=0.99 | restarts median / mean / max |")
     print("|---|---|---|---|---|")
     for story in STORIES:
@@ -145,7 +160,8 @@ def main() -> None:
             continue
         for design in ("restarts", "lifetime"):
             rs = [run(story, a.seed * 100_003 + i, design, restart_cv=a.restart_cv,
-                      rep_cv=a.rep_cv, reps=a.reps, interaction_cv=a.interaction_cv)
+                      rep_cv=a.rep_cv, reps=a.reps, interaction_cv=a.interaction_cv,
+                      outlier_rate=a.outlier_rate, drift=a.drift)
                   for i in range(a.cases)]
             n = [r.restarts for r in rs]
             status = Counter(r.status for r in rs if not r.correct)
