@@ -59,7 +59,7 @@ class Budget:
         if self.seconds is not None:
             hours = self.seconds / 3600.0
             return (f"{_hours(hours)} of node time"
-                    + (f" ({_hours(hours * gpus)} GPU-h on {gpus} GPUs)" if gpus > 1 else ""))
+                    + (f" ({hours * gpus:.1f} GPU-h on {gpus} GPUs)" if gpus > 1 else ""))
         return "none"
 
 
