@@ -64,7 +64,7 @@ def paired_game(rows: Sequence[TrialRow], point_of: Callable[[Candidate], int | 
     some lifetime measured more than one of its configurations (a cause set on the running
     server: :mod:`orchestrator.run.paired`); None otherwise."""
     from orchestrator.control.blocks import lifetime_of
-    from orchestrator.stats.lifetimes import Cell, SplitPlot, components
+    from orchestrator.stats.lifetimes import Cell, SplitPlot, components, outlier_lifetimes
 
     union = frozenset().union(*players)
     found: dict[int, dict[frozenset[int], Cell]] = {}
@@ -90,4 +90,10 @@ def paired_game(rows: Sequence[TrialRow], point_of: Callable[[Candidate], int | 
         values.setdefault(key, []).append(math.log(v))
     if not any(len(c) > 1 for c in found.values()):
         return None
+    flagged = outlier_lifetimes(found)
+    found = {t: c for t, c in found.items() if t not in flagged}
+    values = {}
+    for c in found.values():
+        for k, cell in c.items():
+            values.setdefault(k, []).append(cell.value)
     return SplitPlot(found, components(found, values)).contrast

@@ -19,7 +19,7 @@ from scipy.special import stdtrit
 from orchestrator.control.blocks import lifetime_of
 from orchestrator.records import NOT_EVIDENCE_PHASES
 from orchestrator.stats.effect import LogDifference
-from orchestrator.stats.lifetimes import Cell, SplitPlot, components
+from orchestrator.stats.lifetimes import Cell, SplitPlot, components, outlier_lifetimes
 from orchestrator.store import TrialRow
 
 
@@ -54,6 +54,13 @@ def paired_difference(rows: Sequence[TrialRow], before_key: str, after_key: str,
     found, values = cells(rows, metric, exclude)
     if not any(before_key in c and after_key in c for c in found.values()):
         return None
+    flagged = outlier_lifetimes(found)  # a launch slow throughout, as the isolate leaves out
+    if flagged:
+        found = {t: c for t, c in found.items() if t not in flagged}
+        values = {}
+        for c in found.values():
+            for k, cell in c.items():
+                values.setdefault(k, []).append(cell.value)
     fit = SplitPlot(found, components(found, values))
     got = fit.contrast({after_key: 1.0, before_key: -1.0})
     if got is None:

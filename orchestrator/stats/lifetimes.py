@@ -189,3 +189,35 @@ class SplitPlot:
                 parts.append(share * share / df)
         df = var * var / math.fsum(parts) if parts else math.inf
         return estimate, math.sqrt(var), df
+
+
+# A lifetime whose every value lies this many robust standard deviations from its
+# configurations' medians, all on one side, is an outlier restart (a 3x slow launch): left out
+# of every estimate, as the bisect leaves its outlier restarts out. Under normal noise a
+# lifetime is flagged about once in a million.
+OUTLIER_SIGMAS = 5.0
+_MAD_SCALE = 1.4826
+
+
+def outlier_lifetimes(lifetimes: Mapping[int, Mapping[Hashable, Cell]],
+                      threshold: float = OUTLIER_SIGMAS) -> set[int]:
+    """Lifetimes whose values all sit more than `threshold` robust sds from the medians of
+    their configurations (each measured in at least three lifetimes), all on one side."""
+    per: dict[Hashable, list[float]] = {}
+    for cells in lifetimes.values():
+        for key, c in cells.items():
+            per.setdefault(key, []).append(c.value)
+    medians = {k: float(np.median(v)) for k, v in per.items() if len(v) >= 3}
+    deviations = [c.value - medians[k] for cells in lifetimes.values()
+                  for k, c in cells.items() if k in medians]
+    if len(deviations) < 6:
+        return set()
+    scale = _MAD_SCALE * float(np.median(np.abs(deviations)))
+    if not scale > 0:
+        return set()
+    flagged = set()
+    for t, cells in lifetimes.items():
+        ds = [(c.value - medians[k]) / scale for k, c in cells.items() if k in medians]
+        if ds and (all(d > threshold for d in ds) or all(d < -threshold for d in ds)):
+            flagged.add(t)
+    return flagged

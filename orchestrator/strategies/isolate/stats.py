@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 from scipy.special import log_ndtr, ndtr, ndtri, stdtr, stdtrit
 
-from orchestrator.stats.lifetimes import Cell, SplitPlot, components
+from orchestrator.stats.lifetimes import Cell, SplitPlot, components, outlier_lifetimes
 from orchestrator.strategies.base import Observation
 
 _LOG_SQRT_2PI = 0.5 * math.log(2.0 * math.pi)
@@ -220,9 +220,21 @@ class SubsetEvidence:
             return self._split[1]
         fit = None
         if self.live and any(len(c) > 1 for c in self.cells.values()):
-            fit = SplitPlot(self.cells, components(self.cells, self.values))
+            cells, values = self._screened()
+            fit = SplitPlot(cells, components(cells, values))
         self._split = (self.version, fit)
         return fit
+
+    def _screened(self) -> tuple[dict[int, dict[Subset, Cell]], dict[Subset, list[float]]]:
+        """The cells and values without outlier lifetimes (a launch 3x slow throughout:
+        :func:`~orchestrator.stats.lifetimes.outlier_lifetimes`); they still count as spent."""
+        flagged = outlier_lifetimes(self.cells)
+        cells = {t: c for t, c in self.cells.items() if t not in flagged}
+        values: dict[Subset, list[float]] = {}
+        for c in cells.values():
+            for s, cell in c.items():
+                values.setdefault(s, []).append(cell.value)
+        return cells, values
 
     def count(self, subset: Subset) -> int:
         return len(self.values.get(subset, ()))
@@ -237,7 +249,7 @@ class SubsetEvidence:
 
     def mean(self, subset: Subset) -> float:
         split = self.split_plot()
-        if split is not None:
+        if split is not None and subset in split.index:
             return split.means()[subset]
         values = self.values[subset]
         return math.fsum(values) / len(values)
@@ -247,7 +259,8 @@ class SubsetEvidence:
         if self._pooled is not None and self._pooled[0] == self.version:
             return self._pooled[1]
         ss, df = 0.0, 0
-        for values in self.values.values():
+        screened = self._screened()[1] if self.split_plot() is not None else self.values
+        for values in screened.values():
             if len(values) > 1:
                 mean = math.fsum(values) / len(values)
                 ss += math.fsum((v - mean) ** 2 for v in values)
