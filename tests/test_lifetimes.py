@@ -169,3 +169,31 @@ def test_the_system_stories_need_fewer_restarts_and_stay_right(seeds):
         # per story the counts scatter (a restart-level cause near the naming threshold takes
         # what it takes either way); over the stories the lifetimes save restarts
         assert spent["lifetime"] < 0.8 * spent["restarts"], (cv, spent)
+
+
+def test_a_lifetime_slow_throughout_is_left_out_and_normal_noise_is_not():
+    from orchestrator.stats.lifetimes import outlier_lifetimes
+
+    rng = random.Random(11)
+    flagged_normal = 0
+    for _ in range(200):
+        cells, _ = _lifetimes(rng, 6, 0.10, 0.03, 0.01, 3)
+        flagged_normal += len(outlier_lifetimes(cells))
+    assert flagged_normal == 0
+    cells, _ = _lifetimes(rng, 6, 0.10, 0.03, 0.01, 3)
+    cells[2] = {k: Cell(c.value + math.log(3.0), c.spread, c.repetitions)
+                for k, c in cells[2].items()}
+    assert outlier_lifetimes(cells) == {2}
+
+
+def test_outlier_launches_do_not_make_the_isolate_confidently_wrong():
+    """One restart in ten 3x slow throughout: with its lifetimes the isolate leaves them out
+    and names no wrong set at its confidence (the restart-per-side design, which has no
+    outlier rule, does: docs/cost.md)."""
+    from experiments.bench_lifetime import STORIES, run
+
+    for story in STORIES:
+        for seed in range(3):
+            r = run(story, seed, "lifetime", restart_cv=0.02, rep_cv=0.01, reps=3,
+                    interaction_cv=0.0, outlier_rate=0.1)
+            assert not r.wrong_confident, (story, seed, r)
