@@ -17,6 +17,7 @@ isolate, bisect, final check, kernels), whether the named causes are the planted
 code. One JSON line per seed is appended to `OUT` (default `runs/seed-story-cost.jsonl`).
 
     python -m experiments.seed_story_cost --seeds 1 2 3 [--label after] [-- EXTRA...]
+    python -m experiments.seed_story_cost --preset code_under_system --commits 150 --seeds 1 2 3
     python -m experiments.seed_story_cost --summary runs/seed-story-cost.jsonl
 """
 
@@ -112,14 +113,16 @@ def widths(answer: dict) -> dict:
     return out
 
 
-def one(seed: int, extra: list[str], label: str) -> dict:
+def one(seed: int, extra: list[str], label: str, preset: str = "seed_story",
+        commits: int | None = None) -> dict:
     from orchestrator.config.settings import saved_values
     from orchestrator.store import RunStore
 
     with tempfile.TemporaryDirectory(prefix="seed-story-") as tmp:
         t = Path(tmp)
         sc, runs = t / "sc", t / "runs"
-        done = _run(["scenario", f"out={sc}", "preset=seed_story", f"seed={seed}"], t)
+        done = _run(["scenario", f"out={sc}", f"preset={preset}", f"seed={seed}",
+                     *([f"commits={commits}"] if commits else [])], t)
         assert done.returncode == 0, done.stderr
         truth = json.loads((sc / "truth.json").read_text())
         good, bad = truth["good"][:12], truth["bad"][:12]
@@ -145,7 +148,8 @@ def one(seed: int, extra: list[str], label: str) -> dict:
         answer = doc["answer"]
         right, named, want = causes_right(answer, truth)
         plan_lines = [ln for ln in inv.stdout.splitlines() if ln.startswith(("plan:", "budget"))]
-        return {"label": label, "seed": seed, "extra": extra, "exit": inv.returncode,
+        return {"label": label, "preset": preset, "seed": seed, "extra": extra,
+                "exit": inv.returncode,
                 "right": right, "named": named, "planted": want,
                 "status": answer.get("status"), "widths": widths(answer),
                 **measure(rows, cfg.get("target") or {}, truth["good"]),
@@ -178,6 +182,9 @@ def main() -> None:
     ap.add_argument("--label", default="now")
     ap.add_argument("--out", default=str(ROOT / "runs" / "seed-story-cost.jsonl"))
     ap.add_argument("--summary", default="")
+    ap.add_argument("--preset", default="seed_story",
+                    help="another system story of tests/ (code_under_system: 150 commits)")
+    ap.add_argument("--commits", type=int, default=0)
     ap.add_argument("extra", nargs="*", help="settings added to the investigate command")
     a = ap.parse_args()
     if a.summary:
@@ -186,7 +193,7 @@ def main() -> None:
     out = Path(a.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     for seed in a.seeds:
-        rec = one(seed, a.extra, a.label)
+        rec = one(seed, a.extra, a.label, a.preset, a.commits or None)
         with out.open("a") as f:
             f.write(json.dumps(rec) + "\n")
         print(json.dumps({k: rec[k] for k in ("label", "seed", "exit", "right", "restarts",
