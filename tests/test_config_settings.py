@@ -68,7 +68,7 @@ def test_a_run_written_before_the_typed_tree_loads_and_resumes_its_settings(tmp_
     added = {key: now.pop(key) for key in set(now) - set(saved)}
     assert now == saved and added == {
         "was": None, "then": None, "now": None, "mode": None, "from_log": None,
-        "log": {"pattern": ""},
+        "log": {"pattern": ""}, "budget": None,
         "live": {"server": "", "restart": False, "restarts": 5, "grace_s": 60.0}}
 
 

@@ -123,10 +123,17 @@ def test_kill_controller_then_resume_reuses_finished_trials(tmp_path, capsys):
     assert [f["kind"] for f in doc["findings"]] == ["clock"]
     assert [c["key"] for c in doc["cleared"]] == ["HARMLESS"]
     # The strategy's answer rests on every trial that ran to the end, the reused ones included
-    # (the ones cut short by the kill are not evidence).
-    cut = {r.id for r in store.trials() if r.outcome == Outcome.INTERRUPTED}
+    # (the ones cut short by the kill are not evidence). The power limit is compared within
+    # one server lifetime: a restart is its lifetime row, and its block rows (one per power
+    # limit) are not restarts of their own.
+    from orchestrator.control.blocks import lifetime_of
+
+    rows = store.trials()
+    cut = {r.id for r in rows if r.outcome == Outcome.INTERRUPTED}
     assert not cut & set(before)
-    assert doc["n_trials"] == len(after) - len(cut)
+    restarts = [r for r in rows if r.result is None or lifetime_of(r.result.fingerprint) is None]
+    assert any(r.phase == "lifetime" for r in restarts)
+    assert doc["n_trials"] == len(restarts) - len(cut)
 
 
 def test_seed_like_scenario_compare_ranks_the_clock_and_isolate_names_both_causes(tmp_path,

@@ -41,7 +41,7 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from orchestrator.answer.combine import CONFIDENCE, LogChange, tolerance
@@ -59,12 +59,19 @@ class Game:
     counts: dict[Subset, int]  # trials behind each mean
     sigma2: float  # pooled within-configuration variance (log scale)
     df: float
+    # Where configurations share server lifetimes (orchestrator/run/paired.py): the
+    # split-plot contrast over the game's subsets, (estimate, se, df), else None.
+    paired: Callable[[Mapping[Subset, float]], tuple[float, float, float] | None] | None = None
 
     def has(self, *subsets: Subset) -> bool:
         return all(s in self.means for s in subsets)
 
     def combine(self, weights: Mapping[Subset, float]) -> LogChange:
         """``sum(w * mean)`` with its standard error; subsets must be measured."""
+        if self.paired is not None:
+            found = self.paired({s: w for s, w in weights.items() if w})
+            if found is not None:
+                return LogChange(*found)
         diff = math.fsum(w * self.means[s] for s, w in weights.items())
         var = math.fsum(w * w * self.sigma2 / self.counts[s] for s, w in weights.items())
         if not math.isfinite(var) or self.df <= 0:
@@ -72,7 +79,8 @@ class Game:
         return LogChange(diff, math.sqrt(var), self.df)
 
 
-def build_game(players: Sequence[Subset], values: Mapping[Subset, Sequence[float]]) -> Game:
+def build_game(players: Sequence[Subset], values: Mapping[Subset, Sequence[float]],
+               paired=None) -> Game:
     """The game of the named causes from measured configurations.
 
     ``players``: each cause's differences (a pair that hurts only together is one cause);
@@ -96,7 +104,7 @@ def build_game(players: Sequence[Subset], values: Mapping[Subset, Sequence[float
     means = {k: math.fsum(v) / len(v) for k, v in pooled.items()}
     counts = {k: len(v) for k, v in pooled.items()}
     sigma2 = ss / dof if dof > 0 else math.inf
-    return Game(len(players), means, counts, sigma2, float(dof))
+    return Game(len(players), means, counts, sigma2, float(dof), paired)
 
 
 def _shapley_weights(game: Game, i: int) -> dict[Subset, float] | None:
@@ -178,7 +186,7 @@ def relation_words(kind: str, labels: tuple[str, str], full: bool, most: bool = 
 
 def attribute(players: Sequence[Subset], values: Mapping[Subset, Sequence[float]],
               labels: Sequence[str], *, bad: Subset,
-              members: Sequence[tuple[int, str]] = ()) -> dict | None:
+              members: Sequence[tuple[int, str]] = (), paired=None) -> dict | None:
     """The attribution document of the named causes (None without a cause, with more than
     :data:`MAX_CAUSES`, or without the configurations it needs).
 
@@ -187,7 +195,7 @@ def attribute(players: Sequence[Subset], values: Mapping[Subset, Sequence[float]
     configuration bad without that one difference)."""
     if not players or len(players) > MAX_CAUSES:
         return None
-    game = build_game(players, values)
+    game = build_game(players, values, paired)
     level = simultaneous_level(len(players))
 
     def js(change: LogChange) -> dict:

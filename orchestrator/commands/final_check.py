@@ -265,15 +265,31 @@ def next_round(rows: Sequence[TrialRow], answer: Mapping, endpoints: Sequence[Ca
     by_key = {r.candidate.key: r.candidate for r in rows}
     now = latest_epoch(rows)
     scope = [r for r in now if r.phase == FINAL_PHASE] if window else now
-    best = (_gain([len(findings.trial_values(scope, c.key, metric)) for c in endpoints]),
-            list(endpoints))
+    total = answer.get("total") or {}
+    terms = [(_gain([len(findings.trial_values(scope, c.key, metric)) for c in endpoints]),
+              _unit_variance(total.get("log"), total.get("n")), list(endpoints))]
     for cause in answer.get("causes") or []:
         keys = cause.get("keys") or []
         if len(keys) == 2 and all(k in by_key for k in keys):
-            gain = _gain([len(findings.trial_values(now, k, metric)) for k in keys])
-            if gain > best[0]:
-                best = (gain, [by_key[k] for k in keys])
-    return best[1]
+            counts = [len(findings.trial_values(now, k, metric)) for k in keys]
+            terms.append((_gain(counts), _unit_variance(cause.get("log"), counts),
+                          [by_key[k] for k in keys]))
+    # A term's own noise where every term states it: a cause measured within server
+    # lifetimes (a paired power limit) has almost none, and a restart of its sides narrows
+    # the remainder by nothing; else (equal pooled noise) the counts alone decide.
+    if all(v is not None for _, v, _ in terms):
+        return max(terms, key=lambda t: t[0] * t[1])[2]
+    return max(terms, key=lambda t: t[0])[2]
+
+
+def _unit_variance(log, counts) -> float | None:
+    """A term's noise per restart, `se^2 / sum(1/n)` (log scale), from its `[diff, se, df]`
+    and the restarts behind each side; None when not stated."""
+    if not (isinstance(log, list | tuple) and len(log) == 3 and isinstance(counts, list | tuple)):
+        return None
+    inverse = math.fsum(1.0 / n for n in counts if n)
+    se = float(log[1])
+    return se * se / inverse if inverse > 0 and math.isfinite(se) else None
 
 
 def refreshed(doc: Mapping | None, rows: Sequence[TrialRow], metric: str) -> Mapping | None:

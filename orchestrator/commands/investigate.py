@@ -44,6 +44,7 @@ from orchestrator.commands import (
     common,
     compare,
     investigate_answer,
+    investigate_plan,
     investigate_release,
     isolate,
     sweep,
@@ -61,6 +62,7 @@ from orchestrator.evidence import plan as evidence_plan
 from orchestrator.records import Candidate
 from orchestrator.reference import record as log_record
 from orchestrator.run import findings
+from orchestrator.run.plan import BudgetSpent, parse_budget
 from orchestrator.run.rundir import create_run, pin_run, running
 from orchestrator.store import RunStore
 from orchestrator.ui import render
@@ -70,7 +72,8 @@ from orchestrator.ui.report.terminal import print_answer
 
 def exit_code(answer: dict) -> int:
     """The investigation's exit code from its answer: the rule every command shares
-    (:func:`orchestrator.errors.answer_exit`, README "Exit codes")."""
+    (:func:`orchestrator.errors.answer_exit`, README "Exit codes"); a run that reached its
+    `budget=` is a provisional answer: 3 with a best guess, 4 with nothing decided."""
     return answer_exit(answer)
 
 
@@ -82,6 +85,7 @@ def plan(cfg: RunSettings,
     `reference=RUN` names one."""
     cfg = common.check_common(cfg)
     req = InvestigateRequest.of(cfg)
+    parse_budget(cfg.budget)  # a bad budget= is refused before anything is written
     if reference is None and req.reference:
         reference = compare.load_reference(cfg, req.reference)
         cfg = evolve(cfg, repo=cfg.repo or reference.get("repo"))
@@ -128,6 +132,9 @@ def execute(cfg: RunSettings, ctl: Controller, run_dir: Path, p: Plan, ws, out,
     ref = p.reference
     step = ["start"]
     yardstick: dict | None = None
+    planned = investigate_plan.start(cfg, ctl, run_dir, p, out)
+    planned.marks = marks
+    spent: BudgetSpent | None = None
     try:
         if ref is not None:
             step[0] = "compare"
@@ -142,6 +149,7 @@ def execute(cfg: RunSettings, ctl: Controller, run_dir: Path, p: Plan, ws, out,
                 docs["compare"] = compare.execute(
                     cfg, CompareRequest.step(cfg, max_trials=None), ctl, run_dir, ref, out,
                     findings_name="compare", progress=progress)
+            investigate_plan.after_compare(planned, cfg, docs["compare"], ctl.store.trials(), out)
             if docs["compare"]["verdict"] in ("not_reproduced", "unresolved"):
                 step[0] = "isolate"
                 out.print("\n== the system: which differences cause it ==")
@@ -157,6 +165,7 @@ def execute(cfg: RunSettings, ctl: Controller, run_dir: Path, p: Plan, ws, out,
                                                        out, progress)
                     if found is not None:  # the isolate's package cause now names the release
                         docs["release"] = found
+                investigate_plan.after_step(planned, "isolate", ctl.store.trials(), out)
         if p.commits:
             step[0] = "bisect"
             out.print("\n== the code: bisect the range under today's system ==")
@@ -165,6 +174,9 @@ def execute(cfg: RunSettings, ctl: Controller, run_dir: Path, p: Plan, ws, out,
                                                           docs.get("compare"))
             if yardstick is not None:
                 out.print(yardstick["line"])
+            for line in investigate_plan.reuse_lines(ctl.store.trials(), [p.base.key], marks,
+                                                     "bisect", "its good end"):
+                out.print(line)
             _, docs["bisect"] = bisect.execute(
                 cfg, req.bisect_step(p.base.commit, p.bad), ctl, run_dir, p.commits, p.points, p.weights, out, findings_name="bisect",
                 progress=progress, reference=yardstick["level"] if yardstick else None)
@@ -175,6 +187,8 @@ def execute(cfg: RunSettings, ctl: Controller, run_dir: Path, p: Plan, ws, out,
             _, docs["sweep"] = sweep.execute(cfg, p.sweep, ctl, run_dir, p.bad_candidate, out,
                                              progress=progress, findings_name="sweep")
             findings.write(run_dir, docs["sweep"], "sweep")
+        if p.commits:
+            investigate_plan.after_step(planned, "bisect", ctl.store.trials(), out)
         step[0] = "final check"
         both = p.reference is None and p.bad_candidate.key != p.base.key
         first = p.recreated if p.recreated is not None else p.base
@@ -184,6 +198,14 @@ def execute(cfg: RunSettings, ctl: Controller, run_dir: Path, p: Plan, ws, out,
             lambda rows, check: investigate_answer.answer(cfg, rows, p, docs, ws, check,
                                                           marks=marks, yardstick=yardstick),
             experiment_params.of(cfg).final_trials, out, progress, metric=req.metric)
+    except BudgetSpent as reached:  # the answer so far, and what finishing would cost
+        spent = reached
+        out.print(f"\n{reached.why}: the answer so far")
+        read_stored(run_dir, docs)  # the interrupted step stored its findings so far
+        result = investigate_plan.at_budget(
+            investigate_answer.answer(cfg, ctl.store.trials(), p, docs, ws, marks=marks,
+                                      yardstick=yardstick),
+            planned, ctl.store.trials(), reached.why, req.confidence)
     except (KeyboardInterrupt, RunInterrupted):
         try:  # best effort: nothing here may turn a clean stop into a crash
             done = sum(1 for r in ctl.store.trials() if r.finished)
@@ -194,9 +216,10 @@ def execute(cfg: RunSettings, ctl: Controller, run_dir: Path, p: Plan, ws, out,
             out.print(f"(the answer so far could not be stored: {exc})")
         raise
     why = investigate_answer.incomplete(docs)
-    if why:
+    if why and spent is None:
         result = so_far(result, why=why, confidence=req.confidence)
-    if evidence_plan.kernels_enabled(cfg) and result.get("causes"):
+    ctl.before_restart = None
+    if evidence_plan.kernels_enabled(cfg) and result.get("causes") and spent is None:
         out.print("\n== kernel evidence: each named cause's two sides, profiled ==")
         result["evidence"] = evidence.for_causes(
             ctl, result["causes"], p.bad_candidate, p.base,
@@ -227,10 +250,7 @@ def stopped(cfg: RunSettings, ctl: Controller, run_dir: Path, p: Plan, docs: dic
     steps that finished, a bisect's provisional findings, the trials so far."""
     from orchestrator.ui.report.ranking import rank
 
-    for name in ("compare", "isolate", "release", "bisect", "sweep"):
-        path = run_dir / f"findings-{name}.json"
-        if name not in docs and path.exists():
-            docs[name] = json.loads(path.read_text())
+    read_stored(run_dir, docs)
     rows = ctl.store.trials()
     # Where a search stopped mid-way points: the range's bisect, else the release search
     pointing = next((lead for name in ("bisect", "release")
@@ -246,6 +266,14 @@ def stopped(cfg: RunSettings, ctl: Controller, run_dir: Path, p: Plan, docs: dic
     findings.write(run_dir, rank(step_docs(run_dir), rows))
     out.print("")
     print_answer(out, result)
+
+
+def read_stored(run_dir: Path, docs: dict[str, dict]) -> None:
+    """The findings a step stored before the run stopped, for the steps `docs` lacks."""
+    for name in ("compare", "isolate", "release", "bisect", "sweep"):
+        path = run_dir / f"findings-{name}.json"
+        if name not in docs and path.exists():
+            docs[name] = json.loads(path.read_text())
 
 
 def step_docs(run_dir: Path) -> list[dict]:

@@ -26,7 +26,7 @@ from pathlib import Path
 from orchestrator.answer.epochs import mark_system_change
 from orchestrator.commands import common, compare
 from orchestrator.commands.isolate_findings import document
-from orchestrator.commands.isolate_points import IsolatePoints
+from orchestrator.commands.isolate_points import IsolatePoints, LiveIsolatePoints
 from orchestrator.config import params as experiment_params
 from orchestrator.config.requests import CompareRequest, IsolateRequest
 from orchestrator.config.settings import RunSettings, as_dict, evolve
@@ -50,6 +50,7 @@ from orchestrator.system.differences import (
     reference_good,
 )
 from orchestrator.system.fingerprint_diff import NOT_FROM_RECORD, Difference
+from orchestrator.system.runtime_settable import live_indices
 from orchestrator.system.watch import latest_epoch, system_changes
 from orchestrator.ui import render
 from orchestrator.ui.progress import Progress
@@ -111,14 +112,18 @@ def execute(cfg: RunSettings, req: IsolateRequest, ctl: Controller, run_dir: Pat
     confidence, budget); writes the findings and returns the verdict and them."""
     metric = req.metric
     labels = [c.label for c in changes]
+    live = live_indices(changes) if experiment_params.of(cfg).within_lifetime else frozenset()
     strategy = IsolateStrategy(
         len(changes), direction=regression_direction(metric, req.direction),
         confidence=req.confidence, max_trials=req.max_trials, labels=labels,
-        min_effect_pct=experiment_params.of(cfg).min_effect_pct)
+        min_effect_pct=experiment_params.of(cfg).min_effect_pct, live=live)
     check_distinct(good, changes, resolve)
-    points = IsolatePoints(strategy, good, changes, resolve)
+    points = (LiveIsolatePoints if live else IsolatePoints)(strategy, good, changes, resolve)
     out.print(f"isolating {len(changes)} difference(s) on {metric}: "
               + "; ".join(labels[:6]) + (" ..." if len(labels) > 6 else ""))
+    if live:
+        out.print(f"within one server lifetime (set on the running server, interleaved blocks:"
+                  f" the restart's own noise cancels): {', '.join(labels[i] for i in sorted(live))}")
     say = progress.note if progress is not None else out.print
     try:
         verdict = drive(ctl, strategy, points, metric=metric, on_verdict=_reporter(out, progress),

@@ -7,12 +7,21 @@ mapping goes both ways, and it refuses two subsets that would launch one candida
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable, Mapping
 
 from orchestrator.errors import SleuthError
+from orchestrator.gpu.base import format_parts
 from orchestrator.records import Candidate
 from orchestrator.strategies.isolate import IsolateStrategy
-from orchestrator.system.differences import Change, apply, level_of
+from orchestrator.system.differences import (
+    KINDS,
+    Change,
+    apply,
+    candidate_of,
+    level_of,
+    normalize,
+)
 
 
 class IsolatePoints:
@@ -46,3 +55,43 @@ class IsolatePoints:
         if self.candidate(self.strategy.point_of(subset)).key != cand.key:
             return None  # not a candidate of this experiment
         return self.strategy.point_of(subset)
+
+
+class LiveIsolatePoints(IsolatePoints):
+    """Isolate's points when some differences change on a running server
+    (:mod:`orchestrator.system.runtime_settable`): a trial launches a subset's restart-level
+    differences once, with the live ones left as the node is, and measures every combination
+    of the live differences' levels in interleaved blocks within that lifetime
+    (:mod:`orchestrator.runner.lifetime`). ``launch`` gives the trial of a point: the
+    candidate to launch and the clock policy of each level; each level's block row is the
+    candidate of its point (:mod:`orchestrator.control.blocks`)."""
+
+    def __init__(self, strategy: IsolateStrategy, good: Mapping, changes: list[Change],
+                 resolve: Callable[[str], str]):
+        super().__init__(strategy, good, changes, resolve)
+        self.live = sorted(strategy.live)
+        self._launch_of: dict[str, frozenset[int]] = {}
+
+    def launch(self, point: int) -> tuple[Candidate, tuple[str, ...]]:
+        subset = self.strategy.subset(point)
+        group = subset - frozenset(self.live)
+        spec = copy.deepcopy(normalize(self.good))
+        for i in sorted(group):
+            KINDS[self.changes[i].factor].set(spec, self.changes[i].key, self.changes[i].bad)
+        for i in self.live:  # launched as the node is; set within the lifetime
+            spec["clock"].pop(self.changes[i].key, None)
+        cand = candidate_of(spec, self.resolve)
+        seen = self._launch_of.setdefault(cand.key, group)
+        if seen != group:
+            raise SleuthError("two restart-level configurations of this isolate launch the same"
+                              f" candidate ({cand.label}): a difference is not applied to it")
+        return cand, tuple(self._level(mask) for mask in range(2 ** len(self.live)))
+
+    def _level(self, mask: int) -> str:
+        parts = {}
+        for j, i in enumerate(self.live):
+            c = self.changes[i]
+            level = c.bad if mask >> j & 1 else c.good
+            if level is not None:
+                parts[c.key] = str(level)
+        return format_parts(parts)

@@ -54,6 +54,9 @@ class ExperimentParams:
     bound_pct: float = _knob(10.0, "compare: 'reproduces' means within this %", gt=0, le=1000)
     reference: str | None = _knob(None, "compare: the reference run (same as reference=)")
     all_env: bool = _knob(False, "isolate: test shell/session variables too")
+    within_lifetime: bool = _knob(True, "isolate: compare a power limit or clock lock within"
+                                  " one server lifetime, in interleaved blocks (false: a"
+                                  " restart per side)")
     # the sweep's (orchestrator/strategies/sweep/work.SweepSettings says what each does)
     restarts: int = _knob(1, "sweep: restarts per new configuration", ge=1, le=1000)
     startup: float = _knob(0.4, "sweep: share of the budget TPE samples at random", ge=0, le=1)

@@ -411,6 +411,9 @@ class RunSettings:
     was: float | None = ranged(None, gt=0)
     # `sleuth investigate recover=true`: end with a short sweep of `space` on the bad commit.
     recover: bool = False
+    # `sleuth investigate budget=6h` (node time: h, m, d) or `budget=40` (restarts): the whole
+    # run's bound; at it the answer so far, and what finishing would cost (orchestrator/run/plan.py).
+    budget: Any = None
     # `sleuth trial restarts=N`: N trials (server restarts) of the candidate, e.g. a reference.
     restarts: int = ranged(1, ge=1, le=10_000)
     # `sleuth trial from_log=PATH run_id=NAME`: an old server log kept as a reference run.

@@ -26,6 +26,7 @@ from pathlib import Path
 import ray
 
 from orchestrator.config.settings import RunSettings, as_dict
+from orchestrator.control import blocks
 from orchestrator.control.concurrency import HeldBack
 from orchestrator.control.node_pool import NodePool, first_line
 from orchestrator.control.ray_cluster import (
@@ -65,6 +66,7 @@ class _InFlight:
     started: float
     losses: int = 0
     repetitions: int | None = None
+    live: tuple[str, ...] = ()
 
 
 @dataclass
@@ -77,6 +79,7 @@ class _Queued:
     losses: int
     node: str = ""
     repetitions: int | None = None
+    live: tuple[str, ...] = ()
 
 
 class Controller:
@@ -100,6 +103,9 @@ class Controller:
         self._queue: list[_Queued] = []
         self._held_back = HeldBack()  # fewer trials at once than nodes: said once, with why
         self._candidate_ids: dict[str, int] = {}
+        self._blocks_of: dict[int, list[int]] = {}  # first block row -> all of its lifetime
+        # Called before every restart with the run's trials; raises to stop the run.
+        self.before_restart: Callable[..., None] | None = None
         self.retries = cfg.trial.retries
         self._interrupted = False
         self._starting = False
@@ -219,12 +225,17 @@ class Controller:
         return [*self._busy.values(), *self._queue]
 
     def submit(self, candidate: Candidate, *, phase: str = "", node: str | None = None,
-               attempt: int = 1, losses: int = 0, repetitions: int | None = None) -> int:
+               attempt: int = 1, losses: int = 0, repetitions: int | None = None,
+               live: tuple[str, ...] = ()) -> int:
         """Persist a trial row, then dispatch it to an idle node. Returns the trial id.
         ``repetitions``: the benchmark repetitions of this trial (default
-        ``bench.repetitions``); a retry keeps the count of the attempt it repeats."""
+        ``bench.repetitions``); a retry keeps the count of the attempt it repeats. ``live``:
+        clock policies measured in interleaved blocks within this one lifetime
+        (:mod:`orchestrator.runner.lifetime`); a retry keeps them too."""
         if self._interrupted:
             raise KeyboardInterrupt
+        if self.before_restart is not None:  # a run's budget (orchestrator/run/plan.py)
+            self.before_restart(self.store.trials(), len(live) or 1)
         idle = [n for n in self._actors if n not in self._busy]
         if not idle:
             raise RuntimeError("no idle node")
@@ -233,13 +244,15 @@ class Controller:
         if cand_id is None:  # a candidate's id never changes within a store
             cand_id = self._candidate_ids[candidate.key] = self.store.candidate_id(candidate)
         trials = self.run_dir / "trials"
-        trial_id = self.store.begin_trial(cand_id, node=node, phase=phase, attempt=attempt,
+        trial_id = self.store.begin_trial(cand_id, node=node,
+                                          phase=blocks.LIFETIME_PHASE if live else phase,
+                                          attempt=attempt,
                                           log_path=lambda tid: str(trials / str(tid) / "server.log"))
         spec = trial_spec(self.cfg, self.run_dir, trial_id, candidate, phase, repetitions,
-                          overlays=self._overlays, max_bytes=self._cache_max_bytes)
+                          overlays=self._overlays, max_bytes=self._cache_max_bytes, live=live)
         ref = self._actors[node].run.remote(spec)
         inflight = _InFlight(trial_id, candidate, cand_id, node, phase, attempt, ref, wallclock.now(),
-                             losses, repetitions)
+                             losses, repetitions, tuple(live))
         self._busy[node] = inflight
         self._by_ref[ref] = inflight
         self.on_event(f"trial {trial_id} started on {node}: {candidate.label} ({phase or 'trial'})")
@@ -324,13 +337,31 @@ class Controller:
             raise DiskFull(f"no space left on device for {self.store.path}")
         if lost:
             self._queue.append(_Queued(inflight.candidate, inflight.phase, inflight.attempt,
-                                       inflight.losses + 1, repetitions=inflight.repetitions))
+                                       inflight.losses + 1, repetitions=inflight.repetitions,
+                                       live=inflight.live))
             return None
         if result.outcome in RETRYABLE and inflight.attempt <= self.retries:
             self.submit(inflight.candidate, phase=inflight.phase, node=inflight.node,
-                        attempt=inflight.attempt + 1, repetitions=inflight.repetitions)
+                        attempt=inflight.attempt + 1, repetitions=inflight.repetitions,
+                        live=inflight.live)
             return None
+        if inflight.live:  # one restart, several candidates: a block row for each
+            return self._record_blocks(inflight, result)
         return self.store.trial(inflight.trial_id)
+
+    def _record_blocks(self, inflight: _InFlight, result: TrialResult) -> TrialRow:
+        """The block rows of a finished lifetime; the evaluation's row is the first of them."""
+        ids = blocks.record(self.store, inflight.trial_id, inflight.candidate, inflight.live,
+                            result, node=inflight.node, phase=inflight.phase,
+                            attempt=inflight.attempt)
+        self._blocks_of[ids[0]] = ids
+        return self.store.trial(ids[0])
+
+    def blocks_of(self, row: TrialRow) -> list[TrialRow]:
+        """Every block row of the lifetime whose first block row is `row` (just `row` for a
+        trial of one candidate)."""
+        ids = self._blocks_of.pop(row.id, None)
+        return [row] if not ids else [row, *(self.store.trial(i) for i in ids[1:])]
 
     def _dispatch_queued(self) -> None:
         while self._queue:
@@ -339,7 +370,7 @@ class Controller:
                 return
             q = self._queue.pop(0)
             self.submit(q.candidate, phase=q.phase, node=idle[0], attempt=q.attempt,
-                        losses=q.losses, repetitions=q.repetitions)
+                        losses=q.losses, repetitions=q.repetitions, live=q.live)
 
     # -- results ---------------------------------------------------------------------------------
     def run_one(self, candidate: Candidate, *, phase: str = "") -> TrialRow:

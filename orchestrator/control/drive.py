@@ -13,6 +13,7 @@ import statistics
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Protocol
 
+from orchestrator.control.blocks import level_candidate, lifetime_of
 from orchestrator.control.repetitions import RepetitionDesign, change_size
 from orchestrator.records import NOT_EVIDENCE_PHASES, RETRYABLE, Candidate
 from orchestrator.store import TrialRow
@@ -34,16 +35,18 @@ def observation(row: TrialRow, point: int, metric: str, final_attempt: int,
     the experiment would propose the same trial again, and again, forever."""
     if row.outcome is None or row.outcome.value == "interrupted":
         return None
+    lifetime = lifetime_of(row.result.fingerprint if row.result else None)
     if row.outcome.measured:
         value = row.result.value(metric) if row.result else None
         if value is None:
-            return Observation(point, None, row.suspect, row.id, epoch)
+            return Observation(point, None, row.suspect, row.id, epoch, lifetime=lifetime)
         reps = row.result.values(metric)
         logs = [math.log(v) for v in reps if v > 0]
         spread = statistics.variance(logs) if len(logs) >= 2 and len(logs) == len(reps) else None
-        return Observation(point, value, row.suspect, row.id, epoch, len(reps), spread)
+        return Observation(point, value, row.suspect, row.id, epoch, len(reps), spread,
+                           lifetime=lifetime)
     if row.attempt >= final_attempt or row.outcome not in RETRYABLE:
-        return Observation(point, None, row.suspect, row.id, epoch)
+        return Observation(point, None, row.suspect, row.id, epoch, lifetime=lifetime)
     return None
 
 
@@ -92,6 +95,14 @@ class FixedPoints:
 
 def _as_map(points: Sequence[Candidate] | PointMap) -> PointMap:
     return FixedPoints(points) if isinstance(points, Sequence) else points
+
+
+def _pending(points: PointMap, inflight) -> list[int | None]:
+    """The points an evaluation in flight will measure: all of a lifetime's levels."""
+    live = tuple(getattr(inflight, "live", ()) or ())
+    if not live:
+        return [points.point(inflight.candidate)]
+    return [points.point(level_candidate(inflight.candidate, level)) for level in live]
 
 
 class Epochs:
@@ -183,19 +194,26 @@ def drive(
         if not verdict.done:
             idle = controller.idle_nodes()
             if idle:
-                pending = [pmap.point(f.candidate) for f in controller.in_flight()]
+                pending = [p for f in controller.in_flight() for p in _pending(pmap, f)]
                 proposals = strategy.propose(observations, pending, len(idle))[: len(idle)]
                 count = None
                 if repetitions is not None and proposals:
                     count = repetitions.update(rows, (o.trial_id for o in verdict.outliers
                                                       if o.trial_id is not None),
                                                change_size(verdict))
+                launch = getattr(pmap, "launch", None)
                 for proposal in proposals:
-                    controller.submit(pmap.candidate(proposal.point), phase=proposal.phase,
-                                      repetitions=count)
+                    if launch is not None:  # several points within one server lifetime
+                        cand, live = launch(proposal.point)
+                        controller.submit(cand, phase=proposal.phase, repetitions=count,
+                                          live=live)
+                    else:
+                        controller.submit(pmap.candidate(proposal.point), phase=proposal.phase,
+                                          repetitions=count)
         if not controller.in_flight():
             break
-        for row in controller.wait():
+        expand = getattr(controller, "blocks_of", None)
+        for row in [b for r in controller.wait() for b in (expand(r) if expand else [r])]:
             rows.append(row)
             epoch, change = epochs.feed(row)
             if change is not None and on_system_change is not None:

@@ -24,8 +24,11 @@ def cache_max_bytes(cfg: RunSettings) -> int | None:
 
 def trial_spec(cfg: RunSettings, run_dir: Path, trial_id: int, candidate: Candidate,
                phase: str = "", repetitions: int | None = None, *,
-               overlays: dict | None = None, max_bytes: int | None = None) -> TrialSpec:
-    """``repetitions``: this trial's benchmark repetitions (default ``bench.repetitions``);
+               overlays: dict | None = None, max_bytes: int | None = None,
+               live: tuple[str, ...] = ()) -> TrialSpec:
+    """``repetitions``: this trial's benchmark repetitions (default ``bench.repetitions``;
+    with ``live`` clock policies, the rounds of one block per policy within the lifetime:
+    :mod:`orchestrator.runner.lifetime`);
     ``overlays`` / ``max_bytes``: precomputed package-overlay settings and cache cap (a
     controller computes them once), else read from ``cfg``."""
     runs_dir = runs_root(cfg)
@@ -43,5 +46,6 @@ def trial_spec(cfg: RunSettings, run_dir: Path, trial_id: int, candidate: Candid
         phase=phase,
         cache_max_bytes=max_bytes if max_bytes is not None else cache_max_bytes(cfg),
         extra={"packages": overlays if overlays is not None
-               else packages.settings(cfg).to_json(), **profile_extra(cfg, phase)},
+               else packages.settings(cfg).to_json(), **profile_extra(cfg, phase),
+               **({"live": list(live)} if live else {})},
     )

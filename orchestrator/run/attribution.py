@@ -8,6 +8,7 @@ applies, and hands them to :func:`orchestrator.answer.attribution.attribute`: ea
 from __future__ import annotations
 
 import math
+import statistics
 from collections.abc import Callable, Sequence
 
 from orchestrator.answer import text as T
@@ -48,8 +49,51 @@ def isolate_attribution(rows: Sequence[TrialRow], point_of: Callable[[Candidate]
     members = [(i, T.change_label(changes[i].label)) for p in players if len(p) > 1
                for i in sorted(p)]
     doc = attribute(players, values, [cause_label(item) for item in items],
-                    bad=frozenset(range(len(changes))), members=members)
+                    bad=frozenset(range(len(changes))), members=members,
+                    paired=paired_game(rows, point_of, subset, players, metric))
     if doc is not None:
         for cause, item in zip(doc["causes"], items, strict=True):
             cause["id"] = item["id"]
     return doc
+
+
+def paired_game(rows: Sequence[TrialRow], point_of: Callable[[Candidate], int | None],
+                subset: Callable[[int], frozenset[int]], players: Sequence[frozenset[int]],
+                metric: str):
+    """The split-plot contrast over the attribution's game (subsets of the named causes), when
+    some lifetime measured more than one of its configurations (a cause set on the running
+    server: :mod:`orchestrator.run.paired`); None otherwise."""
+    from orchestrator.control.blocks import lifetime_of
+    from orchestrator.stats.lifetimes import Cell, SplitPlot, components, outlier_lifetimes
+
+    union = frozenset().union(*players)
+    found: dict[int, dict[frozenset[int], Cell]] = {}
+    values: dict[frozenset[int], list[float]] = {}
+    for r in rows:
+        if (r.outcome is None or not r.outcome.measured or r.suspect or r.result is None
+                or r.phase in NOT_EVIDENCE_PHASES):
+            continue
+        v, point = r.result.value(metric), point_of(r.candidate)
+        if v is None or not v > 0 or not math.isfinite(v) or point is None:
+            continue
+        present = subset(point) & union
+        if any(0 < len(p & present) < len(p) for p in players):
+            continue
+        key = frozenset(i for i, p in enumerate(players) if p <= present)
+        lifetime = lifetime_of(r.result.fingerprint)
+        cells = found.setdefault(lifetime if lifetime is not None else -r.id, {})
+        if key in cells:  # two configurations of one game point in one lifetime: keep one
+            continue
+        logs = [math.log(x) for x in r.result.values(metric) if x > 0]
+        spread = statistics.variance(logs) if len(logs) > 1 else None
+        cells[key] = Cell(math.log(v), spread, len(logs))
+        values.setdefault(key, []).append(math.log(v))
+    if not any(len(c) > 1 for c in found.values()):
+        return None
+    flagged = outlier_lifetimes(found)
+    found = {t: c for t, c in found.items() if t not in flagged}
+    values = {}
+    for c in found.values():
+        for k, cell in c.items():
+            values.setdefault(k, []).append(cell.value)
+    return SplitPlot(found, components(found, values)).contrast

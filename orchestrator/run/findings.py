@@ -17,6 +17,7 @@ from orchestrator.answer import text
 from orchestrator.answer.phases import SIDE_METRICS, mechanism
 from orchestrator.metrics import EFFECT_METRICS, METRICS, effect_metrics
 from orchestrator.records import NOT_EVIDENCE_PHASES
+from orchestrator.run.paired import paired_difference
 from orchestrator.stats.effect import effect, log_difference
 from orchestrator.store import TrialRow
 from orchestrator.strategies.base import Verdict
@@ -71,9 +72,12 @@ def effects_between(rows: Sequence[TrialRow], before_key: str, after_key: str,
         try:
             log = None
             if min(a + b) > 0:
-                ss, df = pooled_log_ss(rows, metric, (before_key, after_key), exclude)
-                d = log_difference([math.log(v) for v in a], [math.log(v) for v in b],
-                                   confidence, ss, df)
+                # Sides measured within shared lifetimes are paired (orchestrator/run/paired.py).
+                d = paired_difference(rows, before_key, after_key, metric, confidence, exclude)
+                if d is None:
+                    ss, df = pooled_log_ss(rows, metric, (before_key, after_key), exclude)
+                    d = log_difference([math.log(v) for v in a], [math.log(v) for v in b],
+                                       confidence, ss, df)
                 e = d.to_effect(len(a), len(b), confidence)
                 log = [d.diff, d.se, d.df]  # what an answer adds and subtracts
             else:

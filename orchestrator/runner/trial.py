@@ -29,7 +29,7 @@ from orchestrator.gpu.base import ClockPolicy, GpuControl
 from orchestrator.packages import trial as packages
 from orchestrator.packages.overlay import OverlaySet
 from orchestrator.records import Candidate, Measurement, Outcome, TrialResult, TrialState
-from orchestrator.runner import visibility
+from orchestrator.runner import lifetime, visibility
 from orchestrator.runner.exits import oom_kills
 from orchestrator.runner.process import (
     ServerProcess,
@@ -350,7 +350,16 @@ def _benchmark(t: _Trial) -> None:
             raise classify_bench_error(exc, proc, "warm-up", t.oom_at_launch) from exc
     t.enter(TrialState.BENCHMARKING)
     requests = target.requests()
-    for rep in range(spec.repetitions):
+    live = (spec.extra or {}).get("live")
+    if live and t.gpu is not None:  # several settings within this one lifetime
+        t.measurements, t.fp["live"] = lifetime.measure_levels(
+            list(live), spec.repetitions, t.gpu,
+            lambda: target.measure(base_url, requests, t.log_path),
+            lambda: target.warm_up(base_url, lifetime.SETTLE_REQUESTS),
+            lambda exc, where: classify_bench_error(exc, proc, where, t.oom_at_launch),
+            # one restore token is persisted per node: the launch policy's, when it has one
+            t.on_clock if t.clock_token is None else None)
+    for rep in range(0 if live and t.gpu is not None else spec.repetitions):
         began = time.monotonic()
         try:
             metrics = target.measure(base_url, requests, t.log_path)

@@ -192,6 +192,9 @@ PRESETS = {spec.name: spec for spec in (
     PresetSpec("power_commit", "a +30% verify culprit, and the power limit lowered 600 -> "
                "450 W since the reference", ("verify_30",), system_change=True,
                system_story="power_limit"),
+    PresetSpec("power_only", "no culprit in range: the power limit lowered 600 -> 450 W from"
+               " outside since the reference, nothing else", (), system_change=True,
+               system_story="power_limit"),
     PresetSpec("launcher_strip", "no culprit in range: NCCL_ALGO=Tree is in the node's "
                "environment, and a launcher wrapper now strips it before the server", (),
                system_change=True, system_story="launcher_strip",

@@ -64,6 +64,10 @@ class Observation:
     # by their precision, 1 / (sigma_restart^2 + sigma_repetition^2 / n).
     repetitions: int = 0
     spread: float | None = None
+    # The server lifetime the value was measured in, when one lifetime measured several
+    # points in interleaved blocks (orchestrator/runner/lifetime.py): such values share the
+    # restart's level. None: the trial measured this point alone.
+    lifetime: int | None = None
 
 
 @dataclass(frozen=True)

@@ -135,9 +135,18 @@ def attribution_wanted(strategy: IsolateState) -> list[Subset]:
     if not causes or len(causes) > settings.attribution_max_causes:
         return []
     named = frozenset().union(*causes)
-    wanted_: set[Subset] = {strategy.good, strategy.bad, named, strategy.bad - named}
-    for members in causes:
-        wanted_ |= {members, strategy.bad - members}
-    short = [s for s in wanted_ if strategy.evidence.count(s) < settings.attribution_min_per_subset
+    pairs = [(members, strategy.good) for members in [*causes, named]]
+    pairs += [(strategy.bad, strategy.bad - members) for members in [*causes, named]]
+    # A pair measured within one lifetime (both sides differ only in live differences) is a
+    # paired comparison whose noise rests on the repetitions of every lifetime, not on the
+    # few restarts behind each side: its sides need only `attribution_min_live` lifetimes.
+    live = getattr(strategy.evidence, "live", frozenset())
+    need: dict[Subset, int] = {}
+    for a, b in pairs:
+        paired = bool(live) and a - live == b - live
+        n = settings.attribution_min_live if paired else settings.attribution_min_per_subset
+        for s in (a, b):
+            need[s] = max(need.get(s, 0), n)
+    short = [s for s, n in need.items() if strategy.evidence.count(s) < n
              and not strategy.untestable(s)]
     return sorted(short, key=lambda s: (strategy.evidence.count(s), sorted(s)))

@@ -70,4 +70,7 @@ class IsolateSettings:
     # trials, so what restoring each cause wins back rests on more than the two or three
     # restarts that happened to decide it (intervals taken where the noise read low).
     attribution_min_per_subset: int = 4
+    # The same for a configuration all of whose attribution comparisons are within one
+    # server lifetime (live differences only): its noise is the repetitions' of every lifetime.
+    attribution_min_live: int = 2
     attribution_max_causes: int = 4

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 
 from scipy.special import log_ndtr, ndtr, ndtri, stdtr, stdtrit
 
+from orchestrator.stats.lifetimes import Cell, SplitPlot, components, outlier_lifetimes
 from orchestrator.strategies.base import Observation
 
 _LOG_SQRT_2PI = 0.5 * math.log(2.0 * math.pi)
@@ -163,21 +164,34 @@ def claim_probability(contrast: Contrast | None, claim: str, tolerance: float,
 
 
 class SubsetEvidence:
-    """Trial results per subset (failures, suspect trials, signed log values)."""
+    """Trial results per subset (failures, suspect trials, signed log values).
 
-    def __init__(self, sign: float) -> None:
+    ``live``: the differences measured within server lifetimes (several subsets per
+    lifetime, :mod:`orchestrator.stats.lifetimes`); an observation that carries
+    its ``lifetime`` is one of those, and contrasts then follow the split-plot model. Without
+    any such observation every contrast is the plain pooled one."""
+
+    def __init__(self, sign: float, live: frozenset[int] = frozenset()) -> None:
         self.sign = sign
+        self.live = frozenset(live)
         self.values: dict[Subset, list[float]] = {}
         self.failures: Counter[Subset] = Counter()
         self.trials: Counter[Subset] = Counter()  # every trial, suspect and failed included
-        self.n_trials = 0
+        self.n_trials = 0  # server lifetimes (restarts), each counted once
         self.n_suspect = 0
         self._pooled: tuple[int, tuple[float, int]] | None = None
         self.version = 0
+        self.cells: dict[int, dict[Subset, Cell]] = {}  # lifetime -> its subsets' values
+        self._lifetimes_seen: set[int] = set()
+        self._split: tuple[int, SplitPlot | None] | None = None
 
     def add(self, subset: Subset, observation: Observation) -> bool:
         """Record one trial; True when it added a measured value."""
-        self.n_trials += 1
+        lifetime = getattr(observation, "lifetime", None)
+        if lifetime is None or lifetime not in self._lifetimes_seen:
+            self.n_trials += 1
+            if lifetime is not None:
+                self._lifetimes_seen.add(lifetime)
         self.trials[subset] += 1
         if observation.value is None:
             self.failures[subset] += 1
@@ -188,9 +202,39 @@ class SubsetEvidence:
         value = float(observation.value)
         if not math.isfinite(value) or value <= 0.0:
             raise ValueError(f"trial value {value!r}: the metric must be positive and finite")
-        self.values.setdefault(subset, []).append(self.sign * math.log(value))
+        signed = self.sign * math.log(value)
+        self.values.setdefault(subset, []).append(signed)
+        key = lifetime if lifetime is not None else -(self.version + 1)
+        self.cells.setdefault(key, {})[subset] = Cell(
+            signed, observation.spread, int(observation.repetitions or 0))
         self.version += 1
         return True
+
+    def group(self, subset: Subset) -> Subset:
+        """The restart-level configuration of a subset (its differences that need a restart)."""
+        return subset - self.live
+
+    def split_plot(self) -> SplitPlot | None:
+        """The split-plot fit, once some lifetime measured more than one subset."""
+        if self._split is not None and self._split[0] == self.version:
+            return self._split[1]
+        fit = None
+        if self.live and any(len(c) > 1 for c in self.cells.values()):
+            cells, values = self._screened()
+            fit = SplitPlot(cells, components(cells, values))
+        self._split = (self.version, fit)
+        return fit
+
+    def _screened(self) -> tuple[dict[int, dict[Subset, Cell]], dict[Subset, list[float]]]:
+        """The cells and values without outlier lifetimes (a launch 3x slow throughout:
+        :func:`~orchestrator.stats.lifetimes.outlier_lifetimes`); they still count as spent."""
+        flagged = outlier_lifetimes(self.cells)
+        cells = {t: c for t, c in self.cells.items() if t not in flagged}
+        values: dict[Subset, list[float]] = {}
+        for c in cells.values():
+            for s, cell in c.items():
+                values.setdefault(s, []).append(cell.value)
+        return cells, values
 
     def count(self, subset: Subset) -> int:
         return len(self.values.get(subset, ()))
@@ -204,6 +248,9 @@ class SubsetEvidence:
         return self.failures[subset] >= max_failures and self.count(subset) == 0
 
     def mean(self, subset: Subset) -> float:
+        split = self.split_plot()
+        if split is not None and subset in split.index:
+            return split.means()[subset]
         values = self.values[subset]
         return math.fsum(values) / len(values)
 
@@ -212,7 +259,8 @@ class SubsetEvidence:
         if self._pooled is not None and self._pooled[0] == self.version:
             return self._pooled[1]
         ss, df = 0.0, 0
-        for values in self.values.values():
+        screened = self._screened()[1] if self.split_plot() is not None else self.values
+        for values in screened.values():
             if len(values) > 1:
                 mean = math.fsum(values) / len(values)
                 ss += math.fsum((v - mean) ** 2 for v in values)
@@ -237,6 +285,10 @@ class SubsetEvidence:
         weights = {s: w for s, w in weights.items() if w != 0.0}
         if any(self.count(s) == 0 for s in weights):
             return None
+        split = self.split_plot()
+        if split is not None:
+            found = split.contrast(weights)
+            return None if found is None else Contrast(*found)
         estimate = math.fsum(w * self.mean(s) for s, w in weights.items())
         ss, df = self.pooled()
         if df == 0:

@@ -102,6 +102,7 @@ class IsolateStrategy(Strategy):
         labels: Sequence[str] | None = None,
         min_effect_pct: float | None = None,
         settings: IsolateSettings | None = None,
+        live: Iterable[int] = (),
     ) -> None:
         if n_differences < 1:
             raise ValueError("isolate needs at least one difference")
@@ -117,6 +118,11 @@ class IsolateStrategy(Strategy):
             raise ValueError("min_effect_pct must be in (0, 100)")
         self.settings = settings or IsolateSettings()
         self.n_differences = n_differences
+        # Differences measured within server lifetimes: one trial of a subset measures every
+        # combination of these too (orchestrator/stats/lifetimes.py).
+        self.live = frozenset(int(i) for i in live)
+        if not self.live <= frozenset(range(n_differences)):
+            raise ValueError(f"live differences {sorted(self.live)} outside 0..{n_differences - 1}")
         self.direction = direction
         self.sign = 1.0 if direction == "increase" else -1.0
         self.confidence = confidence
@@ -139,6 +145,16 @@ class IsolateStrategy(Strategy):
         if not 0 <= point < len(self._subsets):
             raise ValueError(f"unknown point {point}: not proposed and not registered")
         return self._subsets[point]
+
+    def siblings(self, subset: Subset) -> list[Subset]:
+        """The subsets one trial of ``subset`` measures: its restart-level differences with
+        every combination of the live ones (only itself without live differences)."""
+        if not self.live:
+            return [subset]
+        base = subset - self.live
+        live = sorted(self.live)
+        return [base | frozenset(i for j, i in enumerate(live) if mask >> j & 1)
+                for mask in range(2 ** len(live))]
 
     def point_of(self, subset: Iterable[int]) -> int:
         """The point of a subset of differences, registered on first use."""
@@ -179,7 +195,8 @@ class IsolateStrategy(Strategy):
                 break
             if planned[subset] or self.untestable(subset) or self.evidence.trials[subset] >= cap:
                 continue
-            planned[subset] += 1
+            for sibling in self.siblings(subset):  # one lifetime measures them all
+                planned[sibling] += 1
             proposals.append(Proposal(self.point_of(subset), phase, reason))
         if not proposals and not pending:
             # Nothing in flight and nothing worth a trial below the cap: waiting would never
@@ -197,7 +214,7 @@ class IsolateStrategy(Strategy):
     # --------------------------------------------------------------------- state and replay
 
     def _reset(self) -> None:
-        self.evidence = SubsetEvidence(self.sign)
+        self.evidence = SubsetEvidence(self.sign, self.live)
         self.consumed: list[Observation] = []
         self.outcome: str | None = None
         self.note = ""

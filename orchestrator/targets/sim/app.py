@@ -128,11 +128,14 @@ def _cost_factory(config: SimConfig, env: Mapping[str, str], effects: Effects, p
     return rebuild
 
 
-def _mtime(path: str) -> float:
+def _mtime(path: str) -> tuple[int, int]:
+    """The file's identity and time: every save renames a new file over it (a new inode), so
+    two saves within one tick of a coarse file-system clock still differ."""
     try:
-        return os.stat(path).st_mtime_ns
+        st = os.stat(path)
+        return st.st_ino, st.st_mtime_ns
     except OSError:
-        return -1
+        return -1, -1
 
 
 def _bind(config: SimConfig, state: ServerState, faults: FaultPlan, log: SimLog) -> SimHTTPServer:

@@ -94,7 +94,6 @@ class Scheduler:
         self.completed_client_requests = 0
         self.next_index = 0
         self._crash_at: float | None = None
-        self._state_checked = 0.0
         self._probs = model.scaled_position_probabilities(
             self.launch.speculative_num_steps, self.launch.speculative_eagle_topk,
             self.launch.speculative_num_draft_tokens, costs.effects.accept_len_mult,
@@ -454,10 +453,10 @@ class Scheduler:
     def _maybe_reload_costs(self) -> None:
         if self.cost_factory is None:
             return
-        now = time.perf_counter()
-        if now - self._state_checked < 0.25:
-            return
-        self._state_checked = now
+        # Every batch: the factory only stats the GPU state file, and a power limit or a clock
+        # lock set on the running server (NVML acts within milliseconds) must be what the
+        # next batch runs at, or a comparison within one lifetime reads part of one setting
+        # as the other.
         try:
             costs = self.cost_factory()
         except model.LaunchError as exc:
