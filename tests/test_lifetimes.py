@@ -151,24 +151,36 @@ def test_a_power_limit_alone_is_isolated_within_three_restarts():
 @pytest.mark.parametrize("seeds", seed_counts(10, 2))
 def test_the_system_stories_need_fewer_restarts_and_stay_right(seeds):
     """Every system story with a clock difference, 10 seeds each (2 in the fast lane), in 2%
-    and 5% restart noise:
-    right as often as with a restart per side, never wrong at the stated confidence, and with
-    fewer restarts."""
+    and 5% restart noise: right as often as with a restart per side, wrong at the stated
+    confidence no more often than it allows, and with fewer restarts.
+
+    "Never wrong" is not what P >= 0.99 promises: one confident answer in a hundred may be
+    wrong. Since the isolate judges a cleared difference against the run's 4% min effect (it
+    was 1%, which no interval of a few restarts could reach), one seed of `seed_system` in 5%
+    restart noise clears NCCL_PROTO (+9.9%) at P = 0.993 after 7 lifetimes: 1 in 60 seeds of
+    that story, the restart design 0 in 60. So the count of wrong confident answers is held
+    to what the stated 1% allows (the 99.9% binomial bound), over every run here."""
+    from scipy.stats import binom
+
     from experiments.bench_lifetime import STORIES, run
 
+    confident = wrong = 0
     for cv in (0.02, 0.05):
         spent = {"restarts": 0, "lifetime": 0}
         for story in STORIES:
             got = {d: [run(story, s, d, restart_cv=cv, rep_cv=0.01, reps=3, interaction_cv=0.0)
                        for s in range(seeds)] for d in ("restarts", "lifetime")}
-            assert not any(r.wrong_confident for rs in got.values() for r in rs), story
+            rs = [r for runs in got.values() for r in runs]
+            confident += sum(r.status == "found" and r.probability >= 0.99 for r in rs)
+            wrong += sum(r.wrong_confident for r in rs)
             assert sum(r.correct for r in got["lifetime"]) >= sum(
                 r.correct for r in got["restarts"]) - 1, story
-            for design, rs in got.items():
-                spent[design] += sum(r.restarts for r in rs)
+            for design, runs in got.items():
+                spent[design] += sum(r.restarts for r in runs)
         # per story the counts scatter (a restart-level cause near the naming threshold takes
         # what it takes either way); over the stories the lifetimes save restarts
         assert spent["lifetime"] < 0.8 * spent["restarts"], (cv, spent)
+    assert wrong <= max(1, binom.ppf(0.999, confident, 0.01)), (wrong, confident)
 
 
 def test_a_lifetime_slow_throughout_is_left_out_and_normal_noise_is_not():

@@ -139,7 +139,7 @@ def test_a_log_pattern_line_is_the_reference_level(tmp_path):
     pattern = f"log.pattern={PATTERN}"
     done = sleuth("compare", f"repo={out / 'repo'}", f"runs_dir={runs}", f"reference=log:{logs}",
                   pattern, "run_id=cmp", *FAST, cwd=tmp_path)
-    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.returncode == 3, done.stderr[-2000:]  # not reproduced: a change, no cause named
     doc = json.loads((runs / "cmp" / "findings.json").read_text())
     effect = doc["total_effect"]["verify_ms"]
     assert effect["before"] == pytest.approx(level)  # the log's line is the level then
@@ -155,7 +155,7 @@ def test_a_log_pattern_line_is_the_reference_level(tmp_path):
     assert kept.returncode == 0 and "the log tells: verify_ms" in kept.stdout, kept.stderr
     again = sleuth("compare", f"runs_dir={runs}", "reference=oldlog", "run_id=cmp2", *FAST,
                    cwd=tmp_path)
-    assert again.returncode == 0, again.stderr[-2000:]
+    assert again.returncode == 3, again.stderr[-2000:]
     doc = json.loads((runs / "cmp2" / "findings.json").read_text())
     assert doc["total_effect"]["verify_ms"]["before"] == pytest.approx(level)
     # A log with no line sleuth can read: one line, exit 2, nothing written

@@ -180,7 +180,10 @@ def test_sim_nccl_upgrade_isolate_names_the_package(tmp_path, ray_session, refer
         *base, f"reference={given}", "run_id=iso",
         f"packages.find_links={sc.out / sc.truth['system']['wheels']}"]))
     doc = json.loads((runs / "iso" / "findings-isolate.json").read_text())
-    assert code == 0, doc["message"]
+    # The package is the cause (0), or it is and the remainder against a three-restart
+    # reference stays undecided (3: the reference's own noise is in the total; the one rule,
+    # orchestrator/errors.py); never undecided with nothing named.
+    assert code in (0, 3), doc["message"]
     (finding,) = doc["findings"]
     assert (finding["kind"], finding["id"]) == ("package", "nvidia-nccl-cu12")
     assert finding["summary"] == "nvidia-nccl-cu12: 2.27.5 -> 2.28.3"

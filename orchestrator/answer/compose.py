@@ -25,6 +25,11 @@ has the trials, the mechanism of :mod:`orchestrator.answer.phases`). Its parts, 
 - `not_tested`: differences that were listed but never tested, one group per reason;
 - `settings`: a sweep's better configuration, kept apart from causes;
 - `mechanism`: which phase moved, CUDA-graph share, SM clock and power, before vs after.
+
+Size: one module because every run kind's answer goes through `assemble`, and the rules it
+applies (how the remainder is judged, when the causes carry the change, how it is worded)
+must read the same for all of them; the per-kind adapters (`for_bisect`, `for_isolate`,
+`for_compare`, `for_sweep`) are a few lines each over it.
 """
 
 from __future__ import annotations

@@ -32,7 +32,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from orchestrator.answer.combine import LogChange, min_effect
-from orchestrator.answer.compose import assemble
+from orchestrator.answer.compose import assemble, carried, left_text
 from orchestrator.answer.phases import log_change
 from orchestrator.answer.text import change_text, interval_text, pct_text
 
@@ -185,12 +185,23 @@ def answer(v: StateVerdict, metric: str, unit: str, *, uptime: str, restarted: b
         said = (f"a fresh restart against {then}:"
                 f" {pct_text(rest.pct) if rest else '?'}"
                 f" {interval_text(rest.to_json()['ci'], rest.pct) if rest else ''}".rstrip())
+        # Undecided against the min effect, state may still demonstrably carry the change:
+        # the rest's interval cannot hold half of it (the rule every answer shares,
+        # `answer.compose.carried`); then how much may be left is said with the interval.
+        up_to = (carried(whole, rest) if shown and rest is not None and decision == UNDECIDED
+                 else None)
+        if up_to is not None:
+            left = left_text(up_to, whole, rest, math.log1p(bound_pct / 100.0))
+            doc["unexplained"].update(up_to=up_to, left=left)
+            decision = "carried"
         if shown:
-            doc["explains"] = decision == "explained"
-            doc["status"] = {"explained": "explained", "remainder": "partly_explained"}.get(
-                decision, "undecided")
+            doc["explains"] = decision in ("explained", "carried")
+            doc["status"] = {"explained": "explained", "carried": "explained",
+                             "remainder": "partly_explained"}.get(decision, "undecided")
             if decision == "explained":
                 doc["sentence"] += f"; {said}: state explains the change"
+            elif decision == "carried":
+                doc["sentence"] += f"; {said}: state carries the change, {left}"
             elif decision == "remainder":
                 doc["sentence"] += (f"; {said}: more than state, and without a reference"
                                     " configuration nothing else can be tested"
