@@ -9,10 +9,10 @@ from pathlib import Path
 from typing import TypeVar
 
 from orchestrator.config.settings import RunSettings, evolve, load_saved
+from orchestrator.control import packages
 from orchestrator.errors import UserError
 from orchestrator.gpu.base import ClockPolicy
 from orchestrator.metrics import regression_direction
-from orchestrator.packages import plan as packages
 from orchestrator.records import Candidate
 from orchestrator.run.rundir import runs_root
 from orchestrator.store import RunStore

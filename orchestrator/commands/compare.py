@@ -29,11 +29,10 @@ from orchestrator.commands.compare_findings import CHANGE_CONFIDENCE, findings_d
 from orchestrator.config import params as experiment_params
 from orchestrator.config.requests import CompareRequest, compare_reference
 from orchestrator.config.settings import RunSettings, as_dict, evolve, saved_values
+from orchestrator.control import packages
 from orchestrator.control.controller import Controller
 from orchestrator.errors import RunInterrupted, UserError, answer_exit
 from orchestrator.metrics import EFFECT_METRICS, effect_metrics
-from orchestrator.packages import plan as packages
-from orchestrator.packages.pins import pin_list
 from orchestrator.records import Candidate, Outcome
 from orchestrator.reference import record as log_record
 from orchestrator.reference.diff import differences
@@ -50,6 +49,7 @@ from orchestrator.system.watch import system_changes
 from orchestrator.ui import render
 from orchestrator.ui.progress import Progress
 from orchestrator.ui.report.terminal import print_answer
+from orchestrator.util.pins import pin_list
 
 # Settings that say where a trial runs rather than what it measures: the compare's own apply.
 WHERE = {"target": ("host", "gpu_state", "python")}

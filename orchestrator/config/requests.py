@@ -123,8 +123,7 @@ class BisectRequest:
 
 def _check_release(settings: RunSettings) -> None:
     """A package name and two exact versions, the package not also pinned for every point."""
-    from orchestrator.packages import plan as packages
-    from orchestrator.packages.pins import canonical, check_version, parse_pin
+    from orchestrator.util.pins import canonical, check_version, parse_pin, pins_of
 
     name = settings.package.name.strip()
     try:
@@ -134,7 +133,7 @@ def _check_release(settings: RunSettings) -> None:
                         " package=nvidia-nccl-cu12)") from None
     check_version(name, settings.good)
     check_version(name, settings.bad)
-    if canonical(name) in packages.fixed_pins(settings):
+    if canonical(name) in pins_of(list(settings.packages.pins)):
         raise UserError(f"package={name} is searched: leave it out of packages=[...]")
 
 
@@ -164,13 +163,8 @@ class ScenarioRequest:
 
     @classmethod
     def of(cls, settings: RunSettings) -> ScenarioRequest:
-        """The request, `out` made absolute; without one, the usage in one line. The preset is
-        checked by the generator, before it writes anything."""
-        if not settings.out:
-            from orchestrator.sim_scenarios.generate import PRESETS
-
-            raise UserError(f"where to? usage: sleuth scenario out=DIR [commits=N] [seed=S]"
-                            f" [preset={'|'.join(PRESETS)}], or out=DIR apply=reference|now|live")
+        """The request, `out` made absolute (the command says the usage without one). The
+        preset is checked by the generator, before it writes anything."""
         return cls(out=Path(str(settings.out)).expanduser().resolve(),
                    commits=int(settings.commits), seed=int(settings.seed),
                    preset=str(settings.preset), apply=settings.apply)

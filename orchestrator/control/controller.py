@@ -26,7 +26,7 @@ from pathlib import Path
 import ray
 
 from orchestrator.config.settings import RunSettings, as_dict
-from orchestrator.control import blocks
+from orchestrator.control import packages
 from orchestrator.control.concurrency import HeldBack
 from orchestrator.control.node_pool import NodePool, first_line
 from orchestrator.control.ray_cluster import (
@@ -38,13 +38,13 @@ from orchestrator.control.ray_cluster import (
 )
 from orchestrator.control.specs import cache_max_bytes, trial_spec
 from orchestrator.errors import DiskFull
-from orchestrator.packages import plan as packages
 from orchestrator.records import RETRYABLE, Candidate, Outcome, TrialResult
+from orchestrator.run import blocks
 from orchestrator.run.rundir import runs_root
 from orchestrator.runner.trial_checks import NO_SPACE, is_no_space
 from orchestrator.store import RunStore, TrialRow
-from orchestrator.system import wallclock
-from orchestrator.ui.safe_text import printable
+from orchestrator.util import wallclock
+from orchestrator.util.safe_text import printable
 
 __all__ = ["NODE_RESOURCE", "RETRYABLE", "Controller", "loopback_only", "node_name",
            "sleuth_nodes", "start_ray"]

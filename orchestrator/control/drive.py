@@ -13,9 +13,9 @@ import statistics
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Protocol
 
-from orchestrator.control.blocks import level_candidate, lifetime_of
 from orchestrator.control.repetitions import RepetitionDesign, change_size
 from orchestrator.records import NOT_EVIDENCE_PHASES, RETRYABLE, Candidate
+from orchestrator.run.blocks import level_candidate, lifetime_of
 from orchestrator.store import TrialRow
 from orchestrator.strategies.base import Observation, Strategy, Verdict
 from orchestrator.system.watch import SystemChange, SystemWatch

@@ -9,8 +9,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from orchestrator.config.settings import RunSettings
+from orchestrator.control import packages
 from orchestrator.evidence.plan import profile_extra
-from orchestrator.packages import plan as packages
 from orchestrator.records import Candidate
 from orchestrator.run.rundir import runs_root
 from orchestrator.runner.trial import TrialSpec

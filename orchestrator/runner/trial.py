@@ -31,13 +31,6 @@ from orchestrator.packages.overlay import OverlaySet
 from orchestrator.records import Candidate, Measurement, Outcome, TrialResult, TrialState
 from orchestrator.runner import lifetime, visibility
 from orchestrator.runner.exits import oom_kills
-from orchestrator.runner.process import (
-    ServerProcess,
-    TeardownReport,
-    free_port,
-    group_members,
-    launch,
-)
 from orchestrator.runner.telemetry import TelemetrySampler
 from orchestrator.runner.trial_checks import (
     LOW_SPACE_BYTES,
@@ -55,10 +48,18 @@ from orchestrator.runner.trial_checks import (
     server_environ,
     wait_ready,
 )
-from orchestrator.system import fingerprint, wallclock
+from orchestrator.system import fingerprint
 from orchestrator.system.redact import redact_argv, scrub, secret_values
 from orchestrator.targets.base import Target
-from orchestrator.ui.safe_text import printable
+from orchestrator.util import wallclock
+from orchestrator.util.process import (
+    ServerProcess,
+    TeardownReport,
+    free_port,
+    group_members,
+    launch,
+)
+from orchestrator.util.safe_text import printable
 from orchestrator.workspace import Workspace
 
 # `run_trial` without a node's GPUs to check against (a trial run outside a node actor).
