@@ -38,7 +38,6 @@ from orchestrator.commands import bisect_release, common, next_step
 from orchestrator.commands.bisect_notes import Display, Terminal, min_effect_hint, opening_lines
 from orchestrator.commands.bisect_stop import (
     exit_code,
-    keep_posterior_replay,
     provisional_findings,
     settle,
     stop_reason,
@@ -53,6 +52,7 @@ from orchestrator.errors import RunInterrupted, UserError
 from orchestrator.records import Candidate
 from orchestrator.run import findings
 from orchestrator.run.noise_prior import load_noise_prior
+from orchestrator.run.posterior_steps import Recorder
 from orchestrator.run.rundir import create_run, pin_run, run_argument, running, runs_root
 from orchestrator.store import RunStore
 from orchestrator.strategies.base import Verdict
@@ -60,7 +60,6 @@ from orchestrator.strategies.bisect.verdict import chased_change_pct, chased_rul
 from orchestrator.system.watch import system_changes
 from orchestrator.ui import render
 from orchestrator.ui.progress import Progress
-from orchestrator.ui.report.replay_cache import Recorder
 from orchestrator.ui.report.terminal import print_answer
 from orchestrator.workspace import CommitInfo
 from orchestrator.workspace.commits import boundary_parents, graph_order
@@ -243,7 +242,6 @@ def execute(cfg: RunSettings, req: BisectRequest, ctl: Controller, run_dir: Path
     design.update(rows, [o.trial_id for o in verdict.outliers if o.trial_id is not None])
     doc["repetitions"] = design.summary(rows)
     path = findings.write(run_dir, doc, findings_name)
-    keep_posterior_replay(run_dir)
     _print_result(cfg, out, doc, verdict, rows, points, reporter.said, design, run_dir,
                   strategy.budget)
     out.print(f"findings: {path}")
