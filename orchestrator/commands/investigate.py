@@ -178,7 +178,8 @@ def _execute(cfg: RunSettings, run_dir: Path, store: RunStore, p: Plan, ws) -> i
             out.print("measuring with the reference's settings: "
                       + ", ".join(p.reference["adopted"]))
         with Progress(out, done=store.trials()) as progress, \
-                Controller(cfg, store, run_dir, on_event=progress.on_event) as ctl:
+                Controller(cfg, store, run_dir, on_event=progress.on_event,
+                           clocks=common.clocks(space=p.sweep and p.sweep.space)) as ctl:
             doc, _ = execute(cfg, ctl, run_dir, p, ws, out, progress=progress)
         code = finish(cfg, run_dir, store, doc, out)
         run.status = "done" if code == 0 else "inconclusive"

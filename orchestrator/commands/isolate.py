@@ -295,7 +295,8 @@ def _execute(cfg: RunSettings, req: IsolateRequest, run_dir: Path, store: RunSto
             out.print("measuring with the reference's settings: " + ", ".join(ref["adopted"]))
         try:
             with Progress(out, done=store.trials()) as progress, \
-                    Controller(cfg, store, run_dir, on_event=progress.on_event) as ctl:
+                    Controller(cfg, store, run_dir, on_event=progress.on_event,
+                               clocks=common.clocks(sides=(req.good, req.bad))) as ctl:
                 if ref is not None:
                     cdoc = _compare(cfg, req, ctl, run_dir, ref, out, progress)
                     if cdoc["verdict"] == "reproduced":

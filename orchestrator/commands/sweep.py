@@ -229,7 +229,8 @@ def _execute(cfg: RunSettings, req: SweepRequest, run_dir: Path, store: RunStore
     out = render.console()
     with running(store, run_dir, out) as run:
         with Progress(out, done=store.trials()) as progress, \
-                Controller(cfg, store, run_dir, on_event=progress.on_event) as ctl:
+                Controller(cfg, store, run_dir, on_event=progress.on_event,
+                           clocks=common.clocks(space=req.space)) as ctl:
             result, doc = execute(cfg, req, ctl, run_dir, base, out, progress=progress)
         out.print(f"findings: {findings.write(run_dir, doc)}")
         print_answer(out, doc.get("answer"))

@@ -19,7 +19,7 @@ import dataclasses
 import signal
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -90,14 +90,19 @@ class Controller:
         run_dir: Path,
         *,
         on_event: Callable[[str], None] | None = None,
+        clocks: Iterable[str] = (),
     ):
+        """`clocks`: the clock policies the command's trials set besides the run's own (an
+        isolate's sides, a sweep's levels; the command knows them): each node checks every
+        one against its GPUs before the first trial."""
         self.cfg = cfg
         self.store = store
         self.run_dir = run_dir
         self.runs_dir = runs_root(cfg)
         sink = on_event or (lambda _msg: None)
         self.on_event = lambda msg: sink(printable(msg, newlines=False))
-        self.pool = NodePool(cfg, self.runs_dir, store.run_id, clock_policies(cfg), self.on_event)
+        policies = sorted({str(cfg.clock or "default"), *map(str, clocks)})
+        self.pool = NodePool(cfg, self.runs_dir, store.run_id, policies, self.on_event)
         self._busy: dict[str, _InFlight] = {}
         self._by_ref: dict[object, _InFlight] = {}
         self._queue: list[_Queued] = []
@@ -409,17 +414,3 @@ class Controller:
         what = result.outcome.value if result.outcome is not Outcome.OK else "ok"
         extra = f": {result.detail}" if result.detail else ""
         return f"trial {inflight.trial_id} on {inflight.node} {what} in {took:.1f}s{extra}"
-
-
-def clock_policies(cfg: RunSettings) -> list[str]:
-    """Every clock policy the configuration asks for (the run's, each side's of an isolate, a
-    sweep's clock levels): each node checks them against its GPUs before the first trial."""
-    out = {str(cfg.clock or "default")}
-    for side in (cfg.good, cfg.bad):
-        if isinstance(side, Mapping) and side.get("clock"):
-            out.add(str(side.get("clock")))
-    if cfg.space is not None:
-        for param in cfg.space.params.values():
-            if param.kind == "clock":
-                out.update(str(v) for v in param.values if v is not None)
-    return sorted(out)
