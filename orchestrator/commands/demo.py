@@ -233,7 +233,7 @@ def run(cfg: RunSettings) -> int:
         truth = scenario.truth
         out.print(f"scenario: {scenario.repo} ({truth['commits']} commits; planted causes in"
                   f" {scenario.out / 'truth.json'})")
-        out.print(evidence_plan.cost_line(cfg))
+        out.print(evidence_plan.cost_line(cfg.evidence, cfg.target))
         cfg = evolve(cfg, repo=str(scenario.repo), good=truth["good"], bad=truth["bad"],
                      recover=True)
         _set_nodes(cfg, scenario.out, "reference")

@@ -173,7 +173,7 @@ def resume(run_dir: Path) -> int:
 def _execute(cfg: RunSettings, run_dir: Path, store: RunStore, p: Plan, ws) -> int:
     out = render.console()
     with running(store, run_dir, out) as run:
-        out.print(evidence_plan.cost_line(cfg))
+        out.print(evidence_plan.cost_line(cfg.evidence, cfg.target))
         if p.reference is not None and p.reference.get("adopted"):
             out.print("measuring with the reference's settings: "
                       + ", ".join(p.reference["adopted"]))

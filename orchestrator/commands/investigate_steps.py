@@ -164,7 +164,7 @@ class Steps:
 
     def kernels(self, result: dict) -> None:
         """Each named cause's two sides, profiled (`evidence.kernels`)."""
-        if not (evidence_plan.kernels_enabled(self.cfg) and result.get("causes")):
+        if not (evidence_plan.kernels_enabled(self.cfg.evidence, self.cfg.target) and result.get("causes")):
             return
         self.out.print("\n== kernel evidence: each named cause's two sides, profiled ==")
         result["evidence"] = evidence.for_causes(
