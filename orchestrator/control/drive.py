@@ -121,22 +121,6 @@ class Epochs:
         return self.epoch, change
 
 
-class KnownEpochs(Epochs):
-    """The epochs of rows whose system changes are already known (`system_changes` of the
-    same rows): the same numbering as :class:`Epochs`, without diffing the fingerprints
-    again."""
-
-    def __init__(self, changes: Sequence[SystemChange]) -> None:
-        super().__init__()
-        self._at = {c.after: c for c in changes}
-
-    def feed(self, row: TrialRow) -> tuple[int, SystemChange | None]:
-        change = self._at.get(row.id) if row.finished else None
-        if change is not None:
-            self.epoch += 1
-        return self.epoch, change
-
-
 def replay(rows: Sequence[TrialRow], points: PointMap, metric: str, retries: int,
            epochs: Epochs | None = None) -> list[Observation]:
     """Observations from the stored trials of these points: a same candidate measured earlier
