@@ -38,8 +38,10 @@ test-fast: $(STAMP)
 test-stats: $(STAMP)
 	$(BIN)/python -m pytest tests -q -m stats
 
+# ruff, then the layers contract (pyproject.toml [tool.importlinter], docs/design.md)
 lint: $(STAMP)
 	$(BIN)/ruff check .
+	$(BIN)/lint-imports
 
 bench-localize: $(STAMP)
 	$(BIN)/python -m experiments.bench_localize

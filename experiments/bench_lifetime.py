@@ -63,8 +63,8 @@ def run(story: str, seed: int, design: str, *, restart_cv: float, rep_cv: float,
         interaction_cv: float, confidence: float = 0.99, outlier_rate: float = 0.0,
         drift: float = 0.0) -> Result:
     from orchestrator.commands.isolate_points import IsolatePoints, LiveIsolatePoints
-    from orchestrator.control.blocks import level_candidate
     from orchestrator.records import Candidate
+    from orchestrator.run.blocks import level_candidate
     from orchestrator.runner.lifetime import block_order
     from orchestrator.sim_scenarios import system_stories as stories
     from orchestrator.sim_scenarios.system_oracle import SystemOracle

@@ -215,9 +215,9 @@ def bare_sim(work: Path, repo: Path, sha: str) -> dict:
     from orchestrator.bench.client import make_requests
     from orchestrator.config.compose import compose_settings
     from orchestrator.config.settings import as_dict
-    from orchestrator.runner.process import free_port
     from orchestrator.targets.base import NodeContext
     from orchestrator.targets.registry import make_target
+    from orchestrator.util.process import free_port
 
     cfg = compose_settings("trial", ["target=sim"])  # the sim only by name
     tconf = as_dict(cfg.target)

@@ -60,7 +60,7 @@ def steps_of(rows, base_commit: str) -> dict[int, str]:
 
 
 def measure(rows, target: dict, base_commit: str) -> dict:
-    from orchestrator.control.blocks import lifetime_of
+    from orchestrator.run.blocks import lifetime_of
     from orchestrator.run.cost import trial_cost
 
     step = steps_of(rows, base_commit)

@@ -14,7 +14,7 @@ import sys
 from collections.abc import Sequence
 
 from orchestrator.errors import SleuthError, UserError, did_you_mean
-from orchestrator.ui.safe_text import printable, readable
+from orchestrator.util.safe_text import printable, readable
 
 COMMANDS = {
     "investigate": "why is it slower? from a reference run (or good..bad) to an answer",

@@ -9,8 +9,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from orchestrator.errors import UserError, did_you_mean
-from orchestrator.targets.sglang_versions import FORWARD_SECONDS_RENAMED as PER_PASS_TIMERS
-from orchestrator.targets.sglang_versions import parse_version
+from orchestrator.util.versions import parse_version
+
+# The SGLang release whose servers time each forward pass (`forward_seconds` became per-pass
+# device timers in 0.5.11; older ones time whole scheduler batches): the phase metrics of a
+# speculative server need it (targets/sglang_versions.py keeps the other release facts).
+PER_PASS_TIMERS = (0, 5, 11)
 
 
 @dataclass(frozen=True)

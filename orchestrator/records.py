@@ -15,13 +15,13 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 
-from orchestrator.packages.pins import pin_list, pins_of
+from orchestrator.util.pins import pin_list, pins_of
 
 # Trials recorded as a reference (e.g. "how the node measured earlier") may come from another
 # system state; they are compared against, never reused or pooled as evidence of the current one.
 # kernels: orchestrator/evidence; live, fresh: a running server (orchestrator/live); lifetime:
 # a restart that measured several candidates, whose block rows hold each one's values
-# (orchestrator/control/blocks.py)
+# (orchestrator/run/blocks.py)
 NOT_EVIDENCE_PHASES = frozenset({"reference", "kernels", "live", "fresh", "lifetime"})
 
 

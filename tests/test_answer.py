@@ -22,7 +22,7 @@ from orchestrator.answer.phases import log_change, mechanism
 from orchestrator.answer.provisional import so_far
 from orchestrator.answer.text import change_text, pct_text
 from orchestrator.answer.triage import for_investigation, pick
-from orchestrator.packages.plan import NO_SOURCE
+from orchestrator.control.packages import NO_SOURCE
 from orchestrator.ui.report.answer import detail_lines
 
 

@@ -151,7 +151,7 @@ class Workspace:
 
     def _make_closed_address(self) -> str:
         """A cluster address nothing listens at: the command's refusal comes at once."""
-        from orchestrator.runner.process import free_port
+        from orchestrator.util.process import free_port
 
         return f"127.0.0.1:{free_port('127.0.0.1')}"
 

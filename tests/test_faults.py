@@ -17,9 +17,9 @@ from orchestrator.config.settings import as_dict
 from orchestrator.control.controller import Controller
 from orchestrator.records import Candidate, Outcome
 from orchestrator.run.rundir import create_run
-from orchestrator.runner.process import group_members
 from orchestrator.store import RunStore
 from orchestrator.targets.sim import gpu_state
+from orchestrator.util.process import group_members
 
 FAST = ["target=sim", "target.time_scale=0.02", "target.load_seconds=5", "bench.requests=2",
         "bench.output_len=32", "bench.input_len=32", "bench.warmup_requests=1",
@@ -375,7 +375,7 @@ def test_a_double_ctrl_c_at_a_terminal_exits_130(tmp_path, sim_repo):
 
 HOLDER = r"""
 import fcntl, json, os, socket, sys, time
-from orchestrator.runner.process import start_time
+from orchestrator.util.process import start_time
 node, controller = sys.argv[1], json.loads(sys.argv[2])
 fd = os.open(os.path.join(node, "node.lock"), os.O_RDWR | os.O_CREAT)
 fcntl.flock(fd, fcntl.LOCK_EX)
@@ -395,7 +395,7 @@ def test_a_node_held_by_an_orphan_is_taken_over(tmp_path, monkeypatch, controlle
     import sys
 
     from orchestrator.runner import node as node_mod
-    from orchestrator.runner.process import start_time
+    from orchestrator.util.process import start_time
 
     monkeypatch.setattr(node_mod, "ORPHAN_WAIT_S", 0.5)
     cfg = _cfg(tmp_path, tmp_path)

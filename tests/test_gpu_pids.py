@@ -127,7 +127,7 @@ def test_a_server_in_a_namespace_below_sleuth_s_is_known_by_its_inner_pids_too(t
 
 
 def test_the_real_proc_reads():
-    from orchestrator.runner.process import start_time
+    from orchestrator.util.process import start_time
 
     view = ProcView()
     me = os.getpid()

@@ -18,7 +18,7 @@ import pytest
 from orchestrator.commands import isolate as isolate_cmd
 from orchestrator.commands import trial as trial_cmd
 from orchestrator.config.compose import compose_settings
-from orchestrator.packages.plan import NO_SOURCE
+from orchestrator.control.packages import NO_SOURCE
 from orchestrator.records import Outcome
 from orchestrator.sim_scenarios.generate import generate_scenario
 from orchestrator.store import RunStore
@@ -126,7 +126,7 @@ def test_kill_controller_then_resume_reuses_finished_trials(tmp_path, capsys):
     # (the ones cut short by the kill are not evidence). The power limit is compared within
     # one server lifetime: a restart is its lifetime row, and its block rows (one per power
     # limit) are not restarts of their own.
-    from orchestrator.control.blocks import lifetime_of
+    from orchestrator.run.blocks import lifetime_of
 
     rows = store.trials()
     cut = {r.id for r in rows if r.outcome == Outcome.INTERRUPTED}

@@ -236,11 +236,13 @@ def test_kernel_evidence_is_on_by_default_only_where_restarts_are_free(args, on)
     from orchestrator.evidence import plan
 
     cfg = compose_settings("investigate", args)
-    assert plan.kernels_enabled(cfg) is on
-    assert plan.cost_line(cfg).startswith("kernel evidence: on" if on else "kernel evidence: off")
-    assert "6" in plan.cost_line(cfg)  # 2 x evidence.restarts restarts per cause, stated
-    assert plan.profile_extra(cfg, plan.KERNELS_PHASE) == {"profile": {"requests": 4}}
-    assert plan.profile_extra(cfg, "bisect") == {}
+    assert plan.kernels_enabled(cfg.evidence, cfg.target) is on
+    line = plan.cost_line(cfg.evidence, cfg.target)
+    assert line.startswith("kernel evidence: on" if on else "kernel evidence: off")
+    assert "6" in line  # 2 x evidence.restarts restarts per cause, stated
+    assert plan.profile_extra(cfg.evidence, cfg.bench, False, plan.KERNELS_PHASE) == {
+        "profile": {"requests": 4}}
+    assert plan.profile_extra(cfg.evidence, cfg.bench, cfg.trial.profile, "bisect") == {}
 
 
 def test_bad_evidence_settings_are_refused():

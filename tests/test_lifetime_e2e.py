@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.control.blocks import lifetime_of
+from orchestrator.run.blocks import lifetime_of
 from orchestrator.store import RunStore
 
 pytestmark = pytest.mark.e2e

@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 from conftest import seed_counts
 
-from orchestrator.control.blocks import block_results, level_candidate, lifetime_of
 from orchestrator.records import Candidate, Measurement, Outcome, TrialResult
+from orchestrator.run.blocks import block_results, level_candidate, lifetime_of
 from orchestrator.runner.lifetime import block_order, level_values
 from orchestrator.stats.lifetimes import Cell, SplitPlot, components
 from orchestrator.strategies.base import Observation

@@ -250,6 +250,6 @@ def test_a_live_server_slow_because_of_a_commit_rules_out_state(tmp_path):
 
 
 def liveproc_port() -> int:
-    from orchestrator.runner.process import free_port
+    from orchestrator.util.process import free_port
 
     return free_port()

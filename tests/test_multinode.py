@@ -136,7 +136,7 @@ class RayStartCluster:
     def __init__(self, base: Path):
         import secrets
 
-        from orchestrator.runner.process import free_port
+        from orchestrator.util.process import free_port
 
         self.base = base
         self.port = free_port(self.IP)
@@ -155,7 +155,7 @@ class RayStartCluster:
         return f"{self.IP}:{self.port}"
 
     def _start(self, *args: str) -> int:
-        from orchestrator.runner.process import free_port
+        from orchestrator.util.process import free_port
 
         ports = [f"--{name}={free_port(self.IP)}" for name in (
             "dashboard-agent-listen-port", "dashboard-agent-grpc-port", "metrics-export-port",

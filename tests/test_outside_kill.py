@@ -16,7 +16,7 @@ from orchestrator.control.controller import Controller
 from orchestrator.records import Candidate, Outcome
 from orchestrator.run.rundir import create_run
 from orchestrator.runner.exits import killed_from_outside, oom_kills
-from orchestrator.runner.process import group_members
+from orchestrator.util.process import group_members
 
 FAST = ["target=sim", "target.time_scale=0.02", "bench.requests=2", "bench.output_len=32",
         "bench.input_len=32", "bench.warmup_requests=1", "bench.repetitions=2",

@@ -214,7 +214,8 @@ def test_investigate_names_the_release_in_the_isolate_cause_and_can_be_turned_of
     assert follow.harmful_packages(isolate, 0.99) == [cause]
     assert follow._versions(cause["differences"][0]) == ("2.27.5", "2.28.3")
     off = build({"packages": {"bisect": False}, "confidence": 0.99})
-    assert follow.follow(off, InvestigateRequest(), None, None, isolate, None) is None  # nothing listed, nothing run
+    req = InvestigateRequest.of(compose_settings("investigate", ["target=sim", "good=a", "bad=b"]))
+    assert follow.follow(off, req, None, None, isolate, None) is None  # nothing listed, nothing run
     release = {"verdict": "found", "package": {"versions": [
         {"version": v} for v in ("2.27.5", "2.27.7", "2.28.0", "2.28.3", "2.28.7")]},
         "findings": [

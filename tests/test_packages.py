@@ -19,7 +19,6 @@ from orchestrator.config.requests import BisectRequest
 from orchestrator.errors import UserError
 from orchestrator.packages import trial as pkg_trial
 from orchestrator.packages.overlay import OverlayCache, OverlayError, OverlaySet, OverlaySettings
-from orchestrator.packages.pins import parse_pin, pins_of
 from orchestrator.packages.probe import mapped_libraries, python_invocation, report_of_command
 from orchestrator.records import Candidate
 from orchestrator.sim_scenarios.presets import EAGLE_LAUNCH, effects_of
@@ -28,6 +27,7 @@ from orchestrator.system.fingerprint_diff import diff
 from orchestrator.targets.sim import model
 from orchestrator.targets.sim import packages as sim_packages
 from orchestrator.targets.sim.gpu_state import default_state
+from orchestrator.util.pins import parse_pin, pins_of
 
 
 @pytest.fixture(scope="session")

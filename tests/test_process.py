@@ -9,8 +9,8 @@ import time
 
 import pytest
 
-from orchestrator.runner import process
-from orchestrator.runner.process import (
+from orchestrator.util import process
+from orchestrator.util.process import (
     free_port,
     group_exists,
     group_members,
@@ -101,7 +101,7 @@ def test_group_members_answers_an_empty_group_without_a_scan(monkeypatch, tmp_pa
 LAUNCHER = r"""
 import sys
 from pathlib import Path
-from orchestrator.runner import process
+from orchestrator.util import process
 if sys.argv[1] == "fallback":
     process._setpriv.cache_clear()
     process._setpriv = lambda: None

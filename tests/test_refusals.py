@@ -24,7 +24,7 @@ from orchestrator.cli import main
 from orchestrator.commands import common, doctor
 from orchestrator.config.compose import compose_settings
 from orchestrator.runner.holder import HOLDER_FILE, NODE_LOCK
-from orchestrator.runner.process import start_time
+from orchestrator.util.process import start_time
 from orchestrator.workspace.locking import release, try_exclusive
 from tests.conftest import make_sim_repo
 
@@ -339,7 +339,7 @@ def test_a_run_id_is_looked_up_in_runs_dir_first_and_an_ambiguous_one_is_refused
     """`sleuth resume RUN runs_dir=D` (the line printed after a full disk) opens D/RUN even
     when the current directory holds a folder RUN; with runs_dir at its default, a run of that
     name both in ./runs and in . is refused in one line naming both."""
-    from orchestrator.run.locate import locate_run
+    from orchestrator.store.locate import locate_run
 
     run_dir, live = _live_run(world)
     live.close()

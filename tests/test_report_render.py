@@ -29,6 +29,7 @@ from orchestrator.config.settings import to_yaml
 from orchestrator.control.drive import Epochs, observation
 from orchestrator.records import Candidate, Measurement, Outcome, TrialResult
 from orchestrator.run import findings
+from orchestrator.run.posterior_steps import Recorder
 from orchestrator.store import RunStore
 from orchestrator.strategies.base import probability_relation, probability_text
 from orchestrator.ui.render import finding_id
@@ -40,7 +41,6 @@ from orchestrator.ui.report.fingerprints import fingerprint_diffs
 from orchestrator.ui.report.html import render_html
 from orchestrator.ui.report.markdown import md_escape, render_markdown
 from orchestrator.ui.report.plots import make_plots, sweep_legend
-from orchestrator.ui.report.replay_cache import Recorder
 from orchestrator.workspace import CommitInfo
 
 N, CULPRIT, BROKEN = 16, 9, 4
@@ -65,9 +65,10 @@ def _metrics(verify: float, rng: random.Random) -> dict:
             "output_throughput": 3000.0 / (verify + 12), "cuda_graph_share": 1.0}
 
 
-def build_bisect_run(root: Path, run_id: str = "syn", record: bool = False) -> dict:
-    """A finished synthetic bisect run directory (see the module docstring); with `record`,
-    it keeps its posterior history as the live bisect does (`replay_cache.Recorder`)."""
+def build_bisect_run(root: Path, run_id: str = "syn", record: bool = True) -> dict:
+    """A finished synthetic bisect run directory (see the module docstring); it keeps its
+    posterior history as the live bisect does (`run/posterior_steps.Recorder`), unless
+    `record` is false (a run older than the record)."""
     cfg = compose_settings("bisect", ["target=sim", f"runs_dir={root}", "metric=verify_ms", "nodes=2",
                                     "trial.retries=0", f"run_id={run_id}"])
     run_dir = root / run_id
@@ -189,9 +190,14 @@ def test_every_trial_is_in_the_distributions(run, data):
     assert positions == sorted(positions) and positions[0] == 0 and positions[-1] == N - 1
 
 
-def test_posterior_replay_matches_the_run(run, data):
+def test_the_posterior_is_read_from_the_run_s_own_record(run, data):
+    """The report draws the posterior the live bisect recorded as it went (one step per
+    verdict that took in trials), never a replay of the strategy."""
+    from orchestrator.run import posterior_steps
+
     history = S.posterior_history(data)
-    assert len(history.steps) == run["n_obs"]
+    lines = (data.run_dir / posterior_steps.STEPS).read_text().splitlines()
+    assert len(history.steps) == len(lines) >= run["n_obs"] // 2
     assert history.steps[0].status == "reproducing" and history.steps[-1].status == "found"
     assert history.culprits == (CULPRIT,)
     assert history.steps[-1].best_point == CULPRIT
@@ -201,53 +207,18 @@ def test_posterior_replay_matches_the_run(run, data):
     assert all(0 <= sum(s.posterior) <= 1 + 1e-9 for s in history.steps)
 
 
-def test_the_replay_is_kept_beside_the_run_and_redone_when_its_inputs_change(data, monkeypatch):
-    import dataclasses
+def test_a_run_without_the_record_has_no_posterior_plot(tmp_path):
+    """A run older than the record (or whose record could not be written) shows no posterior
+    rather than one rebuilt by a renderer; a line cut short by a kill is left out."""
+    from orchestrator.run import posterior_steps
 
-    from orchestrator.ui.report import replay_cache
-    from orchestrator.ui.report import series as series_module
-
-    first = S.posterior_history(data)
-    assert (data.run_dir / replay_cache.FILENAME).is_file()
-    # The next report reads it: the strategy is not asked again, the history is the same.
-    monkeypatch.setattr(series_module, "_replay",
-                        lambda *a: pytest.fail("replayed although the replay was kept"))
-    assert S.posterior_history(data) == first
-    # One trial fewer (a run read while it grows, a resumed run) is another key: replayed.
-    replayed = []
-    monkeypatch.setattr(series_module, "_replay", lambda *a: replayed.append(a[3]))
-    S.posterior_history(dataclasses.replace(data, rows=data.rows[:-1]))
-    assert replayed and len(replayed[0]) == len(first.steps) - 1
-
-
-def test_the_run_s_own_record_is_read_not_replayed(tmp_path, data, monkeypatch):
-    """The live bisect keeps its posterior history as it goes: the end of the run and the
-    report read it (linear in the trials) instead of replaying the strategy (quadratic)."""
-    from orchestrator.ui.report import replay_cache
-    from orchestrator.ui.report import series as series_module
-
-    recorded = build_bisect_run(tmp_path, "rec", record=True)
-    live = load_run(recorded["run_dir"])
-    monkeypatch.setattr(series_module, "_replay",
-                        lambda *a: pytest.fail("replayed although the run kept its record"))
-    history = S.posterior_history(live)
-    lines = (recorded["run_dir"] / replay_cache.STEPS).read_text().splitlines()
-    assert len(history.steps) == len(lines) >= recorded["n_obs"] // 2
-    assert history.culprits == (CULPRIT,) and history.steps[-1].status == "found"
-    assert history.steps[-1].best_point == CULPRIT
-    # The same answer as the replay of the same trials (the module's run, built alike).
-    replayed = S.posterior_history(data)
-    assert history.culprits == replayed.culprits and history.labels == replayed.labels
-    assert history.steps[-1].posterior == pytest.approx(replayed.steps[-1].posterior)
-    # A record that misses a trial (stopped between storing it and its verdict) is not the
-    # whole history: then the report replays, as before.
-    (recorded["run_dir"] / replay_cache.FILENAME).unlink()
-    path = recorded["run_dir"] / replay_cache.STEPS
-    path.write_text("\n".join(lines[:-1]) + "\n")
-    again = []
-    monkeypatch.setattr(series_module, "_replay", lambda *a: again.append(a[3]))
-    S.posterior_history(load_run(recorded["run_dir"]))
-    assert again and len(again[0]) == recorded["n_obs"]
+    bare = build_bisect_run(tmp_path, "bare", record=False)
+    assert S.posterior_history(load_run(bare["run_dir"])) is None
+    cut = build_bisect_run(tmp_path, "cut")
+    path = cut["run_dir"] / posterior_steps.STEPS
+    lines = path.read_text().splitlines()
+    path.write_text("\n".join(lines) + '\n{"trials": [99], "posterior"')
+    assert len(S.posterior_history(load_run(cut["run_dir"])).steps) == len(lines)
 
 
 def test_phase_pairs_and_timeline(run, data):

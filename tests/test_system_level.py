@@ -12,10 +12,10 @@ from orchestrator.commands import trial as trial_cmd
 from orchestrator.config.compose import compose_settings
 from orchestrator.config.settings import as_dict
 from orchestrator.gpu.base import ClockPolicy
-from orchestrator.gpu.sim import SimGpuControl
 from orchestrator.records import Outcome
 from orchestrator.store import RunStore
 from orchestrator.targets.sim import gpu_state
+from orchestrator.targets.sim.gpu_control import SimGpuControl
 
 FAST = ["target=sim", "target.time_scale=0.02", "target.load_seconds=5", "bench.requests=2",
         "bench.output_len=32", "bench.input_len=32", "bench.warmup_requests=1",

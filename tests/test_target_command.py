@@ -21,10 +21,10 @@ from orchestrator.commands import bisect
 from orchestrator.config.compose import compose_settings
 from orchestrator.config.settings import as_dict
 from orchestrator.records import Outcome
-from orchestrator.runner.process import group_members
 from orchestrator.store import RunStore
 from orchestrator.targets.base import NodeContext
 from orchestrator.targets.command import CommandTarget, parse_bench_output, run_command
+from orchestrator.util.process import group_members
 
 FAST = ["bench.repetitions=2", "bench.warmup_requests=0", "trial.retries=0"]
 

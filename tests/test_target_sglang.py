@@ -38,6 +38,7 @@ from orchestrator.targets.sglang import (
 from orchestrator.targets.sim import args as sim_args
 from orchestrator.targets.sim import gpu_state, model
 from orchestrator.targets.sim.args import build_parser
+from orchestrator.util.versions import parse_version
 from tests import sglang_facts as sf
 
 FAST = ["target.time_scale=0.02", "target.load_seconds=5", "bench.requests=2",
@@ -60,10 +61,10 @@ def _target(tmp_path: Path, *overrides: str, target: str = "sglang") -> SglangTa
 
 # -- version facts ------------------------------------------------------------------------------
 def test_version_strings_parse():
-    assert v.parse_version("0.5.15.post1") == (0, 5, 15)
-    assert v.parse_version("v0.5.9") == (0, 5, 9)
-    assert v.parse_version("0.5.3rc2") == (0, 5, 3)
-    assert v.parse_version("main") is None and v.parse_version("") is None
+    assert parse_version("0.5.15.post1") == (0, 5, 15)
+    assert parse_version("v0.5.9") == (0, 5, 9)
+    assert parse_version("0.5.3rc2") == (0, 5, 3)
+    assert parse_version("main") is None and parse_version("") is None
 
 
 @pytest.mark.parametrize(("version", "per_phase", "info", "verify", "bench"), [
@@ -78,7 +79,7 @@ def test_version_strings_parse():
     ("0.5.23", True, ("/server_info", "/get_server_info"), True, "sglang.benchmark.serving"),
 ])
 def test_features_by_version(version, per_phase, info, verify, bench):
-    f = v.features_for_version(v.parse_version(version))
+    f = v.features_for_version(parse_version(version))
     assert (f.cuda_graph_per_phase, f.server_info_paths, f.verify_ms_from_metrics,
             f.bench_serving_module) == (per_phase, info, verify, bench)
 

@@ -13,7 +13,7 @@ import re
 from collections.abc import Mapping, Sequence
 
 from orchestrator.metrics import METRICS
-from orchestrator.ui.safe_text import printable
+from orchestrator.util.safe_text import printable
 
 # A change this large (or a halving) reads as a ratio.
 RATIO_FROM = 2.0

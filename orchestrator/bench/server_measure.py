@@ -99,7 +99,7 @@ def measure(target, base_url: str, requests: list[RequestSpec], log_path: Path,
     metrics = dict(target.benchmark(base_url, requests, log_path))
     after = target.scrape(base_url)
     info = server_info(base_url) if (server_info and flushed) else None
-    speculative = bool(target.conf.get("speculative_algorithm"))
+    speculative = bool(getattr(target.settings, "speculative_algorithm", None))
     sources: dict[str, str] = {}
     if "accept_len" in metrics:
         metrics["meta_accept_len"] = metrics.pop("accept_len")
@@ -108,8 +108,8 @@ def measure(target, base_url: str, requests: list[RequestSpec], log_path: Path,
         per_token = None
         if d.needs_prefill_probe(speculative):
             per_token = prefill_probe(
-                target.http, base_url, requests, concurrency=int(target.bench["concurrency"]),
-                timeout_s=float(target.bench["request_timeout_s"]),
+                target.http, base_url, requests, concurrency=int(target.bench_settings.concurrency),
+                timeout_s=float(target.bench_settings.request_timeout_s),
                 time_scale=target.time_scale, scrape=target.scrape)
             sources["draft_ms"] = ("eager draft: (decode + extend - prefill) / decode passes;"
                                    " prefill measured by a prefill-only probe" if per_token else
@@ -138,7 +138,7 @@ def measure(target, base_url: str, requests: list[RequestSpec], log_path: Path,
             metrics["accept_len"] = metrics[chosen[0]]
         sources["accept_len"] = chosen[1] if chosen else "absent: no source reported one"
         if server is None:
-            interval = target.conf.get("decode_log_interval") or 40
+            interval = getattr(target.settings, "decode_log_interval", None) or 40
             why = ("the cache flush was refused, so the server's total is not this repetition's"
                    if not flushed else "/server_info did not answer" if info is None else
                    f"the repetition was shorter than one decode-log window ({interval} batches)")

@@ -34,17 +34,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from orchestrator.answer.provisional import so_far
-from orchestrator.answer.text import name_points
 from orchestrator.commands import bisect_release, common, next_step
-from orchestrator.commands.bisect_notes import (
-    min_effect_hint,
-    opening_lines,
-    reproduction_notice,
-    running_notes,
-)
+from orchestrator.commands.bisect_notes import Display, Terminal, min_effect_hint, opening_lines
 from orchestrator.commands.bisect_stop import (
     exit_code,
-    keep_posterior_replay,
     provisional_findings,
     settle,
     stop_reason,
@@ -59,20 +52,21 @@ from orchestrator.errors import RunInterrupted, UserError
 from orchestrator.records import Candidate
 from orchestrator.run import findings
 from orchestrator.run.noise_prior import load_noise_prior
+from orchestrator.run.posterior_steps import Recorder
 from orchestrator.run.rundir import create_run, pin_run, run_argument, running, runs_root
 from orchestrator.store import RunStore
 from orchestrator.strategies.base import Verdict
 from orchestrator.strategies.bisect.verdict import chased_change_pct, chased_ruled_out
-from orchestrator.system.watch import SystemChange, system_changes
+from orchestrator.system.watch import system_changes
 from orchestrator.ui import render
-from orchestrator.ui.progress import Progress, expected_bisect_trials, verdict_best
-from orchestrator.ui.report.replay_cache import Recorder
+from orchestrator.ui.progress import Progress
 from orchestrator.ui.report.terminal import print_answer
 from orchestrator.workspace import CommitInfo
 from orchestrator.workspace.commits import boundary_parents, graph_order
 
 if TYPE_CHECKING:  # `execute` runs on any controller; only `_execute` starts the Ray one
     from orchestrator.control.controller import Controller
+    from orchestrator.strategies.bisect import BisectStrategy
 
 
 def validate(cfg: RunSettings) -> tuple[RunSettings, BisectRequest]:
@@ -178,19 +172,6 @@ def resume(run_dir: Path, max_trials: int | None = None) -> int:
                     _load_release(run_dir))
 
 
-def _progress_line(verdict: Verdict, commits: list[CommitInfo], n_obs: int,
-                   cost: str = "") -> str:
-    top = verdict.top
-    if top:
-        best = f"best {commits[top.point].sha[:10]} p={render.probability(top.probability)}"
-    elif verdict.posterior:
-        i = max(range(len(verdict.posterior)), key=verdict.posterior.__getitem__)
-        best = f"best {commits[i].sha[:10]} p={render.probability(verdict.posterior[i])}"
-    else:
-        best = "endpoints first"
-    return f"[{verdict.status}] {n_obs} trials{cost}; {best}"
-
-
 def mark_merges(cfg: RunSettings, doc: dict, commits: list[CommitInfo]) -> None:
     """A culprit a first-parent bisect names that is a merge brought a whole branch in: the
     answer says so and gives the command that searches the branch's own commits (good = the
@@ -230,113 +211,105 @@ def execute(cfg: RunSettings, req: BisectRequest, ctl: Controller, run_dir: Path
     `reference`: the level the range's change is judged against, `(value, run name[, what it
     is])`, where the caller knows a better one than `reference=RUN`'s own (an investigation
     whose system changed since the reference: see `orchestrator/commands/investigate.py`).
-    `cfg` is the run's settings (target, bench, experiment knobs); `req` what is bisected."""
+    `cfg` is the run's settings (target, bench, experiment knobs); `req` what is bisected.
+
+    Four steps: build (the strategy, its repetition design, who reports), drive, the findings
+    document, print."""
+    if reference is None:
+        reference = reference_level(cfg, req)
+    strategy, design = _build(cfg, req, ctl, run_dir, commits, points, weights, out, release,
+                              reference)
+    args = (req.metric, strategy.budget, design, commits, release is not None)
+    reporter = (Display(progress, len(ctl.store.trials()), *args) if progress is not None
+                else Terminal(out, *args))
+    design.on_change = reporter.say
+    # The posterior as the run goes, for the report (a release search has no commit plan)
+    recorder = Recorder(run_dir) if release is None else None
+    try:
+        verdict = drive(ctl, strategy, points, metric=req.metric, on_verdict=reporter.on_verdict,
+                        on_system_change=reporter.system_changed, repetitions=design,
+                        record=recorder.record if recorder is not None else None)
+    except (KeyboardInterrupt, RunInterrupted):
+        _stopped(cfg, req, ctl, run_dir, commits, points, strategy, reporter.latest,
+                 findings_name, out)
+        raise
+    finally:
+        reporter.finish()
+    rows = ctl.store.trials()
+    _flag_outliers(ctl.store, verdict)
+    doc = document(cfg, req, ctl.store.run_id, rows, verdict, strategy, commits, points,
+                   release, reference)
+    design.update(rows, [o.trial_id for o in verdict.outliers if o.trial_id is not None])
+    doc["repetitions"] = design.summary(rows)
+    path = findings.write(run_dir, doc, findings_name)
+    _print_result(cfg, out, doc, verdict, rows, points, reporter.said, design, run_dir,
+                  strategy.budget)
+    out.print(f"findings: {path}")
+    return verdict, doc
+
+
+def _build(cfg: RunSettings, req: BisectRequest, ctl: Controller, run_dir: Path, commits,
+           points, weights, out, release: dict | None, reference: tuple | None
+           ) -> tuple[BisectStrategy, RepetitionDesign]:
+    """The strategy and its repetition design, said before anything is spent."""
     metric = req.metric
-    graph = "" if req.first_parent else " (the full commit graph)"
     if release is not None:
         out.print(f"{bisect_release.opening(release)} on {metric} with {len(ctl.nodes)}"
                   " node(s)")
     else:
+        graph = "" if req.first_parent else " (the full commit graph)"
         out.print(f"bisecting {len(commits)} commits {commits[0].sha[:10]}.."
                   f"{commits[-1].sha[:10]}{graph} on {metric} with {len(ctl.nodes)} node(s)")
-    if reference is None:
-        reference = reference_level(cfg, req)
     settings = RepetitionSettings.from_conf(cfg.bench)
     prior = None
     if settings.adaptive and settings.prior:
         prior = load_noise_prior(run_dir, nodes=ctl.nodes, metric=metric)
     strategy = bisect_strategy(
-        req, experiment_params.of(cfg), len(points), weights, commits, reference_value=reference[0] if reference else None,
+        req, experiment_params.of(cfg), len(points), weights, commits,
+        reference_value=reference[0] if reference else None,
         noise_prior=prior.trial_noise(settings.start) if prior is not None else None)
     for line in opening_lines(req, strategy, reference):
         out.print(line)
     out.print(settings.describe())
     if prior is not None:
         out.print(prior.describe())
-    design = RepetitionDesign(settings, as_dict(cfg.target), metric,
-                              on_change=lambda text: (progress.note if progress is not None
-                                                      else out.print)(text), prior=prior)
     # The report replays the posterior from it (a commit range's: an investigation's release
     # search leaves it to the range's bisect)
     if release is None and not (run_dir / "commits.json").exists():
         _save_plan(run_dir, commits, points, weights)
-    labels = [c.sha[:10] for c in commits]
-    shas = [c.sha for c in commits]
-    budget = strategy.budget
-    said: set[str] = set()
+    return strategy, RepetitionDesign(settings, as_dict(cfg.target), metric, prior=prior)
 
-    def announce(v: Verdict, say) -> None:
-        if "reproduced" not in said and v.status in ("searching", "verifying"):
-            said.add("reproduced")
-            lines = reproduction_notice(v, metric, budget, design)
-            if len(lines) > 2:
-                said.add("beyond")
-            for line in lines:
-                say(line)
-        for line in running_notes(v, metric, budget, said):
-            say(name_points(line, shas, None if release else [c.subject for c in commits]))
-        for note in v.notes:  # a withdrawn reproduction, an early stop: said when it happens
-            if note.startswith(("retracted", "stopped early")) and note not in said:
-                said.add(note)
-                say(name_points(note, shas, None if release else [c.subject for c in commits]))
 
-    def system_changed(change: SystemChange) -> None:
-        (progress.note if progress is not None else out.print)(change.warning)
-
-    if progress is not None:
-        progress.set_total(expected_bisect_trials(len(commits)) + len(ctl.store.trials()))
-
-        def on_verdict(v: Verdict, _n: int) -> None:
-            if v.expected_remaining is not None:  # measured change and noise: a better ETA
-                progress.set_remaining(v.expected_remaining)
-            elif v.status in ("searching", "verifying"):
-                progress.set_total(None)  # no forecast: no ETA rather than the first guess
-            announce(v, progress.note)
-            progress.set_cost(design.spent_line())
-            progress.on_verdict(v.status, *verdict_best(v, labels))
-    else:
-        def on_verdict(v: Verdict, n: int) -> None:
-            announce(v, out.print)
-            out.print(f"  {_progress_line(v, commits, n, ', ' + design.spent_line())}")
-    seen: list[Verdict] = []
-
-    def remember(v: Verdict, n: int) -> None:
-        seen[:] = [v]
-        on_verdict(v, n)
-
-    # The posterior as the run goes, for the report (a release search has no commit plan)
-    recorder = Recorder(run_dir) if release is None else None
+def _stopped(cfg: RunSettings, req: BisectRequest, ctl: Controller, run_dir: Path, commits,
+             points, strategy: BisectStrategy, last: Verdict | None,
+             findings_name: str | None, out) -> None:
+    """Interrupted: what is known so far, stored and said before the run stops (`sleuth
+    report` shows it). Best effort: nothing here may turn a clean stop into a crash."""
     try:
-        verdict = drive(ctl, strategy, points, metric=metric, on_verdict=remember,
-                        on_system_change=system_changed, repetitions=design,
-                        record=recorder.record if recorder is not None else None)
-    except (KeyboardInterrupt, RunInterrupted):
-        # What is known so far, stored and said before the run stops (`sleuth report` shows
-        # it). Best effort: nothing here may turn a clean stop into a crash.
-        try:
-            last = seen[-1] if seen else strategy.verdict(replay(
-                ctl.store.trials(), FixedPoints(points), metric, ctl.retries))
-            doc = provisional_findings(cfg, req, ctl, run_dir, commits, points, last,
-                                       f"interrupted after {last.n_trials} restarts",
-                                       findings_name)
-            if findings_name is None:  # a step of an investigation: it says the whole answer
-                out.print("")
-                print_answer(out, doc["answer"])
-        except Exception as exc:  # noqa: BLE001 - the interrupt is what the user must see
-            out.print(f"(the answer so far could not be stored: {exc})")
-        raise
-    finally:
-        if progress is not None:  # the next step's trials are not this bisect's to cost
-            progress.set_cost("")
-    rows = ctl.store.trials()
-    _flag_outliers(ctl.store, verdict)
-    doc = findings.bisect_findings(run_id=ctl.store.run_id, metric=metric, verdict=verdict,
-                                   commits=commits, keys=[p.key for p in points], rows=rows,
+        if last is None:
+            last = strategy.verdict(replay(ctl.store.trials(), FixedPoints(points), req.metric,
+                                           ctl.retries))
+        doc = provisional_findings(cfg, req, ctl, run_dir, commits, points, last,
+                                   f"interrupted after {last.n_trials} restarts", findings_name)
+        if findings_name is None:  # a step of an investigation: it says the whole answer
+            out.print("")
+            print_answer(out, doc["answer"])
+    except Exception as exc:  # noqa: BLE001 - the interrupt is what the user must see
+        out.print(f"(the answer so far could not be stored: {exc})")
+
+
+def document(cfg: RunSettings, req: BisectRequest, run_id: str, rows, verdict: Verdict,
+             strategy: BisectStrategy, commits, points, release: dict | None,
+             reference: tuple | None) -> dict:
+    """The findings document of a finished (or budget-stopped) bisect."""
+    keys = [p.key for p in points]
+    doc = findings.bisect_findings(run_id=run_id, metric=req.metric, verdict=verdict,
+                                   commits=commits, keys=keys, rows=rows,
                                    min_effect_pct=experiment_params.of(cfg).min_effect_pct,
                                    subjects=release is None)
     if release is not None:
-        doc = bisect_release.rewrite(doc, release, rows, [p.key for p in points],
-                                     metric=metric, direction=req.direction)
+        doc = bisect_release.rewrite(doc, release, rows, keys, metric=req.metric,
+                                     direction=req.direction)
     if verdict.status == "budget_exhausted":
         doc["answer"] = so_far(doc["answer"], why=stop_reason(verdict),
                                confidence=req.confidence)
@@ -348,15 +321,16 @@ def execute(cfg: RunSettings, req: BisectRequest, ctl: Controller, run_dir: Path
                          "since": reference[2] if len(reference) > 2 else
                          f"reference run {reference[1]}",
                          "ruled_out": chased_ruled_out(strategy)}
-    changes = system_changes(rows)
-    doc["system_changes"] = [c.to_json() for c in changes]
+    doc["system_changes"] = [c.to_json() for c in system_changes(rows)]
     if req.first_parent and release is None:
         mark_merges(cfg, doc, commits)
     settle(doc, verdict, rows)
-    design.update(rows, [o.trial_id for o in verdict.outliers if o.trial_id is not None])
-    doc["repetitions"] = design.summary(rows)
-    path = findings.write(run_dir, doc, findings_name)
-    keep_posterior_replay(run_dir)
+    return doc
+
+
+def _print_result(cfg: RunSettings, out, doc: dict, verdict: Verdict, rows, points,
+                  said: set[str], design: RepetitionDesign, run_dir: Path, budget: int) -> None:
+    """The findings, the notes not said while it ran, how to continue, what to mistrust."""
     out.print(render.findings_table(doc))
     out.print(doc["message"])  # commits named, not positions
     for line in bisect_release.step_lines(doc):
@@ -373,13 +347,11 @@ def execute(cfg: RunSettings, req: BisectRequest, ctl: Controller, run_dir: Path
     if verdict.status == "budget_exhausted":
         out.print(f"to continue (every finished trial is reused): sleuth resume"
                   f" {run_argument(run_dir)} max_trials={2 * budget}")
-    for change in changes:
+    for change in system_changes(rows):
         out.print(change.warning)
-    silent = unreported(rows, metric, points)
+    silent = unreported(rows, str(doc["metric"]), points)
     if silent:
         out.print(f"warning: {silent}")
-    out.print(f"findings: {path}")
-    return verdict, doc
 
 
 def _execute(cfg: RunSettings, req: BisectRequest, run_dir: Path, store: RunStore, commits,

@@ -2,19 +2,26 @@
 look for (before it spends anything), the change once it reproduces with the forecast, the
 forecast moving beyond the budget (the bench cannot resolve the question: said with the numbers
 and what would help), a verified step far smaller than the endpoints' change, and after a long
-"not reproducible" how to make the next one short."""
+"not reproducible" how to make the next one short; and who says it (`Reporter`: the
+terminal's lines, or the progress display's notes)."""
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from orchestrator.answer.text import name_points
 from orchestrator.config import params as experiment_params
 from orchestrator.config.requests import BisectRequest
 from orchestrator.strategies.base import Verdict
+from orchestrator.ui import render
+from orchestrator.ui.progress import expected_bisect_trials, verdict_best
 
 if TYPE_CHECKING:
     from orchestrator.control.repetitions import RepetitionDesign
     from orchestrator.strategies.bisect import BisectStrategy
+    from orchestrator.system.watch import SystemChange
+    from orchestrator.ui.progress import Progress
+    from orchestrator.workspace import CommitInfo
 
 
 def reproduction_notice(verdict: Verdict, metric: str, budget: int | None,
@@ -125,3 +132,100 @@ def opening_lines(req: BisectRequest, strategy: BisectStrategy,
                  ": its size is measured first (state it with experiment.params.min_effect_pct=P"
                  ", was=VALUE or reference=RUN to rule a range out sooner)")
     return [spend, chase]
+
+
+class Reporter:
+    """What a running bisect says, once each: the reproduction notice, the running notes, a
+    withdrawn reproduction or an early stop, a change of the node's system; and its latest
+    verdict (the answer so far when it is interrupted). `say` is where a line goes: the
+    terminal (`Terminal`) or the progress display's notes (`Display`)."""
+
+    def __init__(self, metric: str, budget: int, design: RepetitionDesign,
+                 commits: list[CommitInfo], release: bool):
+        self.metric, self.budget, self.design = metric, budget, design
+        self.shas = [c.sha for c in commits]
+        self.subjects = None if release else [c.subject for c in commits]
+        self.commits = commits
+        self.said: set[str] = set()
+        self.latest: Verdict | None = None
+
+    def say(self, text: str) -> None:
+        raise NotImplementedError
+
+    def system_changed(self, change: SystemChange) -> None:
+        self.say(change.warning)
+
+    def on_verdict(self, v: Verdict, n: int) -> None:
+        self.latest = v
+        self.announce(v)
+
+    def finish(self) -> None:
+        """The bisect's part is over (its cost is not the next step's)."""
+
+    def announce(self, v: Verdict) -> None:
+        if "reproduced" not in self.said and v.status in ("searching", "verifying"):
+            self.said.add("reproduced")
+            lines = reproduction_notice(v, self.metric, self.budget, self.design)
+            if len(lines) > 2:
+                self.said.add("beyond")
+            for line in lines:
+                self.say(line)
+        for line in running_notes(v, self.metric, self.budget, self.said):
+            self.say(name_points(line, self.shas, self.subjects))
+        for note in v.notes:  # a withdrawn reproduction, an early stop: said when it happens
+            if note.startswith(("retracted", "stopped early")) and note not in self.said:
+                self.said.add(note)
+                self.say(name_points(note, self.shas, self.subjects))
+
+
+class Terminal(Reporter):
+    """Plain lines: each verdict as a progress line with the cost so far."""
+
+    def __init__(self, out, *args):
+        super().__init__(*args)
+        self.out = out
+
+    def say(self, text: str) -> None:
+        self.out.print(text)
+
+    def on_verdict(self, v: Verdict, n: int) -> None:
+        super().on_verdict(v, n)
+        self.out.print(f"  {progress_line(v, self.commits, n, ', ' + self.design.spent_line())}")
+
+
+class Display(Reporter):
+    """The progress display: its bar, ETA and cost, the notes above it."""
+
+    def __init__(self, progress: Progress, done: int, *args):
+        super().__init__(*args)
+        self.progress = progress
+        self.labels = [c.sha[:10] for c in self.commits]
+        progress.set_total(expected_bisect_trials(len(self.commits)) + done)
+
+    def say(self, text: str) -> None:
+        self.progress.note(text)
+
+    def on_verdict(self, v: Verdict, n: int) -> None:
+        if v.expected_remaining is not None:  # measured change and noise: a better ETA
+            self.progress.set_remaining(v.expected_remaining)
+        elif v.status in ("searching", "verifying"):
+            self.progress.set_total(None)  # no forecast: no ETA rather than the first guess
+        super().on_verdict(v, n)
+        self.progress.set_cost(self.design.spent_line())
+        self.progress.on_verdict(v.status, *verdict_best(v, self.labels))
+
+    def finish(self) -> None:
+        self.progress.set_cost("")
+
+
+def progress_line(verdict: Verdict, commits: list[CommitInfo], n_obs: int,
+                  cost: str = "") -> str:
+    top = verdict.top
+    if top:
+        best = f"best {commits[top.point].sha[:10]} p={render.probability(top.probability)}"
+    elif verdict.posterior:
+        i = max(range(len(verdict.posterior)), key=verdict.posterior.__getitem__)
+        best = f"best {commits[i].sha[:10]} p={render.probability(verdict.posterior[i])}"
+    else:
+        best = "endpoints first"
+    return f"[{verdict.status}] {n_obs} trials{cost}; {best}"

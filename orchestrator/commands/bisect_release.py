@@ -25,11 +25,11 @@ from orchestrator.answer import text
 from orchestrator.commands import common
 from orchestrator.config.requests import BisectRequest
 from orchestrator.config.settings import RunSettings
+from orchestrator.control import packages
 from orchestrator.metrics import regression_direction
-from orchestrator.packages import plan as packages
-from orchestrator.packages.pins import canonical, pin_list
 from orchestrator.packages.releases import Listing, describe, releases_between
 from orchestrator.records import Candidate, Outcome
+from orchestrator.util.pins import canonical, pin_list
 from orchestrator.workspace import CommitInfo
 
 

@@ -75,20 +75,6 @@ def provisional_findings(cfg: RunSettings, req: BisectRequest, ctl: Controller, 
     return doc
 
 
-def keep_posterior_replay(run_dir: Path) -> None:
-    """Keep the posterior history beside the run as it ends (`ui/report/replay_cache.py`):
-    read from the run's own record (linear in the trials), replayed only where there is no
-    complete record; `sleuth report` then reads it in milliseconds. Never a reason for the
-    run to fail."""
-    from orchestrator.ui.report import load_run
-    from orchestrator.ui.report.series import posterior_history
-
-    try:
-        posterior_history(load_run(run_dir))
-    except Exception:  # noqa: BLE001 - the report replays it then
-        pass
-
-
 def settle(doc: dict, verdict: Verdict, rows) -> dict:
     """The bisect's answer as the exit code reads it (`orchestrator/errors.py`, one rule):
     a range that does not reproduce answers the question ("not in this range") only when its

@@ -4,15 +4,15 @@ reopening every resumable command shares (`reopen_run`)."""
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 from orchestrator.config.settings import RunSettings, evolve, load_saved
+from orchestrator.control import packages
 from orchestrator.errors import UserError
 from orchestrator.gpu.base import ClockPolicy
 from orchestrator.metrics import regression_direction
-from orchestrator.packages import plan as packages
 from orchestrator.records import Candidate
 from orchestrator.run.rundir import runs_root
 from orchestrator.store import RunStore
@@ -22,6 +22,9 @@ from orchestrator.system.redact import secret_in_value, secret_source
 from orchestrator.targets.registry import check_name
 from orchestrator.ui import render
 from orchestrator.workspace import Workspace
+
+if TYPE_CHECKING:
+    from orchestrator.strategies.sweep.space import SearchSpace
 
 _T = TypeVar("_T")
 
@@ -230,3 +233,14 @@ def reopen_run(run_dir: Path, command: str,
     render.console().print(resume_notice(run_dir, store))
     store.set_status("running")
     return store, cfg, prepared
+
+
+def clocks(*, sides: Sequence[object] = (), space: SearchSpace | None = None) -> list[str]:
+    """The clock policies a command's trials set besides the run's own: an isolate's sides
+    (`good.clock=...`), a sweep's clock levels. The controller's nodes check each against
+    their GPUs before the first trial, so a policy a GPU refuses is found before any is spent."""
+    out = [str(side["clock"]) for side in sides if isinstance(side, Mapping) and side.get("clock")]
+    if space is not None:
+        out += [str(v) for p in space.params if p.kind == "clock" for v in p.values
+                if v is not None]
+    return out

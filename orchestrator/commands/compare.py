@@ -17,6 +17,7 @@ import json
 import math
 import os
 import statistics
+from dataclasses import dataclass
 from pathlib import Path
 
 from orchestrator import answer
@@ -29,11 +30,10 @@ from orchestrator.commands.compare_findings import CHANGE_CONFIDENCE, findings_d
 from orchestrator.config import params as experiment_params
 from orchestrator.config.requests import CompareRequest, compare_reference
 from orchestrator.config.settings import RunSettings, as_dict, evolve, saved_values
+from orchestrator.control import packages
 from orchestrator.control.controller import Controller
 from orchestrator.errors import RunInterrupted, UserError, answer_exit
 from orchestrator.metrics import EFFECT_METRICS, effect_metrics
-from orchestrator.packages import plan as packages
-from orchestrator.packages.pins import pin_list
 from orchestrator.records import Candidate, Outcome
 from orchestrator.reference import record as log_record
 from orchestrator.reference.diff import differences
@@ -50,6 +50,7 @@ from orchestrator.system.watch import system_changes
 from orchestrator.ui import render
 from orchestrator.ui.progress import Progress
 from orchestrator.ui.report.terminal import print_answer
+from orchestrator.util.pins import pin_list
 
 # Settings that say where a trial runs rather than what it measures: the compare's own apply.
 WHERE = {"target": ("host", "gpu_state", "python")}
@@ -116,24 +117,8 @@ def adopt_reference_config(cfg: RunSettings, ref: dict,
     replace the defaults, and a setting the user gave that would change the reference's
     configuration is refused (one line, exit 2). Returns the settings to run with and the
     settings taken from the reference."""
-    cand: Candidate = ref["candidate"]
     default = _user_set(cfg)
-    conflicts = []
-    for key, mine, theirs in (("commit", str(cfg.commit), cand.commit),
-                              ("clock", cfg.clock, cand.clock)):
-        if key == "commit" and resolve is not None and mine != str(getattr(default, key)):
-            mine = resolve(mine)
-        if mine != str(getattr(default, key)) and mine != theirs:
-            conflicts.append(f"{key}={mine[:12]} (the reference ran {theirs[:12]})")
-    env = {str(k): str(v) for k, v in cfg.env.items()}
-    if env and env != cand.env_dict:
-        conflicts.append(f"env {env} (the reference ran {cand.env_dict or 'none'})")
-    if list(cfg.patches):
-        conflicts.append("patches= (the reference's own patches are re-applied)")
-    pins = packages.fixed_pins(cfg)
-    if pins and pins != cand.package_dict:
-        ran = ", ".join(cand.packages) or "the node's own packages"
-        conflicts.append(f"packages=[{', '.join(pin_list(pins))}] (the reference ran {ran})")
+    conflicts = _candidate_conflicts(cfg, ref["candidate"], default, resolve)
     config = ref.get("config") or {}
     adopted: list[str] = []
     taken: dict[str, object] = {}
@@ -173,6 +158,29 @@ def adopt_reference_config(cfg: RunSettings, ref: dict,
     cfg = evolve(cfg, taken)
     common.require_bench(cfg)
     return cfg, adopted
+
+
+def _candidate_conflicts(cfg: RunSettings, cand: Candidate, default: RunSettings,
+                         resolve) -> list[str]:
+    """What the command line sets of the candidate (commit, clock, env, patches, pins) that
+    the reference ran otherwise."""
+    conflicts = []
+    for key, mine, theirs in (("commit", str(cfg.commit), cand.commit),
+                              ("clock", cfg.clock, cand.clock)):
+        if key == "commit" and resolve is not None and mine != str(getattr(default, key)):
+            mine = resolve(mine)
+        if mine != str(getattr(default, key)) and mine != theirs:
+            conflicts.append(f"{key}={mine[:12]} (the reference ran {theirs[:12]})")
+    env = {str(k): str(v) for k, v in cfg.env.items()}
+    if env and env != cand.env_dict:
+        conflicts.append(f"env {env} (the reference ran {cand.env_dict or 'none'})")
+    if list(cfg.patches):
+        conflicts.append("patches= (the reference's own patches are re-applied)")
+    pins = packages.fixed_pins(cfg)
+    if pins and pins != cand.package_dict:
+        ran = ", ".join(cand.packages) or "the node's own packages"
+        conflicts.append(f"packages=[{', '.join(pin_list(pins))}] (the reference ran {ran})")
+    return conflicts
 
 
 def _redacted(value: object) -> bool:
@@ -271,74 +279,98 @@ def execute(cfg: RunSettings, req: CompareRequest, ctl: Controller, run_dir: Pat
     """Re-measure `ref["candidate"]` in batches until the decision is made; write findings.
     `req` is what is compared (a step of a longer run passes its own budget: an isolate's
     `max_trials`, none for an investigation's)."""
-    params = experiment_params.of(cfg)
-    metric = req.metric
     cand: Candidate = ref["candidate"]
-    ref_values = ref["values"].get(metric, [])
-    batch = params.batch or 3
-    max_trials = int(req.max_trials or params.max_trials or 9)
-    min_effect = params.min_effect_pct if params.min_effect_pct is not None else 3.0
-    log_record.keep(run_dir, ref)  # a resumed run reads the log as it was read now
-    for line in log_record.describe(ref):
-        out.print(line)
-    missing = log_record.no_level(ref, metric)
-    if missing:  # measured once, for the fingerprint now: there is no level to decide against
-        out.print(f"{missing}: the compare measures the configuration now for its fingerprint"
-                  " only")
-        max_trials = min(max_trials, batch)
+    rule = _Rule.of(cfg, req, ref, run_dir, out)
     out.print(f"re-measuring the reference candidate of {ref['name']}: {cand.label}")
     if progress is not None:  # an earlier experiment's state would mislead
         progress.set_total(None)
         progress.on_verdict("comparing", None, None)
-    # A resumed run's finished compare trials count (an interrupted one is run again).
-    now_rows: list = [r for r in ctl.store.trials() if r.phase == "compare" and r.finished
-                      and r.candidate.key == cand.key and r.outcome is not Outcome.INTERRUPTED]
-    verdict, eff = "unresolved", {}
-
-    def decide_now() -> tuple[str, dict]:
-        now_vals = [v for r in now_rows if r.outcome.measured and not r.suspect
-                    and (v := r.result.value(metric)) is not None]
-        if len(now_vals) < 2 or not ref_values:
-            return "unresolved", eff
-        return decide(ref_values, now_vals, min_effect, 0.95, final=len(now_rows) >= max_trials,
-                      bound_pct=params.bound_pct)
-
-    if now_rows:
-        verdict, eff = decide_now()
+    now_rows = _finished(ctl, cand)  # a resumed run's (an interrupted one is run again)
+    verdict, eff = rule.decide(now_rows) if now_rows else ("unresolved", {})
     try:
-        while verdict == "unresolved" and len(now_rows) < max_trials:
-            for _ in range(min(batch, max_trials - len(now_rows))):
+        while verdict == "unresolved" and len(now_rows) < rule.max_trials:
+            for _ in range(min(rule.batch, rule.max_trials - len(now_rows))):
                 while not ctl.idle_nodes():
                     now_rows += ctl.wait()
                 ctl.submit(cand, phase="compare")
             while ctl.in_flight():
                 now_rows += ctl.wait()
-            verdict, eff = decide_now()
+            verdict, eff = rule.decide(now_rows)
     except (KeyboardInterrupt, RunInterrupted):
-        # What is known so far, stored before the run stops (`sleuth report` shows it).
-        # Best effort: nothing here may turn a clean stop into a crash.
-        try:
-            now_rows[:] = [r for r in ctl.store.trials() if r.phase == "compare" and r.finished
-                           and r.candidate.key == cand.key
-                           and r.outcome is not Outcome.INTERRUPTED]
-            doc, _ = _document(cfg, req, ctl, ref, now_rows, *decide_now(), min_effect)
-            doc["answer"] = so_far(doc["answer"], why=f"interrupted after {len(now_rows)}"
-                                   " restarts", searching=False, keep_sentence=True)
-            doc["provisional"] = doc["answer"]["provisional"]
-            findings.write(run_dir, doc, findings_name)
-            if findings_name is None:  # its own run (a longer one says the whole answer)
-                out.print("")
-                print_answer(out, doc["answer"])
-        except Exception as exc:  # noqa: BLE001 - the interrupt is what the user must see
-            out.print(f"(the answer so far could not be stored: {exc})")
+        _stopped(cfg, req, ctl, run_dir, ref, rule, findings_name, out)
         raise
-    doc, ranked = _document(cfg, req, ctl, ref, now_rows, verdict, eff, min_effect)
+    doc, ranked = _document(cfg, req, ctl, ref, now_rows, verdict, eff, rule.min_effect)
     if progress is not None:
         progress.on_verdict(verdict.replace("_", " "), None, None)
     path = findings.write(run_dir, doc, findings_name)
     print_findings(out, doc, ranked)
     out.print(f"findings: {path}")
     return doc
+
+
+@dataclass(frozen=True)
+class _Rule:
+    """When the compare decides: its batches, its budget, the min effect, against the
+    reference's values of the metric."""
+
+    metric: str
+    ref_values: tuple[float, ...]
+    batch: int
+    max_trials: int
+    min_effect: float
+    bound_pct: float | None
+
+    @classmethod
+    def of(cls, cfg: RunSettings, req: CompareRequest, ref: dict, run_dir: Path,
+           out) -> _Rule:
+        """The rule, and what the reference's record tells (an old log: what it cannot)."""
+        params = experiment_params.of(cfg)
+        batch = params.batch or 3
+        max_trials = int(req.max_trials or params.max_trials or 9)
+        log_record.keep(run_dir, ref)  # a resumed run reads the log as it was read now
+        for line in log_record.describe(ref):
+            out.print(line)
+        missing = log_record.no_level(ref, req.metric)
+        if missing:  # measured once, for the fingerprint now: no level to decide against
+            out.print(f"{missing}: the compare measures the configuration now for its"
+                      " fingerprint only")
+            max_trials = min(max_trials, batch)
+        return cls(req.metric, tuple(ref["values"].get(req.metric, [])), batch, max_trials,
+                   params.min_effect_pct if params.min_effect_pct is not None else 3.0,
+                   params.bound_pct)
+
+    def decide(self, now_rows: list) -> tuple[str, dict]:
+        now_vals = [v for r in now_rows if r.outcome.measured and not r.suspect
+                    and (v := r.result.value(self.metric)) is not None]
+        if len(now_vals) < 2 or not self.ref_values:
+            return "unresolved", {}
+        return decide(list(self.ref_values), now_vals, self.min_effect, 0.95,
+                      final=len(now_rows) >= self.max_trials, bound_pct=self.bound_pct)
+
+
+def _finished(ctl: Controller, cand: Candidate) -> list:
+    """The compare's finished restarts of `cand` (an interrupted one does not count)."""
+    return [r for r in ctl.store.trials() if r.phase == "compare" and r.finished
+            and r.candidate.key == cand.key and r.outcome is not Outcome.INTERRUPTED]
+
+
+def _stopped(cfg: RunSettings, req: CompareRequest, ctl: Controller, run_dir: Path, ref: dict,
+             rule: _Rule, findings_name: str | None, out) -> None:
+    """Interrupted: what is known so far, stored before the run stops (`sleuth report` shows
+    it). Best effort: nothing here may turn a clean stop into a crash."""
+    try:
+        now_rows = _finished(ctl, ref["candidate"])
+        doc, _ = _document(cfg, req, ctl, ref, now_rows, *rule.decide(now_rows),
+                           rule.min_effect)
+        doc["answer"] = so_far(doc["answer"], why=f"interrupted after {len(now_rows)}"
+                               " restarts", searching=False, keep_sentence=True)
+        doc["provisional"] = doc["answer"]["provisional"]
+        findings.write(run_dir, doc, findings_name)
+        if findings_name is None:  # its own run (a longer one says the whole answer)
+            out.print("")
+            print_answer(out, doc["answer"])
+    except Exception as exc:  # noqa: BLE001 - the interrupt is what the user must see
+        out.print(f"(the answer so far could not be stored: {exc})")
 
 
 def _document(cfg: RunSettings, req: CompareRequest, ctl: Controller, ref: dict,

@@ -233,7 +233,7 @@ def run(cfg: RunSettings) -> int:
         truth = scenario.truth
         out.print(f"scenario: {scenario.repo} ({truth['commits']} commits; planted causes in"
                   f" {scenario.out / 'truth.json'})")
-        out.print(evidence_plan.cost_line(cfg))
+        out.print(evidence_plan.cost_line(cfg.evidence, cfg.target))
         cfg = evolve(cfg, repo=str(scenario.repo), good=truth["good"], bad=truth["bad"],
                      recover=True)
         _set_nodes(cfg, scenario.out, "reference")
@@ -247,7 +247,8 @@ def run(cfg: RunSettings) -> int:
         _set_nodes(cfg, scenario.out, "now")
         out.print("\n== 2. now: sleuth investigate, from the reference to the bad commit ==")
         with Progress(out, done=store.trials()) as progress, \
-                Controller(cfg, store, run_dir, on_event=progress.on_event) as ctl:
+                Controller(cfg, store, run_dir, on_event=progress.on_event,
+                           clocks=common.clocks(space=plan.sweep and plan.sweep.space)) as ctl:
             doc, docs = investigate.execute(cfg, ctl, run_dir, plan, ws, out, progress=progress)
         code = investigate.finish(cfg, run_dir, store, doc, out)
         cfg = evolve(cfg, commit=truth["bad"])  # the sweep's truth: its space on the bad commit

@@ -94,28 +94,38 @@ def final_check(ctl: Controller, endpoints: Sequence[Candidate],
                 continue
         if not said:
             said = True
-            lead = ("the endpoints interleaved in one time window, then "
-                    if len(endpoints) > 1 else "")
-            out.print(f"\n== final check: {lead}whichever estimate an added restart narrows"
-                      f" most, until the answer's interval decides (up to {limit} restarts)"
-                      " ==")
-            if planned is not None and planned.get("line"):
-                out.print(planned["line"])
-            if progress is not None:
-                progress.set_total(None)
-                progress.on_verdict("final check", None, None)
+            _announce(out, progress, len(endpoints), limit, planned)
         batch = list(endpoints) if missing else next_round(
             rows, result, endpoints, metric, window=len(endpoints) > 1)
         if len(batch) == 1:
             batch *= max(len(ctl.nodes), 1)
-        for cand in batch[:limit - len(spent)]:
-            while not ctl.idle_nodes():
-                spent += [r for r in ctl.wait() if r.phase == FINAL_PHASE]
-            ctl.submit(cand, phase=FINAL_PHASE)
-        while ctl.in_flight():
-            spent += [r for r in ctl.wait() if r.phase == FINAL_PHASE]
-        spent = [r for r in spent if r.outcome is not Outcome.INTERRUPTED]
+        spent = _measure(ctl, batch[:limit - len(spent)], spent)
         rows = ctl.store.trials()
+
+
+def _announce(out, progress: Progress | None, n_endpoints: int, limit: int,
+              planned: dict | None) -> None:
+    """The check's first restart: what it measures, until when, and its plan."""
+    lead = "the endpoints interleaved in one time window, then " if n_endpoints > 1 else ""
+    out.print(f"\n== final check: {lead}whichever estimate an added restart narrows"
+              f" most, until the answer's interval decides (up to {limit} restarts) ==")
+    if planned is not None and planned.get("line"):
+        out.print(planned["line"])
+    if progress is not None:
+        progress.set_total(None)
+        progress.on_verdict("final check", None, None)
+
+
+def _measure(ctl: Controller, batch: Sequence[Candidate], spent: list) -> list:
+    """One round of the check on every node; returns the check's restarts so far (an
+    interrupted one does not count)."""
+    for cand in batch:
+        while not ctl.idle_nodes():
+            spent += [r for r in ctl.wait() if r.phase == FINAL_PHASE]
+        ctl.submit(cand, phase=FINAL_PHASE)
+    while ctl.in_flight():
+        spent += [r for r in ctl.wait() if r.phase == FINAL_PHASE]
+    return [r for r in spent if r.outcome is not Outcome.INTERRUPTED]
 
 
 def _open(answer: Mapping) -> bool:

@@ -35,7 +35,6 @@ finished trial (a finished compare is not repeated; the isolate and the bisect r
 from __future__ import annotations
 
 import dataclasses
-import json
 from pathlib import Path
 
 from orchestrator.answer.provisional import so_far
@@ -44,23 +43,18 @@ from orchestrator.commands import (
     common,
     compare,
     investigate_answer,
-    investigate_plan,
-    investigate_release,
+    investigate_steps,
     isolate,
-    sweep,
 )
-from orchestrator.commands.final_check import final_check
 from orchestrator.commands.investigate_answer import Plan
+from orchestrator.commands.investigate_steps import Steps
 from orchestrator.config import params as experiment_params
 from orchestrator.config.bisect import bisect_strategy
-from orchestrator.config.requests import CompareRequest, InvestigateRequest, SweepRequest
+from orchestrator.config.requests import InvestigateRequest, SweepRequest
 from orchestrator.config.settings import RunSettings, evolve
 from orchestrator.control.controller import Controller
 from orchestrator.errors import RunInterrupted, UserError, answer_exit
-from orchestrator.evidence import collect as evidence
 from orchestrator.evidence import plan as evidence_plan
-from orchestrator.records import Candidate
-from orchestrator.reference import record as log_record
 from orchestrator.run import findings
 from orchestrator.run.plan import BudgetSpent, parse_budget
 from orchestrator.run.rundir import create_run, pin_run, running
@@ -120,173 +114,25 @@ def plan(cfg: RunSettings,
 
 def execute(cfg: RunSettings, ctl: Controller, run_dir: Path, p: Plan, ws, out,
             progress: Progress | None = None) -> tuple[dict, dict[str, dict]]:
-    """Every step on a running controller; returns the investigation's document (with its
-    answer) and the steps' findings documents by experiment."""
-    req = p.request
-    docs: dict[str, dict] = {}
-    marks: dict[str, int] = {}  # the first trial id of each step, for a node that changes
-
-    def mark(step: str) -> None:
-        marks[step] = max((r.id for r in ctl.store.trials()), default=0) + 1
-
-    ref = p.reference
-    step = ["start"]
-    yardstick: dict | None = None
-    planned = investigate_plan.start(cfg, ctl, run_dir, p, out)
-    planned.marks = marks
-    spent: BudgetSpent | None = None
+    """Every step on a running controller (`investigate_steps.Steps`); returns the
+    investigation's document (with its answer) and the steps' findings documents by
+    experiment. At its `budget=` the answer so far; interrupted, the answer so far stored."""
+    steps = Steps(cfg, ctl, run_dir, p, ws, out, progress)
+    spent = False
     try:
-        if ref is not None:
-            step[0] = "compare"
-            out.print("\n== the reference, re-measured now ==")
-            mark("compare")
-            earlier = compare.finished(run_dir)
-            if earlier is not None:  # a resumed run: the compare finished before
-                docs["compare"] = earlier
-                out.print(f"the compare finished before: {docs['compare']['message']}")
-            else:
-                # the compare keeps its own budget: max_trials is the bisect's and the isolate's
-                docs["compare"] = compare.execute(
-                    cfg, CompareRequest.step(cfg, max_trials=None), ctl, run_dir, ref, out,
-                    findings_name="compare", progress=progress)
-            investigate_plan.after_compare(planned, cfg, docs["compare"], ctl.store.trials(), out)
-            if docs["compare"]["verdict"] in ("not_reproduced", "unresolved"):
-                step[0] = "isolate"
-                out.print("\n== the system: which differences cause it ==")
-                if docs["compare"]["verdict"] == "unresolved":
-                    out.print(isolate.undecided_compare(docs["compare"]))
-                mark("isolate")
-                isolated = isolate.isolate_system(cfg, req.isolate_step(), ctl, run_dir, ref,
-                                                  docs["compare"], ws.resolve, out, progress)
-                if isolated is not None:
-                    docs["isolate"] = isolated[1]
-                    p.recreated = recreated(ref, req.metric, docs["isolate"])
-                    found = investigate_release.follow(cfg, req, ctl, run_dir, docs["isolate"],
-                                                       out, progress)
-                    if found is not None:  # the isolate's package cause now names the release
-                        docs["release"] = found
-                investigate_plan.after_step(planned, "isolate", ctl.store.trials(), out)
-        if p.commits:
-            step[0] = "bisect"
-            out.print("\n== the code: bisect the range under today's system ==")
-            mark("bisect")
-            yardstick = investigate_answer.code_yardstick(cfg, ctl.store.trials(), p,
-                                                          docs.get("compare"))
-            if yardstick is not None:
-                out.print(yardstick["line"])
-            for line in investigate_plan.reuse_lines(ctl.store.trials(), [p.base.key], marks,
-                                                     "bisect", "its good end"):
-                out.print(line)
-            _, docs["bisect"] = bisect.execute(
-                cfg, req.bisect_step(p.base.commit, p.bad), ctl, run_dir, p.commits, p.points, p.weights, out, findings_name="bisect",
-                progress=progress, reference=yardstick["level"] if yardstick else None)
-        if p.sweep is not None:
-            step[0] = "sweep"
-            out.print("\n== recover: a short sweep on the bad commit as the node is now ==")
-            mark("sweep")
-            _, docs["sweep"] = sweep.execute(cfg, p.sweep, ctl, run_dir, p.bad_candidate, out,
-                                             progress=progress, findings_name="sweep")
-            findings.write(run_dir, docs["sweep"], "sweep")
-        if p.commits:
-            investigate_plan.after_step(planned, "bisect", ctl.store.trials(), out)
-        step[0] = "final check"
-        both = p.reference is None and p.bad_candidate.key != p.base.key
-        first = p.recreated if p.recreated is not None else p.base
-        both = both or p.recreated is not None
-        result = final_check(
-            ctl, [first, p.bad_candidate] if both else [p.bad_candidate],
-            lambda rows, check: investigate_answer.answer(cfg, rows, p, docs, ws, check,
-                                                          marks=marks, yardstick=yardstick),
-            experiment_params.of(cfg).final_trials, out, progress, metric=req.metric)
+        result = steps.run()
     except BudgetSpent as reached:  # the answer so far, and what finishing would cost
-        spent = reached
-        out.print(f"\n{reached.why}: the answer so far")
-        read_stored(run_dir, docs)  # the interrupted step stored its findings so far
-        result = investigate_plan.at_budget(
-            investigate_answer.answer(cfg, ctl.store.trials(), p, docs, ws, marks=marks,
-                                      yardstick=yardstick),
-            planned, ctl.store.trials(), reached.why, req.confidence)
+        result, spent = steps.at_budget(reached), True
     except (KeyboardInterrupt, RunInterrupted):
-        try:  # best effort: nothing here may turn a clean stop into a crash
-            done = sum(1 for r in ctl.store.trials() if r.finished)
-            stopped(cfg, ctl, run_dir, p, docs, ws, out,
-                    f"interrupted during the {step[0]} after {done} restarts", marks=marks,
-                    yardstick=yardstick)
-        except Exception as exc:  # noqa: BLE001 - the interrupt is what the user must see
-            out.print(f"(the answer so far could not be stored: {exc})")
+        steps.interrupted()
         raise
-    why = investigate_answer.incomplete(docs)
-    if why and spent is None:
-        result = so_far(result, why=why, confidence=req.confidence)
-    ctl.before_restart = None
-    if evidence_plan.kernels_enabled(cfg) and result.get("causes") and spent is None:
-        out.print("\n== kernel evidence: each named cause's two sides, profiled ==")
-        result["evidence"] = evidence.for_causes(
-            ctl, result["causes"], p.bad_candidate, p.base,
-            [docs.get("bisect"), docs.get("isolate")], ws.resolve,
-            restarts=cfg.evidence.restarts, max_causes=cfg.evidence.max_causes,
-            say=out.print, attribution=result.get("attribution"))
-    rows = ctl.store.trials()
-    doc = {"run": ctl.store.run_id, "experiment": "investigate", "metric": req.metric,
-           "verdict": result["status"], "message": result["sentence"], "findings": [],
-           "steps": list(docs), "n_trials": len(rows), "answer": result}
-    findings.write(run_dir, doc, "investigate")
-    return doc, docs
-
-
-def recreated(ref: dict, metric: str, isolate_doc: dict) -> Candidate | None:
-    """The isolate's recreation of the reference's configuration, when the reference holds no
-    level of `metric` (an old log that never printed it): "then" is measured now instead."""
-    ends = isolate_doc.get("ends") or {}
-    if not ends.get("good") or log_record.no_level(ref, metric) is None:
-        return None
-    return Candidate.from_json(ends["good"])
-
-
-def stopped(cfg: RunSettings, ctl: Controller, run_dir: Path, p: Plan, docs: dict[str, dict],
-            ws, out, why: str, *, marks: dict[str, int] | None = None,
-            yardstick: dict | None = None) -> None:
-    """An interrupted investigation stores and says its answer as far as it is known: the
-    steps that finished, a bisect's provisional findings, the trials so far."""
-    from orchestrator.ui.report.ranking import rank
-
-    read_stored(run_dir, docs)
-    rows = ctl.store.trials()
-    # Where a search stopped mid-way points: the range's bisect, else the release search
-    pointing = next((lead for name in ("bisect", "release")
-                     if (lead := ((docs.get(name) or {}).get("provisional") or {})
-                         .get("leading"))), "")
-    now = investigate_answer.answer(cfg, rows, p, docs, ws, marks=marks, yardstick=yardstick)
-    result = so_far(now, why=why, confidence=p.request.confidence, leading=pointing)
-    doc = {"run": ctl.store.run_id, "experiment": "investigate", "metric": p.request.metric,
-           "verdict": result["status"], "message": result["sentence"], "findings": [],
-           "steps": list(docs), "n_trials": len(rows), "answer": result,
-           "provisional": result["provisional"]}
-    findings.write(run_dir, doc, "investigate")
-    findings.write(run_dir, rank(step_docs(run_dir), rows))
-    out.print("")
-    print_answer(out, result)
-
-
-def read_stored(run_dir: Path, docs: dict[str, dict]) -> None:
-    """The findings a step stored before the run stopped, for the steps `docs` lacks."""
-    for name in ("compare", "isolate", "release", "bisect", "sweep"):
-        path = run_dir / f"findings-{name}.json"
-        if name not in docs and path.exists():
-            docs[name] = json.loads(path.read_text())
-
-
-def step_docs(run_dir: Path) -> list[dict]:
-    """Every step's findings document (`findings-<step>.json`), the investigation's own among
-    them. Not `findings.json`: an interrupted run wrote one with its answer so far, and ranked
-    again after a resume its old documents would come first."""
-    docs = []
-    for path in sorted(run_dir.glob("findings-*.json")):
-        try:
-            docs.append(json.loads(path.read_text()))
-        except (OSError, ValueError):
-            continue  # a damaged step document is left out, as the report does
-    return docs
+    ctl.before_restart = None  # the budget's check is over: evidence is not the run's search
+    if not spent:
+        why = investigate_answer.incomplete(steps.docs)
+        if why:
+            result = so_far(result, why=why, confidence=p.request.confidence)
+        steps.kernels(result)
+    return steps.document(result), steps.docs
 
 
 def finish(cfg: RunSettings, run_dir: Path, store: RunStore, doc: dict, out) -> int:
@@ -295,7 +141,7 @@ def finish(cfg: RunSettings, run_dir: Path, store: RunStore, doc: dict, out) -> 
     from orchestrator.ui.report.ranking import rank
 
     code = exit_code(doc["answer"])
-    findings.write(run_dir, rank(step_docs(run_dir), store.trials()))
+    findings.write(run_dir, rank(investigate_steps.step_docs(run_dir), store.trials()))
     store.set_status("done" if code == 0 else "inconclusive")  # what the report shows
     _, files = write_report(run_dir)
     out.print("")
@@ -327,12 +173,13 @@ def resume(run_dir: Path) -> int:
 def _execute(cfg: RunSettings, run_dir: Path, store: RunStore, p: Plan, ws) -> int:
     out = render.console()
     with running(store, run_dir, out) as run:
-        out.print(evidence_plan.cost_line(cfg))
+        out.print(evidence_plan.cost_line(cfg.evidence, cfg.target))
         if p.reference is not None and p.reference.get("adopted"):
             out.print("measuring with the reference's settings: "
                       + ", ".join(p.reference["adopted"]))
         with Progress(out, done=store.trials()) as progress, \
-                Controller(cfg, store, run_dir, on_event=progress.on_event) as ctl:
+                Controller(cfg, store, run_dir, on_event=progress.on_event,
+                           clocks=common.clocks(space=p.sweep and p.sweep.space)) as ctl:
             doc, _ = execute(cfg, ctl, run_dir, p, ws, out, progress=progress)
         code = finish(cfg, run_dir, store, doc, out)
         run.status = "done" if code == 0 else "inconclusive"

@@ -356,7 +356,8 @@ def _inner(cfg: RunSettings, lp: LivePlan, run_dir: Path, store, out) -> dict:
     _, p, ws = lp.inner
     out.print("\n== from the reference: the system and the code, with sleuth's own trials ==")
     with Progress(out, done=store.trials()) as progress, \
-            Controller(cfg, store, run_dir, on_event=progress.on_event) as ctl:
+            Controller(cfg, store, run_dir, on_event=progress.on_event,
+                       clocks=common.clocks(space=p.sweep and p.sweep.space)) as ctl:
         doc, _ = investigate.execute(cfg, ctl, run_dir, p, ws, out, progress=progress)
     return doc
 

@@ -19,8 +19,8 @@ from orchestrator.answer.text import change_label
 from orchestrator.commands import bisect, bisect_release
 from orchestrator.config.requests import InvestigateRequest
 from orchestrator.config.settings import RunSettings
+from orchestrator.control import packages
 from orchestrator.errors import UserError
-from orchestrator.packages import plan as packages
 from orchestrator.packages.releases import releases_between
 from orchestrator.run import findings
 

@@ -30,12 +30,11 @@ from orchestrator.commands.isolate_points import IsolatePoints, LiveIsolatePoint
 from orchestrator.config import params as experiment_params
 from orchestrator.config.requests import CompareRequest, IsolateRequest
 from orchestrator.config.settings import RunSettings, as_dict, evolve
+from orchestrator.control import packages
 from orchestrator.control.controller import Controller
 from orchestrator.control.drive import drive, replay, unreported
 from orchestrator.errors import RunInterrupted, UserError, answer_exit
 from orchestrator.metrics import regression_direction
-from orchestrator.packages import plan as packages
-from orchestrator.packages.pins import pins_of
 from orchestrator.run import findings
 from orchestrator.run.rundir import create_run, pin_run, running
 from orchestrator.store import RunStore
@@ -54,6 +53,7 @@ from orchestrator.system.runtime_settable import live_indices
 from orchestrator.system.watch import latest_epoch, system_changes
 from orchestrator.ui import render
 from orchestrator.ui.progress import Progress
+from orchestrator.util.pins import pins_of
 
 
 def _check_changes(cfg: RunSettings, ws, good: dict, bad: dict, changes: list[Change]) -> None:
@@ -295,7 +295,8 @@ def _execute(cfg: RunSettings, req: IsolateRequest, run_dir: Path, store: RunSto
             out.print("measuring with the reference's settings: " + ", ".join(ref["adopted"]))
         try:
             with Progress(out, done=store.trials()) as progress, \
-                    Controller(cfg, store, run_dir, on_event=progress.on_event) as ctl:
+                    Controller(cfg, store, run_dir, on_event=progress.on_event,
+                               clocks=common.clocks(sides=(req.good, req.bad))) as ctl:
                 if ref is not None:
                     cdoc = _compare(cfg, req, ctl, run_dir, ref, out, progress)
                     if cdoc["verdict"] == "reproduced":

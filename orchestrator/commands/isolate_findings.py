@@ -49,6 +49,34 @@ def remainder(verdict) -> dict:
                           "ci": [round(float(x), 3) for x in ci], "unexplained": True}}
 
 
+def _finding(culprit, changes: list[Change], rows, points, strategy: IsolateStrategy,
+             good_key: str, measured, metric: str) -> dict:
+    """One named difference (or pair): its effect from the good configuration to the good
+    one with it, and the trials that are its evidence."""
+    subset = frozenset(culprit.differences)
+    with_key = points.candidate(strategy.point_of(subset)).key
+    effects = qualified(findings.effects_between(rows, good_key, with_key, measured),
+                        metric, rows, (good_key, with_key))
+    first = changes[culprit.differences[0]]
+    pair = len(culprit.differences) > 1
+    return {
+        "kind": first.kind,
+        "id": " + ".join(changes[i].name for i in culprit.differences),
+        "summary": (" together with ".join(culprit.labels)
+                    + (" (only together)" if culprit.kind == "interaction" else "")),
+        "probability": round(float(culprit.probability), 4),
+        "effect": caveats.evidence_only(effects),
+        "not_evidence": caveats.not_evidence(effects),
+        "phase": findings.phase_moved(caveats.evidence_only(effects)),
+        "interaction": pair and culprit.kind == "interaction",
+        "differences": [changes[i].to_json() for i in culprit.differences],
+        "verified": culprit.verified,
+        "evidence": [r.id for r in rows if r.candidate.key in (good_key, with_key)],
+        "effect_detail": effects,
+        "before_key": good_key, "after_key": with_key,
+    }
+
+
 def document(cfg: RunSettings, req: IsolateRequest, ctl: Controller, strategy: IsolateStrategy,
              points,
              changes: list[Change], verdict: Verdict, *, stopped: str = "") -> dict:
@@ -63,30 +91,8 @@ def document(cfg: RunSettings, req: IsolateRequest, ctl: Controller, strategy: I
     good_key = points.candidate(0).key
     # The run's own metric too (a command target's `value` is none of the SGLang metrics).
     measured = effect_metrics(metric)
-    items = []
-    for culprit in sorted(verdict.culprits, key=lambda c: -c.probability):
-        subset = frozenset(culprit.differences)
-        with_key = points.candidate(strategy.point_of(subset)).key
-        effects = qualified(findings.effects_between(rows, good_key, with_key, measured),
-                            metric, rows, (good_key, with_key))
-        first = changes[culprit.differences[0]]
-        pair = len(culprit.differences) > 1
-        items.append({
-            "kind": first.kind,
-            "id": " + ".join(changes[i].name for i in culprit.differences),
-            "summary": (" together with ".join(culprit.labels)
-                        + (" (only together)" if culprit.kind == "interaction" else "")),
-            "probability": round(float(culprit.probability), 4),
-            "effect": caveats.evidence_only(effects),
-            "not_evidence": caveats.not_evidence(effects),
-            "phase": findings.phase_moved(caveats.evidence_only(effects)),
-            "interaction": pair and culprit.kind == "interaction",
-            "differences": [changes[i].to_json() for i in culprit.differences],
-            "verified": culprit.verified,
-            "evidence": [r.id for r in rows if r.candidate.key in (good_key, with_key)],
-            "effect_detail": effects,
-            "before_key": good_key, "after_key": with_key,
-        })
+    items = [_finding(culprit, changes, rows, points, strategy, good_key, measured, metric)
+             for culprit in sorted(verdict.culprits, key=lambda c: -c.probability)]
     doc = {"run": ctl.store.run_id, "experiment": "isolate", "metric": metric,
            "verdict": verdict.status, "message": verdict.message,
            "confidence": float(verdict.probability), "n_trials": verdict.n_trials,

@@ -64,7 +64,7 @@ class LiveIsolatePoints(IsolatePoints):
     of the live differences' levels in interleaved blocks within that lifetime
     (:mod:`orchestrator.runner.lifetime`). ``launch`` gives the trial of a point: the
     candidate to launch and the clock policy of each level; each level's block row is the
-    candidate of its point (:mod:`orchestrator.control.blocks`)."""
+    candidate of its point (:mod:`orchestrator.run.blocks`)."""
 
     def __init__(self, strategy: IsolateStrategy, good: Mapping, changes: list[Change],
                  resolve: Callable[[str], str]):

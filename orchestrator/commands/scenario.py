@@ -24,7 +24,7 @@ from orchestrator.config.requests import ScenarioRequest
 from orchestrator.config.settings import RunSettings, evolve
 from orchestrator.errors import UserError
 from orchestrator.run.rundir import runs_root
-from orchestrator.sim_scenarios.generate import DEFAULT_PRESET, generate_scenario
+from orchestrator.sim_scenarios.generate import DEFAULT_PRESET, PRESETS, generate_scenario
 
 STATE_FILES = ("gpu_state", "env", "packages", "launcher")
 
@@ -35,6 +35,9 @@ def generate(out: Path, commits: int, seed: int, preset: str = DEFAULT_PRESET) -
 
 
 def run(cfg: RunSettings) -> int:
+    if not cfg.out:
+        raise UserError(f"where to? usage: sleuth scenario out=DIR [commits=N] [seed=S]"
+                        f" [preset={'|'.join(PRESETS)}], or out=DIR apply=reference|now|live")
     req = ScenarioRequest.of(cfg)
     if req.apply:
         return apply(cfg, req.out, req.apply)
@@ -127,8 +130,8 @@ def _truth(out: Path) -> dict | None:
 
 def start_live(cfg: RunSettings, out: Path) -> int:
     """Start the `server_state` scenario's server on the first node and age it."""
-    from orchestrator.runner.process import free_port
     from orchestrator.sim_scenarios import live
+    from orchestrator.util.process import free_port
 
     plan = out / "live_server.json"
     if not plan.is_file():

@@ -102,54 +102,14 @@ def execute(cfg: RunSettings, req: SweepRequest, ctl: Controller, run_dir: Path,
     """Run (or continue) the sweep on a running controller; returns the result and the
     findings document (the caller writes it: a run holding several experiments names it
     `findings_name`). Interrupted, it writes its answer so far there itself."""
-    metric, space, settings = req.metric, req.space, req.search
-    target_conf = as_dict(cfg.target)
-    sampler = make_sampler(settings.sampler, space, seed=settings.seed,
-                           budget=settings.budget,
-                           startup=settings.startup)
-    study = open_study(name=ctl.store.run_id, storage=storage_url(run_dir), sampler=sampler,
-                       maximize=settings.maximize)
-    search = SweepSearch(space, study, base, target_conf, settings)
-    final_attempt = ctl.retries + 1
-    search.replay(_finished(ctl.store, metric, final_attempt))
-    out.print(f"sweeping {space.name} ({space.size() or 'continuous'} configurations) for "
-              f"{'higher' if settings.maximize else 'lower'} {metric}: {settings.budget} search "
-              f"trials, then up to {settings.confirm_reserve} confirming, on {len(ctl.nodes)} "
-              f"node(s); study {storage_url(run_dir)}")
-    shown = len(search.events)
-    watch = SystemWatch.primed(ctl.store.trials())  # changes among these were told then
-    if progress is not None:
-        confirm = settings.confirm_min_rounds * (settings.confirm_top + 1)
-        progress.set_total(settings.budget + confirm + len(ctl.store.trials()) - search.spent)
+    search = _open(cfg, req, ctl, run_dir, base, out, progress)
     try:
-        while not search.done:
-            idle = ctl.idle_nodes()
-            for work in search.propose(len(idle)):
-                ctl.submit(work.candidate, phase=work.phase)
-            if not ctl.in_flight():
-                break
-            for row in ctl.wait():
-                change = watch.feed(row)
-                if change is not None:
-                    (progress.note if progress is not None else out.print)(change.warning)
-                if parse_phase(row.phase or "") is None:
-                    continue  # not one of ours (a controller shared with another experiment)
-                o = observation(row, 0, metric, final_attempt)
-                work = Work(row.candidate, row.phase or "")
-                if o is None:
-                    search.record(work, None, evidence=False)
-                else:
-                    search.record(work, o.value, suspect=o.suspect)
-            for event in search.events[shown:]:
-                out.print(f"  {event}")
-            shown = len(search.events)
-            if progress is not None:
-                progress.on_verdict(*_progress_state(search), None)
+        _drive(ctl, search, req.metric, out, progress)
     except (KeyboardInterrupt, RunInterrupted):
         # What is known so far, stored before the run stops (`sleuth report` shows it).
         # Best effort: nothing here may turn a clean stop into a crash.
         try:
-            doc = stopped_findings(ctl, search, metric, f"interrupted after {search.spent}"
+            doc = stopped_findings(ctl, search, req.metric, f"interrupted after {search.spent}"
                                    " restarts", req.confidence)
             findings.write(run_dir, doc, findings_name)
             if findings_name is None:  # its own run (an investigation says the whole answer)
@@ -158,6 +118,62 @@ def execute(cfg: RunSettings, req: SweepRequest, ctl: Controller, run_dir: Path,
         except Exception as exc:  # noqa: BLE001 - the interrupt is what the user must see
             out.print(f"(the answer so far could not be stored: {exc})")
         raise
+    return _finish(cfg, ctl, search, req.metric, out)
+
+
+def _open(cfg: RunSettings, req: SweepRequest, ctl: Controller, run_dir: Path,
+          base: Candidate, out, progress: Progress | None) -> SweepSearch:
+    """The search over its Optuna study (a resumed run's finished trials replayed)."""
+    metric, space, settings = req.metric, req.space, req.search
+    sampler = make_sampler(settings.sampler, space, seed=settings.seed,
+                           budget=settings.budget, startup=settings.startup)
+    study = open_study(name=ctl.store.run_id, storage=storage_url(run_dir), sampler=sampler,
+                       maximize=settings.maximize)
+    search = SweepSearch(space, study, base, as_dict(cfg.target), settings)
+    search.replay(_finished(ctl.store, metric, ctl.retries + 1))
+    out.print(f"sweeping {space.name} ({space.size() or 'continuous'} configurations) for "
+              f"{'higher' if settings.maximize else 'lower'} {metric}: {settings.budget} search "
+              f"trials, then up to {settings.confirm_reserve} confirming, on {len(ctl.nodes)} "
+              f"node(s); study {storage_url(run_dir)}")
+    if progress is not None:
+        confirm = settings.confirm_min_rounds * (settings.confirm_top + 1)
+        progress.set_total(settings.budget + confirm + len(ctl.store.trials()) - search.spent)
+    return search
+
+
+def _drive(ctl: Controller, search: SweepSearch, metric: str, out,
+           progress: Progress | None) -> None:
+    """Propose, run and record until the search is done."""
+    final_attempt = ctl.retries + 1
+    shown = len(search.events)
+    watch = SystemWatch.primed(ctl.store.trials())  # changes among these were told then
+    while not search.done:
+        for work in search.propose(len(ctl.idle_nodes())):
+            ctl.submit(work.candidate, phase=work.phase)
+        if not ctl.in_flight():
+            break
+        for row in ctl.wait():
+            change = watch.feed(row)
+            if change is not None:
+                (progress.note if progress is not None else out.print)(change.warning)
+            if parse_phase(row.phase or "") is None:
+                continue  # not one of ours (a controller shared with another experiment)
+            o = observation(row, 0, metric, final_attempt)
+            work = Work(row.candidate, row.phase or "")
+            if o is None:
+                search.record(work, None, evidence=False)
+            else:
+                search.record(work, o.value, suspect=o.suspect)
+        for event in search.events[shown:]:
+            out.print(f"  {event}")
+        shown = len(search.events)
+        if progress is not None:
+            progress.on_verdict(*_progress_state(search), None)
+
+
+def _finish(cfg: RunSettings, ctl: Controller, search: SweepSearch, metric: str,
+            out) -> tuple[SweepResult, dict]:
+    """The result, its findings document with the answer, printed."""
     result = search.result()
     importances = importance.of_search(search, experiment_params.of(cfg).importance)
     rows = ctl.store.trials()
@@ -213,7 +229,8 @@ def _execute(cfg: RunSettings, req: SweepRequest, run_dir: Path, store: RunStore
     out = render.console()
     with running(store, run_dir, out) as run:
         with Progress(out, done=store.trials()) as progress, \
-                Controller(cfg, store, run_dir, on_event=progress.on_event) as ctl:
+                Controller(cfg, store, run_dir, on_event=progress.on_event,
+                           clocks=common.clocks(space=req.space)) as ctl:
             result, doc = execute(cfg, req, ctl, run_dir, base, out, progress=progress)
         out.print(f"findings: {findings.write(run_dir, doc)}")
         print_answer(out, doc.get("answer"))

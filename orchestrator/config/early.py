@@ -14,7 +14,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from orchestrator.errors import UserError, did_you_mean
-from orchestrator.run.locate import DEFAULT_RUNS_DIR, is_run, locate_run
+from orchestrator.store.locate import DEFAULT_RUNS_DIR, is_run, locate_run
 from orchestrator.store.writer import being_written, writer_of
 
 CONF_DIR = Path(__file__).resolve().parents[2] / "conf"

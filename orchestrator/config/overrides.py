@@ -14,7 +14,7 @@ without a `+` (compose.py adds Hydra's `++` itself), so a leading `+` is never n
 from __future__ import annotations
 
 from orchestrator.errors import UserError
-from orchestrator.ui.safe_text import readable
+from orchestrator.util.safe_text import readable
 
 # No setting's key is longer (a file name's limit: Hydra looks a key up as a group first).
 MAX_KEY = 255

@@ -26,8 +26,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from orchestrator.config.schema import Bounds, RunSettings
 from orchestrator.errors import UserError, did_you_mean
-
-IMPORTANCE_EVALUATORS = ("additive", "fanova", "mdi", "ped_anova")
+from orchestrator.strategies.sweep import EVALUATORS as IMPORTANCE_EVALUATORS
 
 
 def _knob(default: Any, doc: str, **bounds: float) -> Any:

@@ -77,16 +77,16 @@ class BisectRequest:
 
     good: str
     bad: str
-    metric: str = "verify_ms"
-    direction: str = "auto"
-    confidence: float = 0.99
-    max_trials: int | None = None
-    first_parent: bool = True
-    paths: tuple[str, ...] = ()
-    reference: str | None = None
-    was: float | None = None  # `was=VALUE`: the good level as the user states it
-    package: str = ""  # `package=NAME`: its releases are the points, not commits
-    package_pre: bool = False
+    metric: str
+    direction: str
+    confidence: float
+    max_trials: int | None
+    first_parent: bool
+    paths: tuple[str, ...]
+    reference: str | None
+    was: float | None  # `was=VALUE`: the good level as the user states it
+    package: str  # `package=NAME`: its releases are the points, not commits
+    package_pre: bool
 
     @classmethod
     def of(cls, settings: RunSettings) -> BisectRequest:
@@ -123,8 +123,7 @@ class BisectRequest:
 
 def _check_release(settings: RunSettings) -> None:
     """A package name and two exact versions, the package not also pinned for every point."""
-    from orchestrator.packages import plan as packages
-    from orchestrator.packages.pins import canonical, check_version, parse_pin
+    from orchestrator.util.pins import canonical, check_version, parse_pin, pins_of
 
     name = settings.package.name.strip()
     try:
@@ -134,7 +133,7 @@ def _check_release(settings: RunSettings) -> None:
                         " package=nvidia-nccl-cu12)") from None
     check_version(name, settings.good)
     check_version(name, settings.bad)
-    if canonical(name) in packages.fixed_pins(settings):
+    if canonical(name) in pins_of(list(settings.packages.pins)):
         raise UserError(f"package={name} is searched: leave it out of packages=[...]")
 
 
@@ -143,7 +142,7 @@ class TrialRequest:
     """`sleuth trial`: how many server restarts of the run's candidate (`restarts=N`; three
     or more make a reference for `sleuth investigate`)."""
 
-    restarts: int = 1
+    restarts: int
 
     @classmethod
     def of(cls, settings: RunSettings) -> TrialRequest:
@@ -157,20 +156,15 @@ class ScenarioRequest:
     existing scenario's recorded node states to put the simulated nodes in."""
 
     out: Path
-    commits: int = 100
-    seed: int = 0
-    preset: str = "one_culprit"
-    apply: str | None = None  # reference | now
+    commits: int
+    seed: int
+    preset: str
+    apply: str | None  # reference | now
 
     @classmethod
     def of(cls, settings: RunSettings) -> ScenarioRequest:
-        """The request, `out` made absolute; without one, the usage in one line. The preset is
-        checked by the generator, before it writes anything."""
-        if not settings.out:
-            from orchestrator.sim_scenarios.generate import PRESETS
-
-            raise UserError(f"where to? usage: sleuth scenario out=DIR [commits=N] [seed=S]"
-                            f" [preset={'|'.join(PRESETS)}], or out=DIR apply=reference|now|live")
+        """The request, `out` made absolute (the command says the usage without one). The
+        preset is checked by the generator, before it writes anything."""
         return cls(out=Path(str(settings.out)).expanduser().resolve(),
                    commits=int(settings.commits), seed=int(settings.seed),
                    preset=str(settings.preset), apply=settings.apply)
@@ -199,13 +193,13 @@ class IsolateRequest:
     The specs are plain mappings the record does not copy on reading: take a copy
     (`as_dict(req.good)`) before changing one."""
 
-    good: Mapping[str, Any] = field(default_factory=dict)
+    metric: str
+    direction: str
+    confidence: float
+    max_trials: int | None
+    reference: str | None
+    good: Mapping[str, Any] = field(default_factory=dict)  # no sides: the compare's differences
     bad: Mapping[str, Any] = field(default_factory=dict)
-    metric: str = "verify_ms"
-    direction: str = "auto"
-    confidence: float = 0.99
-    max_trials: int | None = None
-    reference: str | None = None
 
     @classmethod
     def of(cls, settings: RunSettings) -> IsolateRequest:
@@ -238,8 +232,8 @@ class CompareRequest:
     restarts (`max_trials`; None: `experiment.params.max_trials`, else 9)."""
 
     reference: str
-    metric: str = "verify_ms"
-    max_trials: int | None = None
+    metric: str
+    max_trials: int | None
 
     @classmethod
     def of(cls, settings: RunSettings) -> CompareRequest:
@@ -266,8 +260,8 @@ class SweepRequest:
 
     space: SearchSpace
     search: SweepSettings
-    metric: str = "verify_ms"
-    confidence: float = 0.99
+    metric: str
+    confidence: float
 
     @classmethod
     def of(cls, settings: RunSettings) -> SweepRequest:
@@ -294,17 +288,17 @@ class InvestigateRequest:
     surely, within how many restarts per search, and whether to end with a `recover` sweep.
     Its steps get their requests from it (`bisect_step`, `isolate_step`)."""
 
-    good: str | None = None
-    bad: str | None = None
-    metric: str = "verify_ms"
-    direction: str = "auto"
-    confidence: float = 0.99
-    max_trials: int | None = None
-    first_parent: bool = True
-    paths: tuple[str, ...] = ()
-    reference: str | None = None
-    was: float | None = None
-    recover: bool = False
+    good: str | None
+    bad: str | None
+    metric: str
+    direction: str
+    confidence: float
+    max_trials: int | None
+    first_parent: bool
+    paths: tuple[str, ...]
+    reference: str | None
+    was: float | None
+    recover: bool
 
     @classmethod
     def of(cls, settings: RunSettings) -> InvestigateRequest:
@@ -332,7 +326,8 @@ class InvestigateRequest:
         return BisectRequest(good=good, bad=bad, metric=self.metric, direction=self.direction,
                              confidence=self.confidence, max_trials=self.max_trials,
                              first_parent=self.first_parent, paths=self.paths,
-                             reference=self.reference, was=self.was)
+                             reference=self.reference, was=self.was, package="",
+                             package_pre=False)
 
     def isolate_step(self) -> IsolateRequest:
         """The isolate of the differences the compare found (no specs: they come from it)."""
@@ -346,8 +341,8 @@ class DemoRequest:
     """`sleuth demo`: the size and seed of the scenario it builds (its preset is the demo's
     own); the investigation and the sweep it runs take their requests from the settings."""
 
-    commits: int = 100
-    seed: int = 0
+    commits: int
+    seed: int
 
     @classmethod
     def of(cls, settings: RunSettings) -> DemoRequest:

@@ -19,14 +19,14 @@ import dataclasses
 import signal
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
 import ray
 
 from orchestrator.config.settings import RunSettings, as_dict
-from orchestrator.control import blocks
+from orchestrator.control import packages
 from orchestrator.control.concurrency import HeldBack
 from orchestrator.control.node_pool import NodePool, first_line
 from orchestrator.control.ray_cluster import (
@@ -38,13 +38,13 @@ from orchestrator.control.ray_cluster import (
 )
 from orchestrator.control.specs import cache_max_bytes, trial_spec
 from orchestrator.errors import DiskFull
-from orchestrator.packages import plan as packages
 from orchestrator.records import RETRYABLE, Candidate, Outcome, TrialResult
+from orchestrator.run import blocks
 from orchestrator.run.rundir import runs_root
 from orchestrator.runner.trial_checks import NO_SPACE, is_no_space
 from orchestrator.store import RunStore, TrialRow
-from orchestrator.system import wallclock
-from orchestrator.ui.safe_text import printable
+from orchestrator.util import wallclock
+from orchestrator.util.safe_text import printable
 
 __all__ = ["NODE_RESOURCE", "RETRYABLE", "Controller", "loopback_only", "node_name",
            "sleuth_nodes", "start_ray"]
@@ -90,14 +90,19 @@ class Controller:
         run_dir: Path,
         *,
         on_event: Callable[[str], None] | None = None,
+        clocks: Iterable[str] = (),
     ):
+        """`clocks`: the clock policies the command's trials set besides the run's own (an
+        isolate's sides, a sweep's levels; the command knows them): each node checks every
+        one against its GPUs before the first trial."""
         self.cfg = cfg
         self.store = store
         self.run_dir = run_dir
         self.runs_dir = runs_root(cfg)
         sink = on_event or (lambda _msg: None)
         self.on_event = lambda msg: sink(printable(msg, newlines=False))
-        self.pool = NodePool(cfg, self.runs_dir, store.run_id, clock_policies(cfg), self.on_event)
+        policies = sorted({str(cfg.clock or "default"), *map(str, clocks)})
+        self.pool = NodePool(cfg, self.runs_dir, store.run_id, policies, self.on_event)
         self._busy: dict[str, _InFlight] = {}
         self._by_ref: dict[object, _InFlight] = {}
         self._queue: list[_Queued] = []
@@ -409,17 +414,3 @@ class Controller:
         what = result.outcome.value if result.outcome is not Outcome.OK else "ok"
         extra = f": {result.detail}" if result.detail else ""
         return f"trial {inflight.trial_id} on {inflight.node} {what} in {took:.1f}s{extra}"
-
-
-def clock_policies(cfg: RunSettings) -> list[str]:
-    """Every clock policy the configuration asks for (the run's, each side's of an isolate, a
-    sweep's clock levels): each node checks them against its GPUs before the first trial."""
-    out = {str(cfg.clock or "default")}
-    for side in (cfg.good, cfg.bad):
-        if isinstance(side, Mapping) and side.get("clock"):
-            out.add(str(side.get("clock")))
-    if cfg.space is not None:
-        for param in cfg.space.params.values():
-            if param.kind == "clock":
-                out.update(str(v) for v in param.values if v is not None)
-    return sorted(out)

@@ -13,9 +13,9 @@ import statistics
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Protocol
 
-from orchestrator.control.blocks import level_candidate, lifetime_of
 from orchestrator.control.repetitions import RepetitionDesign, change_size
 from orchestrator.records import NOT_EVIDENCE_PHASES, RETRYABLE, Candidate
+from orchestrator.run.blocks import level_candidate, lifetime_of
 from orchestrator.store import TrialRow
 from orchestrator.strategies.base import Observation, Strategy, Verdict
 from orchestrator.system.watch import SystemChange, SystemWatch
@@ -116,22 +116,6 @@ class Epochs:
 
     def feed(self, row: TrialRow) -> tuple[int, SystemChange | None]:
         change = self.watch.feed(row) if row.finished else None
-        if change is not None:
-            self.epoch += 1
-        return self.epoch, change
-
-
-class KnownEpochs(Epochs):
-    """The epochs of rows whose system changes are already known (`system_changes` of the
-    same rows): the same numbering as :class:`Epochs`, without diffing the fingerprints
-    again."""
-
-    def __init__(self, changes: Sequence[SystemChange]) -> None:
-        super().__init__()
-        self._at = {c.after: c for c in changes}
-
-    def feed(self, row: TrialRow) -> tuple[int, SystemChange | None]:
-        change = self._at.get(row.id) if row.finished else None
         if change is not None:
             self.epoch += 1
         return self.epoch, change

@@ -23,9 +23,9 @@ from orchestrator.control.ray_cluster import NODE_RESOURCE, node_name, sleuth_no
 from orchestrator.errors import NodeBusy, NodesLost, UserError
 from orchestrator.runner.holder import held_message
 from orchestrator.runner.node import NodeRunner
-from orchestrator.runner.process import start_time
 from orchestrator.runner.visibility import NOSET
-from orchestrator.ui.safe_text import printable
+from orchestrator.util.process import start_time
+from orchestrator.util.safe_text import printable
 
 SCAN_INTERVAL_S = 2.0
 # How long stopping waits for each actor to give its node back before killing it.

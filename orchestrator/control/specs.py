@@ -9,8 +9,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from orchestrator.config.settings import RunSettings
+from orchestrator.control import packages
 from orchestrator.evidence.plan import profile_extra
-from orchestrator.packages import plan as packages
 from orchestrator.records import Candidate
 from orchestrator.run.rundir import runs_root
 from orchestrator.runner.trial import TrialSpec
@@ -46,6 +46,6 @@ def trial_spec(cfg: RunSettings, run_dir: Path, trial_id: int, candidate: Candid
         phase=phase,
         cache_max_bytes=max_bytes if max_bytes is not None else cache_max_bytes(cfg),
         extra={"packages": overlays if overlays is not None
-               else packages.settings(cfg).to_json(), **profile_extra(cfg, phase),
+               else packages.settings(cfg).to_json(), **profile_extra(cfg.evidence, cfg.bench, cfg.trial.profile, phase),
                **({"live": list(live)} if live else {})},
     )

@@ -25,7 +25,7 @@ from __future__ import annotations
 from collections.abc import Callable, Collection
 
 from orchestrator.gpu.base import ClockPolicy, GpuControl, GpuSample
-from orchestrator.system import wallclock
+from orchestrator.util import wallclock
 
 _REASONS = (
     ("ClocksEventReasonApplicationsClocksSetting", "applications_clocks_setting"),

@@ -24,11 +24,12 @@ from orchestrator.bench.client import BenchError
 from orchestrator.live.attach import LiveServer
 from orchestrator.live.proc import rss_bytes
 from orchestrator.records import Measurement, Outcome, TrialResult, TrialState
-from orchestrator.runner.process import ServerProcess, group_members, launch
 from orchestrator.runner.telemetry import TelemetrySampler
 from orchestrator.runner.trial_checks import TrialFailure, log_tail, server_environ, wait_ready
-from orchestrator.system import fingerprint, wallclock
+from orchestrator.system import fingerprint
 from orchestrator.targets.base import Target
+from orchestrator.util import wallclock
+from orchestrator.util.process import ServerProcess, group_members, launch
 
 PHASE_LIVE = "live"
 PHASE_FRESH = "fresh"

@@ -12,7 +12,7 @@ import time
 from collections.abc import Iterable
 from pathlib import Path
 
-from orchestrator.runner.process import read_environ
+from orchestrator.util.process import read_environ
 
 _LISTEN = "0A"  # TCP state LISTEN in /proc/net/tcp
 

@@ -23,7 +23,7 @@ import httpx
 
 from orchestrator.live import proc
 from orchestrator.live.attach import LiveServer
-from orchestrator.runner.process import port_in_use
+from orchestrator.util.process import port_in_use
 
 
 @dataclass(frozen=True)

@@ -26,7 +26,7 @@ import hashlib
 import os
 from pathlib import Path
 
-from orchestrator.packages.pins import canonical
+from orchestrator.util.pins import canonical
 
 
 def _files(root: Path) -> list[str]:

@@ -40,8 +40,8 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from orchestrator.packages import integrity, pipcall
-from orchestrator.packages.pins import canonical, format_pin, parse_pin
 from orchestrator.packages.pipcall import OverlayError, interpreter_tag, one_line
+from orchestrator.util.pins import canonical, format_pin, parse_pin
 from orchestrator.workspace.cache import disk_usage
 from orchestrator.workspace.locking import (
     LOCKS_DIRNAME,

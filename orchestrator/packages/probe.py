@@ -29,7 +29,7 @@ import subprocess
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
-from orchestrator.runner.process import group_members, read_environ
+from orchestrator.util.process import group_members, read_environ
 
 PROBE_TIMEOUT_S = 120.0
 _PYTHON_NAME = re.compile(r"^(?:python|pypy)[0-9.]*(?:-dbg)?$")

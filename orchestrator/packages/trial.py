@@ -14,8 +14,8 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from orchestrator.packages.overlay import OverlaySet, OverlaySettings
-from orchestrator.packages.pins import canonical
 from orchestrator.system.fingerprint import package_fields
+from orchestrator.util.pins import canonical
 
 
 def lease(extra: Mapping, pins: Mapping[str, str], python: str) -> OverlaySet | None:

@@ -22,7 +22,6 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 
-from orchestrator.packages.pins import canonical
 from orchestrator.records import UNSET
 from orchestrator.reference.record import NCCL_SILENT
 from orchestrator.reference.server_args import setting_differences
@@ -33,6 +32,7 @@ from orchestrator.system.fingerprint_diff import (
     diff,
     show_value,
 )
+from orchestrator.util.pins import canonical
 
 UNKNOWN = "unknown"
 NOT_IN_LOG = "not in the log"

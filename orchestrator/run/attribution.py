@@ -63,7 +63,7 @@ def paired_game(rows: Sequence[TrialRow], point_of: Callable[[Candidate], int | 
     """The split-plot contrast over the attribution's game (subsets of the named causes), when
     some lifetime measured more than one of its configurations (a cause set on the running
     server: :mod:`orchestrator.run.paired`); None otherwise."""
-    from orchestrator.control.blocks import lifetime_of
+    from orchestrator.run.blocks import lifetime_of
     from orchestrator.stats.lifetimes import Cell, SplitPlot, components, outlier_lifetimes
 
     union = frozenset().union(*players)

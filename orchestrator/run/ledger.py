@@ -3,7 +3,7 @@ configuration on the same system epoch.
 
 The store is the ledger: every trial row is a candidate's measurement, whichever step ran it
 (a lifetime that measured several candidates is one block row each:
-:mod:`orchestrator.control.blocks`). Every reader takes a candidate's trials by its key from
+:mod:`orchestrator.run.blocks`). Every reader takes a candidate's trials by its key from
 all of the run's rows, so the compare's restarts of the reference's configuration are the
 isolate's "now" side and the bisect's good end, the isolate's and the bisect's are the final
 check's terms, and no step measures again what another already measured. Restarts from before
@@ -19,8 +19,8 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 
-from orchestrator.control.blocks import lifetime_of
 from orchestrator.records import NOT_EVIDENCE_PHASES
+from orchestrator.run.blocks import lifetime_of
 from orchestrator.store import TrialRow
 from orchestrator.system.watch import latest_epoch
 

@@ -1,7 +1,7 @@
 """Effects between two candidates when some of their values share a server lifetime.
 
 A lifetime that measured several candidates in interleaved blocks (a power limit set on the
-running server: :mod:`orchestrator.control.blocks`) stores one block row per candidate; values
+running server: :mod:`orchestrator.run.blocks`) stores one block row per candidate; values
 of one lifetime share the restart's level. The difference of two such candidates is read with
 the split-plot model of :mod:`orchestrator.stats.lifetimes` over every measured row of the run
 (each row a cell of its lifetime, a restart of its own otherwise): restart noise counts only
@@ -16,8 +16,8 @@ from collections.abc import Sequence
 
 from scipy.special import stdtrit
 
-from orchestrator.control.blocks import lifetime_of
 from orchestrator.records import NOT_EVIDENCE_PHASES
+from orchestrator.run.blocks import lifetime_of
 from orchestrator.stats.effect import LogDifference
 from orchestrator.stats.lifetimes import Cell, SplitPlot, components, outlier_lifetimes
 from orchestrator.store import TrialRow

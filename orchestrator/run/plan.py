@@ -88,7 +88,7 @@ def _hours(h: float) -> str:
 
 def restarts_of(rows: Sequence[TrialRow]) -> list[TrialRow]:
     """The rows that are restarts: a lifetime's block rows are not (its lifetime row is)."""
-    from orchestrator.control.blocks import lifetime_of
+    from orchestrator.run.blocks import lifetime_of
 
     return [r for r in rows if not (r.result is not None
                                     and lifetime_of(r.result.fingerprint) is not None)]

@@ -25,8 +25,8 @@ from pathlib import Path
 
 from orchestrator.config.settings import RunSettings, as_dict, evolve, load_saved, to_yaml
 from orchestrator.errors import DiskFull, NodesLost, RunInterrupted, SleuthError, UserError
-from orchestrator.run.locate import locate_run
 from orchestrator.store import RunStore
+from orchestrator.store.locate import locate_run
 from orchestrator.system.redact import redact_config
 
 
@@ -87,7 +87,7 @@ def no_space(exc: BaseException) -> bool:
 
 
 def find_run(cfg: RunSettings, ref: str) -> Path:
-    """A run given as a directory path or as a run id under runs_dir (`run/locate.py`)."""
+    """A run given as a directory path or as a run id under runs_dir (`store/locate.py`)."""
     return locate_run(ref, cfg.runs_dir)
 
 

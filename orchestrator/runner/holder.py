@@ -16,7 +16,7 @@ import time
 from collections.abc import Mapping
 from pathlib import Path
 
-from orchestrator.runner.process import start_time
+from orchestrator.util.process import start_time
 
 NODE_LOCK = "node.lock"
 HOLDER_FILE = "holder.json"

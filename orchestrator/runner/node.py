@@ -50,12 +50,12 @@ from orchestrator.runner.holder import (
     _orphaned,
     _read_json,
 )
-from orchestrator.runner.process import ServerProcess, group_members, start_time
 from orchestrator.runner.trial import TrialSpec, run_trial
 from orchestrator.runner.trial_checks import clock_problem
-from orchestrator.system import wallclock
 from orchestrator.targets.base import NodeContext
 from orchestrator.targets.registry import make_target
+from orchestrator.util import wallclock
+from orchestrator.util.process import ServerProcess, group_members, start_time
 from orchestrator.workspace import Workspace
 from orchestrator.workspace.locking import release, try_exclusive
 

@@ -31,13 +31,6 @@ from orchestrator.packages.overlay import OverlaySet
 from orchestrator.records import Candidate, Measurement, Outcome, TrialResult, TrialState
 from orchestrator.runner import lifetime, visibility
 from orchestrator.runner.exits import oom_kills
-from orchestrator.runner.process import (
-    ServerProcess,
-    TeardownReport,
-    free_port,
-    group_members,
-    launch,
-)
 from orchestrator.runner.telemetry import TelemetrySampler
 from orchestrator.runner.trial_checks import (
     LOW_SPACE_BYTES,
@@ -55,10 +48,18 @@ from orchestrator.runner.trial_checks import (
     server_environ,
     wait_ready,
 )
-from orchestrator.system import fingerprint, wallclock
+from orchestrator.system import fingerprint
 from orchestrator.system.redact import redact_argv, scrub, secret_values
 from orchestrator.targets.base import Target
-from orchestrator.ui.safe_text import printable
+from orchestrator.util import wallclock
+from orchestrator.util.process import (
+    ServerProcess,
+    TeardownReport,
+    free_port,
+    group_members,
+    launch,
+)
+from orchestrator.util.safe_text import printable
 from orchestrator.workspace import Workspace
 
 # `run_trial` without a node's GPUs to check against (a trial run outside a node actor).
@@ -238,8 +239,7 @@ def _launch(t: _Trial, teardown: ExitStack) -> None:
     if t.overlays is not None:  # pinned packages first on PYTHONPATH / LD_LIBRARY_PATH
         t.env = target.environment({**cand.env_dict, **t.overlays.variables(t.env)})
     # Before a launch: an environment that already hides the node's GPUs would only fail it.
-    _check_gpus(t, {**{str(k): str(v) for k, v in target.conf.get("env", {}).items()},
-                    **cand.env_dict})
+    _check_gpus(t, {**target.settings.env, **cand.env_dict})
     # Runs after the server is gone: its log loses the credentials it was handed.
     teardown.callback(scrub_log, t.log_path, t.argv, t.env)
     port = 0
@@ -294,8 +294,7 @@ def _stop_telemetry(t: _Trial, sampler: TelemetrySampler) -> None:
 def _check_server(t: _Trial) -> None:
     """Ready, with the environment asked for, and importing the pinned packages."""
     proc, cand, target = t.proc, t.spec.candidate, t.target
-    wanted = {**{str(k): str(v) for k, v in target.conf.get("env", {}).items()},
-              **cand.env_dict}
+    wanted = {**target.settings.env, **cand.env_dict}
     if proc is not None:
         t.enter(TrialState.WAITING_READY)
         wait_ready(target, proc, t.spec.ready_timeout_s, t.oom_at_launch)

@@ -19,10 +19,10 @@ from orchestrator.bench.client import BenchError
 from orchestrator.gpu.base import ClockPolicy
 from orchestrator.records import UNSET, Outcome
 from orchestrator.runner.exits import killed_from_outside, oom_kills
-from orchestrator.runner.process import ServerProcess, group_members, read_environ
 from orchestrator.system.redact import scrub, secret_values
 from orchestrator.targets.base import Target
-from orchestrator.ui.safe_text import printable
+from orchestrator.util.process import ServerProcess, group_members, read_environ
+from orchestrator.util.safe_text import printable
 
 LOG_TAIL_BYTES = 16_384
 

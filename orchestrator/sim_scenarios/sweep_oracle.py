@@ -17,10 +17,10 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator.gpu.base import ClockPolicy
-from orchestrator.gpu.sim import with_policy
 from orchestrator.records import Candidate
 from orchestrator.targets.base import NodeContext
 from orchestrator.targets.sim import args as sim_args
+from orchestrator.targets.sim.gpu_control import with_policy
 from orchestrator.targets.sim.gpu_state import GpuState, default_state
 from orchestrator.targets.sim.model import (
     LaunchConfig,
@@ -73,7 +73,7 @@ class SimOracle:
 
     def _state_under(self, clock: str) -> GpuState:
         """The node's GPU state with the candidate's clock policy applied, as the sim's GPU
-        control applies it before the server starts (`orchestrator/gpu/sim.py`)."""
+        control applies it before the server starts (`orchestrator/targets/sim/gpu_control.py`)."""
         policy = ClockPolicy.parse(clock)
         try:
             return with_policy(self.state, policy)

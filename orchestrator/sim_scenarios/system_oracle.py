@@ -16,12 +16,12 @@ import random
 from collections.abc import Mapping
 
 from orchestrator.gpu.base import ClockPolicy
-from orchestrator.gpu.sim import snapshot_of, with_policy
 from orchestrator.records import Candidate, apply_unset
 from orchestrator.sim_scenarios.presets import EAGLE_LAUNCH, effects_of
 from orchestrator.sim_scenarios.system_stories import SystemState
 from orchestrator.system.fingerprint import record_server_env, whole_env
 from orchestrator.targets.sim import model
+from orchestrator.targets.sim.gpu_control import snapshot_of, with_policy
 from orchestrator.targets.sim.gpu_state import GpuState
 from orchestrator.targets.sim.launcher import PASS_VAR, wrapped_environment
 from orchestrator.targets.sim.noise import lognormal_factor

@@ -40,7 +40,7 @@ from orchestrator.store.schema import (
     user_version,
 )
 from orchestrator.store.writer import WRITER_LOCK, being_written, holder_text, writer_of
-from orchestrator.system import wallclock
+from orchestrator.util import wallclock
 
 # Room kept for the last writes of a run whose disk filled up: a few trial results with their
 # fingerprints, the in-flight trials marked interrupted and the run's status.

@@ -29,12 +29,12 @@ from pathlib import Path
 
 from orchestrator.errors import SleuthError, UserError
 from orchestrator.gpu.base import CLOCK_PARTS, format_parts, parse_parts
-from orchestrator.packages.pins import pins_of
 from orchestrator.records import UNSET, Candidate
 from orchestrator.system.fingerprint_diff import SESSION_ENV as SESSION_ENV
 from orchestrator.system.fingerprint_diff import Difference as SystemDifference
 from orchestrator.system.fingerprint_diff import is_session_env
 from orchestrator.system.redact import is_redacted, is_secret_name, secret_in_value
+from orchestrator.util.pins import pins_of
 
 PARTS = ("commit", "patches", "env", "clock", "server", "packages")
 Spec = dict  # {"commit": str, "patches": [path], "env": {var: value}, "clock": {part: value},

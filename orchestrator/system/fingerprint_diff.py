@@ -15,9 +15,9 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from orchestrator.packages.pins import canonical
 from orchestrator.records import UNSET
 from orchestrator.system.redact import is_redacted
+from orchestrator.util.pins import canonical
 
 # Plausibility as a cause of a performance change (lower = more plausible).
 RANK = {"clock": 1, "gpu_process": 2, "driver": 3, "nccl": 3, "env_dropped": 3.5, "pcie": 5,

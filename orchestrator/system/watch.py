@@ -22,10 +22,10 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
-from orchestrator.packages.pins import canonical
 from orchestrator.records import NOT_EVIDENCE_PHASES
 from orchestrator.store import TrialRow
 from orchestrator.system.fingerprint_diff import Difference, diff
+from orchestrator.util.pins import canonical
 
 # fingerprint_diff categories that describe the node rather than the candidate.
 _SYSTEM_CATEGORIES = {"driver", "nccl", "clock", "gpu", "package", "kernel"}

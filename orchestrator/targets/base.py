@@ -24,7 +24,6 @@ from orchestrator.bench.sglang_log import log_metrics
 from orchestrator.config.settings import (
     BenchConf,
     TargetConf,
-    as_dict,
     bench_record,
     target_record,
 )
@@ -54,8 +53,6 @@ class Target(ABC):
                  node: NodeContext):
         self.settings: Any = target_record(conf)  # this target's own TargetConf subclass
         self.bench_settings = bench_record(bench)
-        self.conf = as_dict(self.settings)
-        self.bench = as_dict(self.bench_settings)
         self.node = node
 
     # -- launch -----------------------------------------------------------------------------

@@ -50,8 +50,8 @@ import httpx
 
 from orchestrator.bench.client import BenchError, RequestSpec
 from orchestrator.config.schema import BenchConf, CommandTargetConf
-from orchestrator.runner.process import dying_with_parent, group_members
 from orchestrator.targets.base import Target
+from orchestrator.util.process import dying_with_parent, group_members
 from orchestrator.workspace.locking import LOCKS_DIRNAME, exclusive_lock
 
 BUILD_MARKER = ".sleuth-build.json"

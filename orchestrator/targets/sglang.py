@@ -49,6 +49,7 @@ from orchestrator.system import fingerprint
 from orchestrator.targets import sglang_versions as versions
 from orchestrator.targets.base import Target
 from orchestrator.targets.command import run_command
+from orchestrator.util.versions import parse_version
 
 DEVICE_TIMER_ENV = "SGLANG_ENABLE_METRICS_DEVICE_TIMER"
 SIM_MODULE = "orchestrator.targets.sim"
@@ -214,7 +215,7 @@ class SglangTarget(Target):
 
     def gpu_control(self):
         if self.simulated:
-            from orchestrator.gpu.sim import SimGpuControl
+            from orchestrator.targets.sim.gpu_control import SimGpuControl
 
             return SimGpuControl(self.gpu_state_path)
         return super().gpu_control()
@@ -270,18 +271,18 @@ class SglangTarget(Target):
     # -- before the first trial --------------------------------------------------------------
     def installed_version(self) -> tuple[int, int, int] | None:
         if self.settings.sglang_version:
-            return versions.parse_version(self.settings.sglang_version)
+            return parse_version(self.settings.sglang_version)
         if self.simulated:
             from orchestrator.targets.sim.dialect import DEFAULT_VERSION
 
-            return versions.parse_version(DEFAULT_VERSION)
+            return parse_version(DEFAULT_VERSION)
         code = "import importlib.metadata as m; print(m.version('sglang'))"
         try:
             out = subprocess.run([self.python, "-c", code], capture_output=True, text=True,
                                  timeout=120, check=False)
         except (OSError, subprocess.TimeoutExpired):
             return None
-        return versions.parse_version(out.stdout.strip()) if out.returncode == 0 else None
+        return parse_version(out.stdout.strip()) if out.returncode == 0 else None
 
     def preflight(self) -> str | None:
         """Run the installed `launch_server --help` and refuse a flag it does not list."""

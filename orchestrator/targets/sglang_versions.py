@@ -40,29 +40,19 @@ import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-_VERSION = re.compile(r"^\s*v?(\d+)\.(\d+)(?:\.(\d+))?(?:\.?post(\d+))?")
+from orchestrator.metrics import PER_PASS_TIMERS
 
 # Releases where a difference first appears (see the module docstring for the evidence).
 CUDA_GRAPH_SPLIT = (0, 5, 14)
 CUDA_GRAPH_MAX_BS_REMOVED = (0, 5, 20)
 SERVER_INFO_ADDED = (0, 5, 9)
-FORWARD_SECONDS_RENAMED = (0, 5, 11)
+FORWARD_SECONDS_RENAMED = PER_PASS_TIMERS  # defined with the metrics that need it
 VERIFY_CALLS_ADDED = (0, 5, 13)
 BENCHMARK_PACKAGE_ADDED = (0, 5, 15)
 
 # The newest release these facts were checked against: an unknown version is assumed to be
 # at least this new (a fresh checkout of SGLang's main branch usually is).
 NEWEST_CHECKED = (0, 5, 23)
-
-
-def parse_version(text: str | None) -> tuple[int, int, int] | None:
-    """(major, minor, patch) of `0.5.15.post1`, `v0.5.9`, `0.5.3rc2`; None if unreadable."""
-    if not text:
-        return None
-    m = _VERSION.match(str(text))
-    if not m:
-        return None
-    return int(m.group(1)), int(m.group(2)), int(m.group(3) or 0)
 
 
 @dataclass(frozen=True)

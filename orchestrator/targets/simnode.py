@@ -51,7 +51,7 @@ class SimTarget(Target):
         return Path(configured) if configured else self.node.state_dir / "gpu_state.json"
 
     def gpu_control(self):
-        from orchestrator.gpu.sim import SimGpuControl
+        from orchestrator.targets.sim.gpu_control import SimGpuControl
 
         return SimGpuControl(self.gpu_state_path)
 

@@ -17,7 +17,7 @@ from rich.text import Text
 
 from orchestrator.store import TrialRow
 from orchestrator.strategies.base import probability_text
-from orchestrator.ui.safe_text import printable
+from orchestrator.util.safe_text import printable
 
 # (metric key, column title, format). Medians only, short titles: a trial's table fits an
 # 80-column terminal; the p90s and everything else are in trials.db and the report.

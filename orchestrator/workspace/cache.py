@@ -25,7 +25,7 @@ from pathlib import Path
 
 import git
 
-from orchestrator.system import wallclock
+from orchestrator.util import wallclock
 from orchestrator.workspace.locking import (
     LOCKS_DIRNAME,
     MIRRORS_DIRNAME,

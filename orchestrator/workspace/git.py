@@ -37,7 +37,7 @@ import git
 from git.exc import GitCommandError, InvalidGitRepositoryError, NoSuchPathError
 
 from orchestrator.errors import UserError
-from orchestrator.ui.safe_text import printable
+from orchestrator.util.safe_text import printable
 from orchestrator.workspace.cache import WorktreeCache, disk_usage
 from orchestrator.workspace.commits import LOG_OPTIONS, CommitInfo, parse_log, touches_paths
 from orchestrator.workspace.locking import (

@@ -48,7 +48,7 @@ class Node:
 
 
 def _sim_node(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Node:
-    from orchestrator.gpu.sim import SimGpuControl
+    from orchestrator.targets.sim.gpu_control import SimGpuControl
 
     path = tmp_path / "gpu_state.json"
     gpu_state.save(path, gpu_state.GpuState(gpus=(

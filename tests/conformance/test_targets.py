@@ -15,6 +15,7 @@ sim are in `tests/test_target_sglang.py` and `tests/test_target_command.py`.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import socket
 import sys
@@ -97,7 +98,7 @@ def _closed_port() -> int:
 # -- what it is --------------------------------------------------------------------------------
 def test_the_registry_builds_it_by_its_name(variant, target):
     assert target.name == variant.group and isinstance(target, target_class(variant.group))
-    assert is_simulated(target.conf) is variant.simulated
+    assert is_simulated(target.settings) is variant.simulated
     assert target.has_server is variant.server
     assert target.time_scale > 0 and target.own_pids() == []
     assert os.access(target.python_executable(), os.X_OK)
@@ -151,7 +152,7 @@ def test_a_measurement_that_cannot_happen_is_a_bench_error(variant, tmp_path):
     runner classifies a BenchError (bench_failed, hung, crashed); anything else would be
     recorded as sleuth's own bug."""
     target = _make(variant, tmp_path / "node", **variant.failing)
-    target.bench["request_timeout_s"] = 5.0
+    target.bench_settings = dataclasses.replace(target.bench_settings, request_timeout_s=5.0)
     worktree, trial_dir = tmp_path / "wt", tmp_path / "trial"
     worktree.mkdir()
     trial_dir.mkdir()

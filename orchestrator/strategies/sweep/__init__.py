@@ -28,3 +28,7 @@ from the study, and is deterministic) is checked through its own loop in
 """
 
 from __future__ import annotations
+
+# The parameter-importance evaluators `importance.py` offers (the knob that picks one,
+# `experiment.params.importance`, is checked in config/params.py against this).
+EVALUATORS = ("additive", "fanova", "mdi", "ped_anova")

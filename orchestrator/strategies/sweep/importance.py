@@ -31,12 +31,11 @@ import optuna
 from optuna.importance import BaseImportanceEvaluator
 from optuna.trial import TrialState
 
-from orchestrator.config.params import IMPORTANCE_EVALUATORS
+from orchestrator.strategies.sweep import EVALUATORS
 from orchestrator.strategies.sweep.effects import INACTIVE, AdditiveModel
 from orchestrator.strategies.sweep.space import Assignment, SearchSpace
 from orchestrator.strategies.sweep.study import quiet_optuna
 
-EVALUATORS = IMPORTANCE_EVALUATORS  # named where the knob is checked (config/params.py)
 PED_ANOVA_TARGET_QUANTILE = 0.25  # Optuna's 10% would be two or three configurations here
 MIN_CONFIGURATIONS = 4
 

@@ -19,7 +19,7 @@ from orchestrator.ui.report import tables as T
 from orchestrator.ui.report.answer import causes_table, detail_lines
 from orchestrator.ui.report.collect import RunData
 from orchestrator.ui.report.plots import Plot
-from orchestrator.ui.safe_text import printable
+from orchestrator.util.safe_text import printable
 
 CSP = "default-src 'none'; img-src data:; style-src 'unsafe-inline'"
 

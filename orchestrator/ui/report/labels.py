@@ -13,7 +13,7 @@ from collections.abc import Mapping
 
 from orchestrator.gpu.base import parse_parts
 from orchestrator.records import UNSET, Candidate
-from orchestrator.ui.safe_text import printable
+from orchestrator.util.safe_text import printable
 
 _CLOCK = {"power": ("power limit", " W"), "locked": ("SM clock lock", " MHz"),
           "mem_locked": ("memory clock lock", " MHz"), "app": ("SM app clock", " MHz"),

@@ -13,10 +13,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from orchestrator.records import NOT_EVIDENCE_PHASES, Candidate
+from orchestrator.run import posterior_steps
 from orchestrator.stats.dist import t_ppf
 from orchestrator.store import TrialRow
 from orchestrator.ui.render import finding_id
-from orchestrator.ui.report import labels, replay_cache
+from orchestrator.ui.report import labels
 from orchestrator.ui.report.collect import RunData
 
 PHASE_MS_METRICS = ("verify_ms", "draft_ms", "decode_ms")
@@ -105,7 +106,7 @@ def distributions(data: RunData, metric: str) -> list[CandidateSeries]:
     return out
 
 
-# -- bisect posterior, replayed -----------------------------------------------------------------
+# -- bisect posterior, as recorded --------------------------------------------------------------
 
 @dataclass(frozen=True)
 class PosteriorStep:
@@ -126,111 +127,29 @@ class PosteriorHistory:
 
 
 def posterior_history(data: RunData) -> PosteriorHistory | None:
-    """The bisect's posterior after each step of the run.
-
-    Read from the run's own record (`replay_cache.Recorder`: each verdict the run acted on,
-    in the order its trials finished) when it is complete, in time linear in the trials; else
-    replayed: the stored observations through the strategy in trial order, built exactly as
-    the bisect command builds it (same config, same prior weights), whose cost grows with the
-    square of the trials. Either is kept beside the run (`replay_cache`).
-    """
+    """The bisect's posterior after each step of the run, as the run recorded it
+    (`run/posterior_steps.py`); None for a run that is no bisect or kept no record."""
     if data.plan is None:
         return None
-    from orchestrator.control.drive import FixedPoints, KnownEpochs, replay
-    from orchestrator.system.watch import system_changes
-
-    n = len(data.plan.candidates)
-    cfg = data.config
-    observed = replay(data.rows, FixedPoints(data.plan.candidates), cfg.metric,
-                      cfg.trial.retries, KnownEpochs(system_changes(data.rows)))
-    key = replay_cache.key(data.config_yaml, [c.key for c in data.plan.candidates], observed)
-    cached = _history_from(replay_cache.load(data.run_dir, key))
-    if cached is not None:
-        return cached
-    # Not kept yet: the strategy (and scipy.stats with it) is imported only now.
-    from orchestrator.config import params as experiment_params
-    from orchestrator.config.bisect import bisect_strategy
-    from orchestrator.config.requests import BisectRequest
-
-    weights = list(data.plan.prior_weights) if data.plan.prior_weights else None
+    recorded = posterior_steps.read(data.run_dir)
     try:
-        strategy = bisect_strategy(BisectRequest.stored(cfg), experiment_params.of(cfg), n,
-                                   weights, list(data.plan.commits), replay=True)
-    except Exception:  # a config the strategy no longer accepts: no replay, not a crash
-        return None
-    steps = replay_cache.recorded(data.run_dir, [o.trial_id for o in observed])
-    if steps is not None:
-        history = _from_record(data, strategy, steps)
-    else:
-        history = _replay(data, strategy, n, observed)
-    if history is not None:
-        replay_cache.save(data.run_dir, key, history)
-    return history
-
-
-def _history_from(doc: Mapping | None) -> PosteriorHistory | None:
-    """A kept replay (`replay_cache.save`'s form) as the history, or None if it is not one."""
-    if doc is None:
-        return None
-    try:
-        return PosteriorHistory(
-            labels=tuple(doc["labels"]),
-            steps=tuple(PosteriorStep(s["trial_id"], s["status"], tuple(s["posterior"]),
-                                      s["best_point"], float(s["best_probability"]))
-                        for s in doc["steps"]),
-            confidence=float(doc["confidence"]), culprits=tuple(doc["culprits"]),
-            culprit_label=str(doc.get("culprit_label", "")))
+        steps = [PosteriorStep(int(s["trials"][-1]), str(s["status"]),
+                               tuple(float(p) for p in s["posterior"]), s["best_point"],
+                               float(s["best_probability"])) for s in recorded]
+        culprits = [int(c) for c in recorded[-1].get("culprits") or ()] if recorded else []
     except (KeyError, TypeError, ValueError):
         return None
-
-
-def _step(trial_id: int, verdict, n: int) -> PosteriorStep:
-    top = verdict.top
-    if top is not None:
-        best, prob = top.point, float(top.probability)
-    elif verdict.posterior and max(verdict.posterior) > 0:
-        best = max(range(n), key=verdict.posterior.__getitem__)
-        prob = float(verdict.posterior[best])
-    else:
-        best, prob = None, 0.0
-    return PosteriorStep(trial_id, verdict.status, tuple(verdict.posterior), best, prob)
-
-
-def _history(data: RunData, strategy, steps: Sequence[PosteriorStep],
-             culprits: Sequence[int]) -> PosteriorHistory:
+    if not steps:
+        return None
     first = data.plan.commits[culprits[0]] if culprits else None
     return PosteriorHistory(
         labels=tuple(c.sha[:labels.SHA] for c in data.plan.commits),
         steps=tuple(steps),
-        confidence=float(strategy.settings.confidence),
+        confidence=float(data.config.confidence),
         culprits=tuple(culprits),
         culprit_label=(f"{first.sha[:labels.SHA]} {labels.printable(first.subject)[:48]}"
                        if first else ""),
     )
-
-
-def _from_record(data: RunData, strategy, steps: Sequence[Mapping]) -> PosteriorHistory | None:
-    """The history the live run recorded (`replay_cache.Recorder`)."""
-    try:
-        out = [PosteriorStep(int(s["trials"][-1]), str(s["status"]),
-                             tuple(float(p) for p in s["posterior"]), s["best_point"],
-                             float(s["best_probability"])) for s in steps]
-        culprits = [int(c) for c in steps[-1].get("culprits") or ()]
-    except (KeyError, TypeError, ValueError, IndexError):
-        return None
-    return _history(data, strategy, out, culprits)
-
-
-def _replay(data: RunData, strategy, n: int, observed: list) -> PosteriorHistory | None:
-    """Each stored observation through the strategy in turn: the posterior after each."""
-    observations, steps = [], []
-    for obs in observed:
-        observations.append(obs)
-        steps.append(_step(obs.trial_id, strategy.verdict(observations), n))
-    if not steps:
-        return None
-    final = strategy.verdict(observations)
-    return _history(data, strategy, steps, [c.point for c in final.culprits])
 
 
 # -- before / after phase breakdown -------------------------------------------------------------

@@ -18,7 +18,7 @@ from orchestrator.answer.headline import text_lines
 from orchestrator.ui.report import tables as T
 from orchestrator.ui.report.answer import causes_table, detail_lines
 from orchestrator.ui.report.collect import RunData
-from orchestrator.ui.safe_text import printable
+from orchestrator.util.safe_text import printable
 
 # Columns of the findings table worth their terminal width (the rest is in the files): an
 # 80-column terminal holds these. Summaries follow the table as lines of their own.

@@ -10,9 +10,9 @@ from collections.abc import Collection
 from pathlib import Path
 
 from orchestrator.gpu.base import ClockPolicy, GpuControl, GpuSample
-from orchestrator.system import wallclock
 from orchestrator.targets.sim import gpu_state
 from orchestrator.targets.sim.model import busy_power_w, effective_sm_clock_mhz
+from orchestrator.util import wallclock
 
 
 def with_policy(state: gpu_state.GpuState, policy: ClockPolicy) -> gpu_state.GpuState:

@@ -26,8 +26,8 @@ from orchestrator.packages.overlay import (
     OverlayError,
     OverlaySettings,
 )
-from orchestrator.packages.pins import format_pin, pins_of
 from orchestrator.run.rundir import runs_root
+from orchestrator.util.pins import format_pin, pins_of
 
 NO_SOURCE = ("not tested: no package source: give packages.find_links=DIR of wheels or"
              " packages.index_url=URL")
