@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -38,8 +39,12 @@ SLEUTH = str(Path(sys.executable).parent / "sleuth")
 STEPS = ("compare", "isolate", "bisect", "final", "kernels")
 
 
+CODE: str | None = None  # --code DIR: the sleuth commands run that checkout's orchestrator
+
+
 def _run(args: list[str], cwd: Path) -> subprocess.CompletedProcess:
-    return subprocess.run([SLEUTH, *args], cwd=cwd, capture_output=True, text=True,
+    env = {**os.environ, "PYTHONPATH": CODE} if CODE else None
+    return subprocess.run([SLEUTH, *args], cwd=cwd, capture_output=True, text=True, env=env,
                           timeout=3600)
 
 
@@ -185,8 +190,13 @@ def main() -> None:
     ap.add_argument("--preset", default="seed_story",
                     help="another system story of tests/ (code_under_system: 150 commits)")
     ap.add_argument("--commits", type=int, default=0)
+    ap.add_argument("--code", default="",
+                    help="a checkout whose orchestrator the commands run (a 'before' measured"
+                         " with this script's reading of the store)")
     ap.add_argument("extra", nargs="*", help="settings added to the investigate command")
     a = ap.parse_args()
+    global CODE
+    CODE = str(Path(a.code).resolve()) if a.code else None
     if a.summary:
         summary(Path(a.summary))
         return
