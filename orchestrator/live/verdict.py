@@ -33,6 +33,7 @@ from dataclasses import dataclass
 
 from orchestrator.answer.combine import LogChange, min_effect
 from orchestrator.answer.compose import assemble, carried, left_text
+from orchestrator.answer.headline import refresh
 from orchestrator.answer.phases import log_change
 from orchestrator.answer.text import change_text, interval_text, pct_text
 
@@ -220,7 +221,10 @@ def answer(v: StateVerdict, metric: str, unit: str, *, uptime: str, restarted: b
     doc["server_state"] = {"status": v.status, "live": v.live, "fresh": list(v.fresh),
                            **({"change": v.change.to_json()} if v.change else {}),
                            "observations": list(observations)}
-    return doc
+    # The first line and the labelled lines again: `assemble` wrote them from its own rest
+    # (the total less state, both read against one running server: far wider), and the
+    # answer's rest is now the fresh starts against the stated level.
+    return refresh(doc)
 
 
 def _pooled(fresh: Sequence[float]) -> tuple[float, int]:
