@@ -80,6 +80,8 @@ class Index:
         module, _, attr = dotted.rpartition(".")
         if (module, attr) in self.functions:
             return module, attr
+        if module in self.aliases and attr in self.aliases[module]:  # a name it re-exports
+            return self._target(self.aliases[module][attr])
         if (module, attr) in self.classes:
             return (module, f"{attr}.__init__") if (module, f"{attr}.__init__") in \
                 self.functions else None
