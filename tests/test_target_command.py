@@ -321,9 +321,15 @@ def test_bisect_localizes_a_planted_python_slowdown(tmp_path, ray_session):
         f"bad={shas[-1]}", "target.bench=python bench.py", "target.build=python build.py",
         f"target.env.BUILD_RECORD={record}", "nodes=2", "bench.repetitions=3",
         "bench.warmup_requests=0", "trial.retries=0"])
-    assert bisect.run(cfg) == 0
+    code = bisect.run(cfg)
     run_dir = _only_run(tmp_path)
     doc = json.loads((run_dir / "findings.json").read_text())
+    # The bench is a real Python loop timed on this machine: on a busy host its restarts
+    # scatter by 15-20% (a run beside other tests measured sd 14% a restart), and what is left
+    # beside the culprit may then stay undecided against the 1% the bisect looks for: exit 3,
+    # saying so. The culprit is named either way; only an undecided remainder may end in 3.
+    assert code == 0 or (code == 3 and doc["answer"]["unexplained"]["decision"] == "undecided"), (
+        code, doc["answer"]["sentence"])
     top = doc["findings"][0]
     assert top["id"] == shas[15] and top["probability"] >= 0.99
     # The loop is several times slower, but it is timed on a shared machine and the endpoints
