@@ -34,10 +34,11 @@ from rich.console import Console
 from experiments.gpu_local import NODE, LocalController
 from experiments.gpu_steps import Step
 from orchestrator.commands import bisect as bisect_command
+from orchestrator.commands import parts
+from orchestrator.commands.parts import create_run, pin_run
 from orchestrator.config.compose import compose_settings
 from orchestrator.config.settings import as_dict
 from orchestrator.records import Candidate
-from orchestrator.run.rundir import create_run, pin_run
 from orchestrator.runner.node import NodeRunner
 from orchestrator.workspace import CommitInfo
 
@@ -208,7 +209,7 @@ def run(prepared: Prepared, torch_python: str, gpu: int, seconds_left: float, ou
                                    as_dict(cfg.target),
                                    as_dict(cfg.bench), store.run_id)
         try:
-            with LocalController(cfg, store, run_dir, on_event=events.append, runner=runner,
+            with LocalController(parts.control(cfg), store, run_dir, on_event=events.append, runner=runner,
                                  deadline=t0 + seconds_left) as ctl:
                 verdict, doc = bisect_command.execute(cfg, req, ctl, run_dir, prepared.commits,
                                                       prepared.points, prepared.weights, out)

@@ -21,7 +21,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from orchestrator.config.settings import RunSettings, as_dict
+from orchestrator.config.settings import as_dict
+from orchestrator.control.settings import ControlSettings
 from orchestrator.control.specs import trial_spec
 from orchestrator.records import RETRYABLE, Candidate, Outcome, TrialResult
 from orchestrator.runner.node import NodeRunner
@@ -40,17 +41,17 @@ class Pending:
 
 
 class LocalController:
-    def __init__(self, cfg: RunSettings, store: RunStore, run_dir: Path, *,
+    def __init__(self, settings: ControlSettings, store: RunStore, run_dir: Path, *,
                  on_event: Callable[[str], None] | None = None,
                  runner: NodeRunner | None = None, deadline: float | None = None):
         """``deadline`` (a `time.monotonic()` value): no trial starts after it; the drive loop
         then ends with the verdict it has, as at a budget, and the findings are written."""
-        self.cfg = cfg
+        self.settings = settings
         self.deadline = deadline
         self.store = store
         self.run_dir = run_dir
-        self.runs_dir = Path(cfg.runs_dir)
-        self.retries = cfg.trial.retries
+        self.runs_dir = settings.runs_dir
+        self.retries = settings.trial.retries
         self.on_event = on_event or (lambda _msg: None)
         self._runner = runner
         self._pending: Pending | None = None
@@ -60,9 +61,9 @@ class LocalController:
         if self._runner is None:
             self._runner = NodeRunner(
                 NODE, str(self.runs_dir / ".nodes" / NODE),
-                as_dict(self.cfg.target),
-                as_dict(self.cfg.bench), self.store.run_id)
-        hello = self._runner.hello([str(self.cfg.clock or "default")])
+                as_dict(self.settings.target),
+                as_dict(self.settings.bench), self.store.run_id)
+        hello = self._runner.hello(list(self.settings.clocks))
         if hello.get("held_by"):
             raise RuntimeError(f"node {NODE} is held by another run: {hello['held_by']}")
         if hello.get("problem"):
@@ -103,7 +104,7 @@ class LocalController:
         """Run the submitted trial (and its retries) to its final attempt; its row."""
         while self._pending is not None:
             p = self._pending
-            spec = trial_spec(self.cfg, self.run_dir, p.trial_id, p.candidate, p.phase,
+            spec = trial_spec(self.settings, self.run_dir, p.trial_id, p.candidate, p.phase,
                               p.repetitions)
             try:
                 result = self._runner.run(spec)

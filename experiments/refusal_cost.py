@@ -41,7 +41,7 @@ def _live_run(base: Path, repo: Path) -> subprocess.Popen:
     script = (
         "import sys, time\n"
         "from orchestrator.config.compose import compose_settings\n"
-        "from orchestrator.run.rundir import create_run\n"
+        "from orchestrator.commands.parts import create_run\n"
         f"cfg = compose_settings('bisect', ['target=sim', 'repo={repo}', 'good=HEAD~1',"
         f" 'bad=HEAD', 'runs_dir={base / 'runs'}', 'run_id=live'])\n"
         "create_run(cfg)\nprint('ready', flush=True)\ntime.sleep(3600)\n")

@@ -11,11 +11,12 @@ from rich.console import Console
 
 from orchestrator.cli import COMMANDS, main
 from orchestrator.commands import common
+from orchestrator.commands.parts import create_run
 from orchestrator.config.compose import compose_config, compose_settings
 from orchestrator.config.settings import settings_of
 from orchestrator.errors import UserError
 from orchestrator.records import Candidate, Outcome, TrialResult
-from orchestrator.run.rundir import create_run, running
+from orchestrator.run.rundir import running
 from orchestrator.ui.help import HELP
 
 

@@ -11,12 +11,13 @@ from pathlib import Path
 
 import pytest
 
+from orchestrator.commands import parts
 from orchestrator.commands import trial as trial_cmd
+from orchestrator.commands.parts import create_run
 from orchestrator.config.compose import compose_settings
 from orchestrator.config.settings import as_dict
 from orchestrator.control.controller import Controller
 from orchestrator.records import Candidate, Outcome
-from orchestrator.run.rundir import create_run
 from orchestrator.store import RunStore
 from orchestrator.targets.sim import gpu_state
 from orchestrator.util.process import group_members
@@ -87,7 +88,7 @@ def test_node_actor_killed_mid_trial(tmp_path, sim_repo, ray_session):
     repo, shas = sim_repo
     cfg = _cfg(tmp_path, repo, "bench.repetitions=6", "bench.output_len=64")
     run_dir, store = create_run(cfg)
-    with Controller(cfg, store, run_dir) as ctl:
+    with Controller(parts.control(cfg), store, run_dir) as ctl:
         ctl.submit(Candidate.make(shas[0]))
         actor = ctl._actors["local-0"]
         deadline = time.monotonic() + 30
@@ -152,7 +153,7 @@ def test_a_second_run_on_the_same_runs_dir_refuses_and_leaves_the_first_alone(
                "bench.request_timeout_s=600")
     run_dir, store = create_run(cfg)
     node = tmp_path / "runs" / ".nodes" / "local-0"
-    with Controller(cfg, store, run_dir) as ctl:
+    with Controller(parts.control(cfg), store, run_dir) as ctl:
         ctl.submit(Candidate.make(shas[0], clock="power:400"))
         _wait_for_state(ctl._actors["local-0"], "benchmarking", timeout=300)
         server = json.loads((node / "server.json").read_text())
@@ -180,7 +181,7 @@ def test_a_clock_set_from_outside_during_a_trial_marks_it_suspect(tmp_path, sim_
     cfg = _cfg(tmp_path, repo, "bench.repetitions=6", "bench.output_len=64")
     run_dir, store = create_run(cfg)
     state = tmp_path / "runs" / ".nodes" / "local-0" / "gpu_state.json"
-    with Controller(cfg, store, run_dir) as ctl:
+    with Controller(parts.control(cfg), store, run_dir) as ctl:
         ctl.submit(Candidate.make(shas[0]))
         _wait_for_state(ctl._actors["local-0"], "benchmarking")
         gpu_state.save(state, gpu_state.load(state).with_all_gpus(power_limit_w=450))

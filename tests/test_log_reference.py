@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from orchestrator.commands import parts
 from orchestrator.config.compose import compose_settings
 from orchestrator.errors import UserError
 from orchestrator.records import UNSET
@@ -135,7 +136,7 @@ def test_the_record_states_what_the_log_tells_and_what_it_cannot(tmp_path, sim_r
     cfg = compose_settings("investigate", ["target=sim", f"repo={repo}",
                                            f"runs_dir={tmp_path / 'runs'}",
                                            f"log.pattern={PATTERN}"])
-    ref = record.load_any(cfg, f"log:{LOGS / 'rotated'}")
+    ref = record.load_any(parts.reference_query(cfg), f"log:{LOGS / 'rotated'}")
     assert ref["candidate"].commit == shas[-1]  # HEAD, said so
     assert ref["values"]["verify_ms"] == [pytest.approx(18.915, abs=0.05)]
     assert ref["config"]["target"]["tp_size"] == 8
@@ -152,7 +153,7 @@ def test_the_record_states_what_the_log_tells_and_what_it_cannot(tmp_path, sim_r
     assert "log.pattern=" in record.no_level(ref, "draft_ms")
     cfg = compose_settings("investigate", ["target=sim", f"repo={repo}", f"good={shas[0]}",
                                            f"runs_dir={tmp_path / 'runs'}"])
-    ref = record.load_any(cfg, f"log:{LOGS / 'sglang_0523_tp8.log'}")
+    ref = record.load_any(parts.reference_query(cfg), f"log:{LOGS / 'sglang_0523_tp8.log'}")
     assert ref["candidate"].commit == shas[0] and "verify_ms" not in ref["values"]
 
 
@@ -178,7 +179,7 @@ def test_the_log_diff_names_known_differences_and_lists_unknowns(tmp_path, sim_r
     repo, _ = sim_repo
     cfg = compose_settings("investigate", ["target=sim", f"repo={repo}",
                                            f"runs_dir={tmp_path / 'runs'}"])
-    ref = record.load_any(cfg, f"log:{LOGS / 'sglang_0523_tp8.log'}")
+    ref = record.load_any(parts.reference_query(cfg), f"log:{LOGS / 'sglang_0523_tp8.log'}")
     diffs = {d.key: d for d in differences(ref["fingerprint"], _now_fp())}
     proto = diffs["NCCL_PROTO"]  # printed then, gone now (and the node sets it: stripped)
     assert proto.controllable and proto.factor == ("env", "NCCL_PROTO", "LL128")
@@ -213,7 +214,7 @@ def test_without_nccl_info_lines_nccl_variables_are_unknown(tmp_path, sim_repo):
     repo, _ = sim_repo
     cfg = compose_settings("investigate", ["target=sim", f"repo={repo}",
                                            f"runs_dir={tmp_path / 'runs'}"])
-    ref = record.load_any(cfg, f"log:{LOGS / 'sglang_0509_repr.log'}")
+    ref = record.load_any(parts.reference_query(cfg), f"log:{LOGS / 'sglang_0509_repr.log'}")
     diffs = {d.key: d for d in differences(ref["fingerprint"], _now_fp())}
     assert not any(k.startswith("NCCL_") for k in diffs)
     assert "environment variables" in diffs and "nvidia-nccl-cu12" not in diffs
@@ -249,10 +250,10 @@ def test_a_stored_log_run_reads_back_as_the_same_reference(tmp_path, sim_repo, c
     printed = capsys.readouterr().out
     assert "the log tells: verify_ms 18.9" in printed and "not in the log:" in printed
     later = compose_settings("investigate", ["target=sim", f"runs_dir={runs}"])
-    ref = record.load_any(later, "logref")
-    direct = record.load_any(compose_settings("investigate", [
+    ref = record.load_any(parts.reference_query(later), "logref")
+    direct = record.load_any(parts.reference_query(compose_settings("investigate", [
         "target=sim", f"runs_dir={runs}", f"repo={repo}", f"commit={shas[0]}",
-        f"log.pattern={PATTERN}"]), f"log:{LOGS / 'rotated'}")
+        f"log.pattern={PATTERN}"])), f"log:{LOGS / 'rotated'}")
     assert ref["candidate"] == direct["candidate"] and ref["candidate"].commit == shas[0]
     assert ref["values"] == direct["values"] and ref["config"] == direct["config"]
     assert ref["fingerprint"]["env"] == direct["fingerprint"]["env"]

@@ -11,10 +11,11 @@ from pathlib import Path
 
 import pytest
 
+from orchestrator.commands import parts
+from orchestrator.commands.parts import create_run
 from orchestrator.config.compose import compose_settings
 from orchestrator.control.controller import Controller
 from orchestrator.records import Candidate, Outcome
-from orchestrator.run.rundir import create_run
 from orchestrator.runner.exits import killed_from_outside, oom_kills
 from orchestrator.util.process import group_members
 
@@ -61,7 +62,7 @@ def test_a_server_killed_while_it_loads_is_interrupted_and_runs_again(tmp_path, 
                                    "trial.ready_timeout_s=120"])
     run_dir, store = create_run(cfg)
     pidfile = tmp_path / "runs" / ".nodes" / "local-0" / "server.json"
-    with Controller(cfg, store, run_dir) as ctl:
+    with Controller(parts.control(cfg), store, run_dir) as ctl:
         ctl.submit(Candidate.make(shas[0]))
         actor = ctl._actors["local-0"]
         deadline = time.monotonic() + 60

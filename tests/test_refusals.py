@@ -255,8 +255,8 @@ def test_a_run_another_process_is_writing_is_refused_not_joined(world, capsys):
     the resume is one line, exit 2, and the live run's trial and status are as they were.
     Once the holder closes (it ended, or it was killed: the kernel drops the lock), the same
     resume goes past the lock."""
+    from orchestrator.commands.parts import create_run
     from orchestrator.records import Candidate
-    from orchestrator.run.rundir import create_run
     from orchestrator.store import RunStore
 
     cfg = compose_settings("bisect", ["target=sim", f"repo={world['repo']}", "good=HEAD~4",
@@ -290,7 +290,7 @@ def test_doctor_holds_git_to_the_version_every_command_needs(numbers, status, mo
 
 def _live_run(world) -> tuple[Path, object]:
     """A run this process writes, as its controller would (the writer lock held)."""
-    from orchestrator.run.rundir import create_run
+    from orchestrator.commands.parts import create_run
 
     cfg = compose_settings("bisect", ["target=sim", f"repo={world['repo']}", "good=HEAD~4",
                                       "bad=HEAD", f"runs_dir={world['runs']}", "run_id=live"])

@@ -30,7 +30,7 @@ import pytest
 from conftest import git
 
 from orchestrator.cli import run as cli_run
-from orchestrator.commands import bisect
+from orchestrator.commands import bisect, parts
 from orchestrator.config.compose import compose_settings
 from orchestrator.records import Candidate
 from orchestrator.ui.progress import Progress
@@ -91,8 +91,8 @@ def test_progress_follows_a_real_controller(real_run, tmp_path):
     """The controller's real event lines drive the progress counters and durations."""
     from rich.console import Console
 
+    from orchestrator.commands.parts import create_run
     from orchestrator.control.controller import Controller
-    from orchestrator.run.rundir import create_run
 
     cfg = compose_settings("trial", [f"repo={real_run['repo']}", f"runs_dir={tmp_path / 'runs'}",
                                    "nodes=1", *FAST])
@@ -100,7 +100,7 @@ def test_progress_follows_a_real_controller(real_run, tmp_path):
     buf = io.StringIO()
     progress = Progress(Console(file=buf, width=200), total_hint=2, live=False)
     try:
-        with progress, Controller(cfg, store, run_dir, on_event=progress.on_event) as ctl:
+        with progress, Controller(parts.control(cfg), store, run_dir, on_event=progress.on_event) as ctl:
             row = ctl.run_one(Candidate.make(real_run["culprit"]))
             snap = progress.snapshot()
     finally:

@@ -160,8 +160,8 @@ def test_argument_lists_hide_the_value_after_a_credential_flag():
 
 
 def test_config_yaml_and_store_hold_no_secret(tmp_path):
+    from orchestrator.commands.parts import create_run
     from orchestrator.config.compose import compose_settings
-    from orchestrator.run.rundir import create_run
 
     repo = tmp_path / "repo"
     make_sim_repo(repo, [{}])
@@ -330,8 +330,8 @@ def test_an_interpolated_secret_elsewhere_is_stored_and_shown_redacted(tmp_path,
                                                                        monkeypatch):
     """Where a value is not refused (a server argument), what is written down and what
     `--cfg` shows hold the placeholder, never the resolved token."""
+    from orchestrator.commands.parts import create_run
     from orchestrator.config.compose import compose_settings
-    from orchestrator.run.rundir import create_run
 
     monkeypatch.setenv("HF_TOKEN", TOKEN)
     overrides = ["target=sim", f"runs_dir={tmp_path / 'runs'}", "run_id=r",

@@ -136,11 +136,13 @@ def test_no_space_is_bad_input():
 def test_the_clock_policies_a_command_sets_are_its_sides_and_its_space_s_levels():
     """What each node checks against its GPUs before the first trial (besides the run's own
     clock): an isolate passes its sides' clocks, a sweep its space's clock levels."""
-    from orchestrator.commands.common import clocks
+    from orchestrator.commands.parts import control
 
+    cfg = compose_settings("sweep", ["target=sim", "repo=/r"])
     space, _ = _space("spec_decode")
     levels = {str(v) for p in space.params if p.kind == "clock" for v in p.values
               if v is not None}
-    assert levels and set(clocks(space=space)) == levels
-    assert clocks(sides=({"clock": "locked:1500"}, {"commit": "HEAD"}, "HEAD")) == ["locked:1500"]
-    assert clocks() == [] and clocks(space=None) == []
+    assert levels and set(control(cfg, space=space).clocks) == levels | {"default"}
+    sides = ({"clock": "locked:1500"}, {"commit": "HEAD"}, "HEAD")
+    assert control(cfg, sides=sides).clocks == ("default", "locked:1500")
+    assert control(cfg).clocks == ("default",) == control(cfg, space=None).clocks

@@ -156,7 +156,8 @@ from orchestrator.control import ray_cluster
 from orchestrator.config.compose import compose_settings
 from orchestrator.control.controller import Controller
 from orchestrator.records import Candidate
-from orchestrator.run.rundir import create_run
+from orchestrator.commands import parts
+from orchestrator.commands.parts import create_run
 
 repo, sha, runs = sys.argv[1:4]
 cfg = compose_settings("trial", ["target=command", f"repo={repo}", f"runs_dir={runs}",
@@ -165,7 +166,7 @@ cfg = compose_settings("trial", ["target=command", f"repo={repo}", f"runs_dir={r
 run_dir, store = create_run(cfg)
 seen = []
 for _ in range(2):
-    with Controller(cfg, store, run_dir) as ctl:
+    with Controller(parts.control(cfg), store, run_dir) as ctl:
         row = ctl.run_one(Candidate.make(sha))
         seen.append({"outcome": row.outcome.value, "instance": ray_cluster._instance()})
 print(json.dumps(seen))

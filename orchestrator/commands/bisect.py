@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from orchestrator.answer.provisional import so_far
-from orchestrator.commands import bisect_release, common, next_step
+from orchestrator.commands import bisect_release, common, next_step, parts
 from orchestrator.commands.bisect_notes import Display, Terminal, min_effect_hint, opening_lines
 from orchestrator.commands.bisect_stop import (
     exit_code,
@@ -42,6 +42,7 @@ from orchestrator.commands.bisect_stop import (
     settle,
     stop_reason,
 )
+from orchestrator.commands.parts import create_run, pin_run
 from orchestrator.config import params as experiment_params
 from orchestrator.config.bisect import bisect_strategy
 from orchestrator.config.requests import BisectRequest, check_budget
@@ -53,7 +54,7 @@ from orchestrator.records import Candidate
 from orchestrator.run import findings
 from orchestrator.run.noise_prior import load_noise_prior
 from orchestrator.run.posterior_steps import Recorder
-from orchestrator.run.rundir import create_run, pin_run, run_argument, running, runs_root
+from orchestrator.run.rundir import run_argument, running
 from orchestrator.store import RunStore
 from orchestrator.strategies.base import Verdict
 from orchestrator.strategies.bisect.verdict import chased_change_pct, chased_ruled_out
@@ -141,9 +142,9 @@ def _load_release(run_dir: Path) -> dict | None:
 
 
 def run(cfg: RunSettings) -> int:
-    if cfg.run_id and (runs_root(cfg) / str(cfg.run_id)).exists():
+    if cfg.run_id and (cfg.runs_root / str(cfg.run_id)).exists():
         budget = check_budget(cfg.max_trials)
-        return resume(runs_root(cfg) / str(cfg.run_id), max_trials=budget)
+        return resume(cfg.runs_root / str(cfg.run_id), max_trials=budget)
     cfg, req = validate(cfg)
     reference_level(cfg, req)  # a bad reference is bad input: refused before anything is written
     release = None
@@ -361,7 +362,7 @@ def _execute(cfg: RunSettings, req: BisectRequest, run_dir: Path, store: RunStor
     out = render.console()
     with running(store, run_dir, out) as run:
         with Progress(out, done=store.trials()) as progress, \
-                Controller(cfg, store, run_dir, on_event=progress.on_event) as ctl:
+                Controller(parts.control(cfg), store, run_dir, on_event=progress.on_event) as ctl:
             verdict, doc = execute(cfg, req, ctl, run_dir, commits, points, weights, out,
                                    progress=progress, release=release)
         print_answer(out, doc.get("answer"))

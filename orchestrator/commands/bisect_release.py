@@ -22,7 +22,7 @@ from collections.abc import Mapping, Sequence
 
 from orchestrator import answer
 from orchestrator.answer import text
-from orchestrator.commands import common
+from orchestrator.commands import common, parts
 from orchestrator.config.requests import BisectRequest
 from orchestrator.config.settings import RunSettings
 from orchestrator.control import packages
@@ -40,11 +40,11 @@ def plan(cfg: RunSettings, req: BisectRequest
     ws = common.workspace(cfg)
     base = common.candidate(cfg, ws)  # the code every release runs under
     name = canonical(req.package)
-    fixed = packages.fixed_pins(cfg)
-    listing = releases_between(packages.settings(cfg), name, req.good, req.bad,
-                               pre=req.package_pre, python=packages.interpreter(cfg))
+    fixed = packages.fixed_pins(cfg.packages)
+    listing = releases_between(parts.package_plan(cfg).overlays, name, req.good, req.bad,
+                               pre=req.package_pre, python=packages.interpreter(parts.package_plan(cfg)))
     # The endpoints must install: bad input otherwise (one line, nothing written).
-    packages.require(cfg, {name: listing.versions[0]}, {name: listing.versions[-1]})
+    packages.require(parts.package_plan(cfg), {name: listing.versions[0]}, {name: listing.versions[-1]})
     commits, points = as_points(listing, base, fixed)
     return commits, points, release_doc(listing)
 

@@ -4,17 +4,17 @@ reopening every resumable command shares (`reopen_run`)."""
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, TypeVar
 
+from orchestrator.commands import parts
 from orchestrator.config.settings import RunSettings, evolve, load_saved
 from orchestrator.control import packages
 from orchestrator.errors import UserError
 from orchestrator.gpu.base import ClockPolicy
 from orchestrator.metrics import regression_direction
 from orchestrator.records import Candidate
-from orchestrator.run.rundir import runs_root
 from orchestrator.store import RunStore
 from orchestrator.system.envcheck import check_env
 from orchestrator.system.fingerprint import is_secret
@@ -24,7 +24,7 @@ from orchestrator.ui import render
 from orchestrator.workspace import Workspace
 
 if TYPE_CHECKING:
-    from orchestrator.strategies.sweep.space import SearchSpace
+    pass
 
 _T = TypeVar("_T")
 
@@ -37,7 +37,7 @@ def workspace(cfg: RunSettings) -> Workspace:
     if not cfg.repo:
         raise UserError("no repository given: add repo=PATH (a git repository)")
     repo = Path(str(cfg.repo)).expanduser().resolve()
-    return Workspace(repo, runs_root(cfg) / ".cache" / "worktrees")
+    return Workspace(repo, cfg.runs_root / ".cache" / "worktrees")
 
 
 def require_bench(cfg: RunSettings) -> None:
@@ -74,7 +74,9 @@ def check_common(cfg: RunSettings) -> RunSettings:
                                 " of passing it in the configuration (sleuth stores configs)")
         check_env(env)
     ClockPolicy.parse(cfg.clock)
-    cfg = packages.check_settings(cfg)
+    links = packages.find_links_checked(cfg.packages)  # absolute: nodes find it from anywhere
+    if links:
+        cfg = evolve(cfg, {"packages.find_links": links})
     if cfg.package.name and cfg.command != "bisect":
         raise UserError(f"package={cfg.package.name} searches releases: it is for sleuth bisect"
                         " (package=NAME good=V1 bad=V2); pin a version with"
@@ -93,7 +95,7 @@ def check_common(cfg: RunSettings) -> RunSettings:
         regression_direction(cfg.metric, cfg.direction)
     check_target_available(cfg)
     check_nodes_free(cfg)
-    root = runs_root(cfg)
+    root = cfg.runs_root
     probe = root if root.exists() else next((p for p in root.parents if p.exists()), root)
     if not os.access(probe, os.W_OK):
         raise UserError(f"runs_dir {root} is not writable")
@@ -110,11 +112,11 @@ def candidate(cfg: RunSettings, ws: Workspace) -> Candidate:
         if not path.is_file():
             raise UserError(f"patch file not found: {p}")
         patches.append(str(path))
-    pins = packages.fixed_pins(cfg)
+    pins = packages.fixed_pins(cfg.packages)
     cand = Candidate.make(sha, patches, {str(k): str(v) for k, v in cfg.env.items()}, cfg.clock,
                           packages=pins)
     ws.check_patches(sha, patches)  # proves they apply, before anything is written
-    packages.require(cfg, pins)
+    packages.require(parts.package_plan(cfg), pins)
     return cand
 
 
@@ -144,7 +146,7 @@ def check_nodes_free(cfg: RunSettings) -> None:
         return
     from orchestrator.runner.holder import held_message, holder_of
 
-    root = runs_root(cfg) / ".nodes"
+    root = cfg.runs_root / ".nodes"
     held = []
     for i in range(cfg.nodes):
         holder = holder_of(root / f"local-{i}")
@@ -152,7 +154,7 @@ def check_nodes_free(cfg: RunSettings) -> None:
             return
         held.append(held_message(f"local-{i}", holder))
     instead = (f", or give this run nodes of its own with another runs_dir=DIR (each runs_dir"
-               f" has its own simulated nodes; this one is {runs_root(cfg)})"
+               f" has its own simulated nodes; this one is {cfg.runs_root})"
                if _simulated(cfg) else
                " (a node's server and clocks belong to the run holding it)")
     raise UserError(f"{held[0]}: wait for that run to finish{instead}")
@@ -233,14 +235,3 @@ def reopen_run(run_dir: Path, command: str,
     render.console().print(resume_notice(run_dir, store))
     store.set_status("running")
     return store, cfg, prepared
-
-
-def clocks(*, sides: Sequence[object] = (), space: SearchSpace | None = None) -> list[str]:
-    """The clock policies a command's trials set besides the run's own: an isolate's sides
-    (`good.clock=...`), a sweep's clock levels. The controller's nodes check each against
-    their GPUs before the first trial, so a policy a GPU refuses is found before any is spent."""
-    out = [str(side["clock"]) for side in sides if isinstance(side, Mapping) and side.get("clock")]
-    if space is not None:
-        out += [str(v) for p in space.params if p.kind == "clock" for v in p.values
-                if v is not None]
-    return out

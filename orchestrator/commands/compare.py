@@ -25,9 +25,10 @@ from orchestrator.answer import phases
 from orchestrator.answer.epochs import mark_system_change
 from orchestrator.answer.headline import refresh
 from orchestrator.answer.provisional import so_far
-from orchestrator.commands import common, next_step
+from orchestrator.commands import common, next_step, parts
 from orchestrator.commands.compare_findings import CHANGE_CONFIDENCE, findings_doc, print_findings
 from orchestrator.commands.compare_reference import adopt_reference_config, load_reference
+from orchestrator.commands.parts import create_run, pin_run
 from orchestrator.config import params as experiment_params
 from orchestrator.config.requests import CompareRequest, compare_reference
 from orchestrator.config.settings import RunSettings, evolve
@@ -39,7 +40,7 @@ from orchestrator.records import Candidate, Outcome
 from orchestrator.reference import record as log_record
 from orchestrator.reference.diff import differences
 from orchestrator.run import findings
-from orchestrator.run.rundir import create_run, pin_run, running
+from orchestrator.run.rundir import running
 from orchestrator.stats import caveats
 from orchestrator.stats.effect import log_difference, log_effect
 from orchestrator.system import mechanism
@@ -107,7 +108,7 @@ def run(cfg: RunSettings) -> int:
     ref_values = ref["values"].get(metric, [])
     if not ref_values and log_record.no_level(ref, metric) is None:
         raise UserError(f"the reference has no measured {metric} value")
-    packages.require(cfg, cand.package_dict)  # the reference's own pins, built again if need be
+    packages.require(parts.package_plan(cfg), cand.package_dict)  # the reference's own pins, built again if need be
     cfg = pin_run(cfg)
     run_dir, store = create_run(cfg)
     out = render.console()
@@ -115,7 +116,7 @@ def run(cfg: RunSettings) -> int:
         if adopted:
             out.print("measuring with the reference's settings: " + ", ".join(adopted))
         with Progress(out, done=store.trials()) as progress, \
-                Controller(cfg, store, run_dir, on_event=progress.on_event) as ctl:
+                Controller(parts.control(cfg), store, run_dir, on_event=progress.on_event) as ctl:
             doc = execute(cfg, req, ctl, run_dir, ref, out, progress=progress)
         changed = [c.to_json() for c in system_changes(store.trials())]
         if changed and doc.get("answer"):  # one system per comparison: not this one

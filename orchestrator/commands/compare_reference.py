@@ -9,14 +9,14 @@ import json
 from pathlib import Path
 
 from orchestrator.answer import phases
-from orchestrator.commands import common
+from orchestrator.commands import common, parts
+from orchestrator.config.compose import defaults
 from orchestrator.config.settings import RunSettings, as_dict, evolve, saved_values
 from orchestrator.control import packages
 from orchestrator.errors import UserError
 from orchestrator.metrics import EFFECT_METRICS
 from orchestrator.records import Candidate
 from orchestrator.reference import record as log_record
-from orchestrator.run.rundir import find_run
 from orchestrator.store import RunStore
 from orchestrator.system.redact import is_redacted, redact_config
 from orchestrator.util.pins import pin_list
@@ -29,8 +29,9 @@ def load_reference(cfg: RunSettings, ref: str) -> dict:
     """The reference: its candidate, trial-level values per metric, fingerprint, repo. An old
     server log (`log:PATH`, or a run `sleuth trial from_log=PATH` made) gives a partial one
     (:mod:`orchestrator.reference.record`)."""
-    if log_record.is_log(ref) or log_record.stored(cfg, ref) is not None:
-        return log_record.load_any(cfg, ref)
+    query = parts.reference_query(cfg)
+    if log_record.is_log(ref) or log_record.stored(query, ref) is not None:
+        return log_record.load_any(query, ref)
     path = Path(ref).expanduser()
     if path.is_file():
         try:
@@ -44,7 +45,7 @@ def load_reference(cfg: RunSettings, ref: str) -> dict:
                 "config": doc.get("config"),
                 "telemetry": [doc["fingerprint"].get("telemetry")],
                 "fingerprints": [doc["fingerprint"]]}
-    run_dir = find_run(cfg, ref)
+    run_dir = parts.find_run(cfg, ref)
     store = RunStore.open(run_dir / "trials.db")
     try:
         rows = [r for r in store.trials() if r.outcome and r.outcome.measured and not r.suspect]
@@ -71,22 +72,13 @@ def load_reference(cfg: RunSettings, ref: str) -> dict:
             "telemetry": [fp.get("telemetry") for fp in fps], "fingerprints": fps}
 
 
-def _user_set(cfg: RunSettings) -> RunSettings:
-    """What `cfg` would be without the command line: a setting that differs from it was set
-    by the user (or by a config group the user chose)."""
-    from orchestrator.config.compose import compose_settings
-
-    name = cfg.target.name
-    return compose_settings(cfg.command, [f"target={name}"] if name else [])
-
-
 def adopt_reference_config(cfg: RunSettings, ref: dict,
                            resolve=None) -> tuple[RunSettings, list[str]]:
     """`cfg` made to measure what the reference measured: its target and bench settings
     replace the defaults, and a setting the user gave that would change the reference's
     configuration is refused (one line, exit 2). Returns the settings to run with and the
     settings taken from the reference."""
-    default = _user_set(cfg)
+    default = defaults(cfg.command, cfg.target.name)
     conflicts = _candidate_conflicts(cfg, ref["candidate"], default, resolve)
     config = ref.get("config") or {}
     adopted: list[str] = []
@@ -145,7 +137,7 @@ def _candidate_conflicts(cfg: RunSettings, cand: Candidate, default: RunSettings
         conflicts.append(f"env {env} (the reference ran {cand.env_dict or 'none'})")
     if list(cfg.patches):
         conflicts.append("patches= (the reference's own patches are re-applied)")
-    pins = packages.fixed_pins(cfg)
+    pins = packages.fixed_pins(cfg.packages)
     if pins and pins != cand.package_dict:
         ran = ", ".join(cand.packages) or "the node's own packages"
         conflicts.append(f"packages=[{', '.join(pin_list(pins))}] (the reference ran {ran})")

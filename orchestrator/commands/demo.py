@@ -37,14 +37,15 @@ from pathlib import Path
 from rich.table import Table
 
 from orchestrator.answer.phases import SIDE_METRICS
-from orchestrator.commands import common, investigate, sweep
+from orchestrator.commands import common, investigate, parts, sweep
+from orchestrator.commands.parts import create_run, pin_run
 from orchestrator.config.requests import DemoRequest, SweepRequest
 from orchestrator.config.settings import RunSettings, as_dict, evolve
 from orchestrator.control.controller import Controller
 from orchestrator.evidence import plan as evidence_plan
 from orchestrator.metrics import EFFECT_METRICS
 from orchestrator.records import Candidate
-from orchestrator.run.rundir import create_run, pin_run, running, runs_root
+from orchestrator.run.rundir import running
 from orchestrator.sim_scenarios.generate import generate_scenario
 from orchestrator.sim_scenarios.sweep_oracle import SimOracle
 from orchestrator.strategies.sweep.space import SearchSpace
@@ -59,7 +60,7 @@ DEMO_PRESET = "seed_story"
 
 def _set_nodes(cfg: RunSettings, out_dir: Path, when: str) -> None:
     for i in range(cfg.nodes):
-        set_node_state(runs_root(cfg) / ".nodes" / f"local-{i}",
+        set_node_state(cfg.runs_root / ".nodes" / f"local-{i}",
                        gpu_state_file=out_dir / f"{when}_gpu_state.json",
                        env_file=out_dir / f"{when}_env.json",
                        packages_file=out_dir / f"{when}_packages.json")
@@ -238,7 +239,7 @@ def run(cfg: RunSettings) -> int:
                      recover=True)
         _set_nodes(cfg, scenario.out, "reference")
         with Progress(out, done=store.trials()) as progress, \
-                Controller(cfg, store, run_dir, on_event=progress.on_event) as ctl:
+                Controller(parts.control(cfg), store, run_dir, on_event=progress.on_event) as ctl:
             out.print("\n== 1. earlier: the reference measurement ==")
             ref_env = json.loads((scenario.out / "reference_env.json").read_text())
             pair = _measure_pair(ctl, truth["good"], 2, out, ref_env.get("NCCL_PROTO"))
@@ -247,8 +248,8 @@ def run(cfg: RunSettings) -> int:
         _set_nodes(cfg, scenario.out, "now")
         out.print("\n== 2. now: sleuth investigate, from the reference to the bad commit ==")
         with Progress(out, done=store.trials()) as progress, \
-                Controller(cfg, store, run_dir, on_event=progress.on_event,
-                           clocks=common.clocks(space=plan.sweep and plan.sweep.space)) as ctl:
+                Controller(parts.control(cfg, space=plan.sweep and plan.sweep.space),
+                           store, run_dir, on_event=progress.on_event) as ctl:
             doc, docs = investigate.execute(cfg, ctl, run_dir, plan, ws, out, progress=progress)
         code = investigate.finish(cfg, run_dir, store, doc, out)
         cfg = evolve(cfg, commit=truth["bad"])  # the sweep's truth: its space on the bad commit

@@ -18,7 +18,6 @@ import time
 from collections.abc import Callable
 
 from orchestrator.config.settings import RunSettings
-from orchestrator.run.rundir import runs_root
 
 Check = tuple[str, str, str]  # (status, name, detail)
 
@@ -138,7 +137,7 @@ def check_sglang() -> Check:
 
 
 def check_runs(cfg: RunSettings) -> Check:
-    root = runs_root(cfg)
+    root = cfg.runs_root
     try:
         root.mkdir(parents=True, exist_ok=True)
         with tempfile.NamedTemporaryFile(dir=root, prefix=".doctor-"):

@@ -45,9 +45,11 @@ from orchestrator.commands import (
     investigate_answer,
     investigate_steps,
     isolate,
+    parts,
 )
 from orchestrator.commands.investigate_answer import Plan
 from orchestrator.commands.investigate_steps import Steps
+from orchestrator.commands.parts import create_run, pin_run
 from orchestrator.config import params as experiment_params
 from orchestrator.config.bisect import bisect_strategy
 from orchestrator.config.requests import InvestigateRequest, SweepRequest
@@ -57,7 +59,7 @@ from orchestrator.errors import RunInterrupted, UserError, answer_exit
 from orchestrator.evidence import plan as evidence_plan
 from orchestrator.run import findings
 from orchestrator.run.plan import BudgetSpent, parse_budget
-from orchestrator.run.rundir import create_run, pin_run, running
+from orchestrator.run.rundir import running
 from orchestrator.store import RunStore
 from orchestrator.ui import render
 from orchestrator.ui.progress import Progress
@@ -178,8 +180,8 @@ def _execute(cfg: RunSettings, run_dir: Path, store: RunStore, p: Plan, ws) -> i
             out.print("measuring with the reference's settings: "
                       + ", ".join(p.reference["adopted"]))
         with Progress(out, done=store.trials()) as progress, \
-                Controller(cfg, store, run_dir, on_event=progress.on_event,
-                           clocks=common.clocks(space=p.sweep and p.sweep.space)) as ctl:
+                Controller(parts.control(cfg, space=p.sweep and p.sweep.space),
+                           store, run_dir, on_event=progress.on_event) as ctl:
             doc, _ = execute(cfg, ctl, run_dir, p, ws, out, progress=progress)
         code = finish(cfg, run_dir, store, doc, out)
         run.status = "done" if code == 0 else "inconclusive"

@@ -28,7 +28,6 @@ from orchestrator.config.settings import RunSettings
 from orchestrator.errors import UserError
 from orchestrator.records import Candidate
 from orchestrator.run import findings
-from orchestrator.run.rundir import runs_root
 from orchestrator.store import RunStore
 from orchestrator.system.watch import system_changes
 from orchestrator.workspace import CommitInfo
@@ -254,12 +253,12 @@ def next_step_of(cfg: RunSettings, p: Plan, docs: dict[str, dict]) -> tuple[str,
     if p.reference is not None or (docs.get("bisect") or {}).get("verdict") != "not_reproducible":
         return "", ""
     bad = str(p.request.bad)
-    found = reference_runs(runs_root(cfg), p.base.commit, exclude=str(cfg.run_id))
+    found = reference_runs(cfg.runs_root, p.base.commit, exclude=str(cfg.run_id))
     if found:
         return (f"runs that measured {p.base.commit[:12]} earlier: {', '.join(found)}; the next"
                 " step tests the system against the first",
                 next_step.command(cfg, "investigate", f"reference={found[0]}", f"bad={bad}"))
-    return (f"no earlier run in {runs_root(cfg)} measured {p.base.commit[:12]}: with one (or a"
+    return (f"no earlier run in {cfg.runs_root} measured {p.base.commit[:12]}: with one (or a"
             " fingerprint JSON of the good state), investigate reference=RUN bad="
             f"{bad} tests the system", "")
 

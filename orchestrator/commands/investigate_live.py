@@ -31,7 +31,8 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
-from orchestrator.commands import common, investigate
+from orchestrator.commands import common, investigate, parts
+from orchestrator.commands.parts import create_run, pin_run
 from orchestrator.config import params as experiment_params
 from orchestrator.config.settings import RunSettings, as_dict, evolve
 from orchestrator.errors import UserError
@@ -50,7 +51,7 @@ from orchestrator.metrics import METRICS, check_metric
 from orchestrator.records import Candidate
 from orchestrator.reference.server_args import target_settings
 from orchestrator.run import findings
-from orchestrator.run.rundir import create_run, pin_run, running, runs_root
+from orchestrator.run.rundir import running
 from orchestrator.targets.base import NodeContext
 from orchestrator.targets.registry import make_target
 from orchestrator.targets.sim.dialect import DEVICE_TIMER_ENV
@@ -206,7 +207,7 @@ def _record(store, cand: Candidate, phase: str, result) -> int:
 def _measure(cfg: RunSettings, lp: LivePlan, run_dir: Path, store, out, stopped: list[bool]):
     """The running server, then (with live.restart=true) fresh starts until the verdict."""
     server = lp.server
-    node = NodeContext("local-0", runs_root(cfg) / ".nodes" / "local-0")
+    node = NodeContext("local-0", cfg.runs_root / ".nodes" / "local-0")
     target = make_target(lp.live_cfg.target, lp.live_cfg.bench, node)
     protocol = _protocol(cfg)
     sha = lp.commit or ""
@@ -356,8 +357,8 @@ def _inner(cfg: RunSettings, lp: LivePlan, run_dir: Path, store, out) -> dict:
     _, p, ws = lp.inner
     out.print("\n== from the reference: the system and the code, with sleuth's own trials ==")
     with Progress(out, done=store.trials()) as progress, \
-            Controller(cfg, store, run_dir, on_event=progress.on_event,
-                       clocks=common.clocks(space=p.sweep and p.sweep.space)) as ctl:
+            Controller(parts.control(cfg, space=p.sweep and p.sweep.space),
+                       store, run_dir, on_event=progress.on_event) as ctl:
         doc, _ = investigate.execute(cfg, ctl, run_dir, p, ws, out, progress=progress)
     return doc
 

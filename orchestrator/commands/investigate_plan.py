@@ -10,7 +10,6 @@ turns into the answer so far with what finishing would cost.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -112,11 +111,3 @@ def at_budget(result: dict, state: PlanState, rows, why: str, confidence: float)
 def reuse_lines(rows, keys, marks, step: str, what: str) -> list[str]:
     line = ledger.reuse_line(rows, keys, marks, step, what)
     return [line] if line else []
-
-
-def gpu_hours(rows, cfg: RunSettings) -> float:
-    """Node GPU-hours the run's restarts held (modeled on the simulated node)."""
-    from orchestrator.run.cost import gpu_minutes
-
-    mins = gpu_minutes(budget_plan.restarts_of(rows), as_dict(cfg.target))
-    return mins / 60.0 if math.isfinite(mins) else 0.0

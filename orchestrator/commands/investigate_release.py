@@ -16,7 +16,7 @@ import dataclasses
 from collections.abc import Mapping
 
 from orchestrator.answer.text import change_label
-from orchestrator.commands import bisect, bisect_release
+from orchestrator.commands import bisect, bisect_release, parts
 from orchestrator.config.requests import InvestigateRequest
 from orchestrator.config.settings import RunSettings
 from orchestrator.control import packages
@@ -55,14 +55,14 @@ def follow(cfg: RunSettings, req: InvestigateRequest, ctl, run_dir, isolate_doc:
         if ends is None:
             continue
         try:
-            listing = releases_between(packages.settings(cfg), name, *ends,
+            listing = releases_between(parts.package_plan(cfg).overlays, name, *ends,
                                        pre=cfg.package.pre,
-                                       python=packages.interpreter(cfg))
+                                       python=packages.interpreter(parts.package_plan(cfg)))
             if len(listing.versions) < 3:
                 out.print(f"{name}: the source lists no release between {ends[0]} and {ends[1]}"
                           f": {ends[1]} is the release")
                 continue
-            packages.require(cfg, {name: ends[1]})
+            packages.require(parts.package_plan(cfg), {name: ends[1]})
         except UserError as exc:
             out.print(f"{name}: releases not searched: {exc}")
             continue

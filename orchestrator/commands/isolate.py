@@ -24,9 +24,10 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 
 from orchestrator.answer.epochs import mark_system_change
-from orchestrator.commands import common, compare
+from orchestrator.commands import common, compare, parts
 from orchestrator.commands.isolate_findings import document
 from orchestrator.commands.isolate_points import IsolatePoints, LiveIsolatePoints
+from orchestrator.commands.parts import create_run, pin_run
 from orchestrator.config import params as experiment_params
 from orchestrator.config.requests import CompareRequest, IsolateRequest
 from orchestrator.config.settings import RunSettings, as_dict, evolve
@@ -36,7 +37,7 @@ from orchestrator.control.drive import drive, replay, unreported
 from orchestrator.errors import RunInterrupted, UserError, answer_exit
 from orchestrator.metrics import regression_direction
 from orchestrator.run import findings
-from orchestrator.run.rundir import create_run, pin_run, running
+from orchestrator.run.rundir import running
 from orchestrator.store import RunStore
 from orchestrator.strategies.base import Verdict, probability_relation
 from orchestrator.strategies.isolate import IsolateStrategy
@@ -72,7 +73,7 @@ def _check_changes(cfg: RunSettings, ws, good: dict, bad: dict, changes: list[Ch
         sha = ws.resolve(str(side.get("commit", "HEAD")))
         if side.get("patches"):
             ws.check_patches(sha, list(side["patches"]))
-    packages.require(cfg, good["packages"], bad["packages"])
+    packages.require(parts.package_plan(cfg), good["packages"], bad["packages"])
 
 
 def _best(verdict: Verdict) -> tuple[str | None, float | None]:
@@ -172,10 +173,10 @@ def isolate_system(cfg: RunSettings, req: IsolateRequest, ctl: Controller, run_d
     all_env = experiment_params.of(cfg).all_env
     found = changes_from_system(diffs, all_env=all_env)
     pinned = [c.key for c in found if c.factor == "package"]
-    if pinned and packages.settings(cfg).configured:
+    if pinned and parts.package_plan(cfg).overlays.configured:
         out.print(f"installing the reference versions of {len(pinned)} package(s) into overlays:"
                   f" {', '.join(pinned[:8])}{' ...' if len(pinned) > 8 else ''}")
-    changes, no_package = packages.testable(cfg, found)
+    changes, no_package = packages.testable(parts.package_plan(cfg), found)
     untested = [d for d in diffs if not any(c.matches(d) for c in changes)]
     if no_package:
         out.print(f"package changes not tested ({len(no_package)}): "
@@ -229,7 +230,7 @@ def _plan(cfg: RunSettings) -> tuple[RunSettings, IsolateRequest, dict | None, o
         ws = common.workspace(cfg)
         ws.resolve(ref["candidate"].commit)
         cfg, ref["adopted"] = compare.adopt_reference_config(cfg, ref, ws.resolve)
-        packages.require(cfg, ref["candidate"].package_dict)
+        packages.require(parts.package_plan(cfg), ref["candidate"].package_dict)
         return cfg, req, ref, ws, None, None
     for side, spec in (("good", req.good), ("bad", req.bad)):
         if "patches" in spec:  # saved absolute, so that a resume finds them from anywhere
@@ -246,7 +247,7 @@ def _plan(cfg: RunSettings) -> tuple[RunSettings, IsolateRequest, dict | None, o
 
 def _with_fixed_pins(cfg: RunSettings, good: dict, bad: dict) -> tuple[dict, dict]:
     """`packages=[...]` pins both sides; a side's own pin of the same package wins."""
-    fixed = packages.fixed_pins(cfg)
+    fixed = packages.fixed_pins(cfg.packages)
     if not fixed:
         return good, bad
     return tuple({**side, "packages": {**fixed, **pins_of(side.get("packages"))}}
@@ -295,8 +296,8 @@ def _execute(cfg: RunSettings, req: IsolateRequest, run_dir: Path, store: RunSto
             out.print("measuring with the reference's settings: " + ", ".join(ref["adopted"]))
         try:
             with Progress(out, done=store.trials()) as progress, \
-                    Controller(cfg, store, run_dir, on_event=progress.on_event,
-                               clocks=common.clocks(sides=(req.good, req.bad))) as ctl:
+                    Controller(parts.control(cfg, sides=(req.good, req.bad)),
+                               store, run_dir, on_event=progress.on_event) as ctl:
                 if ref is not None:
                     cdoc = _compare(cfg, req, ctl, run_dir, ref, out, progress)
                     if cdoc["verdict"] == "reproduced":

@@ -162,7 +162,7 @@ def _verdict(d: K.KernelDiff) -> str:
 
 
 def run(cfg: RunSettings) -> int:
-    from orchestrator.run.rundir import create_run, pin_run
+    from orchestrator.commands.parts import create_run, pin_run
     from orchestrator.ui.report import kernels_page
 
     req = KernelsRequest.of(cfg)

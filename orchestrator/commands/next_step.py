@@ -14,8 +14,8 @@ import re
 import shlex
 from collections.abc import Iterator, Mapping
 
+from orchestrator.config.compose import defaults
 from orchestrator.config.settings import RunSettings, as_dict
-from orchestrator.run.rundir import runs_root
 
 CARRIED_PARTS = ("target", "bench", "trial", "cluster", "log")
 CARRIED_KEYS = ("metric", "direction", "nodes", "confidence")
@@ -24,14 +24,14 @@ _PLAIN = re.compile(r"[\w./:@+-]*")  # a value Hydra reads as the string it is
 
 def command(cfg: RunSettings, name: str, *args: str) -> str:
     """`sleuth <name> <args> <this run's where and how>`, quoted for a POSIX shell."""
-    default = _defaults(cfg)
+    default = defaults(cfg.command or "trial", cfg.target.name)
     words = ["sleuth", name, *args]
     target = cfg.target.name
     if target and target != "sglang":
         words.append(f"target={target}")
     if cfg.repo:
         words.append(f"repo={cfg.repo}")
-    words.append(f"runs_dir={runs_root(cfg)}")
+    words.append(f"runs_dir={cfg.runs_root}")
     for key in CARRIED_KEYS:
         if getattr(cfg, key) != getattr(default, key):
             words.append(f"{key}={_value(getattr(cfg, key))}")
@@ -52,15 +52,6 @@ def _shell_word(word: str) -> str:
     if quoted == word or any(c in word for c in '"$`\\!'):
         return quoted
     return f'"{word}"'
-
-
-def _defaults(cfg: RunSettings) -> RunSettings:
-    """What this command composes to without a command line but with the same target group:
-    a setting that differs from it was given by the user."""
-    from orchestrator.config.compose import compose_settings
-
-    group = [f"target={cfg.target.name}"] if cfg.target.name else []
-    return compose_settings(cfg.command or "trial", group)
 
 
 def _leaves(tree: Mapping, prefix: str = "") -> Iterator[tuple[str, object]]:

@@ -14,7 +14,6 @@ from __future__ import annotations
 from orchestrator.commands import common
 from orchestrator.config.settings import RunSettings, as_dict
 from orchestrator.metrics import check_metric
-from orchestrator.run.rundir import runs_root
 
 RANGE_COMMANDS = ("bisect", "investigate")
 
@@ -23,7 +22,7 @@ def check(command: str, cfg: RunSettings) -> None:
     """Raise the command's own UserError for a bad target, metric, repository, ref or range."""
     if command not in (*RANGE_COMMANDS, "trial"):
         return
-    if cfg.run_id and (runs_root(cfg) / str(cfg.run_id)).exists():
+    if cfg.run_id and (cfg.runs_root / str(cfg.run_id)).exists():
         return  # continuing a run: its stored configuration is what counts
     if (command == "trial" and cfg.from_log) or (command == "investigate" and cfg.live.server):
         return  # a log read, a live server attached: their own checks, nothing launched yet

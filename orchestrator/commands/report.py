@@ -13,10 +13,10 @@ from __future__ import annotations
 import json
 import os
 
+from orchestrator.commands.parts import find_run
 from orchestrator.config.requests import RunRequest
 from orchestrator.config.settings import RunSettings
 from orchestrator.errors import UserError
-from orchestrator.run.rundir import find_run
 from orchestrator.ui import render
 from orchestrator.ui.report import load_run, write_files
 from orchestrator.ui.report.terminal import print_report

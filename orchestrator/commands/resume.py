@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+from orchestrator.commands.parts import find_run
 from orchestrator.config.early import not_resumable
 from orchestrator.config.requests import RunRequest
 from orchestrator.config.settings import RunSettings
 from orchestrator.errors import UserError
-from orchestrator.run.rundir import RESUMABLE, find_run
+from orchestrator.run.rundir import RESUMABLE
 from orchestrator.store import RunStore
 
 

@@ -23,7 +23,6 @@ from pathlib import Path
 from orchestrator.config.requests import ScenarioRequest
 from orchestrator.config.settings import RunSettings, evolve
 from orchestrator.errors import UserError
-from orchestrator.run.rundir import runs_root
 from orchestrator.sim_scenarios.generate import DEFAULT_PRESET, PRESETS, generate_scenario
 
 STATE_FILES = ("gpu_state", "env", "packages", "launcher")
@@ -50,10 +49,10 @@ def run(cfg: RunSettings) -> int:
     if "old_log" in truth:
         print(f"old log: {scenario.out / truth['old_log']['dir']} (the server's log from when it"
               " was fast: all there is of then)")
-        print(f"next: sleuth scenario out={scenario.out} apply=now runs_dir={runs_root(cfg)}")
+        print(f"next: sleuth scenario out={scenario.out} apply=now runs_dir={cfg.runs_root}")
         return 0
     if "live" in truth:
-        print(f"next: sleuth scenario out={scenario.out} apply=live runs_dir={runs_root(cfg)}"
+        print(f"next: sleuth scenario out={scenario.out} apply=live runs_dir={cfg.runs_root}"
               " (starts the long-running server and wears it down)")
         return 0
     if _state_files(scenario.out, "reference"):
@@ -61,7 +60,7 @@ def run(cfg: RunSettings) -> int:
               f" {scenario.out}/now_*.json (now); sleuth scenario out={scenario.out}"
               " apply=reference|now puts the simulated nodes in one")
         print(f"next: sleuth scenario out={scenario.out} apply=reference"
-              f" runs_dir={runs_root(cfg)}")
+              f" runs_dir={cfg.runs_root}")
         return 0
     print(f"next: sleuth bisect target=sim repo={scenario.repo} good={truth['good'][:12]}"
           f" bad={truth['bad'][:12]}")
@@ -84,7 +83,7 @@ def apply(cfg: RunSettings, out: Path, when: str) -> int:
     if truth:
         good, bad = truth["good"][:12], truth["bad"][:12]
         repo = out / "repo"
-        where = f"target=sim repo={repo} runs_dir={runs_root(cfg)}" + (
+        where = f"target=sim repo={repo} runs_dir={cfg.runs_root}" + (
             f" nodes={len(names)}" if len(names) > 1 else "")
         if when == "reference":
             print(f"next: sleuth trial {where} commit={good} restarts=3 run_id=reference")
@@ -107,7 +106,7 @@ def _set_state(cfg: RunSettings, out: Path, when: str) -> tuple[Path, list[str]]
                         " a scenario whose preset changes the system, e.g. sleuth scenario"
                         f" out={out} preset=system_change")
     check_nodes_free(cfg)  # every node held: refused, naming the holder
-    root = runs_root(cfg) / ".nodes"
+    root = cfg.runs_root / ".nodes"
     names = [f"local-{i}" for i in range(cfg.nodes)]
     for name in names:  # one held by a live run: its run's state is not ours to change
         holder = holder_of(root / name)
@@ -155,6 +154,6 @@ def start_live(cfg: RunSettings, out: Path) -> int:
     print(f"live server: pid {proc.pid} at {url}, log {out / live.DIR / 'server.log'}; planted:"
           f" verify +{truth['state_pct']:g}% once aged (a fresh restart:"
           f" {truth['fresh_verify_ms']:.2f} ms)")
-    print(f"next: sleuth investigate target=sim runs_dir={runs_root(cfg)} live={proc.pid}"
+    print(f"next: sleuth investigate target=sim runs_dir={cfg.runs_root} live={proc.pid}"
           f" live.restart=true was={truth['fresh_verify_ms']:.1f}")
     return 0

@@ -20,7 +20,8 @@ from orchestrator import answer
 from orchestrator.answer.epochs import mark_system_change
 from orchestrator.answer.headline import refresh
 from orchestrator.answer.provisional import so_far
-from orchestrator.commands import common
+from orchestrator.commands import common, parts
+from orchestrator.commands.parts import create_run, pin_run
 from orchestrator.config import params as experiment_params
 from orchestrator.config.requests import SweepRequest
 from orchestrator.config.settings import RunSettings, as_dict
@@ -30,7 +31,7 @@ from orchestrator.errors import FAILURE, RunInterrupted, answer_exit
 from orchestrator.records import Candidate
 from orchestrator.run import findings
 from orchestrator.run import sweep_findings as report
-from orchestrator.run.rundir import create_run, pin_run, running, runs_root
+from orchestrator.run.rundir import running
 from orchestrator.store import RunStore
 from orchestrator.strategies.sweep import importance
 from orchestrator.strategies.sweep.search import (
@@ -56,8 +57,8 @@ def validate(cfg: RunSettings) -> SweepRequest:
 
 
 def run(cfg: RunSettings) -> int:
-    if cfg.run_id and (runs_root(cfg) / str(cfg.run_id)).exists():
-        return resume(runs_root(cfg) / str(cfg.run_id))
+    if cfg.run_id and (cfg.runs_root / str(cfg.run_id)).exists():
+        return resume(cfg.runs_root / str(cfg.run_id))
     cfg = common.check_common(cfg)
     req = SweepRequest.of(cfg)
     base = common.candidate(cfg, common.workspace(cfg))
@@ -229,8 +230,8 @@ def _execute(cfg: RunSettings, req: SweepRequest, run_dir: Path, store: RunStore
     out = render.console()
     with running(store, run_dir, out) as run:
         with Progress(out, done=store.trials()) as progress, \
-                Controller(cfg, store, run_dir, on_event=progress.on_event,
-                           clocks=common.clocks(space=req.space)) as ctl:
+                Controller(parts.control(cfg, space=req.space),
+                           store, run_dir, on_event=progress.on_event) as ctl:
             result, doc = execute(cfg, req, ctl, run_dir, base, out, progress=progress)
         out.print(f"findings: {findings.write(run_dir, doc)}")
         print_answer(out, doc.get("answer"))

@@ -17,12 +17,13 @@ nothing runs, and `reference=NAME` later reads what the log tells (and says what
 
 from __future__ import annotations
 
-from orchestrator.commands import common, next_step
+from orchestrator.commands import common, next_step, parts
+from orchestrator.commands.parts import create_run, pin_run
 from orchestrator.config.requests import TrialRequest
 from orchestrator.config.settings import RunSettings, evolve
 from orchestrator.control.controller import Controller
 from orchestrator.errors import ANSWERED, FAILURE, SYSTEM_CHANGED, UserError
-from orchestrator.run.rundir import create_run, pin_run, running
+from orchestrator.run.rundir import running
 from orchestrator.system.watch import system_changes
 from orchestrator.ui import render
 
@@ -53,7 +54,7 @@ def run(cfg: RunSettings) -> int:
         if why:
             out.print(why)
         rows = []
-        with Controller(cfg, store, run_dir, on_event=lambda m: out.print(f"  {m}")) as ctl:
+        with Controller(parts.control(cfg), store, run_dir, on_event=lambda m: out.print(f"  {m}")) as ctl:
             submitted = 0
             while submitted < restarts or ctl.in_flight():
                 while submitted < restarts and ctl.idle_nodes():

@@ -8,6 +8,7 @@ output directory; compose gives us only the merged, type-checked config.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import re
 from pathlib import Path
 
@@ -272,6 +273,16 @@ def compose_settings(command: str, overrides: list[str], *,
                      config_dir: str | Path | None = None) -> RunSettings:
     """The typed settings of `compose_config`'s configuration (what every command runs with)."""
     return settings_of(compose_config(command, overrides, config_dir=config_dir))
+
+
+@functools.lru_cache(maxsize=8)
+def defaults(command: str, target: str | None) -> RunSettings:
+    """What `command` composes to with no command line but the target group `target`: a
+    setting that differs from it was chosen by the user (a word, or a group of their own
+    `--config-dir`). The one place that asks; a next step carries those settings
+    (`commands/next_step`) and a reference's settings replace only the others
+    (`commands/compare_reference`). Composed once per process, not once per question."""
+    return compose_settings(command, [f"target={target}"] if target else [])
 
 
 def to_yaml(cfg: DictConfig) -> str:

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from omegaconf import MISSING
@@ -445,6 +446,11 @@ class RunSettings:
     evidence: EvidenceConf = field(default_factory=EvidenceConf)
     log: LogConf = field(default_factory=LogConf)
     live: LiveConf = field(default_factory=LiveConf)
+
+    @property
+    def runs_root(self) -> Path:
+        """`runs_dir` as an absolute path (relative to where sleuth was invoked)."""
+        return Path(self.runs_dir).expanduser().resolve()
 
 
 # The schema of `target` by its name (`target` itself is `Any` in RunSettings: each group

@@ -19,14 +19,13 @@ import dataclasses
 import signal
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 import ray
 
-from orchestrator.config.settings import RunSettings, as_dict
-from orchestrator.control import packages
+from orchestrator.config.settings import as_dict
 from orchestrator.control.concurrency import HeldBack
 from orchestrator.control.node_pool import NodePool, first_line
 from orchestrator.control.ray_cluster import (
@@ -36,11 +35,11 @@ from orchestrator.control.ray_cluster import (
     sleuth_nodes,
     start_ray,
 )
-from orchestrator.control.specs import cache_max_bytes, trial_spec
+from orchestrator.control.settings import ControlSettings
+from orchestrator.control.specs import trial_spec
 from orchestrator.errors import DiskFull
 from orchestrator.records import RETRYABLE, Candidate, Outcome, TrialResult
 from orchestrator.run import blocks
-from orchestrator.run.rundir import runs_root
 from orchestrator.runner.trial_checks import NO_SPACE, is_no_space
 from orchestrator.store import RunStore, TrialRow
 from orchestrator.util import wallclock
@@ -85,24 +84,22 @@ class _Queued:
 class Controller:
     def __init__(
         self,
-        cfg: RunSettings,
+        settings: ControlSettings,
         store: RunStore,
         run_dir: Path,
         *,
         on_event: Callable[[str], None] | None = None,
-        clocks: Iterable[str] = (),
     ):
-        """`clocks`: the clock policies the command's trials set besides the run's own (an
-        isolate's sides, a sweep's levels; the command knows them): each node checks every
-        one against its GPUs before the first trial."""
-        self.cfg = cfg
+        """`settings`: the part of the run's settings the controller reads, cut by the command
+        (`commands/parts.control`), with every clock policy its trials set: each node checks
+        them against its GPUs before the first trial."""
+        self.settings = settings
         self.store = store
         self.run_dir = run_dir
-        self.runs_dir = runs_root(cfg)
+        self.runs_dir = settings.runs_dir
         sink = on_event or (lambda _msg: None)
         self.on_event = lambda msg: sink(printable(msg, newlines=False))
-        policies = sorted({str(cfg.clock or "default"), *map(str, clocks)})
-        self.pool = NodePool(cfg, self.runs_dir, store.run_id, policies, self.on_event)
+        self.pool = NodePool(settings, store.run_id, self.on_event)
         self._busy: dict[str, _InFlight] = {}
         self._by_ref: dict[object, _InFlight] = {}
         self._queue: list[_Queued] = []
@@ -111,12 +108,10 @@ class Controller:
         self._blocks_of: dict[int, list[int]] = {}  # first block row -> all of its lifetime
         # Called before every restart with the run's trials; raises to stop the run.
         self.before_restart: Callable[..., None] | None = None
-        self.retries = cfg.trial.retries
+        self.retries = settings.trial.retries
         self._interrupted = False
         self._starting = False
         self._old_handlers: dict[int, object] = {}
-        self._cache_max_bytes = cache_max_bytes(cfg)
-        self._overlays = packages.settings(cfg).to_json()  # where pinned packages are built
 
     # -- lifecycle -----------------------------------------------------------------------------
     def __enter__(self) -> Controller:
@@ -160,7 +155,7 @@ class Controller:
         self._install_signals()
         try:
             self.store.ensure_reserve()
-            start_ray(as_dict(self.cfg.cluster), nodes=self.cfg.nodes)
+            start_ray(as_dict(self.settings.cluster), nodes=self.settings.nodes)
             # Again after Ray starts: ray.init installs its own SIGTERM handler (it logs
             # "SIGTERM received" and kills the process), which would replace ours, and a
             # SIGTERM would then end the run as killed, neither recorded interrupted nor
@@ -253,8 +248,8 @@ class Controller:
                                           phase=blocks.LIFETIME_PHASE if live else phase,
                                           attempt=attempt,
                                           log_path=lambda tid: str(trials / str(tid) / "server.log"))
-        spec = trial_spec(self.cfg, self.run_dir, trial_id, candidate, phase, repetitions,
-                          overlays=self._overlays, max_bytes=self._cache_max_bytes, live=live)
+        spec = trial_spec(self.settings, self.run_dir, trial_id, candidate, phase, repetitions,
+                          live=live)
         ref = self._actors[node].run.remote(spec)
         inflight = _InFlight(trial_id, candidate, cand_id, node, phase, attempt, ref, wallclock.now(),
                              losses, repetitions, tuple(live))

@@ -14,12 +14,11 @@ import os
 import socket
 import time
 from collections.abc import Callable, Mapping
-from pathlib import Path
 
 import ray
 
-from orchestrator.config.settings import RunSettings
 from orchestrator.control.ray_cluster import NODE_RESOURCE, node_name, sleuth_nodes
+from orchestrator.control.settings import ControlSettings
 from orchestrator.errors import NodeBusy, NodesLost, UserError
 from orchestrator.runner.holder import held_message
 from orchestrator.runner.node import NodeRunner
@@ -35,14 +34,13 @@ REPLACEMENT_WAIT_S = 15.0
 
 
 class NodePool:
-    def __init__(self, cfg: RunSettings, runs_dir: Path, run_id: str, clocks: list[str],
-                 on_event: Callable[[str], None]):
-        self.cfg = cfg
-        self.runs_dir = runs_dir
+    def __init__(self, settings: ControlSettings, run_id: str, on_event: Callable[[str], None]):
+        self.settings = settings
+        self.runs_dir = settings.runs_dir
         self.run_id = run_id
-        self.clocks = clocks
+        self.clocks = list(settings.clocks)
         self.on_event = on_event
-        self.want = cfg.nodes
+        self.want = settings.nodes
         self.actors: dict[str, object] = {}  # ready to run trials
         # cluster=ray: node name -> (Ray node id, address) the node's actor is pinned to.
         self.placement: dict[str, tuple[str, str]] = {}
@@ -100,7 +98,7 @@ class NodePool:
 
     def _names(self) -> list[str]:
         """`local-<i>` actors on the local Ray; on a cluster, one per `sleuth_node` Ray node."""
-        if self.cfg.cluster.kind != "ray":
+        if self.settings.cluster.kind != "ray":
             return [f"local-{i}" for i in range(self.want)]
         offered = sleuth_nodes()
         if not offered:
@@ -118,7 +116,7 @@ class NodePool:
         return name
 
     def _new_actor(self, name: str, adopt: tuple[str, ...] = (), wait_s: float = 0.0):
-        target, bench = self.cfg.target, self.cfg.bench
+        target, bench = self.settings.target, self.settings.bench
         state_dir = self.runs_dir / ".nodes" / name
         options: dict = {"num_cpus": 0, "max_concurrency": 4, "max_restarts": 0}
         if name in self.placement:  # pinned to its Ray node; the resource admits one actor
@@ -159,7 +157,7 @@ class NodePool:
 
     def may_grow(self) -> bool:
         """Whether a node can still join (worth waiting for when none is left)."""
-        return bool(self._joining) or self.cfg.cluster.kind == "ray"
+        return bool(self._joining) or self.settings.cluster.kind == "ray"
 
     def poll(self) -> None:
         """Admit nodes that finished starting; on a cluster, start actors on sleuth nodes that
@@ -176,7 +174,7 @@ class NodePool:
         if self.actors:
             self._alone_since = None
             return
-        wait_s = self.cfg.cluster.rejoin_timeout_s
+        wait_s = self.settings.cluster.rejoin_timeout_s
         if self._alone_since is None:
             self._alone_since = now
             self.on_event(f"no node left: waiting up to {wait_s:g}s for a sleuth node to join")

@@ -16,9 +16,10 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 
-from orchestrator.config.settings import RunSettings, evolve
+from orchestrator.config.schema import BenchConf, PackagesConf
 from orchestrator.errors import UserError
 from orchestrator.packages.overlay import (
     OVERLAYS_DIRNAME,
@@ -26,31 +27,41 @@ from orchestrator.packages.overlay import (
     OverlayError,
     OverlaySettings,
 )
-from orchestrator.run.rundir import runs_root
 from orchestrator.util.pins import format_pin, pins_of
 
 NO_SOURCE = ("not tested: no package source: give packages.find_links=DIR of wheels or"
              " packages.index_url=URL")
 
 
-def check_settings(cfg: RunSettings) -> RunSettings:
-    """The pins parse and the wheel directory exists; the settings returned hold its path
-    absolute (a resumed run and every node find it from anywhere)."""
-    pins_of(list(cfg.packages.pins))
-    links = cfg.packages.find_links
-    if links:
-        path = Path(links).expanduser().resolve()
-        if not path.is_dir():
-            raise UserError(f"packages.find_links={links}: not a directory of wheels")
-        cfg = evolve(cfg, {"packages.find_links": str(path)})
-    return cfg
+@dataclass(frozen=True)
+class PackagePlan:
+    """What building a pin needs: where overlays live and how pip fetches
+    (`overlays`), and the target whose interpreter the servers run (overlays are built for
+    it). A command cuts it from its settings (`commands/parts.package_plan`)."""
+
+    overlays: OverlaySettings
+    target: object
+    bench: BenchConf
+    runs_dir: Path
 
 
-def settings(cfg: RunSettings) -> OverlaySettings:
-    conf = cfg.packages
+def find_links_checked(conf: PackagesConf) -> str | None:
+    """The pins parse and the wheel directory exists: its path, absolute (a resumed run and
+    every node find it from anywhere), or None when none was given."""
+    pins_of(list(conf.pins))
+    links = conf.find_links
+    if not links:
+        return None
+    path = Path(links).expanduser().resolve()
+    if not path.is_dir():
+        raise UserError(f"packages.find_links={links}: not a directory of wheels")
+    return str(path)
+
+
+def overlay_settings(conf: PackagesConf, runs_dir: Path) -> OverlaySettings:
     gb = conf.max_gb
     return OverlaySettings(
-        root=str(runs_root(cfg) / ".cache" / OVERLAYS_DIRNAME),
+        root=str(runs_dir / ".cache" / OVERLAYS_DIRNAME),
         find_links=(conf.find_links,) if conf.find_links else (),
         index_url=conf.index_url,
         pip_args=tuple(str(a) for a in conf.pip_args),
@@ -59,28 +70,28 @@ def settings(cfg: RunSettings) -> OverlaySettings:
     )
 
 
-def fixed_pins(cfg: RunSettings) -> dict[str, str]:
+def fixed_pins(conf: PackagesConf) -> dict[str, str]:
     """`packages=[...]`: pins every candidate of the run gets."""
-    return pins_of(list(cfg.packages.pins))
+    return pins_of(list(conf.pins))
 
 
-def interpreter(cfg: RunSettings) -> str:
+def interpreter(plan: PackagePlan) -> str:
     """The interpreter the target's servers run (overlays are built for it)."""
     from orchestrator.targets.base import NodeContext
     from orchestrator.targets.registry import make_target
 
     try:
-        target = make_target(cfg.target, cfg.bench,
-                             NodeContext("controller", runs_root(cfg) / ".nodes"))
+        target = make_target(plan.target, plan.bench,
+                             NodeContext("controller", plan.runs_dir / ".nodes"))
         return target.python_executable()
     except Exception:
         return sys.executable
 
 
-def build(cfg: RunSettings, pins: Mapping[str, str]) -> dict[str, str]:
+def build(plan: PackagePlan, pins: Mapping[str, str]) -> dict[str, str]:
     """Build the overlays of `pins`; `{pin: pip's reason}` of those that cannot be built."""
-    cache = OverlayCache(settings(cfg))
-    python = interpreter(cfg)
+    cache = OverlayCache(plan.overlays)
+    python = interpreter(plan)
     failed = {}
     for name, version in sorted(pins.items()):
         pin = format_pin(name, version)
@@ -91,31 +102,30 @@ def build(cfg: RunSettings, pins: Mapping[str, str]) -> dict[str, str]:
     return failed
 
 
-def require(cfg: RunSettings, *pin_sets: Mapping[str, str]) -> None:
+def require(plan: PackagePlan, *pin_sets: Mapping[str, str]) -> None:
     """Every pin of `pin_sets` can be installed, or one line naming the first that cannot."""
     pins: dict[str, str] = {}
     for p in pin_sets:
         pins.update(p)
     if not pins:
         return
-    failed = build(cfg, pins)
+    failed = build(plan, pins)
     if failed:
         pin, why = next(iter(failed.items()))
         raise UserError(f"cannot install {pin} for the trials: {why}")
 
 
-def testable(cfg: RunSettings, changes: Iterable) -> tuple[list, dict[str, str]]:
+def testable(plan: PackagePlan, changes: Iterable) -> tuple[list, dict[str, str]]:
     """Split system-level changes: those to test, and `{difference key: why not}` for the
     package changes that cannot be (no package source, or pip cannot install the version)."""
     keep, untested = [], {}
-    configured = settings(cfg).configured
     for change in changes:
         if change.factor != "package":
             keep.append(change)
-        elif not configured:
+        elif not plan.overlays.configured:
             untested[change.name] = NO_SOURCE
         else:
-            why = build(cfg, {change.key: str(change.good)})
+            why = build(plan, {change.key: str(change.good)})
             if why:
                 untested[change.name] = "not tested: " + next(iter(why.values()))
             else:

@@ -20,13 +20,14 @@ named.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from orchestrator.config.settings import RunSettings, evolve
 from orchestrator.errors import UserError
 from orchestrator.live.proc import uptime_text
 from orchestrator.records import Candidate
@@ -42,31 +43,43 @@ NOT_IN_LOG = ("clocks and power limit", "GPU driver and CUDA", "GPU model and PC
               "package versions other than NCCL", "other GPU processes")
 
 
+@dataclass(frozen=True)
+class ReferenceQuery:
+    """What the loader reads of a run's settings (`commands/parts.reference_query`): where
+    runs and the repository are, this run's id (its own copy of a log), the commit a log is
+    measured at (`good=`, else `commit=`), the log's line pattern and the target (which of
+    the logged server settings it sets)."""
+
+    repo: str | None
+    runs_dir: Path
+    run_id: str | None = None
+    commit: str = "HEAD"
+    good: str | None = None
+    log_pattern: str = ""
+    target: object = None
+
+
 def is_log(spec: str | None) -> bool:
     return bool(spec) and str(spec).startswith(PREFIX)
 
 
-def stored(cfg: RunSettings, ref: str | None) -> Path | None:
+def stored(q: ReferenceQuery, ref: str | None) -> Path | None:
     """The stored log reference of the run `ref` names, when `sleuth trial from_log` made it."""
     if not ref or is_log(ref):
         return None
-    from orchestrator.run.rundir import runs_root
-
     path = Path(str(ref)).expanduser()
     if not path.is_dir():
-        path = runs_root(cfg) / str(ref)
+        path = q.runs_dir / str(ref)
     found = path / STORED
     return found if found.is_file() else None
 
 
-def _own_copy(cfg: RunSettings) -> Path | None:
+def _own_copy(q: ReferenceQuery) -> Path | None:
     """The copy of the log's summary a run keeps (`keep`): a resumed run reads the log as it
     was read at its start, not as rotation has left it since."""
-    if not cfg.run_id:
+    if not q.run_id:
         return None
-    from orchestrator.run.rundir import runs_root
-
-    path = runs_root(cfg) / str(cfg.run_id) / STORED
+    path = q.runs_dir / q.run_id / STORED
     return path if path.is_file() else None
 
 
@@ -81,36 +94,35 @@ def keep(run_dir: Path, ref: Mapping) -> None:
                                indent=1, sort_keys=True, default=str))
 
 
-def load_any(cfg: RunSettings, ref: str) -> dict:
+def load_any(q: ReferenceQuery, ref: str) -> dict:
     """The record of `log:PATH` or of a stored log reference run; the commit it is measured
     at is resolved in `repo` (the log does not say which code ran)."""
-    from orchestrator.run.rundir import runs_root
     from orchestrator.workspace import Workspace
 
     doc = None
-    own = _own_copy(cfg) if is_log(ref) else None
+    own = _own_copy(q) if is_log(ref) else None
     if own is not None or not is_log(ref):
-        path = own or stored(cfg, ref)
+        path = own or stored(q, ref)
         assert path is not None
         try:
             doc = json.loads(path.read_text())
         except (OSError, ValueError) as exc:
             raise UserError(f"{ref}: the stored log reference cannot be read ({exc})") from exc
         changes = {}
-        if not cfg.repo and doc.get("repo"):
+        if not q.repo and doc.get("repo"):
             changes["repo"] = doc["repo"]
-        if doc.get("commit") and str(cfg.commit) == "HEAD" and not cfg.good:
+        if doc.get("commit") and q.commit == "HEAD" and not q.good:
             changes["commit"] = doc["commit"]  # the commit named when the log was stored
-        cfg = evolve(cfg, changes) if changes else cfg
-    if not cfg.repo:
+        q = dataclasses.replace(q, **changes)
+    if not q.repo:
         raise UserError(f"reference={ref}: add repo=PATH (a log does not say which code ran;"
                         " the reference is measured at commit=, HEAD by default)")
-    repo = Path(str(cfg.repo)).expanduser().resolve()
-    resolve = Workspace(repo, runs_root(cfg) / ".cache" / "worktrees").resolve
+    repo = Path(q.repo).expanduser().resolve()
+    resolve = Workspace(repo, q.runs_dir / ".cache" / "worktrees").resolve
     if doc is None:
-        return load(cfg, ref[len(PREFIX):], resolve)
+        return load(q, ref[len(PREFIX):], resolve)
     name = doc.get("name", ref) if own is not None else Path(str(path.parent)).name
-    record = from_summary(cfg, doc["summary"], name, resolve)
+    record = from_summary(q, doc["summary"], name, resolve)
     record["repo"] = str(repo)
     record["stored"] = True
     return record
@@ -191,33 +203,32 @@ def summarize(log: ParsedLog) -> dict:
             "chosen": [lt.index for lt in chosen], "left_out": [lt.index for lt in others]}
 
 
-def load(cfg: RunSettings, spec: str, resolve) -> dict:
+def load(q: ReferenceQuery, spec: str, resolve) -> dict:
     """The reference record of `log:PATH` (`spec` without the prefix); `resolve` turns a ref
     into a SHA. Bad input (no file, nothing readable) is a UserError."""
-    log = parse_files(spec, str(getattr(getattr(cfg, "log", None), "pattern", "") or ""))
+    log = parse_files(spec, q.log_pattern)
     summary = summarize(log)
     names = [Path(f).name for f in log.files]
     name = PREFIX + names[0] + (f" (+{len(names) - 1} more)" if len(names) > 1 else "")
-    return from_summary(cfg, summary, name, resolve)
+    return from_summary(q, summary, name, resolve)
 
 
-def reference_commit(cfg: RunSettings, resolve) -> tuple[str, str]:
+def reference_commit(q: ReferenceQuery, resolve) -> tuple[str, str]:
     """(SHA, how it was chosen): the log does not say which code ran."""
-    good = cfg.good if isinstance(cfg.good, str | int) and cfg.good else None
-    ref = str(good) if good is not None else str(cfg.commit or "HEAD")
+    ref = q.good if q.good is not None else (q.commit or "HEAD")
     sha = resolve(ref)
-    if good is not None or cfg.commit not in ("", "HEAD"):
+    if q.good is not None or q.commit not in ("", "HEAD"):
         return sha, f"measured at {ref} ({sha[:12]}), as named"
     return sha, (f"measured at HEAD ({sha[:12]}), the default: good=REF or commit=REF names"
                  " the commit it ran")
 
 
-def from_summary(cfg: RunSettings, summary: Mapping, name: str, resolve) -> dict:
+def from_summary(q: ReferenceQuery, summary: Mapping, name: str, resolve) -> dict:
     """The reference record from a log's summary (a fresh parse, or a stored run's)."""
     chosen = [lt for lt in summary["lifetimes"] if lt["chosen"]]
     if not chosen:
         raise UserError(f"{name}: no server run in the log to take as the reference")
-    sha, how = reference_commit(cfg, resolve)
+    sha, how = reference_commit(q, resolve)
     last = chosen[-1]
     args = last.get("server_args") or None
     values = levels(chosen)
@@ -232,7 +243,7 @@ def from_summary(cfg: RunSettings, summary: Mapping, name: str, resolve) -> dict
         "host": {"hostname": last["hosts"][0]} if last.get("hosts") else {},
         "server_args": args, "log": {"files": summary["files"], "chosen": summary["chosen"]},
     }
-    config = {"target": target_settings(args, cfg.target)} if args else {}
+    config = {"target": target_settings(args, q.target)} if args else {}
     knows, unknown = statements(summary, chosen, values, how)
     return {"candidate": Candidate.make(sha), "values": values, "fingerprint": fp,
             "fingerprints": [fp], "repo": None, "name": name, "config": config,

@@ -18,39 +18,28 @@ import secrets
 import shutil
 import sqlite3
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
-from orchestrator.config.settings import RunSettings, as_dict, evolve, load_saved, to_yaml
+from orchestrator.config.settings import load_saved, to_yaml
 from orchestrator.errors import DiskFull, NodesLost, RunInterrupted, SleuthError, UserError
 from orchestrator.store import RunStore
-from orchestrator.store.locate import locate_run
 from orchestrator.system.redact import redact_config
-
-
-def runs_root(cfg: RunSettings) -> Path:
-    """`runs_dir` as an absolute path (relative to where sleuth was invoked)."""
-    return Path(cfg.runs_dir).expanduser().resolve()
 
 
 def new_run_id(command: str) -> str:
     return f"{time.strftime('%Y%m%d-%H%M%S')}-{command}-{secrets.token_hex(2)}"
 
 
-def pin_run(cfg: RunSettings) -> RunSettings:
-    """The settings with the run's id chosen and `runs_dir` absolute, as the run stores them
-    and as its nodes (which may start elsewhere) read them."""
-    return evolve(cfg, run_id=cfg.run_id or new_run_id(cfg.command),
-                  runs_dir=str(runs_root(cfg)))
-
-
-def create_run(cfg: RunSettings) -> tuple[Path, RunStore]:
-    """Create `runs/<run-id>/` with config.yaml and trials.db (the settings pinned by
-    `pin_run`, which the caller runs with)."""
-    cfg = pin_run(cfg)
-    root, run_id = Path(cfg.runs_dir), str(cfg.run_id)
+def create_run(config: Mapping[str, Any]) -> tuple[Path, RunStore]:
+    """Create `runs/<run-id>/` with config.yaml and trials.db. `config`: the whole
+    configuration as the run stores it, pinned (`run_id` chosen, `runs_dir` absolute: the
+    command's `pin_run`); a plain mapping, since all this module does with it is write it
+    down."""
+    root, run_id = Path(str(config["runs_dir"])), str(config["run_id"])
     run_dir = root / run_id
     if run_dir.exists():
         raise UserError(f"run directory {run_dir} already exists")
@@ -61,10 +50,12 @@ def create_run(cfg: RunSettings) -> tuple[Path, RunStore]:
     except OSError as exc:
         raise UserError(f"cannot create run directory under {root}: {exc.strerror}") from exc
     try:
-        # Written down redacted (orchestrator.system.redact); the run itself uses `cfg` as given.
-        text = to_yaml(redact_config(as_dict(cfg)))
+        # Written down redacted (orchestrator.system.redact); the run itself uses its settings
+        # as given.
+        text = to_yaml(redact_config(dict(config)))
         (run_dir / "config.yaml").write_text(text)
-        store = RunStore.create(run_dir / "trials.db", run_id=run_id, command=cfg.command,
+        store = RunStore.create(run_dir / "trials.db", run_id=run_id,
+                                command=str(config["command"]),
                                 config_yaml=text)
         store.claim()
     except BaseException as exc:
@@ -84,11 +75,6 @@ def no_space(exc: BaseException) -> bool:
     if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):
         return True
     return isinstance(exc, sqlite3.OperationalError) and "disk is full" in str(exc)
-
-
-def find_run(cfg: RunSettings, ref: str) -> Path:
-    """A run given as a directory path or as a run id under runs_dir (`store/locate.py`)."""
-    return locate_run(ref, cfg.runs_dir)
 
 
 @dataclass

@@ -9,7 +9,7 @@ Commands feed it through three calls and never format progress themselves:
 
     labels = [c.sha[:10] for c in commits]
     with Progress(console, total_hint=expected_bisect_trials(len(commits))) as progress:
-        with Controller(cfg, store, run_dir, on_event=progress.on_event) as ctl:
+        with Controller(parts.control(cfg), store, run_dir, on_event=progress.on_event) as ctl:
             drive(..., on_verdict=lambda v, n: progress.on_verdict(v.status,
                                                                    *verdict_best(v, labels)))
 
