@@ -27,16 +27,21 @@ demo: $(STAMP)
 	$(BIN)/sleuth demo
 
 # pytest exits 5 when it collects nothing: that is a failure here, never a silent pass.
+# Three workers (pytest-xdist) on any machine: most of an end-to-end test's time is the
+# simulated node's modeled sleeps and processes starting, so three share two cores well
+# (docs/reliability.md, "The test suite on a busy machine"); each worker has its own Ray.
+# `worksteal` hands a finished worker tests queued on a busy one (a few take minutes).
+XDIST  := -n 3 --dist worksteal
 test: $(STAMP)
-	$(BIN)/python -m pytest tests -q
+	$(BIN)/python -m pytest tests -q $(XDIST)
 
 # The end-to-end tests (marker `e2e`: Ray, the sleuth command, real server runs) and the
 # many-seed statistical tests (marker `stats`; their few-seed versions stay) left out.
 test-fast: $(STAMP)
-	$(BIN)/python -m pytest tests -q -m "not e2e and not stats"
+	$(BIN)/python -m pytest tests -q -m "not e2e and not stats" -n 2
 
 test-stats: $(STAMP)
-	$(BIN)/python -m pytest tests -q -m stats
+	$(BIN)/python -m pytest tests -q -m stats -n 2
 
 # ruff, then the layers contract (pyproject.toml [tool.importlinter], docs/design.md)
 lint: $(STAMP)

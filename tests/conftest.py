@@ -16,6 +16,14 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 
+# pytest-xdist's workers (`make test` runs the suite on several) start with COLUMNS=80 and
+# LINES=24, a terminal size nobody chose: the commands under test would wrap their lines at 80
+# columns as on a narrow terminal, where a single process writes them whole (160 columns when
+# piped, `ui/render.console`). A test that wants a width sets COLUMNS itself.
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    for _name in ("COLUMNS", "LINES"):
+        os.environ.pop(_name, None)
+
 
 def git(repo: Path, *args: str) -> str:
     env = {**os.environ, "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@example.com",

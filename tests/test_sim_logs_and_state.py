@@ -32,13 +32,18 @@ def _env(**more: str) -> dict:
 
 
 def _generate(sim, n: int, tokens: int = 8, concurrency: int = 1) -> None:
-    def one(i: int) -> None:
+    """`n` requests, `concurrency` at a time. Each round's threads wait at a barrier and send
+    together: on a busy host starting 128 threads takes longer than a short request runs, and
+    without it the first would be served before the last was sent (no burst at all)."""
+    def one(i: int, ready: threading.Barrier) -> None:
+        ready.wait(timeout=60)
         sim.post_json("/generate", {"input_ids": list(range(100 + i % 50, 132 + i % 50)),
                                     "sampling_params": {"max_new_tokens": tokens,
                                                         "ignore_eos": True}})
     for start in range(0, n, concurrency):
-        threads = [threading.Thread(target=one, args=(i,))
-                   for i in range(start, min(n, start + concurrency))]
+        ids = range(start, min(n, start + concurrency))
+        ready = threading.Barrier(len(ids))
+        threads = [threading.Thread(target=one, args=(i, ready)) for i in ids]
         [t.start() for t in threads]
         [t.join() for t in threads]
 
@@ -131,10 +136,11 @@ def test_an_overload_burst_slows_a_server_until_freeze_gc(tmp_path):
     with run_sim([*SPEC, "--sim-fault", "burst:8:35"], cwd=tmp_path, log_path=tmp_path / "c.log",
                  env=_env()) as sim:
         fresh = _verify_ms(sim)
-        # 128 at once: 48 run, the rest wait (the burst). How many wait at the same moment
-        # depends on how fast this host starts the clients, so a burst is tried a few times.
+        # 128 at once (sent together from a barrier): 48 run, the rest wait (the burst). How
+        # many wait at the same moment still depends on how fast this host sends, so a burst
+        # is tried a few times, with requests long enough to still run when the last arrive.
         for _ in range(5):
-            _generate(sim, 128, tokens=4, concurrency=128)
+            _generate(sim, 128, tokens=32, concurrency=128)
             slowed = _verify_ms(sim) / fresh
             if slowed > 1.01:
                 break
