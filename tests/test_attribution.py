@@ -7,6 +7,7 @@ from __future__ import annotations
 import math
 import random
 
+import golden
 import pytest
 
 from orchestrator.answer.attribution import attribute
@@ -69,8 +70,7 @@ def test_overlapping_causes_share_the_change_and_say_restore_both():
         covered += restore_all.contains(-EAGER)
         n += 1
         if seed < 20:  # the words, on the first seeds (at 2% noise the overlap is plain)
-            assert doc["relations"][0]["kind"] == "overlap"
-            assert "either alone gives all of it: restore both" in doc["relations"][0]["words"]
+            assert (doc["relations"][0]["kind"], doc["relations"][0]["full"]) == ("overlap", True)
             for c in doc["causes"]:
                 assert c["share"]["pct"] == pytest.approx(18.0, abs=4.0)
     assert covered / n >= 0.90  # 95% intervals on heavy-tailed, drifting noise
@@ -95,8 +95,7 @@ def test_synergy_pair_restoring_either_one_wins_it_back():
     rng = random.Random(7)
     doc = attribute([frozenset({A, B})], _measure(_synergy, TWO, rng), ["X with Y"],
                     bad=frozenset({A, B, C}), members=[(A, "X"), (B, "Y")])
-    assert [r["kind"] for r in doc["relations"]] == ["synergy"]
-    assert "hurt only together: restoring either one wins it back" in doc["relations"][0]["words"]
+    assert [(r["kind"], r["full"]) for r in doc["relations"]] == [("synergy", True)]
     for m in doc["members"]:
         assert m["restore_alone"]["ci"][1] < -20.0
     assert doc["causes"][0]["share"]["pct"] == pytest.approx(37.8, abs=5.0)
@@ -154,3 +153,14 @@ def test_an_answer_with_overlapping_causes_leaves_no_remainder_made_of_the_overl
     assert lo < 0 < hi and hi - lo < 15, answer["sentence"]
     assert "either alone gives all of it: restore both" in answer["sentence"]
     assert "restore all: -2" in answer["sentence"]  # -27.4% planted
+
+
+def test_the_words_of_each_relation():
+    """The wording of the four relations (and their "most" forms), pinned once; the tests
+    above check the kind and whether the claim is full through the document's fields."""
+    from orchestrator.answer.attribution import relation_words
+
+    for kind in ("overlap", "synergy"):
+        for full, most in ((True, True), (False, True), (False, False)):
+            golden.check("answer", f"relation: {kind}, full={full}, most={most}",
+                         relation_words(kind, ("X", "Y"), full, most))
