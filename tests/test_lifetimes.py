@@ -209,3 +209,22 @@ def test_outlier_launches_do_not_make_the_isolate_confidently_wrong():
             r = run(story, seed, "lifetime", restart_cv=0.02, rep_cv=0.01, reps=3,
                     interaction_cv=0.0, outlier_rate=0.1)
             assert not r.wrong_confident, (story, seed, r)
+
+
+@pytest.mark.parametrize("seeds", seed_counts(200, 10))
+def test_a_difference_just_over_the_min_effect_is_not_cleared_on_a_few_lifetimes(seeds):
+    """NCCL_PROTO at +4.9% beside a power-limit-like clock lock (the README seed story's
+    shape): every named cause is measured within lifetimes, but what is left (bad without
+    them against good) compares different launches. Cleared on 3 against 2 lifetimes, it was
+    wrong at P >= 0.99 in 11 of 200 seeds; with its own restarts a side, no more often than
+    the stated 1% allows (the 99.9% binomial bound)."""
+    from scipy.stats import binom
+
+    from experiments.bench_lifetime import run
+
+    runs = [run("seed_system", s, "lifetime", restart_cv=0.02, rep_cv=0.01, reps=3,
+                interaction_cv=0.0, nccl_mult=0.65) for s in range(seeds)]
+    confident = sum(r.status == "found" and r.probability >= 0.99 for r in runs)
+    wrong = sum(r.wrong_confident for r in runs)
+    assert wrong <= max(1, binom.ppf(0.999, confident, 0.01)), (wrong, confident)
+    assert sum(r.correct for r in runs) >= 0.9 * seeds

@@ -137,14 +137,21 @@ def attribution_wanted(strategy: IsolateState) -> list[Subset]:
     named = frozenset().union(*causes)
     pairs = [(members, strategy.good) for members in [*causes, named]]
     pairs += [(strategy.bad, strategy.bad - members) for members in [*causes, named]]
+    # And what the answer says is left: bad without the named causes against good. With the
+    # named causes all live, every pair above is paired within lifetimes, while this one
+    # compares different launches: its sides need restarts of their own
+    # (`rest_min_per_side`).
+    rest = (strategy.bad - named, strategy.good)
     # A pair measured within one lifetime (both sides differ only in live differences) is a
     # paired comparison whose noise rests on the repetitions of every lifetime, not on the
     # few restarts behind each side: its sides need only `attribution_min_live` lifetimes.
     live = getattr(strategy.evidence, "live", frozenset())
     need: dict[Subset, int] = {}
-    for a, b in pairs:
+    for a, b in [*pairs, rest]:
         paired = bool(live) and a - live == b - live
         n = settings.attribution_min_live if paired else settings.attribution_min_per_subset
+        if (a, b) == rest and not paired:
+            n = max(n, settings.rest_min_per_side)
         for s in (a, b):
             need[s] = max(need.get(s, 0), n)
     short = [s for s, n in need.items() if strategy.evidence.count(s) < n

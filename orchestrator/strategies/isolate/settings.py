@@ -73,4 +73,13 @@ class IsolateSettings:
     # The same for a configuration all of whose attribution comparisons are within one
     # server lifetime (live differences only): its noise is the repetitions' of every lifetime.
     attribution_min_live: int = 2
+    # What the answer says is left (bad without the named causes against good) compares
+    # different launches even when every named cause was measured within lifetimes: its
+    # sides need this many restarts each before "nothing else matters" is claimed. With
+    # only the paired pairs' 2 lifetimes, a +4.9% NCCL_PROTO under a 4% min effect was
+    # cleared at P >= 0.99 in 11 of 200 seeds; with 4 a side in 21 of 800, with 6 in 5 of
+    # 400 (restarts 32 -> 37 mean; the restart design: 1 of 200, 56 restarts), with 8 in 2
+    # of 400 (40 restarts): `python -m experiments.bench_lifetime --story seed_system
+    # --nccl-mult 0.65`.
+    rest_min_per_side: int = 6
     attribution_max_causes: int = 4
