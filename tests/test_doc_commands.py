@@ -392,13 +392,16 @@ CASES: dict[str, Runs | Refused] = {
     # the answer, whatever the remainder's interval decided (0 or 3), never a traceback
     "sleuth investigate target=command repo=/srv/src/mykernels reference=ref-k bad=main":
         Runs((0, 3), r'^answer: value .* = commit \w+ ', _names_the_slow_matmul),
-    # docs/cluster.md: rehearse without GPUs (the simulator behind the SGLang adapter)
+    # docs/cluster.md: rehearse without GPUs (the simulator behind the SGLang adapter); the
+    # bisect names the planted commit, and what is left beside it over the whole range is
+    # decided (0) or, on the endpoints' few restarts, undecided against 4% (3): a run here
+    # read +3.8% [-5.4, +13.9] left after 15 restarts.
     "sleuth scenario out=/tmp/sc commits=120 preset=one_culprit":
         Runs(0, r"^next: sleuth bisect target=sim"),
     "sleuth bisect target=sglang launcher=sim repo=/tmp/sc/repo good=$GOOD bad=$BAD"
     " metric=verify_ms nodes=2 target.tp_size=8 target.speculative_algorithm=EAGLE3"
     " target.speculative_num_steps=2 target.speculative_eagle_topk=1"
-    " target.speculative_num_draft_tokens=3": Runs(0, r"^answer: verify_ms ",
+    " target.speculative_num_draft_tokens=3": Runs((0, 3), r"^answer: verify_ms ",
                                                    _names_the_planted_commit),
     # docs/benchmarks.md: the sweep on real sim servers
     "sleuth scenario out=sc commits=30 seed=1": Runs(0, r"^next: sleuth bisect target=sim"),
