@@ -161,10 +161,11 @@ def test_an_eager_attention_inside_torch_s_attention_operator_is_attention():
 
 
 # -- empty and CPU-only traces -------------------------------------------------------------------
+# Named ids, and no time in the gzip header: every xdist worker must collect the same ids.
 @pytest.mark.parametrize("data", [
     (TORCH_CPU / "empty-export.trace.json.gz").read_bytes(),  # exported after the last step
-    gzip.compress(b'{"traceEvents": []}'),
-])  # fmt: skip
+    gzip.compress(b'{"traceEvents": []}', mtime=0),
+], ids=["exported-after-the-last-step", "no-events"])  # fmt: skip
 def test_an_empty_trace_is_a_failed_profile(data, tmp_path):
     from orchestrator.evidence.capture import store
 
