@@ -290,14 +290,27 @@ def _names_release_16(ws: Workspace, output: str) -> None:
     assert top["probability"] >= 0.99
 
 
+def _nccl_named_or_left(answer: dict, truth_pct: float = 4.91) -> None:
+    """The dropped NCCL_PROTO of the seed story costs +4.9% verify, just over the 4% min
+    effect: a run names it, or (its restarts read it low) leaves it unnamed, and then the
+    answer's unexplained part must hold it, never a claim that nothing that large is left."""
+    env = [c["id"] for c in answer["causes"] if c.get("kind") == "env"]
+    if env:
+        assert env == ["NCCL_PROTO"], answer["sentence"]
+        return
+    lo, hi = answer["unexplained"]["ci"]
+    assert lo <= truth_pct <= hi, answer["sentence"]
+
+
 def _seed_story_answer(ws: Workspace, output: str) -> None:
-    """The README's rehearsal names the planted commit and the planted system causes (the
-    power limit and the dropped NCCL_PROTO), and nothing else."""
-    causes = _findings(ws, output, "findings-investigate.json")["answer"]["causes"]
+    """The README's rehearsal names the planted commit and the power limit, and NCCL_PROTO
+    or leaves room for it (`_nccl_named_or_left`); nothing else."""
+    answer = _findings(ws, output, "findings-investigate.json")["answer"]
+    causes = answer["causes"]
     named = [c["id"] for c in causes if c.get("kind") == "commit"]
     assert _true_commits(named, _planted(ws)), causes
-    assert {c.get("kind") for c in causes} == {"commit", "clock", "env"}, causes
-    assert [c["id"] for c in causes if c.get("kind") == "env"] == ["NCCL_PROTO"], causes
+    assert {c.get("kind") for c in causes} - {"env"} == {"commit", "clock"}, causes
+    _nccl_named_or_left(answer)
 
 
 def _kernels_run(ws: Workspace, output: str) -> None:
@@ -321,12 +334,13 @@ def _kernels_run(ws: Workspace, output: str) -> None:
 
 
 def _old_log_answer(ws: Workspace, output: str) -> None:
-    """The old log's story names the power limit (unknown then: "not in the log") and the
-    dropped NCCL variable, and nothing else."""
+    """The old log's story names the power limit (unknown then: "not in the log"), and the
+    dropped NCCL variable or leaves room for it (`_nccl_named_or_left`), and nothing else."""
     answer = _findings(ws, output, "findings-investigate.json")["answer"]
     causes = {c["id"]: c for c in answer["causes"]}
-    assert set(causes) == {"power_limit_w", "NCCL_PROTO"}, answer["sentence"]
+    assert set(causes) - {"NCCL_PROTO"} == {"power_limit_w"}, answer["sentence"]
     assert "not in the log" in causes["power_limit_w"]["label"]
+    _nccl_named_or_left(answer)
 
 
 def _state_answer(ws: Workspace, output: str) -> None:
