@@ -107,6 +107,20 @@ def test_nodes_are_watched_separately_and_failed_reads_are_not_changes(store):
     assert {d.key for d in change.differences} == {"torch", "triton"}
 
 
+def test_a_trial_stopped_before_its_fingerprint_was_read_is_not_a_change(store):
+    """A trial stopped between launch and the fingerprint (a full disk, Ctrl-C) keeps only what
+    its teardown wrote: no package listing, no host. Compared as read, every installed package
+    would be "unset -> version" on the next trial."""
+    _trial(store, _fingerprint())
+    _trial(store, {"teardown": {"signal": "SIGTERM", "exit_code": 0, "clean": True},
+                   "telemetry": {"suspect": False}}, outcome=Outcome.INTERRUPTED)
+    _trial(store, _fingerprint())
+    assert system_changes(store.trials()) == []
+    later = _trial(store, _fingerprint(packages={"torch": "2.9.1"}))
+    (change,) = system_changes(store.trials())
+    assert change.after == later and [d.key for d in change.differences] == ["flashinfer-python"]
+
+
 def test_reference_trials_measure_the_old_system_on_purpose(store):
     """A run that replays the reference (the node as it was then) before its own trials."""
     _trial(store, _fingerprint(gpu__driver_version="580.1"), phase="reference")

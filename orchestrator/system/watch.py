@@ -24,6 +24,7 @@ from dataclasses import dataclass
 
 from orchestrator.records import NOT_EVIDENCE_PHASES
 from orchestrator.store import TrialRow
+from orchestrator.system.fingerprint import system_read
 from orchestrator.system.fingerprint_diff import Difference, diff
 from orchestrator.util.pins import canonical
 
@@ -100,9 +101,11 @@ class SystemWatch:
 
     A trial is compared with the last trial on the same node that asked for the same clock
     policy for clocks and power limits (a policy sets those on purpose), and with the last trial
-    on the node for everything else. Trials without a fingerprint (they failed before the
-    server was prepared) are skipped, and so are reference trials: they measure the node as it
-    was then on purpose, and no strategy takes them as evidence.
+    on the node for everything else. Trials without a read fingerprint are skipped: those that
+    failed before the server was prepared have none, and one stopped between launch and the
+    read (a full disk, Ctrl-C) keeps only what its teardown wrote, whose missing package listing
+    would read as every package newly installed. Reference trials are skipped too: they measure
+    the node as it was then on purpose, and no strategy takes them as evidence.
     """
 
     def __init__(self) -> None:
@@ -112,7 +115,8 @@ class SystemWatch:
 
     def feed(self, row: TrialRow) -> SystemChange | None:
         result = row.result
-        if result is None or not result.fingerprint or row.phase in NOT_EVIDENCE_PHASES:
+        if (result is None or not system_read(result.fingerprint)
+                or row.phase in NOT_EVIDENCE_PHASES):
             return None
         fingerprint = result.fingerprint
         key = (row.node, row.candidate.clock)

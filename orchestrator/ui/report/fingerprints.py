@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from orchestrator.records import Candidate
 from orchestrator.store import TrialRow
 from orchestrator.system import fingerprint_diff
+from orchestrator.system.fingerprint import system_read
 from orchestrator.system.fingerprint_diff import Difference
 from orchestrator.system.watch import system_changes
 from orchestrator.ui.report.collect import RunData
@@ -28,7 +29,7 @@ class FingerprintDiff:
 
 
 def _fingerprinted(rows: Sequence[TrialRow], key: str | None = None) -> list[TrialRow]:
-    return [r for r in rows if r.result and r.result.fingerprint
+    return [r for r in rows if r.result and system_read(r.result.fingerprint)
             and (key is None or r.candidate.key == key)]
 
 
