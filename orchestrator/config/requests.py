@@ -26,7 +26,7 @@ command would scatter the one place a newcomer reads what each command is asked.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -67,16 +67,12 @@ def _text(value: object) -> str | None:
 
 
 @dataclass(frozen=True)
-class BisectRequest:
-    """`sleuth bisect`: the range (or a package's releases) to search and how surely.
+class _Search:
+    """What a bisect and an investigation both ask: the metric and its `direction` as given
+    (`auto` follows the metric table), how surely, within how many restarts, which history
+    (`first_parent`, `paths`), and the "then" the change is chased from: `reference` names an
+    earlier run, `was` states the good level directly (one or the other: `check_common`)."""
 
-    `good`/`bad` are refs (or, with `package`, two versions of that package); `direction` is as
-    given (`auto` follows the metric table); `reference` names an earlier run whose level sets
-    the change being chased, `was` states that level directly (one or the other:
-    `check_common`)."""
-
-    good: str
-    bad: str
     metric: str
     direction: str
     confidence: float
@@ -84,7 +80,26 @@ class BisectRequest:
     first_parent: bool
     paths: tuple[str, ...]
     reference: str | None
-    was: float | None  # `was=VALUE`: the good level as the user states it
+    was: float | None
+
+    @staticmethod
+    def _fields(settings: RunSettings) -> dict[str, Any]:
+        return dict(metric=settings.metric, direction=settings.direction,
+                    confidence=float(settings.confidence), max_trials=settings.max_trials,
+                    first_parent=settings.first_parent,
+                    paths=tuple(str(p) for p in settings.paths),
+                    reference=_text(settings.reference),
+                    was=float(settings.was) if settings.was is not None else None)
+
+
+@dataclass(frozen=True)
+class BisectRequest(_Search):
+    """`sleuth bisect`: the range (or a package's releases) to search and how surely.
+
+    `good`/`bad` are refs (or, with `package`, two versions of that package)."""
+
+    good: str
+    bad: str
     package: str  # `package=NAME`: its releases are the points, not commits
     package_pre: bool
 
@@ -110,15 +125,10 @@ class BisectRequest:
         """The request of a run checked when it started (a resume, a report's replay); an
         investigation's stored settings may hold no endpoints (its reference is one)."""
         package = settings.package.name.strip()
-        return cls(good=str(settings.good or ""), bad=str(settings.bad or ""),
-                   metric=settings.metric, direction=settings.direction,
-                   confidence=float(settings.confidence), max_trials=settings.max_trials,
-                   first_parent=settings.first_parent or bool(package),  # releases are a line
-                   paths=tuple(str(p) for p in settings.paths),
-                   reference=_text(settings.reference),
-                   was=float(settings.was) if settings.was is not None else None,
-                   package=package,
-                   package_pre=settings.package.pre)
+        shared = cls._fields(settings)
+        shared["first_parent"] = shared["first_parent"] or bool(package)  # releases are a line
+        return cls(good=str(settings.good or ""), bad=str(settings.bad or ""), package=package,
+                   package_pre=settings.package.pre, **shared)
 
 
 def _check_release(settings: RunSettings) -> None:
@@ -282,22 +292,13 @@ class SweepRequest:
 
 
 @dataclass(frozen=True)
-class InvestigateRequest:
+class InvestigateRequest(_Search):
     """`sleuth investigate`: from a `reference` (an earlier run or fingerprint file), or from
-    `good`, to `bad` (refs; `bad` empty: the reference's own commit), on which metric, how
-    surely, within how many restarts per search, and whether to end with a `recover` sweep.
-    Its steps get their requests from it (`bisect_step`, `isolate_step`)."""
+    `good`, to `bad` (refs; `bad` empty: the reference's own commit), and whether to end with
+    a `recover` sweep. Its steps get their requests from it (`bisect_step`, `isolate_step`)."""
 
     good: str | None
     bad: str | None
-    metric: str
-    direction: str
-    confidence: float
-    max_trials: int | None
-    first_parent: bool
-    paths: tuple[str, ...]
-    reference: str | None
-    was: float | None
     recover: bool
 
     @classmethod
@@ -313,21 +314,13 @@ class InvestigateRequest:
             if value is not None and not isinstance(value, str | int):
                 raise UserError(f"investigate takes refs ({side}=REF); candidate specs such as"
                                 f" {side}.commit=... are for sleuth isolate")
-        return cls(good=_text(settings.good), bad=_text(settings.bad), metric=settings.metric,
-                   direction=settings.direction, confidence=float(settings.confidence),
-                   max_trials=settings.max_trials, first_parent=settings.first_parent,
-                   paths=tuple(str(p) for p in settings.paths),
-                   reference=_text(settings.reference),
-                   was=float(settings.was) if settings.was is not None else None,
-                   recover=settings.recover)
+        return cls(good=_text(settings.good), bad=_text(settings.bad), recover=settings.recover,
+                   **cls._fields(settings))
 
     def bisect_step(self, good: str, bad: str) -> BisectRequest:
         """The bisect of the range `good..bad` (SHAs) under today's system."""
-        return BisectRequest(good=good, bad=bad, metric=self.metric, direction=self.direction,
-                             confidence=self.confidence, max_trials=self.max_trials,
-                             first_parent=self.first_parent, paths=self.paths,
-                             reference=self.reference, was=self.was, package="",
-                             package_pre=False)
+        shared = {f.name: getattr(self, f.name) for f in fields(_Search)}
+        return BisectRequest(good=good, bad=bad, package="", package_pre=False, **shared)
 
     def isolate_step(self) -> IsolateRequest:
         """The isolate of the differences the compare found (no specs: they come from it)."""
