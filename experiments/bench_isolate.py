@@ -184,11 +184,11 @@ def run_system_case(story: str, seed: int, *, k: int = 1, confidence: float = 0.
     """One system-level isolate through the real difference model (see the module doc)."""
     from collections import Counter
 
+    from experiments.system_oracle import SystemOracle
     from orchestrator.commands.isolate_points import IsolatePoints
     from orchestrator.records import Candidate
     from orchestrator.sim_scenarios import presets as material
     from orchestrator.sim_scenarios import system_stories as stories
-    from orchestrator.sim_scenarios.system_oracle import SystemOracle
     from orchestrator.system.differences import (
         apply,
         changes_from_system,

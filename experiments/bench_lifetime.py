@@ -67,12 +67,12 @@ def run(story: str, seed: int, design: str, *, restart_cv: float, rep_cv: float,
     """``nccl_mult``: NCCL_PROTO=LL128's all-reduce multiplier in the node's profile (0.3:
     dropping it costs `seed_system` about +10% verify; 0.65, the README's seed story's, about
     +4.9%, just over the isolate's 4% min effect: the hardest difference to clear or name)."""
+    from experiments.system_oracle import SystemOracle
     from orchestrator.commands.isolate_points import IsolatePoints, LiveIsolatePoints
     from orchestrator.records import Candidate
     from orchestrator.run.blocks import level_candidate
     from orchestrator.runner.lifetime import block_order
     from orchestrator.sim_scenarios import system_stories as stories
-    from orchestrator.sim_scenarios.system_oracle import SystemOracle
     from orchestrator.system.differences import (
         apply,
         changes_from_system,

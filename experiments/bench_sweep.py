@@ -13,24 +13,44 @@ truly most important parameter (largest main-effect share over the whole grid) r
 from __future__ import annotations
 
 import argparse
+import math
 import statistics
 import sys
 import time
 from collections import deque
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from orchestrator.config import params as experiment_params
 from orchestrator.config import sweep as setup
 from orchestrator.config.compose import compose_settings
 from orchestrator.config.settings import RunSettings, as_dict, evolve
 from orchestrator.records import Candidate
-from orchestrator.sim_scenarios.sweep_oracle import SimOracle, main_effect_shares
+from orchestrator.sim_scenarios.sweep_oracle import SimOracle
 from orchestrator.strategies.sweep import importance
 from orchestrator.strategies.sweep.search import SweepResult, SweepSearch
 from orchestrator.strategies.sweep.space import SearchSpace
 from orchestrator.strategies.sweep.study import make_sampler, open_study
 
 DEFAULTS = ["target=sim", "space=nccl_pcie", "metric=output_throughput", "trials=40", "nodes=2"]
+
+def main_effect_shares(values: Mapping[tuple, float], names: list[str]) -> dict[str, float]:
+    """First-order functional-ANOVA shares over a full grid: the variance of each parameter's
+    level means (log scale), normalised. What "the important parameter" means in the truth."""
+    logs = {k: math.log(v) for k, v in values.items() if v and v > 0}
+    total = statistics.pvariance(list(logs.values()))
+    shares = {}
+    for i, name in enumerate(names):
+        groups: dict[Any, list[float]] = {}
+        for k, v in logs.items():
+            groups.setdefault(k[i], []).append(v)
+        grand = statistics.fmean(logs.values())
+        between = sum(len(g) * (statistics.fmean(g) - grand) ** 2 for g in groups.values())
+        shares[name] = between / len(logs) / total if total > 0 else 0.0
+    s = sum(shares.values()) or 1.0
+    return dict(sorted(((k, v / s) for k, v in shares.items()), key=lambda kv: -kv[1]))
+
 
 
 @dataclass(frozen=True)

@@ -47,10 +47,10 @@ class StoryOutcome:
 
 
 def _setup(preset: str, seed: int, restart_cv: float, profile_extra: dict | None = None):
+    from experiments.system_oracle import SystemOracle
     from orchestrator.records import Candidate
     from orchestrator.sim_scenarios import presets as material
     from orchestrator.sim_scenarios import system_stories as stories
-    from orchestrator.sim_scenarios.system_oracle import SystemOracle
     from orchestrator.system.differences import changes_from_system, reference_good
     from orchestrator.system.fingerprint_diff import diff
 
@@ -154,7 +154,7 @@ def clock_lock_story(seed: int, *, k: int = 1, confidence: float = 0.99,
                      restart_cv: float = 0.02) -> StoryOutcome:
     from dataclasses import replace
 
-    from orchestrator.sim_scenarios.system_oracle import SystemOracle
+    from experiments.system_oracle import SystemOracle
 
     rng, _, node, _, changes, good, now = _setup("code_under_system", seed, restart_cv)
     locked_state = replace(now, gpus=now.gpus.with_all_gpus(sm_clock_locked_mhz=LOCK_MHZ))
@@ -179,7 +179,7 @@ def clock_lock_story(seed: int, *, k: int = 1, confidence: float = 0.99,
 
 def code_story(seed: int, *, k: int = 1, confidence: float = 0.99,
                restart_cv: float = 0.02) -> StoryOutcome:
-    from orchestrator.sim_scenarios.system_oracle import SystemOracle
+    from experiments.system_oracle import SystemOracle
     from orchestrator.strategies.bisect import BisectStrategy
 
     rng, then, node, base, changes, good, now = _setup("code_under_system", seed, restart_cv)

@@ -165,12 +165,6 @@ class UserError(SleuthError):
     exit_code = 2
 
 
-class Inconclusive(SleuthError):
-    """The run finished but could not name a cause with the requested confidence (exit 3)."""
-
-    exit_code = INCONCLUSIVE
-
-
 class RunInterrupted(SleuthError):
     """The run cannot go on now but is not lost (exit 1): it is marked `interrupted`, every
     finished trial kept, and `sleuth resume RUN` finishes it later."""

@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import random
 
+from experiments.system_oracle import SystemOracle
 from orchestrator.records import Candidate
 from orchestrator.sim_scenarios import presets as material
 from orchestrator.sim_scenarios import system_stories as stories
-from orchestrator.sim_scenarios.system_oracle import SystemOracle
 from orchestrator.stats import caveats
 from orchestrator.system import mechanism
 from orchestrator.system.fingerprint_diff import Difference, diff

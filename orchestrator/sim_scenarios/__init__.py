@@ -9,12 +9,12 @@ here, so the server's package stays the server and imports nothing of this one:
   `presets.py` (the material: presets, culprits, files, commit text), `side_files.py` (patches,
   system files and wheels beside the repo) and `system_stories.py` (how a node's system
   changed between the reference and now);
-- the noise-free oracles the benchmarks and the demo's truth check score against, each the
+- the noise-free oracle the demo's truth check and the sweep benchmark score against, the
   sim's own model behind a virtual trial: `sweep_oracle.py` (:class:`SimOracle`: a candidate's
-  value, and every configuration's truth) and `system_oracle.py` (:class:`SystemOracle`: what
-  a node in a recorded system state would fingerprint and measure).
+  value, and every configuration's truth). The benchmarks' own oracles (the system stories'
+  virtual node) live with them in `experiments/`.
 
-The package re-exports the generator's face; import an oracle from its module.
+The package re-exports the generator's face; import the oracle from its module.
 """
 
 from __future__ import annotations

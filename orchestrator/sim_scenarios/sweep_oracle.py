@@ -9,9 +9,7 @@ and the acceptance tests score a sweep against.
 
 from __future__ import annotations
 
-import math
 import random
-import statistics
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -115,19 +113,3 @@ class SimOracle:
             return true * lognormal_factor(self.rng, self.trial_cv)
         return true * factor if self.metric in _TIME_METRICS else true / factor
 
-
-def main_effect_shares(values: Mapping[tuple, float], names: list[str]) -> dict[str, float]:
-    """First-order functional-ANOVA shares over a full grid: the variance of each parameter's
-    level means (log scale), normalised. What "the important parameter" means in the truth."""
-    logs = {k: math.log(v) for k, v in values.items() if v and v > 0}
-    total = statistics.pvariance(list(logs.values()))
-    shares = {}
-    for i, name in enumerate(names):
-        groups: dict[Any, list[float]] = {}
-        for k, v in logs.items():
-            groups.setdefault(k[i], []).append(v)
-        grand = statistics.fmean(logs.values())
-        between = sum(len(g) * (statistics.fmean(g) - grand) ** 2 for g in groups.values())
-        shares[name] = between / len(logs) / total if total > 0 else 0.0
-    s = sum(shares.values()) or 1.0
-    return dict(sorted(((k, v / s) for k, v in shares.items()), key=lambda kv: -kv[1]))

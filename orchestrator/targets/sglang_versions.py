@@ -40,13 +40,9 @@ import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from orchestrator.metrics import PER_PASS_TIMERS
-
 # Releases where a difference first appears (see the module docstring for the evidence).
 CUDA_GRAPH_SPLIT = (0, 5, 14)
-CUDA_GRAPH_MAX_BS_REMOVED = (0, 5, 20)
 SERVER_INFO_ADDED = (0, 5, 9)
-FORWARD_SECONDS_RENAMED = PER_PASS_TIMERS  # defined with the metrics that need it
 VERIFY_CALLS_ADDED = (0, 5, 13)
 BENCHMARK_PACKAGE_ADDED = (0, 5, 15)
 

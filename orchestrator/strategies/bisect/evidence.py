@@ -49,7 +49,6 @@ class Evidence:
         self.outlier_k = outlier_k
         self.failures = np.zeros(n, dtype=np.int64)
         self.n_trials = 0
-        self.n_suspect = 0
         self.version = 0  # bumped on every change that can move a posterior
         self._shift: float | None = None
         self._points: list[int] = []
@@ -86,7 +85,6 @@ class Evidence:
             self.version += 1
             return
         if observation.suspect:
-            self.n_suspect += 1
             return
         value = float(observation.value)
         if not math.isfinite(value) or value <= 0.0:

@@ -38,7 +38,6 @@ class Stage:
     outcome: str | None = None  # found | closed | spread
     culprit: Culprit | None = None
     sign: float = 1.0  # direction of the step found (signed log), +1 = the bad direction
-    verified_epoch: int = 0  # the system epoch its verification was completed in
     note: str = ""
     # The (culprit, parents) under head-to-head verification and the trial count when it
     # started: trials from then on are interleaved in time, so drift hits both sides alike.

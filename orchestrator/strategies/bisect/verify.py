@@ -165,7 +165,6 @@ def _accept(strategy: BisectState, stage: Stage) -> bool:
     """Record the stage's culprit with its step and share."""
     ev, cfg = strategy.evidence, strategy.settings
     culprit, parents, mass = verify_target(strategy, stage)
-    latest = ev.latest_epoch
     step = step_effect(strategy, culprit, parents[0], cfg.verify_confidence)
     members, _ = best_block(strategy, stage)
     total = ev.compare(0, strategy.n - 1, cfg.verify_confidence)
@@ -175,7 +174,6 @@ def _accept(strategy: BisectState, stage: Stage) -> bool:
         explained_ci = (step.lo / total.hi, step.hi / total.lo)
     now = latest_step(strategy, culprit, parents[0]) if len(ev.epochs_seen) > 1 else None
     stage.outcome = "found"
-    stage.verified_epoch = latest
     stage.culprit = Culprit(
         point=culprit,
         probability=mass,
@@ -239,5 +237,4 @@ def check_reverified(strategy: BisectState, stage: Stage) -> bool:
         changes |= {"effect_pct": ev.to_pct(pooled.diff),
                     "effect_ci": ev.ci_pct(pooled.lo, pooled.hi)}
     stage.culprit = dataclasses.replace(culprit, **changes)
-    stage.verified_epoch = latest
     return True

@@ -178,7 +178,6 @@ class SubsetEvidence:
         self.failures: Counter[Subset] = Counter()
         self.trials: Counter[Subset] = Counter()  # every trial, suspect and failed included
         self.n_trials = 0  # server lifetimes (restarts), each counted once
-        self.n_suspect = 0
         self._pooled: tuple[int, tuple[float, int]] | None = None
         self.version = 0
         self.cells: dict[int, dict[Subset, Cell]] = {}  # lifetime -> its subsets' values
@@ -197,7 +196,6 @@ class SubsetEvidence:
             self.failures[subset] += 1
             return False
         if observation.suspect:
-            self.n_suspect += 1
             return False
         value = float(observation.value)
         if not math.isfinite(value) or value <= 0.0:
