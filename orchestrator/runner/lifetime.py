@@ -110,16 +110,3 @@ def measure_levels(levels: Sequence[str], rounds: int, gpu: GpuControl,
                  "snapshots": [snapshots.get(i, {}) for i in range(len(levels))],
                  "paired": "within one lifetime: the restart's level cancels from a difference"
                            " between levels"}
-
-
-def level_values(measurements: Sequence[Measurement], live: dict, metric: str
-                 ) -> list[list[float]]:
-    """Per level, the values of `metric` its blocks measured (a trial's `live` entry)."""
-    levels = live.get("levels") or []
-    blocks = live.get("blocks") or []
-    out: list[list[float]] = [[] for _ in levels]
-    for m, level in zip(measurements, blocks, strict=False):
-        v = m.metrics.get(metric)
-        if v is not None and 0 <= int(level) < len(out):
-            out[int(level)].append(float(v))
-    return out

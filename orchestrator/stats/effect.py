@@ -2,8 +2,7 @@
 
 The unit of evidence is the trial (one server restart): repetitions inside a trial share the
 restart's state (clocks, memory layout, NCCL ring choice) and are not independent, so every
-function here takes one value per trial. Use :func:`summarize_repetitions` to turn the
-repetitions of one trial into that value.
+function here takes one value per trial (a trial's value is its repetitions' mean).
 
 Two interval methods, chosen for few samples (3-10 restarts per side is typical):
 
@@ -40,23 +39,6 @@ class Effect:
     n_after: int
     confidence: float
     method: str
-
-    @property
-    def significant(self) -> bool:
-        """True when the interval excludes zero change."""
-        return self.ci[0] > 0.0 or self.ci[1] < 0.0
-
-
-@dataclass(frozen=True)
-class TrialSummary:
-    """The repetitions of one trial reduced to one trial-level value."""
-
-    value: float
-    n: int
-    mean: float
-    median: float
-    sd: float
-    cv: float
 
 
 def _mean_var(values: Sequence[float]) -> tuple[float, float, int]:
@@ -240,28 +222,3 @@ def log_effect(
     )
     return result.to_effect(len(before), len(after), confidence)
 
-
-def summarize_repetitions(values: Sequence[float], trim: float = 0.0) -> TrialSummary:
-    """Reduce the repetitions of one trial to its trial-level value.
-
-    ``value`` is the mean, or with ``trim`` > 0 the mean after dropping that fraction of values
-    from each end (a warm-up straggler or one preempted request should not move the trial).
-    ``cv`` is the within-trial coefficient of variation: it describes request-level noise and
-    must not be used as the noise of the trial value (restart-level noise dominates).
-    """
-    if len(values) == 0:
-        raise ValueError("summarize_repetitions needs at least one value")
-    if not 0.0 <= trim < 0.5:
-        raise ValueError(f"trim must be in [0, 0.5), got {trim}")
-    ordered = sorted(values)
-    count = len(ordered)
-    cut = int(math.floor(trim * count))
-    kept = ordered[cut : count - cut] if count - 2 * cut > 0 else ordered
-    mean, var, _ = _mean_var(ordered)
-    middle = count // 2
-    median = ordered[middle] if count % 2 else 0.5 * (ordered[middle - 1] + ordered[middle])
-    sd = math.sqrt(var) if count > 1 else 0.0
-    cv = sd / abs(mean) if mean != 0.0 else math.nan
-    return TrialSummary(
-        value=math.fsum(kept) / len(kept), n=count, mean=mean, median=median, sd=sd, cv=cv
-    )
