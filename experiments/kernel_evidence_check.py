@@ -39,7 +39,7 @@ sys.path.insert(0, str(ROOT))
 from orchestrator.evidence import kernels as K  # noqa: E402
 from orchestrator.evidence.trace import read_profile  # noqa: E402
 from orchestrator.targets.sim import gpu_state  # noqa: E402
-from orchestrator.targets.sim.launcher import run_sim  # noqa: E402
+from tests.sim_client import run_sim  # noqa: E402
 
 EXPECTED = {"commit": "attention", "power": "gemm", "nccl": "allreduce", "harmless": None}
 BASE_ARGS = ["--tp-size", "8", "--sim-time-scale", "0.02", "--sim-load-seconds", "1",

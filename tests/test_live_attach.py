@@ -16,7 +16,8 @@ from orchestrator.errors import UserError
 from orchestrator.live import proc
 from orchestrator.live.attach import attach
 from orchestrator.live.restart import relaunch, stop
-from orchestrator.targets.sim.launcher import free_port, run_sim
+from orchestrator.util.process import free_port
+from tests.sim_client import run_sim
 
 pytestmark = pytest.mark.e2e  # real servers, and the sleuth command
 

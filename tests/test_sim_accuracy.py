@@ -22,7 +22,7 @@ import pytest
 from orchestrator.bench import prometheus
 from orchestrator.targets.sim import args as sim_args
 from orchestrator.targets.sim import gpu_state, model
-from orchestrator.targets.sim.launcher import SimProcess, run_sim
+from tests.sim_client import SimClient, run_sim
 
 SCALE = 0.05
 OUTPUT_TOKENS = 320
@@ -45,7 +45,7 @@ CONFIGS = {
 }  # fmt: skip
 
 
-def _stream(sim: SimProcess) -> dict:
+def _stream(sim: SimClient) -> dict:
     """One streamed request; the last chunk's meta_info (it carries the modeled e2e_latency)."""
     doc = {"input_ids": PROMPT, "sampling_params": {"max_new_tokens": OUTPUT_TOKENS,
            "temperature": 0.0, "ignore_eos": True}, "stream": True}  # fmt: skip
@@ -56,7 +56,7 @@ def _stream(sim: SimProcess) -> dict:
     return chunks[-1][1]["meta_info"]
 
 
-def _scrape(sim: SimProcess) -> dict:
+def _scrape(sim: SimClient) -> dict:
     with urllib.request.urlopen(sim.base_url + "/metrics") as resp:
         return prometheus.parse(resp.read().decode())
 

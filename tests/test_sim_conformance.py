@@ -23,8 +23,8 @@ import urllib.request
 import pytest
 
 from orchestrator.bench import prometheus
-from orchestrator.targets.sim.launcher import SimProcess, run_sim
 from tests import sglang_facts as sf
+from tests.sim_client import SimClient, run_sim
 
 FAST = ["--sim-time-scale", "0.02", "--sim-load-seconds", "2", "--sim-noise-restart-cv", "0",
         "--sim-noise-request-cv", "0"]  # fmt: skip
@@ -97,7 +97,7 @@ def version(request) -> str:
 
 
 @pytest.fixture
-def eagle(tmp_path, version) -> SimProcess:
+def eagle(tmp_path, version) -> SimClient:
     d = tmp_path
     args = [*EAGLE, *FAST, "--enable-metrics", "--decode-log-interval", "4",
             "--sim-sglang-version", version]  # fmt: skip
@@ -107,7 +107,7 @@ def eagle(tmp_path, version) -> SimProcess:
 
 
 @pytest.fixture
-def baseline(tmp_path, version) -> SimProcess:
+def baseline(tmp_path, version) -> SimClient:
     d = tmp_path / "base"
     d.mkdir()
     args = ["--tp-size", "8", *FAST, "--sim-sglang-version", version]
@@ -115,13 +115,13 @@ def baseline(tmp_path, version) -> SimProcess:
         yield sim
 
 
-def _generate(sim: SimProcess, n: int = 12, **extra) -> dict:
+def _generate(sim: SimClient, n: int = 12, **extra) -> dict:
     doc = {"input_ids": list(range(1000, 1032)), "sampling_params": {"max_new_tokens": n,
            "temperature": 0.0, "ignore_eos": True}, **extra}  # fmt: skip
     return sim.post_json("/generate", doc)
 
 
-def _raw_stream(sim: SimProcess, path: str, doc: dict) -> tuple[dict, bytes]:
+def _raw_stream(sim: SimClient, path: str, doc: dict) -> tuple[dict, bytes]:
     conn = http.client.HTTPConnection("127.0.0.1", sim.port, timeout=30)
     try:
         conn.request("POST", path, json.dumps(doc), {"Content-Type": "application/json"})

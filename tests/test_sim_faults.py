@@ -11,7 +11,8 @@ import time
 
 import pytest
 
-from orchestrator.targets.sim.launcher import SimProcess, free_port, run_sim
+from orchestrator.util.process import free_port
+from tests.sim_client import SimClient, run_sim
 
 FAST = ["--tp-size", "8", "--sim-time-scale", "0.02", "--sim-load-seconds", "2",
         "--sim-noise-restart-cv", "0", "--sim-noise-request-cv", "0"]  # fmt: skip
@@ -23,7 +24,7 @@ def _request(n: int, first_token: int = 100) -> dict:
             "sampling_params": {"max_new_tokens": n, "ignore_eos": True}}  # fmt: skip
 
 
-def _statuses_until_exit(sim: SimProcess, timeout: float = 20.0) -> tuple[int, set]:
+def _statuses_until_exit(sim: SimClient, timeout: float = 20.0) -> tuple[int, set]:
     seen = set()
     deadline = time.monotonic() + timeout
     while sim.process.poll() is None and time.monotonic() < deadline:

@@ -16,7 +16,7 @@ from orchestrator.bench import prometheus
 from orchestrator.live.proc import rss_bytes
 from orchestrator.reference.parsed import parse_files
 from orchestrator.targets.sim.faults import FaultSpecError, parse_faults
-from orchestrator.targets.sim.launcher import run_sim
+from tests.sim_client import run_sim
 
 pytestmark = pytest.mark.e2e  # real simulated servers
 

@@ -10,7 +10,6 @@ import urllib.request
 import pytest
 
 from orchestrator.bench import prometheus
-from orchestrator.targets.sim.launcher import run_sim
 from orchestrator.targets.sim.profile import (
     NEUTRAL,
     ProfileError,
@@ -18,6 +17,7 @@ from orchestrator.targets.sim.profile import (
     load_fragments,
     resolve_effects,
 )
+from tests.sim_client import run_sim
 
 FAST = ["--tp-size", "8", "--sim-time-scale", "0.02", "--sim-load-seconds", "2",
         "--sim-noise-restart-cv", "0", "--sim-noise-request-cv", "0"]  # fmt: skip

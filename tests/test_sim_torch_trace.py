@@ -14,7 +14,7 @@ import pytest
 
 from orchestrator.evidence.families import family
 from orchestrator.evidence.trace import read_profile
-from orchestrator.targets.sim.launcher import run_sim
+from tests.sim_client import run_sim
 
 SURFACE = json.loads((Path(__file__).parent / "fixtures" / "sglang_0_5_23" /
                       "profile_surface.json").read_text())

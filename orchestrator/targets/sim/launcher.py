@@ -14,18 +14,16 @@ dynamic linker do with `LD_LIBRARY_PATH` for a privileged program: a package ove
 libraries never reach the server.
 
 **The helper** (`run_sim`) runs a server in its own session (process group) for tests and tools
-and kills the whole group with SIGKILL on exit from the context, whatever happened inside it,
-so no test leaves a server behind. Stdlib only (urllib), like the server.
+(a scenario's old log) and kills the whole group with SIGKILL on exit from the context,
+whatever happened inside it, so no test leaves a server behind. A test's HTTP calls on it are
+the tests' own (`tests/sim_client.py`).
 """
 
 from __future__ import annotations
 
 import contextlib
-import http.client
-import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -71,12 +69,6 @@ def main(argv: Sequence[str] | None = None) -> None:
     os.execvpe(command[0], command, env)
 
 
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @dataclass
 class SimProcess:
     process: subprocess.Popen
@@ -103,43 +95,6 @@ class SimProcess:
         except (urllib.error.URLError, OSError):
             return None
 
-    def get_json(self, path: str, timeout: float = 5.0) -> object:
-        with urllib.request.urlopen(self.base_url + path, timeout=timeout) as resp:
-            return json.loads(resp.read())
-
-    def post_json(self, path: str, doc: object, timeout: float = 30.0) -> object:
-        req = urllib.request.Request(
-            self.base_url + path, json.dumps(doc).encode(), {"Content-Type": "application/json"}
-        )
-        with urllib.request.urlopen(req, timeout=timeout) as resp:
-            return json.loads(resp.read())
-
-    def iter_stream(
-        self, path: str, doc: object, timeout: float = 30.0
-    ) -> Iterator[tuple[float, dict]]:
-        """POST a streaming request; yield (perf_counter at arrival, chunk JSON) until [DONE].
-
-        A read that stalls longer than `timeout` raises TimeoutError; a dropped connection
-        raises ConnectionError / http.client.IncompleteRead.
-        """
-        conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=timeout)
-        try:
-            conn.request("POST", path, json.dumps(doc), {"Content-Type": "application/json"})
-            resp = conn.getresponse()
-            if resp.status != 200:
-                raise RuntimeError(f"{path} returned {resp.status}: {resp.read()[:200]!r}")
-            for raw in resp:
-                line = raw.strip()
-                if not line.startswith(b"data:"):
-                    continue
-                data = line[5:].strip()
-                if data == b"[DONE]":
-                    resp.read()  # consume the terminating chunk so the connection closes cleanly
-                    return
-                yield time.perf_counter(), json.loads(data)
-        finally:
-            conn.close()
-
     def wait_ready(self, timeout: float = 30.0) -> None:
         """Until /health is 200; raises RuntimeError (with the log) if it exits or times out."""
         deadline = time.monotonic() + timeout
@@ -152,9 +107,6 @@ class SimProcess:
                 return
             time.sleep(0.02)
         raise RuntimeError(f"sim not ready after {timeout}s:\n{self.log()}")
-
-    def wait_exit(self, timeout: float = 30.0) -> int:
-        return self.process.wait(timeout=timeout)
 
     def kill(self) -> None:
         if self.process.poll() is None:
@@ -176,6 +128,8 @@ def run_sim(
     ready_timeout: float = 30.0,
 ) -> Iterator[SimProcess]:
     """`python -m orchestrator.targets.sim --port P *args` in `cwd`; killed on exit."""
+    from orchestrator.util.process import free_port  # not for the wrapper, which execs at once
+
     port = port or free_port()
     argv = [sys.executable, "-m", "orchestrator.targets.sim", "--port", str(port), *args]
     if "--model-path" not in args:
