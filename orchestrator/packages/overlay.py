@@ -41,6 +41,7 @@ from pathlib import Path
 
 from orchestrator.packages import integrity, pipcall
 from orchestrator.packages.pipcall import OverlayError, interpreter_tag, one_line
+from orchestrator.util.files import write_atomic
 from orchestrator.util.pins import canonical, format_pin, parse_pin
 from orchestrator.workspace.cache import disk_usage
 from orchestrator.workspace.locking import (
@@ -212,9 +213,7 @@ class OverlayCache:
     def _write_state(self, key: str, doc: Mapping) -> None:
         state = self._state_path(key)
         state.parent.mkdir(parents=True, exist_ok=True)
-        tmp_state = state.with_name(f"{state.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
-        tmp_state.write_text(json.dumps(dict(doc)))
-        os.replace(tmp_state, state)
+        write_atomic(state, json.dumps(dict(doc)))
 
     def damage(self, key: str, overlay: Overlay) -> str:
         """Why a cached overlay is not what pip installed (`integrity.check`), or "": its

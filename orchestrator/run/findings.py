@@ -23,6 +23,7 @@ from orchestrator.store import TrialRow
 from orchestrator.strategies.base import Verdict
 from orchestrator.strategies.sweep import noise
 from orchestrator.system.watch import epochs
+from orchestrator.util.files import write_atomic
 from orchestrator.workspace import CommitInfo
 
 
@@ -265,7 +266,5 @@ def write(run_dir: Path, doc: dict, name: str | None = None) -> Path:
     """`findings.json`, or `findings-<name>.json` when a run holds several experiments (the
     report ranks them together)."""
     path = run_dir / (f"findings-{name}.json" if name else "findings.json")
-    tmp = path.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(doc, indent=2, default=float) + "\n")
-    tmp.replace(path)
+    write_atomic(path, json.dumps(doc, indent=2, default=float) + "\n")
     return path

@@ -55,6 +55,7 @@ from orchestrator.runner.trial_checks import clock_problem
 from orchestrator.targets.base import NodeContext
 from orchestrator.targets.registry import make_target
 from orchestrator.util import wallclock
+from orchestrator.util.files import write_atomic
 from orchestrator.util.process import ServerProcess, group_members, start_time
 from orchestrator.workspace import Workspace
 from orchestrator.workspace.locking import release, try_exclusive
@@ -129,9 +130,7 @@ class NodeRunner:
         pid = os.getpid()
         doc = {"pid": pid, "start_time": self._start_time(pid), "host": socket.gethostname(),
                "run_id": run_id, "since": wallclock.now(), "controller": self.controller}
-        tmp = holder.with_name(f"{HOLDER_FILE}.{pid}.tmp")
-        tmp.write_text(json.dumps(doc))
-        tmp.replace(holder)
+        write_atomic(holder, json.dumps(doc))
         return None
 
     def _adopt(self, other: Path) -> None:
@@ -165,9 +164,7 @@ class NodeRunner:
             self._pidfile.unlink(missing_ok=True)
             return
         doc = {"pgid": proc.pgid, "port": proc.port, "start_time": self._start_time(proc.pid)}
-        tmp = self._pidfile.with_suffix(".tmp")
-        tmp.write_text(json.dumps(doc))
-        tmp.replace(self._pidfile)
+        write_atomic(self._pidfile, json.dumps(doc))
 
     @property
     def _clockfile(self) -> Path:
@@ -177,9 +174,7 @@ class NodeRunner:
         if token is None:
             self._clockfile.unlink(missing_ok=True)
             return
-        tmp = self._clockfile.with_suffix(".tmp")
-        tmp.write_text(json.dumps(token))
-        tmp.replace(self._clockfile)
+        write_atomic(self._clockfile, json.dumps(token))
 
     def _restore_leftover_clock(self, clockfile: Path) -> bool:
         """Undo a clock/power policy a killed actor applied and could not restore."""

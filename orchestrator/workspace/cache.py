@@ -26,6 +26,7 @@ from pathlib import Path
 import git
 
 from orchestrator.util import wallclock
+from orchestrator.util.files import write_atomic
 from orchestrator.workspace.locking import (
     LOCKS_DIRNAME,
     MIRRORS_DIRNAME,
@@ -69,13 +70,10 @@ class WorktreeCache:
     def write_snapshot(self, key: str, snap: Snapshot) -> None:
         """Keep a verification's snapshot, atomically; best effort (a full disk or a read-only
         cache only means the next verification asks git)."""
-        path = self.snapshot_path(key)
-        temp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
         try:
-            temp.write_text(json.dumps(snap.to_json()))
-            os.replace(temp, path)
+            write_atomic(self.snapshot_path(key), json.dumps(snap.to_json()))
         except OSError:
-            temp.unlink(missing_ok=True)
+            pass
 
     def forget_snapshot(self, key: str) -> None:
         try:
@@ -94,10 +92,8 @@ class WorktreeCache:
         """Record what an intact worktree looks like, atomically (temp file + rename)."""
         state_path = self.state_path(key)
         state_path.parent.mkdir(parents=True, exist_ok=True)
-        temp = state_path.with_name(f"{state_path.name}.{os.getpid()}.tmp")
-        temp.write_text(json.dumps({"sha": sha, "diff_hash": diff_hash, "size_bytes": size,
-                                    "made_at": wallclock.now()}))
-        os.replace(temp, state_path)
+        write_atomic(state_path, json.dumps({"sha": sha, "diff_hash": diff_hash,
+                                             "size_bytes": size, "made_at": wallclock.now()}))
 
     def stamp(self, key: str) -> int | None:
         """Mark the worktree used now and return "now" in this filesystem's own clock (the

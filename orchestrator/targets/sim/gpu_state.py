@@ -233,19 +233,8 @@ def load(path: str | os.PathLike[str]) -> GpuState:
 
 def save(path: str | os.PathLike[str], state: GpuState) -> None:
     """Write atomically (temp file in the same directory, then rename over the target)."""
-    import tempfile  # only writers need it; the server's start-up path never saves
+    from orchestrator.util.files import write_atomic  # the server's start-up path never saves
 
     target = Path(path)
     target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
-    try:
-        with os.fdopen(fd, "w") as f:
-            json.dump(to_dict(state), f, indent=2)
-            f.write("\n")
-        os.replace(tmp, target)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
-        raise
+    write_atomic(target, json.dumps(to_dict(state), indent=2) + "\n")

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from orchestrator.ui.report.collect import RunData, load_run
+from orchestrator.util.files import write_atomic
 
 
 @dataclass(frozen=True)
@@ -21,12 +22,6 @@ class ReportFiles:
     html: Path
     plots: tuple[Path, ...]
     findings: Path | None  # rewritten combined ranking, when there was more than one experiment
-
-
-def _write_text(path: Path, text: str) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text)
-    tmp.replace(path)
 
 
 def write_report(run_dir: Path, out_dir: Path | None = None) -> tuple[RunData, ReportFiles]:
@@ -56,12 +51,12 @@ def write_files(data: RunData, out_dir: Path | None = None) -> ReportFiles:
         plot_paths.append(path)
     md = target / "report.md"
     page = target / "report.html"
-    _write_text(md, render_markdown(data, plots, plot_dir="plots"))
-    _write_text(page, render_html(data, plots))
+    write_atomic(md, render_markdown(data, plots, plot_dir="plots"))
+    write_atomic(page, render_html(data, plots))
     findings = None
     if len(data.docs) > 1:
         findings = target / "findings.json"
-        _write_text(findings, json.dumps(data.ranked, indent=2, default=float) + "\n")
+        write_atomic(findings, json.dumps(data.ranked, indent=2, default=float) + "\n")
     return ReportFiles(md, page, tuple(plot_paths), findings)
 
 
