@@ -190,6 +190,17 @@ class Verdict:
 class Strategy(ABC):
     """Chooses the next points to measure and says when it is done."""
 
+    @staticmethod
+    def check_arguments(direction: str, confidence: float, max_trials: int | None) -> None:
+        """What every search is asked the same way: the bad direction, a confidence strictly
+        between a coin flip and certainty, and a budget that allows reproducing (>= 4)."""
+        if direction not in ("increase", "decrease"):
+            raise ValueError(f"direction must be 'increase' or 'decrease', got {direction!r}")
+        if not 0.5 < confidence < 1.0:
+            raise ValueError(f"confidence must be in (0.5, 1), got {confidence}")
+        if max_trials is not None and max_trials < 4:
+            raise ValueError("max_trials must allow at least reproducing (>= 4)")
+
     @abstractmethod
     def propose(
         self, observations: Sequence[Observation], pending: Sequence[int], k: int

@@ -97,12 +97,7 @@ class BisectStrategy(Strategy):
     ) -> None:
         if n < 2:
             raise ValueError("bisection needs at least the two endpoints (n >= 2)")
-        if direction not in ("increase", "decrease"):
-            raise ValueError(f"direction must be 'increase' or 'decrease', got {direction!r}")
-        if not 0.5 < confidence < 1.0:
-            raise ValueError(f"confidence must be in (0.5, 1), got {confidence}")
-        if max_trials is not None and max_trials < 4:
-            raise ValueError("max_trials must allow at least reproducing (>= 4)")
+        self.check_arguments(direction, confidence, max_trials)
         base = settings or BisectSettings()
         self.settings = replace(base, confidence=confidence)
         self.n = n

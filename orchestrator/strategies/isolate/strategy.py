@@ -106,12 +106,7 @@ class IsolateStrategy(Strategy):
     ) -> None:
         if n_differences < 1:
             raise ValueError("isolate needs at least one difference")
-        if direction not in ("increase", "decrease"):
-            raise ValueError(f"direction must be 'increase' or 'decrease', got {direction!r}")
-        if not 0.5 < confidence < 1.0:
-            raise ValueError(f"confidence must be in (0.5, 1), got {confidence}")
-        if max_trials is not None and max_trials < 4:
-            raise ValueError("max_trials must allow at least reproducing (>= 4)")
+        self.check_arguments(direction, confidence, max_trials)
         if labels is not None and len(labels) != n_differences:
             raise ValueError(f"labels needs {n_differences} entries, got {len(labels)}")
         if min_effect_pct is not None and not 0.0 < min_effect_pct < 100.0:
