@@ -41,6 +41,16 @@ def probability_relation(p: float, pad: str = " ") -> str:
     return text[0] + pad + text[1:] if text.startswith(">") else "=" + pad + text
 
 
+def pct_text(value: float | None) -> str:
+    """A change in percent as the verdicts' sentences write it (``+12.3%``)."""
+    return "unmeasured" if value is None else f"{value:+.1f}%"
+
+
+def interval_text(ci: tuple[float, float] | None) -> str:
+    """``" [+1.0%, +20.0%]"`` after a change, or nothing when it has no interval."""
+    return "" if ci is None else f" [{ci[0]:+.1f}%, {ci[1]:+.1f}%]"
+
+
 @dataclass(frozen=True)
 class Observation:
     """One finished trial at one point of the ordered candidate list.

@@ -18,6 +18,8 @@ from orchestrator.strategies.base import (
     Outlier,
     Unexplained,
     Verdict,
+    interval_text,
+    pct_text,
     probability_relation,
     probability_text,
 )
@@ -33,16 +35,6 @@ NOT_REPRODUCIBLE_MESSAGE = (
 
 _PHASE_STATUS = {"reproduce": "reproducing", "search": "searching", "verify": "verifying",
                  "measure": "searching"}
-
-
-def _pct(value: float) -> str:
-    return f"{value:+.1f}%"
-
-
-def _interval(ci: tuple[float, float] | None) -> str:
-    if ci is None:
-        return ""
-    return f" [{ci[0]:+.1f}%, {ci[1]:+.1f}%]"
 
 
 def chased_change_pct(strategy: BisectState) -> float | None:
@@ -80,7 +72,7 @@ def _culprit_sentence(culprit: Culprit, direction_word: str | None = None) -> st
         names = " and ".join(f"point {p}" for p in culprit.parents)
         against = f"its parent{'s' if len(culprit.parents) > 1 else ''} ({names})"
     sentence = f"{where}; against {against} it changes the metric by " \
-        f"{_pct(culprit.effect_pct)}{_interval(culprit.effect_ci)}"
+        f"{pct_text(culprit.effect_pct)}{interval_text(culprit.effect_ci)}"
     if direction_word:
         sentence += f" ({direction_word})"
     share = culprit.explained_ci
@@ -90,8 +82,8 @@ def _culprit_sentence(culprit: Culprit, direction_word: str | None = None) -> st
                      f"[{100.0 * share[0]:.0f}, {min(100.0 * share[1], 150.0):.0f}] "
                      "of the endpoints' change")
     if culprit.latest_effect_pct is not None:
-        sentence += (f"; on the system as it is now: {_pct(culprit.latest_effect_pct)}"
-                     f"{_interval(culprit.latest_effect_ci)}")
+        sentence += (f"; on the system as it is now: {pct_text(culprit.latest_effect_pct)}"
+                     f"{interval_text(culprit.latest_effect_ci)}")
     return sentence
 
 
@@ -183,9 +175,9 @@ def _open_bound(part: Unexplained) -> str:
     lo, hi = part.effect_ci
     sizes = []
     if hi > 0.0:
-        sizes.append(f"up to {_pct(hi)}")
+        sizes.append(f"up to {pct_text(hi)}")
     if lo < 0.0:
-        sizes.append(f"down to {_pct(lo)}")
+        sizes.append(f"down to {pct_text(lo)}")
     if not sizes:
         return ""
     return f"a further step of {' or '.join(sizes)} may lie between points {part.lo} and {part.hi}"
@@ -200,21 +192,21 @@ def _parts_sentence(parts: list[Unexplained], culprits: list[Culprit]) -> str:
     out = []
     for p in parts:
         if p.kind == "total":
-            out.append(f"part of the change is unexplained: {_pct(p.effect_pct)}"
-                       f"{_interval(p.effect_ci)} beyond the named steps in all, between "
+            out.append(f"part of the change is unexplained: {pct_text(p.effect_pct)}"
+                       f"{interval_text(p.effect_ci)} beyond the named steps in all, between "
                        f"points {p.lo} and {p.hi}; no one part of the range shows it alone, "
                        "so it is not pinned to a sub-range")
     for p in spread:
-        out.append(f"a further change of {_pct(p.effect_pct)}{_interval(p.effect_ci)} is spread "
+        out.append(f"a further change of {pct_text(p.effect_pct)}{interval_text(p.effect_ci)} is spread "
                    f"over points {p.lo + 1}..{p.hi}: no single commit there holds it "
                    f"(likeliest: {', '.join(str(c) for c in p.candidates[:4])})")
     for p in flagged:
         if any(s.lo <= p.lo and p.hi <= s.hi for s in spread):
             continue
-        out.append(f"part of the change is unexplained: {_pct(p.effect_pct)}"
-                   f"{_interval(p.effect_ci)} between points {p.lo} and {p.hi}")
+        out.append(f"part of the change is unexplained: {pct_text(p.effect_pct)}"
+                   f"{interval_text(p.effect_ci)} between points {p.lo} and {p.hi}")
     if quiet:
-        rest = ", ".join(f"{_pct(p.effect_pct)}{_interval(p.effect_ci)} between points {p.lo} "
+        rest = ", ".join(f"{pct_text(p.effect_pct)}{interval_text(p.effect_ci)} between points {p.lo} "
                          f"and {p.hi}" for p in quiet)
         lead = "its parts are" if any(p.kind == "total" for p in parts) else "what is left is"
         within = ("" if not any(p.effect_ci and (p.effect_ci[0] > 0 or p.effect_ci[1] < 0)
@@ -300,7 +292,7 @@ def describe(strategy: BisectState) -> Verdict:
                       else None),
         "total_log": total_log,
     }
-    change = f"{_pct(total_pct)}{_interval(total_ci)}" if total_pct is not None else "unmeasured"
+    change = f"{pct_text(total_pct)}{interval_text(total_ci)}" if total_pct is not None else "unmeasured"
     if status in ("not_reproducible", "reversed", "inconclusive"):
         if status == "not_reproducible":
             message = f"{NOT_REPRODUCIBLE_MESSAGE} (endpoint change {change})."
@@ -316,7 +308,7 @@ def describe(strategy: BisectState) -> Verdict:
             if chased is not None:
                 message += (f" The change being chased, from the good level "
                             f"{strategy.reference_value:.4g} to the bad commit now, is "
-                            f"{_pct(chased)}")
+                            f"{pct_text(chased)}")
                 message += (": this range holds less than half of it." if
                             chased_ruled_out(strategy) else ".")
             if strategy.retracted:

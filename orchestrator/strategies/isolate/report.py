@@ -13,7 +13,13 @@ import math
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from orchestrator.strategies.base import Verdict, probability_relation, probability_text
+from orchestrator.strategies.base import (
+    Verdict,
+    interval_text,
+    pct_text,
+    probability_relation,
+    probability_text,
+)
 from orchestrator.strategies.isolate.plan import CONFIRMED, NEEDS_PARTNER, SINGLE, VERIFYING
 from orchestrator.strategies.isolate.stats import PRESENT, Subset
 
@@ -164,14 +170,6 @@ def _chain_guesses(strategy: IsolateState) -> list[IsolateCulprit]:
     return guesses
 
 
-def _pct(value: float | None) -> str:
-    return "unmeasured" if value is None else f"{value:+.1f}%"
-
-
-def _ci(ci: tuple[float, float] | None) -> str:
-    return "" if ci is None else f" [{ci[0]:+.1f}%, {ci[1]:+.1f}%]"
-
-
 def remainder_stands(ci: tuple[float, float] | None) -> bool:
     """Does bad without the named causes still differ from good (its interval excludes 0)?"""
     return ci is not None and (ci[0] > 0 or ci[1] < 0)
@@ -180,12 +178,12 @@ def remainder_stands(ci: tuple[float, float] | None) -> bool:
 def _culprit_sentence(culprit: IsolateCulprit) -> str:
     names = " + ".join(culprit.labels)
     if culprit.kind == "interaction":
-        text = f"{names} together {_pct(culprit.effect_pct)}{_ci(culprit.effect_ci)}, " \
-            f"interaction {_pct(culprit.interaction_pct)}{_ci(culprit.interaction_ci)}"
+        text = f"{names} together {pct_text(culprit.effect_pct)}{interval_text(culprit.effect_ci)}, " \
+            f"interaction {pct_text(culprit.interaction_pct)}{interval_text(culprit.interaction_ci)}"
     elif culprit.kind == "group":
-        text = f"one or more of {names} {_pct(culprit.effect_pct)}{_ci(culprit.effect_ci)}"
+        text = f"one or more of {names} {pct_text(culprit.effect_pct)}{interval_text(culprit.effect_ci)}"
     else:
-        text = f"{names} {_pct(culprit.effect_pct)}{_ci(culprit.effect_ci)}"
+        text = f"{names} {pct_text(culprit.effect_pct)}{interval_text(culprit.effect_ci)}"
     text += f" (P {probability_relation(culprit.probability)}"
     text += ")" if culprit.verified else ", not verified)"
     return text
@@ -210,7 +208,7 @@ def describe(strategy: IsolateState) -> IsolateVerdict:
         "residual_pct": residual_pct,
         "residual_ci": residual_ci,
     }
-    change = f"{_pct(total_pct)}{_ci(total_ci)}"
+    change = f"{pct_text(total_pct)}{interval_text(total_ci)}"
     if status in ("not_reproducible", "reversed"):
         message = {
             "not_reproducible": f"Good and bad measure alike (change {change}): the slowdown "
@@ -233,11 +231,11 @@ def describe(strategy: IsolateState) -> IsolateVerdict:
             # accounts for it (a remainder of the other differences together, or of the named
             # causes acting differently in bad than alone).
             message += f"The other {len(cleared)} differences were not named one by one, but " \
-                f"without the named causes bad still measures {_pct(residual_pct)}" \
-                f"{_ci(residual_ci)} from good: that remainder is unexplained."
+                f"without the named causes bad still measures {pct_text(residual_pct)}" \
+                f"{interval_text(residual_ci)} from good: that remainder is unexplained."
         elif cleared:
             message += f"The other {len(cleared)} differences are cleared: without the named " \
-                f"causes bad measures {_pct(residual_pct)}{_ci(residual_ci)} from good."
+                f"causes bad measures {pct_text(residual_pct)}{interval_text(residual_ci)} from good."
         message += f" Probability of this answer {probability_text(probability)}."
     elif status == "inconclusive":
         message = f"Inconclusive after {ev.n_trials} trials: {strategy.note or 'no answer'}."
