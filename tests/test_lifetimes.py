@@ -197,17 +197,49 @@ def test_a_lifetime_slow_throughout_is_left_out_and_normal_noise_is_not():
     assert outlier_lifetimes(cells) == {2}
 
 
-def test_outlier_launches_do_not_make_the_isolate_confidently_wrong():
-    """One restart in ten 3x slow throughout: with its lifetimes the isolate leaves them out
-    and names no wrong set at its confidence (the restart-per-side design, which has no
-    outlier rule, does: docs/cost.md)."""
+def test_one_launch_in_ten_slow_is_found_however_many_there_are():
+    """Restarts of their own (one cell a lifetime, the restart design) of 12 configurations,
+    six each, one in ten 3x slow throughout: each such restart stands 40 restart sds out, but
+    the sd pooled over the rest takes in the others (0.3 on log values of 0.03 noise) and
+    none of them stood 10 of those out. The median distance does not take them in: every
+    slow one is found (and where half a configuration's restarts are slow, which half is
+    not known: all of them are left out), and with none planted none is."""
+    from orchestrator.stats.lifetimes import outlier_lifetimes
+
+    rng = random.Random(5)
+    for _ in range(20):
+        cells, slow = {}, set()
+        for t in range(72):
+            value = 3.0 + 0.1 * (t % 12) + rng.gauss(0.0, 0.03)
+            if rng.random() < 0.1:
+                value += math.log(3.0)
+                slow.add(t)
+            cells[t] = {t % 12: Cell(value, None, 3)}
+        clean = {t: {k: Cell(c.value - math.log(3.0) * (t in slow), None, 3)
+                     for k, c in cell.items()} for t, cell in cells.items()}
+        split = {k for k in range(12) if 2 * sum(t % 12 == k for t in slow) >= 6}
+        assert outlier_lifetimes(cells) == slow | {t for t in cells if t % 12 in split}
+        assert outlier_lifetimes(clean) == set()
+
+
+@pytest.mark.parametrize("seeds", seed_counts(20, 3))
+def test_outlier_launches_do_not_make_the_isolate_confidently_wrong(seeds):
+    """One restart in ten 3x slow throughout, in both designs: the isolate leaves them out
+    (a restart judged against its subset's other restarts, as the bisect judges a commit's)
+    and is wrong at its confidence no more often than the stated 1% allows. Before the median
+    bounded the spread they are judged against, 21 of 30 `seed_system` runs of the restart
+    design and 16 of 30 with lifetimes named a wrong set at P >= 0.99 (docs/reliability.md)."""
+    from scipy.stats import binom
+
     from experiments.bench_lifetime import STORIES, run
 
-    for story in STORIES:
-        for seed in range(3):
-            r = run(story, seed, "lifetime", restart_cv=0.02, rep_cv=0.01, reps=3,
-                    interaction_cv=0.0, outlier_rate=0.1)
-            assert not r.wrong_confident, (story, seed, r)
+    runs = [run(story, seed, design, restart_cv=0.02, rep_cv=0.01, reps=3, interaction_cv=0.0,
+                outlier_rate=0.1)
+            for story in STORIES for seed in range(seeds) for design in ("restarts", "lifetime")]
+    confident = sum(r.status == "found" and r.probability >= 0.99 for r in runs)
+    wrong = [r for r in runs if r.wrong_confident]
+    assert len(wrong) <= max(1, binom.ppf(0.999, confident, 0.01)), wrong
+    assert sum(r.correct for r in runs) >= 0.8 * len(runs)
 
 
 @pytest.mark.parametrize("seeds", seed_counts(200, 10))

@@ -198,17 +198,29 @@ class SplitPlot:
 # does not hide itself) on at least OUTLIER_MIN_DF degrees of freedom; under normal noise a
 # lifetime is flagged well under once in ten thousand.
 OUTLIER_SIGMAS = 10.0
+# Lifetimes the median-based sd needs (`_robust_sd`: the cells of one lifetime share its
+# restart level, so it is lifetimes that count), and how far above it the pooled sd must be
+# before slow launches are taken to inflate it: under normal noise the two agree (the ratio
+# scatters around 1), while one launch in ten 3x slow puts it near 15.
+OUTLIER_ROBUST_MIN = 8
+CONTAMINATED = 2.0
 OUTLIER_MIN_DF = 6
 
 
 def outlier_lifetimes(lifetimes: Mapping[int, Mapping[Hashable, Cell]],
                       threshold: float = OUTLIER_SIGMAS) -> set[int]:
-    """Lifetimes whose values all sit more than `threshold` sds (pooled over the other
-    lifetimes) from the means of their configurations' other lifetimes, all on one side."""
+    """Lifetimes whose values all sit more than `threshold` sds from where their
+    configurations' other lifetimes put them (:func:`_centre`), all on one side. The sd is
+    pooled over the other lifetimes, or, where slow launches inflate that, the median-based
+    one (:func:`_robust_sd`). Where as many of a configuration's lifetimes would be left out
+    as kept, which ones are the slow ones is not known: all of them are left out, and the
+    configuration is measured again (as the bisect takes another restart of a commit whose
+    two disagree)."""
     per: dict[Hashable, dict[int, float]] = {}
     for t, cells in lifetimes.items():
         for key, c in cells.items():
             per.setdefault(key, {})[t] = c.value
+    robust = _robust_sd(per)
     flagged = set()
     for t, cells in lifetimes.items():
         ss, df = 0.0, 0
@@ -221,12 +233,46 @@ def outlier_lifetimes(lifetimes: Mapping[int, Mapping[Hashable, Cell]],
         if df < OUTLIER_MIN_DF or not ss > 0:
             continue
         sd = math.sqrt(ss / df)
+        if robust is not None and sd > CONTAMINATED * robust:
+            sd = robust  # slow launches inflate the pooled sd: judge against the median's
         zs = []
         for key, c in cells.items():
             rest = [v for u, v in per[key].items() if u != t]
             if len(rest) >= 2:
-                m = math.fsum(rest) / len(rest)
-                zs.append((c.value - m) / (sd * math.sqrt(1.0 + 1.0 / len(rest))))
+                zs.append((c.value - _centre(rest)) / (sd * _spread(len(rest))))
         if zs and (all(z > threshold for z in zs) or all(z < -threshold for z in zs)):
             flagged.add(t)
-    return flagged
+    split = {t for vals in per.values() if 2 * len(flagged & vals.keys()) >= len(vals)
+             for t in vals}
+    return flagged | split
+
+
+def _centre(rest: list[float]) -> float:
+    """Where a configuration's other values put it: their median from three on (two slow
+    launches among six shift a mean by a third of their slowness, a median not at all)."""
+    return float(np.median(rest)) if len(rest) >= 3 else math.fsum(rest) / len(rest)
+
+
+def _spread(m: int) -> float:
+    """The sd of a value's distance from :func:`_centre` of `m` others, in value sds (a
+    median of m normal values varies about pi/2 times as much as their mean)."""
+    return math.sqrt(1.0 + (math.pi / 2.0 if m >= 3 else 1.0) / m)
+
+
+def _robust_sd(per: Mapping[Hashable, Mapping[int, float]]) -> float | None:
+    """The noise sd as the median of every value's distance from the median of its
+    configuration's other values (scaled to one value's sd), None on fewer than
+    OUTLIER_ROBUST_MIN lifetimes. One slow launch in ten puts a tenth of the values 40 sds
+    out, which the pooled sd of the rest takes in (3x launches: 0.33 on log values of
+    0.02 noise, so none of them stands 10 of those out) and these medians do not."""
+    distances = []
+    for vals in per.values():
+        if len(vals) < 3:
+            continue
+        values = list(vals.values())
+        for i, v in enumerate(values):
+            rest = values[:i] + values[i + 1:]
+            distances.append(abs(v - _centre(rest)) / _spread(len(rest)))
+    if not distances or len({t for vals in per.values() for t in vals}) < OUTLIER_ROBUST_MIN:
+        return None
+    return float(np.median(distances)) / 0.6744897501960817

@@ -183,6 +183,7 @@ class SubsetEvidence:
         self.cells: dict[int, dict[Subset, Cell]] = {}  # lifetime -> its subsets' values
         self._lifetimes_seen: set[int] = set()
         self._split: tuple[int, SplitPlot | None] | None = None
+        self._kept: tuple[int, tuple[dict, dict]] | None = None
 
     def add(self, subset: Subset, observation: Observation) -> bool:
         """Record one trial; True when it added a measured value."""
@@ -225,17 +226,23 @@ class SubsetEvidence:
 
     def _screened(self) -> tuple[dict[int, dict[Subset, Cell]], dict[Subset, list[float]]]:
         """The cells and values without outlier lifetimes (a launch 3x slow throughout:
-        :func:`~orchestrator.stats.lifetimes.outlier_lifetimes`); they still count as spent."""
+        :func:`~orchestrator.stats.lifetimes.outlier_lifetimes`); they still count as spent.
+        Without live differences each restart is a lifetime of one cell, judged against the
+        other restarts of its subset, as the bisect judges a commit's restarts."""
+        if self._kept is not None and self._kept[0] == self.version:
+            return self._kept[1]
         flagged = outlier_lifetimes(self.cells)
         cells = {t: c for t, c in self.cells.items() if t not in flagged}
         values: dict[Subset, list[float]] = {}
         for c in cells.values():
             for s, cell in c.items():
                 values.setdefault(s, []).append(cell.value)
+        self._kept = (self.version, (cells, values))
         return cells, values
 
     def count(self, subset: Subset) -> int:
-        return len(self.values.get(subset, ()))
+        """Kept values of `subset` (an outlier restart is spent, not evidence)."""
+        return len(self._screened()[1].get(subset, ()))
 
     def attempts(self, subset: Subset) -> int:
         """Trials that produced a value or failed (suspect trials are not attempts)."""
@@ -249,7 +256,7 @@ class SubsetEvidence:
         split = self.split_plot()
         if split is not None and subset in split.index:
             return split.means()[subset]
-        values = self.values[subset]
+        values = self._screened()[1][subset]
         return math.fsum(values) / len(values)
 
     def pooled(self) -> tuple[float, int]:
@@ -257,8 +264,7 @@ class SubsetEvidence:
         if self._pooled is not None and self._pooled[0] == self.version:
             return self._pooled[1]
         ss, df = 0.0, 0
-        screened = self._screened()[1] if self.split_plot() is not None else self.values
-        for values in screened.values():
+        for values in self._screened()[1].values():
             if len(values) > 1:
                 mean = math.fsum(values) / len(values)
                 ss += math.fsum((v - mean) ** 2 for v in values)
