@@ -155,7 +155,7 @@ class ThresholdBisectStrategy(Strategy):
             return None
         history = self.history
         assert history is not None
-        candidates = history.is_hypothesis()
+        candidates = np.isin(np.arange(history.n), history.hypotheses)
         skipped: set[int] = set()
         for obs in observations:
             if obs.point in (0, self.n - 1):

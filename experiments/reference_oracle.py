@@ -58,7 +58,7 @@ class KnownLevelsOracle(Strategy):
             log_post = np.cumsum(llr[::-1])[::-1]  # hypothesis c: points c..n-1 read bad
         else:
             log_post = self._reads.T @ llr
-            log_post[~self.history.is_hypothesis()] = -np.inf
+            log_post[~np.isin(np.arange(self.history.n), self.history.hypotheses)] = -np.inf
         log_post[0] = -np.inf
         log_post -= log_post[1:].max()
         post = np.exp(log_post)

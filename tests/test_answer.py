@@ -11,7 +11,7 @@ import golden
 import pytest
 
 from orchestrator.answer import combine
-from orchestrator.answer.combine import LogChange, decide, explains, remainder, share, total
+from orchestrator.answer.combine import LogChange, decide, remainder, share, total
 from orchestrator.answer.compose import (
     assemble,
     for_bisect,
@@ -37,8 +37,8 @@ def test_effects_compound_on_the_log_scale():
     rest = remainder(whole, [power, commit])
     assert abs(rest.pct) < 0.1 and rest.excludes_zero() is False
     assert share(power, whole) + share(commit, whole) == pytest.approx(1.0, abs=0.01)
-    assert explains(whole, [power, commit])
-    assert not explains(whole, [power])  # +18% left: confidently more than the tolerance
+    assert decide(whole, [power, commit]).settled
+    assert not decide(whole, [power]).settled  # +18% left: confidently more than the tolerance
 
 
 def test_an_effect_record_without_a_log_triple_is_read_from_its_interval():
@@ -100,7 +100,7 @@ def test_noise_alone_cannot_explain_a_change():
     how little is known."""
     whole = LogChange(math.log(1.53), 0.02, 10)
     lucky = LogChange(math.log(1.50), 0.30, 2)
-    assert not explains(whole, [lucky])
+    assert not decide(whole, [lucky]).settled
 
 
 def test_large_changes_read_as_ratios_with_their_levels():

@@ -174,7 +174,9 @@ def test_epoch_difference_weighs_trials_of_more_repetitions():
     weights = ev.kept_weights()
     assert weights is not None
     weighted = ev.epoch_difference(0, 1, ev.latest_epoch, 0.9)
-    plain = ev.pooled_difference(ev.values_in_epoch(0, ev.latest_epoch),
-                                 ev.values_in_epoch(1, ev.latest_epoch), 0.9)
+    points, values, _, epochs = ev.kept()
+    now = epochs == ev.latest_epoch
+    plain = ev.pooled_difference(values[(points == 0) & now].tolist(),
+                                 values[(points == 1) & now].tolist(), 0.9)
     assert weighted.diff != pytest.approx(plain.diff)
     assert weighted.hi - weighted.lo < plain.hi - plain.lo  # the precise trials count more

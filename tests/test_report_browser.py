@@ -101,7 +101,8 @@ def test_progress_follows_a_real_controller(real_run, tmp_path):
     progress = Progress(Console(file=buf, width=200), total_hint=2, live=False)
     try:
         with progress, Controller(parts.control(cfg), store, run_dir, on_event=progress.on_event) as ctl:
-            row = ctl.run_one(Candidate.make(real_run["culprit"]))
+            ctl.submit(Candidate.make(real_run["culprit"]))
+            row = next(rows[0] for rows in iter(ctl.wait, None) if rows)
             snap = progress.snapshot()
     finally:
         store.close()

@@ -172,7 +172,7 @@ def test_resume_during_confirmation_keeps_its_plan(tmp_path):
     second = _search(storage=storage, name="run", seed=5)
     second.replay(log)
     assert second.search_over
-    assert second.confirm_plan() == first.confirm_plan()
+    assert second.confirmation.plan() == first.confirmation.plan()
     more: list = []
     _drive(second, oracle, log=more)
     assert all(p.startswith("sweep/confirm") for p, *_ in more)

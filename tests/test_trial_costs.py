@@ -167,7 +167,8 @@ run_dir, store = create_run(cfg)
 seen = []
 for _ in range(2):
     with Controller(parts.control(cfg), store, run_dir) as ctl:
-        row = ctl.run_one(Candidate.make(sha))
+        ctl.submit(Candidate.make(sha))
+        row = next(rows[0] for rows in iter(ctl.wait, None) if rows)
         seen.append({"outcome": row.outcome.value, "instance": ray_cluster._instance()})
 print(json.dumps(seen))
 """

@@ -209,13 +209,6 @@ def decide(whole: LogChange, parts: Iterable[LogChange], bound: float | None = N
     return Decision(status, rest, bound)
 
 
-def explains(whole: LogChange, parts: Iterable[LogChange], bound: float | None = None,
-             confidence: float = CONFIDENCE) -> bool:
-    """Whether the named parts account for the whole: the remainder's interval lies within the
-    min effect (:func:`decide`)."""
-    return decide(whole, parts, bound, confidence).settled
-
-
 def share(part: LogChange, whole: LogChange) -> float | None:
     """`part`'s share of `whole` on the log scale (shares of all parts sum to the explained
     share); None when the whole is no measured change."""

@@ -373,14 +373,6 @@ class Controller:
                         losses=q.losses, repetitions=q.repetitions, live=q.live)
 
     # -- results ---------------------------------------------------------------------------------
-    def run_one(self, candidate: Candidate, *, phase: str = "") -> TrialRow:
-        """Submit one evaluation and wait for its final attempt."""
-        self.submit(candidate, phase=phase)
-        while True:
-            rows = self.wait()
-            if rows:
-                return rows[0]
-
     def _with_node_identity(self, node: str, result: TrialResult) -> TrialResult:
         """On a cluster the Ray node a trial ran on is part of its fingerprint."""
         if node not in self.pool.placement or not result.fingerprint:

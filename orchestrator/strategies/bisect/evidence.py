@@ -232,10 +232,6 @@ class Evidence:
             return orders[self.status() == KEPT]
         return self._cached("kept_orders", build)
 
-    def values_in_epoch(self, point: int, epoch: int) -> list[float]:
-        points, values, _, epochs = self.kept()
-        return values[(points == point) & (epochs == epoch)].tolist()
-
     def epoch_count(self, point: int, epoch: int) -> int:
         points, _, _, epochs = self.kept()
         return int(((points == point) & (epochs == epoch)).sum())

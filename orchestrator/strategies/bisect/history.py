@@ -57,11 +57,6 @@ class History:
             raise ValueError("the bad commit cannot be assumed good")
         self.hypotheses = np.flatnonzero(~good)
 
-    def is_hypothesis(self) -> np.ndarray:
-        mask = np.zeros(self.n, dtype=bool)
-        mask[self.hypotheses] = True
-        return mask
-
     def bad_matrix(self, hyps: np.ndarray, points: np.ndarray) -> np.ndarray:
         """``R[i, j]``: point ``points[j]`` reads bad when ``hyps[i]`` is the first bad commit."""
         if self._anc is None:

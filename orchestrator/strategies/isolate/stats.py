@@ -174,7 +174,6 @@ class SubsetEvidence:
     def __init__(self, sign: float, live: frozenset[int] = frozenset()) -> None:
         self.sign = sign
         self.live = frozenset(live)
-        self.values: dict[Subset, list[float]] = {}
         self.failures: Counter[Subset] = Counter()
         self.trials: Counter[Subset] = Counter()  # every trial, suspect and failed included
         self.n_trials = 0  # server lifetimes (restarts), each counted once
@@ -202,7 +201,6 @@ class SubsetEvidence:
         if not math.isfinite(value) or value <= 0.0:
             raise ValueError(f"trial value {value!r}: the metric must be positive and finite")
         signed = self.sign * math.log(value)
-        self.values.setdefault(subset, []).append(signed)
         key = lifetime if lifetime is not None else -(self.version + 1)
         self.cells.setdefault(key, {})[subset] = Cell(
             signed, observation.spread, int(observation.repetitions or 0))
@@ -240,9 +238,14 @@ class SubsetEvidence:
         self._kept = (self.version, (cells, values))
         return cells, values
 
+    @property
+    def values(self) -> dict[Subset, list[float]]:
+        """Each subset's kept values (signed log): outlier restarts left out."""
+        return self._screened()[1]
+
     def count(self, subset: Subset) -> int:
         """Kept values of `subset` (an outlier restart is spent, not evidence)."""
-        return len(self._screened()[1].get(subset, ()))
+        return len(self.values.get(subset, ()))
 
     def attempts(self, subset: Subset) -> int:
         """Trials that produced a value or failed (suspect trials are not attempts)."""
@@ -256,7 +259,7 @@ class SubsetEvidence:
         split = self.split_plot()
         if split is not None and subset in split.index:
             return split.means()[subset]
-        values = self._screened()[1][subset]
+        values = self.values[subset]
         return math.fsum(values) / len(values)
 
     def pooled(self) -> tuple[float, int]:
@@ -264,7 +267,7 @@ class SubsetEvidence:
         if self._pooled is not None and self._pooled[0] == self.version:
             return self._pooled[1]
         ss, df = 0.0, 0
-        for values in self._screened()[1].values():
+        for values in self.values.values():
             if len(values) > 1:
                 mean = math.fsum(values) / len(values)
                 ss += math.fsum((v - mean) ** 2 for v in values)

@@ -407,9 +407,6 @@ class SweepSearch:
                            f"{labels} against the baseline")
 
     # -- confirmation ---------------------------------------------------------------------------
-    def confirm_plan(self, rounds: int | None = None) -> list[tuple[int, str]]:
-        return self.confirmation.plan(rounds)
-
     def _decisive(self, confidence: float) -> bool:
         """Whether the confirmation's leader already differs from the baseline."""
         sides = [self.configs[k] for k in (self.confirmation.keys or [])
