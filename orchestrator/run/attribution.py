@@ -64,11 +64,10 @@ def paired_game(rows: Sequence[TrialRow], point_of: Callable[[Candidate], int | 
     some lifetime measured more than one of its configurations (a cause set on the running
     server: :mod:`orchestrator.run.paired`); None otherwise."""
     from orchestrator.run.blocks import lifetime_of
-    from orchestrator.stats.lifetimes import Cell, SplitPlot, components, outlier_lifetimes
+    from orchestrator.stats.lifetimes import Cell, SplitPlot, components, kept
 
     union = frozenset().union(*players)
     found: dict[int, dict[frozenset[int], Cell]] = {}
-    values: dict[frozenset[int], list[float]] = {}
     for r in rows:
         if (r.outcome is None or not r.outcome.measured or r.suspect or r.result is None
                 or r.phase in NOT_EVIDENCE_PHASES):
@@ -87,13 +86,7 @@ def paired_game(rows: Sequence[TrialRow], point_of: Callable[[Candidate], int | 
         logs = [math.log(x) for x in r.result.values(metric) if x > 0]
         spread = statistics.variance(logs) if len(logs) > 1 else None
         cells[key] = Cell(math.log(v), spread, len(logs))
-        values.setdefault(key, []).append(math.log(v))
     if not any(len(c) > 1 for c in found.values()):
         return None
-    flagged = outlier_lifetimes(found)
-    found = {t: c for t, c in found.items() if t not in flagged}
-    values = {}
-    for c in found.values():
-        for k, cell in c.items():
-            values.setdefault(k, []).append(cell.value)
+    found, values = kept(found)
     return SplitPlot(found, components(found, values)).contrast

@@ -19,15 +19,14 @@ from scipy.special import stdtrit
 from orchestrator.records import NOT_EVIDENCE_PHASES
 from orchestrator.run.blocks import lifetime_of
 from orchestrator.stats.effect import LogDifference
-from orchestrator.stats.lifetimes import Cell, SplitPlot, components, outlier_lifetimes
+from orchestrator.stats.lifetimes import Cell, SplitPlot, components, kept
 from orchestrator.store import TrialRow
 
 
 def cells(rows: Sequence[TrialRow], metric: str, exclude: frozenset[int] = frozenset()
-          ) -> tuple[dict[int, dict[str, Cell]], dict[str, list[float]]]:
+          ) -> dict[int, dict[str, Cell]]:
     """The run's measured values of `metric` as cells of their lifetimes (log scale)."""
     out: dict[int, dict[str, Cell]] = {}
-    values: dict[str, list[float]] = {}
     for r in rows:
         if (r.outcome is None or not r.outcome.measured or r.suspect or r.id in exclude
                 or r.phase in NOT_EVIDENCE_PHASES or r.result is None):
@@ -42,8 +41,7 @@ def cells(rows: Sequence[TrialRow], metric: str, exclude: frozenset[int] = froze
         lifetime = lifetime_of(r.result.fingerprint)
         key = lifetime if lifetime is not None else -r.id
         out.setdefault(key, {})[r.candidate.key] = Cell(mean, spread, len(reps))
-        values.setdefault(r.candidate.key, []).append(mean)
-    return out, values
+    return out
 
 
 def paired_difference(rows: Sequence[TrialRow], before_key: str, after_key: str, metric: str,
@@ -51,16 +49,10 @@ def paired_difference(rows: Sequence[TrialRow], before_key: str, after_key: str,
                       ) -> LogDifference | None:
     """`after - before` on the log scale under the split-plot model, or None when no
     lifetime measured both."""
-    found, values = cells(rows, metric, exclude)
+    found = cells(rows, metric, exclude)
     if not any(before_key in c and after_key in c for c in found.values()):
         return None
-    flagged = outlier_lifetimes(found)  # a launch slow throughout, as the isolate leaves out
-    if flagged:
-        found = {t: c for t, c in found.items() if t not in flagged}
-        values = {}
-        for c in found.values():
-            for k, cell in c.items():
-                values.setdefault(k, []).append(cell.value)
+    found, values = kept(found)  # a launch slow throughout, as the isolate leaves out
     fit = SplitPlot(found, components(found, values))
     got = fit.contrast({after_key: 1.0, before_key: -1.0})
     if got is None:

@@ -207,6 +207,19 @@ CONTAMINATED = 2.0
 OUTLIER_MIN_DF = 6
 
 
+def kept(lifetimes: Mapping[int, Mapping[Hashable, Cell]]
+         ) -> tuple[dict[int, Mapping[Hashable, Cell]], dict[Hashable, list[float]]]:
+    """The lifetimes without the outliers (:func:`outlier_lifetimes`), and each
+    configuration's values in them: what a split-plot fit or a pooled spread reads."""
+    flagged = outlier_lifetimes(lifetimes)
+    cells = {t: c for t, c in lifetimes.items() if t not in flagged}
+    values: dict[Hashable, list[float]] = {}
+    for c in cells.values():
+        for key, cell in c.items():
+            values.setdefault(key, []).append(cell.value)
+    return cells, values
+
+
 def outlier_lifetimes(lifetimes: Mapping[int, Mapping[Hashable, Cell]],
                       threshold: float = OUTLIER_SIGMAS) -> set[int]:
     """Lifetimes whose values all sit more than `threshold` sds from where their

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 from scipy.special import log_ndtr, ndtr, ndtri, stdtr, stdtrit
 
-from orchestrator.stats.lifetimes import Cell, SplitPlot, components, outlier_lifetimes
+from orchestrator.stats.lifetimes import Cell, SplitPlot, components, kept
 from orchestrator.strategies.base import Observation
 
 _LOG_SQRT_2PI = 0.5 * math.log(2.0 * math.pi)
@@ -229,14 +229,8 @@ class SubsetEvidence:
         other restarts of its subset, as the bisect judges a commit's restarts."""
         if self._kept is not None and self._kept[0] == self.version:
             return self._kept[1]
-        flagged = outlier_lifetimes(self.cells)
-        cells = {t: c for t, c in self.cells.items() if t not in flagged}
-        values: dict[Subset, list[float]] = {}
-        for c in cells.values():
-            for s, cell in c.items():
-                values.setdefault(s, []).append(cell.value)
-        self._kept = (self.version, (cells, values))
-        return cells, values
+        self._kept = (self.version, kept(self.cells))
+        return self._kept[1]
 
     @property
     def values(self) -> dict[Subset, list[float]]:

@@ -71,6 +71,7 @@ class _Metric:
         self.name = name
         self.documentation = documentation
         self.labelnames = tuple(labelnames)
+        self.values: dict[tuple[str, ...], float] = {}  # a counter's or a gauge's samples
 
     def _key(self, labels: Mapping[str, str]) -> tuple[str, ...]:
         return tuple(str(labels[n]) for n in self.labelnames)
@@ -85,10 +86,6 @@ class _Metric:
 
 class Counter(_Metric):
     kind = "counter"
-
-    def __init__(self, name: str, documentation: str, labelnames: Sequence[str]):
-        super().__init__(name, documentation, labelnames)
-        self.values: dict[tuple[str, ...], float] = {}
 
     @property
     def family(self) -> str:
@@ -110,10 +107,6 @@ class Counter(_Metric):
 
 class Gauge(_Metric):
     kind = "gauge"
-
-    def __init__(self, name: str, documentation: str, labelnames: Sequence[str]):
-        super().__init__(name, documentation, labelnames)
-        self.values: dict[tuple[str, ...], float] = {}
 
     def set(self, labels: Mapping[str, str], value: float) -> None:
         self.values[self._key(labels)] = float(value)
