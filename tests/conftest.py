@@ -119,6 +119,21 @@ def make_sim_repo(path: Path, profiles: list[dict]) -> list[str]:
     return shas
 
 
+def point_stats(values_by_point):
+    """The bisect's per-point counts, sums and sums of squares of lists of signed log values
+    (`strategies.bisect.posterior.PointStats`), as the strategy accumulates them."""
+    import math
+
+    import numpy as np
+
+    from orchestrator.strategies.bisect.posterior import PointStats
+
+    return PointStats(np.array([len(v) for v in values_by_point], dtype=float),
+                      np.array([math.fsum(v) for v in values_by_point], dtype=float),
+                      np.array([math.fsum(x * x for x in v) for v in values_by_point],
+                               dtype=float))
+
+
 def seed_counts(many: int, few: int) -> list:
     """The seeds a many-seed statistical test runs, as a parametrization: `few` in every lane,
     `many` only where the `stats` marker is run (`make test`, `make test-stats`). The seeds are

@@ -9,6 +9,7 @@ import math
 
 import numpy as np
 import pytest
+from conftest import point_stats
 
 from experiments.bench_localize import N_COMMITS, VirtualOracle, drive, judge, regime
 from orchestrator.stats.effect import log_difference
@@ -17,7 +18,7 @@ from orchestrator.strategies.bisect.history import History
 from orchestrator.strategies.bisect.levels import fit_levels
 from orchestrator.strategies.bisect.model import StageData, stage_posterior
 from orchestrator.strategies.bisect.outliers import KEPT, OUTLIER, PENDING, flag_trials
-from orchestrator.strategies.bisect.posterior import PointStats, range_posterior
+from orchestrator.strategies.bisect.posterior import range_posterior
 
 
 def _loop(strategy: BisectStrategy, measure, limit: int = 400) -> list[Observation]:
@@ -50,7 +51,7 @@ def test_the_stage_model_is_the_single_change_point_posterior_on_clean_data():
     n, culprit = 40, 23
     points = np.concatenate([[0, 39] * 3, rng.integers(0, 40, 20)])
     values = rng.normal(0, 0.05, points.size) + 0.1 * (points >= culprit)
-    stats = PointStats.from_values([list(values[points == p]) for p in range(n)])
+    stats = point_stats([list(values[points == p]) for p in range(n)])
     plain = range_posterior(0, n - 1, stats, np.zeros(n, bool), np.zeros(n), step_scale=3.0,
                             null_prior=0.1)
     data = StageData(points, values, np.zeros(points.size, int), np.zeros(points.size, int), (),

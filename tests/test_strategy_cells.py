@@ -11,6 +11,7 @@ import random
 
 import numpy as np
 import pytest
+from conftest import point_stats
 
 from orchestrator.strategies.base import Observation
 from orchestrator.strategies.bisect import BisectStrategy
@@ -19,7 +20,6 @@ from orchestrator.strategies.bisect.forecast import mean_squared_step
 from orchestrator.strategies.bisect.model import _cell_log_prior
 from orchestrator.strategies.bisect.placement import _member, _sorted_unique
 from orchestrator.strategies.bisect.posterior import (
-    PointStats,
     range_data,
     range_log_prior,
     range_posterior,
@@ -85,7 +85,7 @@ def test_range_data_is_the_posterior_data_without_the_posterior():
     values = [[] for _ in range(n)]
     for p in (0, 0, n - 1, n - 1, 150, 75, 220):
         values[p].append(float(rng.normal(0.1 if p >= 200 else 0.0, 0.02)))
-    stats = PointStats.from_values(values)
+    stats = point_stats(values)
     log_prior = np.log(rng.gamma(1.0, size=n))
     full = range_posterior(0, n - 1, stats, np.zeros(n, bool), log_prior, 3.0, 0.1).data
     alone = range_data(stats, range_log_prior(log_prior, 0.1), 3.0)

@@ -440,18 +440,6 @@ def test_concurrent_checkouts_of_one_commit_from_several_processes(
 # ----------------------------------------------------------------------- state and cleanup
 
 
-def test_is_dirty_tracks_tracked_files_only(workspace: Workspace, repo: Path) -> None:
-    assert workspace.is_dirty() is False
-    (repo / "scratch.txt").write_text("untracked\n")
-    assert workspace.is_dirty() is False
-    (repo / "README.md").write_text("edited\n")
-    assert workspace.is_dirty() is True
-    git(repo, "add", "README.md")
-    assert workspace.is_dirty() is True  # staged counts too
-    git(repo, "reset", "-q", "--hard")
-    assert workspace.is_dirty() is False
-
-
 def test_dirty_diff_hash_follows_content(workspace: Workspace, repo: Path) -> None:
     assert workspace.dirty_diff_hash(repo) is None
     (repo / "README.md").write_text("edit one\n")
@@ -498,7 +486,6 @@ def test_checkouts_write_nothing_into_the_users_repository(
     assert ws.dirty_diff_hash(paths[0]) is not None
     assert ws.checkout("v1") == paths[1]  # reused
     ws.commits_between(history["root"], history["tip"])
-    ws.is_dirty()
     assert worktree_paths(repo) == [str(repo.resolve())]
     assert _tree_digest(repo / ".git") == before  # not one byte changed, no file added
     ws.prune()
@@ -540,9 +527,9 @@ def test_the_cache_is_bounded_least_recently_used_out(
     repo: Path, history: dict[str, str], tmp_path: Path
 ) -> None:
     probe = Workspace(repo, tmp_path / "probe")
-    one = probe.cache_usage() or 0
+    one = probe.cache.usage() or 0
     probe.checkout("v1")
-    one = probe.cache_usage()
+    one = probe.cache.usage()
     assert one > 0
     ws = Workspace(repo, tmp_path / "cache", max_bytes=int(2.5 * one))
     a = ws.checkout(history["root"])
@@ -552,7 +539,7 @@ def test_the_cache_is_bounded_least_recently_used_out(
     ws.checkout(history["root"])  # used again: now the most recent of the two
     c = ws.checkout(history["attn"])
     assert a.exists() and c.exists() and not b.exists()  # eagle was the least recently used
-    assert ws.cache_usage() <= ws.max_bytes
+    assert ws.cache.usage() <= ws.max_bytes
     with ws.lease(history["root"]) as held:  # a worktree in use is never removed
         os.utime(ws.cache_dir / ".state" / f"{history['root']}.json", (1, 1))
         d = ws.checkout(history["docs"])

@@ -175,13 +175,19 @@ class Steps:
 
     def document(self, result: dict) -> dict:
         """The investigation's own findings document, written."""
-        rows = self.ctl.store.trials()
-        doc = {"run": self.ctl.store.run_id, "experiment": "investigate",
-               "metric": self.req.metric, "verdict": result["status"],
-               "message": result["sentence"], "findings": [], "steps": list(self.docs),
-               "n_trials": len(rows), "answer": result}
-        findings.write(self.run_dir, doc, "investigate")
-        return doc
+        return document(self.ctl, self.run_dir, self.req.metric, self.docs, result)
+
+
+def document(ctl: Controller, run_dir: Path, metric: str, docs: dict[str, dict], result: dict
+             ) -> dict:
+    """`findings-investigate.json`: the answer (`result`) and which steps ran."""
+    doc = {"run": ctl.store.run_id, "experiment": "investigate", "metric": metric,
+           "verdict": result["status"], "message": result["sentence"], "findings": [],
+           "steps": list(docs), "n_trials": len(ctl.store.trials()), "answer": result}
+    if "provisional" in result:
+        doc["provisional"] = result["provisional"]
+    findings.write(run_dir, doc, "investigate")
+    return doc
 
 
 def recreated(ref: dict, metric: str, isolate_doc: dict) -> Candidate | None:
@@ -208,11 +214,7 @@ def stopped(cfg: RunSettings, ctl: Controller, run_dir: Path, p: Plan, docs: dic
                          .get("leading"))), "")
     now = investigate_answer.answer(cfg, rows, p, docs, ws, marks=marks, yardstick=yardstick)
     result = so_far(now, why=why, confidence=p.request.confidence, leading=pointing)
-    doc = {"run": ctl.store.run_id, "experiment": "investigate", "metric": p.request.metric,
-           "verdict": result["status"], "message": result["sentence"], "findings": [],
-           "steps": list(docs), "n_trials": len(rows), "answer": result,
-           "provisional": result["provisional"]}
-    findings.write(run_dir, doc, "investigate")
+    document(ctl, run_dir, p.request.metric, docs, result)
     findings.write(run_dir, rank(step_docs(run_dir), rows))
     out.print("")
     print_answer(out, result)

@@ -353,11 +353,6 @@ class Workspace:
             return known.diff_hash
         return self.dirty_diff_hash(path)
 
-    def is_dirty(self) -> bool:
-        """True if the user's repo has uncommitted changes (staged or not) to tracked files."""
-        status = self._repo.git.status("--porcelain", "--untracked-files=no", env=_READ_ONLY_ENV)
-        return bool(status.strip())
-
     def prune(self) -> None:
         """Remove every worktree under the cache dir and let git forget stale worktrees."""
         if not self.cache_dir.is_dir():
@@ -375,10 +370,6 @@ class Workspace:
                 self.cache.state_path(key).unlink(missing_ok=True)
         if self._mirror_path().is_dir():
             self._mirror().git.worktree("prune")
-
-    def cache_usage(self) -> int:
-        """Bytes the cache's worktrees take, as measured when each was made."""
-        return self.cache.usage()
 
     # ----------------------------------------------------------------- the private repository
 

@@ -28,7 +28,6 @@ Where to measure next, given this posterior, is :mod:`orchestrator.strategies.bi
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cached_property
 
@@ -166,14 +165,6 @@ class PointStats:
     counts: np.ndarray
     sums: np.ndarray
     squares: np.ndarray
-
-    @classmethod
-    def from_values(cls, values_by_point: Sequence[Sequence[float]]) -> PointStats:
-        return cls(
-            np.array([len(v) for v in values_by_point], dtype=float),
-            np.array([math.fsum(v) for v in values_by_point], dtype=float),
-            np.array([math.fsum(x * x for x in v) for v in values_by_point], dtype=float),
-        )
 
 
 def range_log_prior(log_prior: np.ndarray, null_prior: float) -> RangePrior:
