@@ -54,6 +54,34 @@ def test_a_lifetime_becomes_one_block_row_per_level():
     assert level_candidate(cand, "default").key == cand.key
 
 
+def test_a_lifetime_finished_without_its_blocks_gets_them_on_resume(tmp_path):
+    """A controller stopped between a finished lifetime's row and its block rows (two writes):
+    reopened, the run writes the blocks from the lifetime's stored result, once, so the
+    restart it paid for is evidence (a make test run under load lost one this way)."""
+    from orchestrator.run.blocks import recover
+    from orchestrator.store import RunStore
+
+    store = RunStore.create(tmp_path / "trials.db", run_id="r", command="isolate",
+                            config_yaml="{}")
+    try:
+        cand = Candidate.make("a" * 40)
+        measurements = tuple(Measurement(i, {"verify_ms": v}, 1.0)
+                             for i, v in enumerate([20.0, 26.0, 26.5, 20.5]))
+        live = {"levels": ["power:600", "default"], "blocks": [0, 1, 1, 0], "snapshots": []}
+        tid = store.begin_trial(store.candidate_id(cand), node="local-0", phase="lifetime")
+        store.finish_trial(tid, TrialResult(Outcome.OK, measurements=measurements,
+                                            started_at=1.0, ended_at=9.0,
+                                            fingerprint={"live": live, "clock_policy": "default"}))
+        written = recover(store)
+        assert len(written) == 2 and recover(store) == []
+        rows = {r.id: r for r in store.trials()}
+        assert [rows[i].result.values("verify_ms") for i in written] == [[20.0, 20.5],
+                                                                       [26.0, 26.5]]
+        assert {lifetime_of(rows[i].result.fingerprint) for i in written} == {tid}
+    finally:
+        store.close()
+
+
 def test_what_sglang_0_5_23_lets_change_at_run_time():
     facts = json.loads(FIXTURE.read_text())
     assert set(facts["settable_at_run_time"]) == runtime_settable.SGLANG_RUNTIME_SETTABLE

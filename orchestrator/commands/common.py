@@ -15,6 +15,7 @@ from orchestrator.errors import UserError
 from orchestrator.gpu.base import ClockPolicy
 from orchestrator.metrics import regression_direction
 from orchestrator.records import Candidate
+from orchestrator.run import blocks
 from orchestrator.store import RunStore
 from orchestrator.system.envcheck import check_env
 from orchestrator.system.fingerprint import is_secret
@@ -232,6 +233,7 @@ def reopen_run(run_dir: Path, command: str,
         store.close()
         raise
     store.interrupt_unfinished()
+    blocks.recover(store)
     render.console().print(resume_notice(run_dir, store))
     store.set_status("running")
     return store, cfg, prepared

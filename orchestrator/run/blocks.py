@@ -61,6 +61,21 @@ def block_results(lifetime_id: int, result: TrialResult) -> list[tuple[str, Tria
     return out
 
 
+def recover(store) -> list[int]:
+    """Block rows of lifetimes that finished as the controller stopped, between the lifetime's
+    row and its blocks (two writes): written now from the lifetime's stored result, so a
+    resumed run counts the restart it already paid for. Returns the rows written."""
+    rows = store.trials()
+    have = {lifetime_of(r.result.fingerprint) for r in rows if r.result is not None}
+    out: list[int] = []
+    for r in rows:
+        live = ((r.result.fingerprint or {}).get("live") or {}) if r.result is not None else {}
+        if live.get("levels") and r.id not in have and r.outcome is not None:
+            out += record(store, r.id, r.candidate, tuple(live["levels"]), r.result, node=r.node,
+                          phase=r.phase, attempt=r.attempt)
+    return out
+
+
 def record(store, lifetime_id: int, candidate: Candidate, live: tuple[str, ...],
            result: TrialResult, *, node: str, phase: str, attempt: int) -> list[int]:
     """Write the block rows of a finished lifetime (`result`, stored as trial `lifetime_id`)
