@@ -16,7 +16,7 @@ from orchestrator.errors import UserError
 from orchestrator.live import proc
 from orchestrator.live.attach import attach
 from orchestrator.live.restart import relaunch, stop
-from orchestrator.util.process import free_port
+from orchestrator.util.process import free_port, read_environ
 from tests.sim_client import run_sim
 
 pytestmark = pytest.mark.e2e  # real servers, and the sleuth command
@@ -77,7 +77,7 @@ def test_stop_then_relaunch_leaves_the_same_command_running(tmp_path):
         again = relaunch(server, ready_timeout_s=30)
         assert again.ready and again.pid != original.pid
         assert proc.cmdline(again.pid) == argv and proc.cwd(again.pid) == str(tmp_path)
-        assert proc.environ(again.pid)["PYTHONPATH"] == str(ROOT)
+        assert read_environ(again.pid)["PYTHONPATH"] == str(ROOT)
         assert (tmp_path / "s.log").read_text().count("server_args=") == 2  # appended
     finally:
         original.kill()

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from orchestrator.bench.sglang_log import parse_decode
 from orchestrator.commands import parts
 from orchestrator.config.compose import compose_settings
 from orchestrator.errors import UserError
@@ -70,7 +71,7 @@ def test_decode_and_prefill_lines_follow_the_saved_0523_format_strings():
     facts = json.loads(FACTS.read_text())["log_formats"]["decode"]["fstrings"]
     assert any("Decode batch{iter_msg}, #running-req" in f for f in facts)
     assert any("accept len: {spec_accept_length:.2f}" in f for f in facts)
-    d = L.decode("Decode batch, #running-req: 2, #token: 380, token usage: 0.00, accept len: 2.41,"
+    d = parse_decode("Decode batch, #running-req: 2, #token: 380, token usage: 0.00, accept len: 2.41,"
                  " accept rate: 0.70, cuda graph: True, gen throughput (token/s): 176.12,"
                  " #queue-req: 0")
     assert (d.running_req, d.accept_len, d.cuda_graph, d.gen_throughput) == (2, 2.41, True, 176.12)

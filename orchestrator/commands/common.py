@@ -18,8 +18,7 @@ from orchestrator.records import Candidate
 from orchestrator.run import blocks
 from orchestrator.store import RunStore
 from orchestrator.system.envcheck import check_env
-from orchestrator.system.fingerprint import is_secret
-from orchestrator.system.redact import secret_in_value, secret_source
+from orchestrator.system.redact import is_secret_name, secret_in_value, secret_source
 from orchestrator.targets.registry import check_name
 from orchestrator.ui import render
 from orchestrator.workspace import Workspace
@@ -68,7 +67,7 @@ def check_common(cfg: RunSettings) -> RunSettings:
                 raise UserError(f"{key} holds the value of {source}, a secret: export {key} in"
                                 " the node's environment instead of passing it in the"
                                 " configuration (sleuth stores configs)")
-            if is_secret(key) or secret_in_value(str(env[key])):
+            if is_secret_name(key) or secret_in_value(str(env[key])):
                 # Config is stored in the run directory; secrets must come from the node's
                 # environment, which servers inherit and sleuth never writes down.
                 raise UserError(f"{key} looks like a secret: export it in the environment instead"

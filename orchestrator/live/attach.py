@@ -22,6 +22,7 @@ import httpx
 
 from orchestrator.errors import UserError
 from orchestrator.live import proc
+from orchestrator.util.process import read_environ
 
 DEFAULT_PORT = 30000  # SGLang's default `--port`
 
@@ -108,7 +109,7 @@ def _read(spec: str, pid: int | None, url: str | None) -> LiveServer:
     if pid is not None:
         try:
             argv = proc.cmdline(pid)
-            env = proc.environ(pid)
+            env = read_environ(pid)
         except PermissionError:
             raise UserError(f"live={spec}: pid {pid} belongs to another user: run sleuth as the"
                             " server's user (its environment is what a fresh start needs)"

@@ -12,8 +12,6 @@ import time
 from collections.abc import Iterable
 from pathlib import Path
 
-from orchestrator.util.process import read_environ
-
 _LISTEN = "0A"  # TCP state LISTEN in /proc/net/tcp
 
 
@@ -27,10 +25,6 @@ def cmdline(pid: int) -> list[str]:
     raw = Path(f"/proc/{pid}/cmdline").read_bytes()
     return [a.decode(errors="replace") for a in raw.split(b"\0") if a]
 
-
-def environ(pid: int) -> dict[str, str]:
-    """Its environment (raises PermissionError for another user's process)."""
-    return read_environ(pid)
 
 
 def cwd(pid: int) -> str | None:

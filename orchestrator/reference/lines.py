@@ -30,8 +30,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
-from orchestrator.bench.sglang_log import DecodeLine, PrefillLine, parse_decode, parse_prefill
-
 _PREFIX = re.compile(
     r"^\[(?P<date>(?:\d{4}-)?\d{2}-\d{2}) (?P<time>\d{2}:\d{2}:\d{2})(?:[.,](?P<frac>\d{1,6}))?"
     r"(?P<ranks>(?: (?:DP|PP|TP|EP|CP|ATTN_TP|MOE_EP)\d+)*)\] "
@@ -256,14 +254,6 @@ def nccl_info(raw: str) -> NcclInfo | None:
     return NcclInfo(host, pid, dev)
 
 
-def decode(message: str) -> DecodeLine | None:
-    """A `Decode batch` line (by field name: their order changed between releases)."""
-    return parse_decode(message)
-
-
-def prefill(message: str) -> PrefillLine | None:
-    """A `Prefill batch` line (by field name)."""
-    return parse_prefill(message)
 
 
 def gc_pause(message: str) -> tuple[str, float] | None:

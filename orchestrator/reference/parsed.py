@@ -17,6 +17,7 @@ import statistics
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
+from orchestrator.bench.sglang_log import parse_decode, parse_prefill
 from orchestrator.errors import UserError
 from orchestrator.reference import files as logfiles
 from orchestrator.reference import lines as L
@@ -172,7 +173,7 @@ def parse_lines(lines: Iterable[tuple[str, str, int]], pattern: L.UserPattern | 
             continue
         current = current or _Builder(len(done), None, where, stamp)
         current.stamp(pre.stamp)
-        d = L.decode(message)
+        d = parse_decode(message)
         if d is not None:
             metrics = {DECODE_METRICS[k]: float(v) for k in DECODE_METRICS
                        if (v := getattr(d, k)) is not None and math.isfinite(v)}
@@ -184,7 +185,7 @@ def parse_lines(lines: Iterable[tuple[str, str, int]], pattern: L.UserPattern | 
                 current.samples.append(Sample(stamp, metrics, "decode"))
             current.seen = True
             continue
-        p = L.prefill(message)
+        p = parse_prefill(message)
         if p is not None:  # the prompts then: how many, and how much the prefix cache hit
             current.prefill[0] += 1
             current.prefill[1] += p.new_tokens or 0

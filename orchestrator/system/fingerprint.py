@@ -22,10 +22,10 @@ import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from orchestrator.system.redact import REDACTED, is_secret_name
+from orchestrator.system.redact import REDACTED
 from orchestrator.system.redact import redact_env as redact_env
 
-__all__ = ["REDACTED", "collect", "is_secret", "record_server_env", "redact_env", "whole_env"]
+__all__ = ["REDACTED", "collect", "record_server_env", "redact_env", "whole_env"]
 
 # Packages whose versions change inference performance or sleuth's own behaviour.
 PACKAGES = ("sglang", "torch", "flashinfer-python", "sgl-kernel", "triton", "nvidia-nccl-cu12",
@@ -33,10 +33,6 @@ PACKAGES = ("sglang", "torch", "flashinfer-python", "sgl-kernel", "triton", "nvi
 
 # Environment variables worth recording even when the candidate did not set them.
 RELEVANT_ENV = re.compile(r"^(NCCL_|CUDA_|SGLANG_|TORCH_|NVIDIA_|OMP_|PYTORCH_|HF_|FLASHINFER_)")
-
-
-def is_secret(name: str) -> bool:
-    return is_secret_name(name)
 
 
 def relevant_env(env: Mapping[str, str]) -> dict[str, str]:
